@@ -1,0 +1,126 @@
+//! The loop backend: volumes are sparse files under the state directory, attached as loop devices
+//! through the loop ioctls. It serves its own controller, so the whole CSI lifecycle runs on one
+//! Linux machine with real block devices.
+
+mod controller;
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ebs_store::{DeviceIdentity, LoopVolume, Store};
+
+pub use controller::{CreateVolume, LoopController, VolumePage};
+
+use super::{Backend, ResolvedDevice};
+use crate::error::{Error, Result};
+use crate::host::loopdev;
+use crate::request::VolumeId;
+
+/// The topology key of the loop backend: its volumes live on this host only.
+pub const TOPOLOGY_KEY: &str = "loop.ebs-node-agent.io/node";
+
+pub struct LoopBackend {
+    store: Arc<Store>,
+}
+
+impl LoopBackend {
+    pub fn new(store: Arc<Store>) -> Self {
+        LoopBackend { store }
+    }
+
+    fn volume(&self, id: &VolumeId) -> Result<LoopVolume> {
+        self.store
+            .loop_volume(id.as_str())?
+            .ok_or_else(|| Error::VolumeNotFound(id.to_string()))
+    }
+}
+
+/// The identity of a volume file now: its path and inode.
+pub fn file_identity(file: &Path) -> std::io::Result<DeviceIdentity> {
+    let meta = std::fs::metadata(file)?;
+    Ok(DeviceIdentity::LoopFile {
+        file: file.to_path_buf(),
+        st_dev: meta.dev(),
+        st_ino: meta.ino(),
+    })
+}
+
+fn backing_matches(device: &Path, st_dev: u64, st_ino: u64) -> std::result::Result<(), String> {
+    match loopdev::backing_inode(device) {
+        Ok(Some((d, i))) if d == st_dev && i == st_ino => Ok(()),
+        Ok(Some(_)) => Err(format!(
+            "{} is backed by another file than the volume's",
+            device.display()
+        )),
+        Ok(None) => Err(format!("{} is not attached to any file", device.display())),
+        Err(e) => Err(format!(
+            "cannot read the backing file of {}: {e}",
+            device.display()
+        )),
+    }
+}
+
+impl Backend for LoopBackend {
+    fn resolve(
+        &self,
+        volume: &VolumeId,
+        publish_context: &HashMap<String, String>,
+        _volume_context: &HashMap<String, String>,
+        _deadline: Instant,
+    ) -> Result<ResolvedDevice> {
+        let record = self.volume(volume)?;
+        let identity = file_identity(&record.file)
+            .map_err(|e| Error::io(format!("volume file {}", record.file.display()), e))?;
+        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = &identity else {
+            return Err(Error::Internal("loop identity expected".into()));
+        };
+        let given = publish_context.get("devicePath").map(PathBuf::from);
+        if let Some(path) = &given {
+            super::block_dev_numbers(path).map_err(|e| Error::WrongDevice {
+                volume: volume.to_string(),
+                device: path.clone(),
+                reason: e.to_string(),
+            })?;
+            match backing_matches(path, *st_dev, *st_ino) {
+                Ok(()) => {
+                    return Ok(ResolvedDevice {
+                        path: path.clone(),
+                        identity,
+                    });
+                }
+                Err(why) => tracing::warn!(volume = %volume, device = %path.display(), %why,
+                    "publish_context devicePath does not hold the volume; looking it up by its file"),
+            }
+        }
+        match loopdev::find_by_backing_inode(*st_dev, *st_ino) {
+            Ok(Some(path)) => Ok(ResolvedDevice { path, identity }),
+            Ok(None) => Err(Error::Precondition(format!(
+                "volume {volume} is not attached to this node (no loop device is backed by {}); \
+                 call ControllerPublishVolume first",
+                record.file.display()
+            ))),
+            Err(e) => Err(Error::Internal(format!("scanning loop devices: {e}"))),
+        }
+    }
+
+    fn still_is(
+        &self,
+        device: &Path,
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        match identity {
+            DeviceIdentity::LoopFile { st_dev, st_ino, .. } => {
+                backing_matches(device, *st_dev, *st_ino)
+            }
+            other => Err(format!("unexpected identity {other:?} for a loop volume")),
+        }
+    }
+
+    fn refresh_size(&self, device: &Path) -> Result<()> {
+        loopdev::set_capacity(device)
+            .map_err(|e| Error::Internal(format!("LOOP_SET_CAPACITY on {}: {e}", device.display())))
+    }
+}

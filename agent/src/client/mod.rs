@@ -1,0 +1,245 @@
+//! `ebs-node-agent client`: a CSI command-line client for operators and tests. Human output by
+//! default, `--json` for scripts. Works against any CSI endpoint, not only ours.
+
+mod calls;
+pub mod connect;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use crate::cli::{DEFAULT_ENDPOINT, parse_duration};
+
+#[derive(Args, Debug)]
+pub struct ClientArgs {
+    /// The CSI socket to call.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
+    pub endpoint: String,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Deadline of each call.
+    #[arg(long, default_value = "120s", value_parser = parse_duration, global = true)]
+    pub timeout: Duration,
+    #[command(subcommand)]
+    pub call: Call,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Call {
+    #[command(subcommand)]
+    Identity(IdentityCall),
+    #[command(subcommand)]
+    Controller(ControllerCall),
+    #[command(subcommand)]
+    Node(NodeCall),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum IdentityCall {
+    Info,
+    Capabilities,
+    Probe,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum ModeArg {
+    SingleNodeWriter,
+    SingleNodeReaderOnly,
+    MultiNodeReaderOnly,
+    MultiNodeSingleWriter,
+    MultiNodeMultiWriter,
+    SingleNodeSingleWriter,
+    SingleNodeMultiWriter,
+}
+
+/// How a command names a volume capability.
+#[derive(Args, Debug, Clone)]
+pub struct CapArgs {
+    /// Raw block access instead of a filesystem.
+    #[arg(long)]
+    pub block: bool,
+    #[arg(long, default_value = "ext4")]
+    pub fs_type: String,
+    #[arg(long = "mount-flag")]
+    pub mount_flags: Vec<String>,
+    #[arg(long, value_enum, default_value = "single-node-writer")]
+    pub mode: ModeArg,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ControllerCall {
+    CreateVolume {
+        #[arg(long)]
+        name: String,
+        /// Size such as 1GiB, 512MiB or a number of bytes.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        #[arg(long = "param", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        #[command(flatten)]
+        cap: CapArgs,
+    },
+    DeleteVolume {
+        #[arg(long)]
+        id: String,
+    },
+    Publish {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        node_id: String,
+        #[arg(long)]
+        readonly: bool,
+        #[command(flatten)]
+        cap: CapArgs,
+    },
+    Unpublish {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        node_id: String,
+    },
+    Expand {
+        #[arg(long)]
+        id: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    ListVolumes {
+        #[arg(long, default_value_t = 0)]
+        max_entries: i32,
+        #[arg(long, default_value = "")]
+        starting_token: String,
+    },
+    Capacity,
+    Capabilities,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCall {
+    Stage {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        staging_path: String,
+        /// publish_context entries (key=value), e.g. devicePath=/dev/loop3.
+        #[arg(long = "publish-context", value_parser = parse_kv)]
+        publish_context: Vec<(String, String)>,
+        #[arg(long = "context", value_parser = parse_kv)]
+        volume_context: Vec<(String, String)>,
+        #[command(flatten)]
+        cap: CapArgs,
+    },
+    Unstage {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        staging_path: String,
+    },
+    Publish {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        staging_path: String,
+        #[arg(long)]
+        target_path: String,
+        #[arg(long)]
+        readonly: bool,
+        #[command(flatten)]
+        cap: CapArgs,
+    },
+    Unpublish {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        target_path: String,
+    },
+    Stats {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        volume_path: String,
+    },
+    Expand {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        volume_path: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    Info,
+    Capabilities,
+}
+
+pub fn parse_kv(raw: &str) -> Result<(String, String), String> {
+    raw.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{raw:?} is not key=value"))
+}
+
+/// Sizes such as `1GiB`, `512MiB`, `10G` or plain bytes.
+pub fn parse_size(raw: &str) -> Result<u64, String> {
+    let raw = raw.trim();
+    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (num, unit) = raw.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {raw:?}"))?;
+    let mult: u64 = match unit {
+        "" | "B" => 1,
+        "KiB" | "K" | "k" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "TiB" | "T" => 1 << 40,
+        _ => return Err(format!("invalid size unit in {raw:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {raw:?} is too large"))
+}
+
+pub fn to_map(pairs: &[(String, String)]) -> HashMap<String, String> {
+    pairs.iter().cloned().collect()
+}
+
+/// Runs the client; returns the process exit code.
+pub async fn run(args: ClientArgs) -> i32 {
+    match calls::run(&args).await {
+        Ok(output) => {
+            if args.json {
+                println!("{output}");
+            } else {
+                calls::print_human(&output);
+            }
+            0
+        }
+        Err(calls::ClientError::Status(st)) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"error": {"code": format!("{:?}", st.code()), "message": st.message()}})
+                );
+            } else {
+                eprintln!("error: {:?}: {}", st.code(), st.message());
+            }
+            1
+        }
+        Err(calls::ClientError::Other(msg)) => {
+            eprintln!("error: {msg}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("1XB").is_err());
+    }
+}

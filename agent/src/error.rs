@@ -1,0 +1,97 @@
+//! The one domain error enum. Domain code returns it; `grpc::status` maps it to a gRPC code in one
+//! place, so the CSI-specified codes are decided once.
+
+use std::path::PathBuf;
+
+use crate::host::command::CommandError;
+use crate::request::ValidationError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("volume {0} does not exist")]
+    VolumeNotFound(String),
+    #[error("nothing of volume {volume} is at {path}")]
+    PathNotFound { volume: String, path: PathBuf },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("another operation on volume {0} is in progress; retry later")]
+    Busy(String),
+    #[error("{0}")]
+    Aborted(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    Precondition(String),
+    #[error(
+        "refusing to format {device}: it is not blank ({found}); the agent formats only devices \
+         that carry no signature at all"
+    )]
+    NotBlank { device: PathBuf, found: String },
+    #[error(
+        "refusing to use {device} for volume {volume}: {reason}; nothing was formatted or mounted"
+    )]
+    WrongDevice {
+        volume: String,
+        device: PathBuf,
+        reason: String,
+    },
+    #[error(
+        "filesystem check of {device} failed (e2fsck exit {code}): {summary}; the volume was not \
+         mounted, repair it by hand"
+    )]
+    FsckFailed {
+        device: PathBuf,
+        code: i32,
+        summary: String,
+    },
+    #[error("{tool} on {device} failed (exit {code}): {stderr}")]
+    ToolFailed {
+        tool: String,
+        device: PathBuf,
+        code: i32,
+        stderr: String,
+    },
+    #[error("filesystem {0} is not available on this host: {1}")]
+    FsUnavailable(String, String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] ebs_store::StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs blocking host work off the async executor and flattens the join error.
+pub async fn blocking<T, F>(f: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+}

@@ -1,0 +1,225 @@
+//! The Node service: validate, take the volume's guard, run the domain step pipeline off the
+//! executor, map the result.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use csi::node_server::Node;
+use csi::node_service_capability::{self, rpc};
+use ebs_proto::csi::v1 as csi;
+use tonic::{Request, Response, Status};
+
+use super::logged;
+use crate::error::{Error, Result, blocking};
+use crate::node::{self, NodeCtx};
+use crate::nodeinfo::NodeInfoSource;
+use crate::request::{
+    AccessType, Capability, ConfinedPath, FormatOptions, Secrets, VolumeId, check_map,
+};
+
+pub struct NodeService {
+    pub ctx: Arc<NodeCtx>,
+    pub allowed: Arc<Vec<PathBuf>>,
+    pub info: Arc<NodeInfoSource>,
+    pub device_wait: Duration,
+}
+
+impl NodeService {
+    /// Runs `f` on the blocking pool while holding the volume's guard; the guard moves into the
+    /// blocking task, so a cancelled call keeps the volume busy until its host work has ended.
+    async fn locked<T, F>(&self, volume: &VolumeId, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&NodeCtx) -> Result<T> + Send + 'static,
+    {
+        if !self.ctx.health.is_ready() {
+            return Err(Error::Unavailable(
+                "the agent is starting (start-up recovery is running); retry shortly".into(),
+            ));
+        }
+        let guard = self
+            .ctx
+            .locks
+            .try_lock(volume.as_str())
+            .ok_or_else(|| Error::Busy(volume.to_string()))?;
+        let ctx = Arc::clone(&self.ctx);
+        blocking(move || {
+            let _guard = guard;
+            f(&ctx)
+        })
+        .await
+    }
+
+    fn path(&self, field: &'static str, raw: &str) -> Result<ConfinedPath> {
+        Ok(ConfinedPath::parse(field, raw, &self.allowed)?)
+    }
+
+    fn deadline<T>(&self, req: &Request<T>) -> Instant {
+        let wait = match super::grpc_timeout(req) {
+            // Leave a little of the caller's budget for the answer to travel back.
+            Some(t) => self
+                .device_wait
+                .min(t.saturating_sub(Duration::from_millis(200))),
+            None => self.device_wait,
+        };
+        Instant::now() + wait
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        req: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let deadline = self.deadline(&req);
+        let r = req.into_inner();
+        let _secrets = Secrets::new(r.secrets);
+        logged("NodeStageVolume", &r.volume_id.clone(), async {
+            let volume = VolumeId::parse(&r.volume_id)?;
+            let staging = self.path("staging_target_path", &r.staging_target_path)?;
+            let capability = Capability::from_proto(r.volume_capability.as_ref())?;
+            check_map("publish_context", &r.publish_context)?;
+            check_map("volume_context", &r.volume_context)?;
+            let format = match &capability.access {
+                AccessType::Mount { fs, .. } => FormatOptions::parse(*fs, &r.volume_context)?,
+                AccessType::Block => FormatOptions::default(),
+            };
+            let cmd = node::StageCommand {
+                volume: volume.clone(),
+                staging,
+                capability,
+                publish_context: r.publish_context,
+                volume_context: r.volume_context,
+                format,
+                deadline,
+            };
+            self.locked(&volume, move |ctx| node::stage(ctx, &cmd))
+                .await
+        })
+        .await?;
+        Ok(Response::new(csi::NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        req: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let r = req.into_inner();
+        logged("NodeUnstageVolume", &r.volume_id.clone(), async {
+            let volume = VolumeId::parse(&r.volume_id)?;
+            let staging = self.path("staging_target_path", &r.staging_target_path)?;
+            let cmd = node::UnstageCommand {
+                volume: volume.clone(),
+                staging,
+            };
+            self.locked(&volume, move |ctx| node::unstage(ctx, &cmd))
+                .await
+        })
+        .await?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        req: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let _secrets = Secrets::new(r.secrets);
+        logged("NodePublishVolume", &r.volume_id.clone(), async {
+            let volume = VolumeId::parse(&r.volume_id)?;
+            if r.staging_target_path.is_empty() {
+                return Err(Error::Precondition(
+                    "staging_target_path is required: this plugin stages volumes \
+                     (STAGE_UNSTAGE_VOLUME)"
+                        .into(),
+                ));
+            }
+            let staging = self.path("staging_target_path", &r.staging_target_path)?;
+            let target = self.path("target_path", &r.target_path)?;
+            let capability = Capability::from_proto(r.volume_capability.as_ref())?;
+            check_map("publish_context", &r.publish_context)?;
+            check_map("volume_context", &r.volume_context)?;
+            let cmd = node::PublishCommand {
+                volume: volume.clone(),
+                staging,
+                target,
+                capability,
+                readonly: r.readonly,
+            };
+            self.locked(&volume, move |ctx| node::publish(ctx, &cmd))
+                .await
+        })
+        .await?;
+        Ok(Response::new(csi::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        logged("NodeUnpublishVolume", &r.volume_id.clone(), async {
+            let volume = VolumeId::parse(&r.volume_id)?;
+            let target = self.path("target_path", &r.target_path)?;
+            let cmd = node::UnpublishCommand {
+                volume: volume.clone(),
+                target,
+            };
+            self.locked(&volume, move |ctx| node::unpublish(ctx, &cmd))
+                .await
+        })
+        .await?;
+        Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        _req: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        Err(Status::unimplemented(
+            "NodeGetVolumeStats is not implemented yet",
+        ))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _req: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "NodeExpandVolume is not implemented yet",
+        ))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _req: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        let cap = |t: rpc::Type| csi::NodeServiceCapability {
+            r#type: Some(node_service_capability::Type::Rpc(
+                node_service_capability::Rpc { r#type: t as i32 },
+            )),
+        };
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities: vec![
+                cap(rpc::Type::StageUnstageVolume),
+                cap(rpc::Type::SingleNodeMultiWriter),
+            ],
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _req: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let info = self.info.get().map_err(Status::from)?;
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: info.node_id,
+            max_volumes_per_node: info.max_volumes,
+            accessible_topology: Some(csi::Topology {
+                segments: info.topology,
+            }),
+        }))
+    }
+}

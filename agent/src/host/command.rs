@@ -1,0 +1,339 @@
+//! Running external tools (mkfs, e2fsck, resize2fs, xfs_growfs) with a
+//! deadline. Blocking: call it from `spawn_blocking`.
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+/// Per-stream capture limit; mkfs/e2fsck can be chatty on large devices.
+/// Half is spent on the head (what the tool was doing) and half on the tail
+/// (where errors are reported).
+const CAPTURE_LIMIT: usize = 64 * 1024;
+/// After the child exits, how long to wait for its pipes to reach EOF. A
+/// stray grandchild holding them open must not hang the caller.
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandOutput {
+    /// The exit code; non-zero is not an error here because its meaning is
+    /// tool-specific (e.g. e2fsck's 1 means "errors corrected").
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("{program}: command not found")]
+    NotFound { program: String },
+    #[error("{program}: failed to run: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program}: timed out after {after:?} and was killed")]
+    Timeout { program: String, after: Duration },
+    #[error("{program}: killed by signal {signal}")]
+    Killed { program: String, signal: i32 },
+}
+
+/// Shared capture buffer, so the caller can take what was read so far even if
+/// the reader thread is still blocked on a pipe some grandchild holds.
+#[derive(Default)]
+struct Captured {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    dropped: usize,
+}
+
+impl Captured {
+    fn push(&mut self, mut data: &[u8]) {
+        let half = CAPTURE_LIMIT / 2;
+        let room = half.saturating_sub(self.head.len()).min(data.len());
+        self.head.extend_from_slice(&data[..room]);
+        data = &data[room..];
+        self.tail.extend(data);
+        let excess = self.tail.len().saturating_sub(half);
+        self.tail.drain(..excess);
+        self.dropped += excess;
+    }
+
+    fn text(&self) -> String {
+        let mut bytes = self.head.clone();
+        if self.dropped > 0 {
+            bytes.extend_from_slice(
+                format!("\n[... {} bytes omitted ...]\n", self.dropped).as_bytes(),
+            );
+        }
+        bytes.extend(&self.tail);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+struct Reader {
+    buf: Arc<Mutex<Captured>>,
+    done: Receiver<()>,
+}
+
+fn spawn_reader<R: Read + Send + 'static>(mut pipe: R) -> Reader {
+    let buf = Arc::new(Mutex::new(Captured::default()));
+    let (tx, done) = mpsc::channel();
+    let shared = Arc::clone(&buf);
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        // Keep draining past the limit so the child never blocks on a full pipe.
+        while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+            shared
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(&chunk[..n]);
+        }
+        let _ = tx.send(());
+    });
+    Reader { buf, done }
+}
+
+impl Reader {
+    fn finish(self, deadline: Instant) -> String {
+        let _ = self
+            .done
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()));
+        self.buf.lock().unwrap_or_else(|p| p.into_inner()).text()
+    }
+}
+
+/// Runs `program` with `args`, `LC_ALL=C` (parsable messages) and stdin from
+/// /dev/null, killing it with SIGKILL if it runs longer than `timeout`.
+pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
+    program: P,
+    args: &[S],
+    timeout: Duration,
+) -> Result<CommandOutput, CommandError> {
+    let start = Instant::now();
+    let program_os = program.as_ref();
+    let program = program_os.to_string_lossy();
+    let mut child = Command::new(program_os)
+        .args(args)
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Own process group, so a timeout also kills helpers it forked.
+        .process_group(0)
+        .spawn()
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => CommandError::NotFound {
+                program: program.clone().into_owned(),
+            },
+            _ => CommandError::Spawn {
+                program: program.clone().into_owned(),
+                source,
+            },
+        })?;
+    let stdout = child.stdout.take().map(spawn_reader::<ChildStdout>);
+    let stderr = child.stderr.take().map(spawn_reader::<ChildStderr>);
+
+    let status = match wait_deadline(&mut child, start + timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            kill_and_reap(&mut child);
+            return Err(CommandError::Timeout {
+                program: program.clone().into_owned(),
+                after: timeout,
+            });
+        }
+        Err(source) => {
+            kill_and_reap(&mut child);
+            return Err(CommandError::Spawn {
+                program: program.clone().into_owned(),
+                source,
+            });
+        }
+    };
+    let drain_deadline = Instant::now() + DRAIN_GRACE;
+    let stdout = stdout.map(|r| r.finish(drain_deadline)).unwrap_or_default();
+    let stderr = stderr.map(|r| r.finish(drain_deadline)).unwrap_or_default();
+    let elapsed = start.elapsed();
+
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Ok(CommandOutput {
+            code,
+            stdout,
+            stderr,
+            elapsed,
+        }),
+        (None, signal) => Err(CommandError::Killed {
+            program: program.clone().into_owned(),
+            signal: signal.unwrap_or(0),
+        }),
+    }
+}
+
+/// Polls for exit with a short, growing interval: simpler than a pidfd and
+/// the tools we run take from milliseconds to minutes.
+fn wait_deadline(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+fn kill_and_reap(child: &mut Child) {
+    // The group id equals the child's pid thanks to process_group(0). The
+    // child is not reaped yet, so the pid cannot have been reused.
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LONG: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn captures_output_and_exit_code() {
+        let out = run("sh", &["-c", "echo out; echo err >&2; exit 3"], LONG).unwrap();
+        assert_eq!(out.code, 3);
+        assert_eq!(out.stdout, "out\n");
+        assert_eq!(out.stderr, "err\n");
+        assert!(out.elapsed < LONG);
+    }
+
+    #[test]
+    fn environment_and_stdin() {
+        let out = run("sh", &["-c", "echo $LC_ALL; cat; echo done"], LONG).unwrap();
+        assert_eq!(out.stdout, "C\ndone\n");
+        assert_eq!(out.code, 0);
+    }
+
+    #[test]
+    fn accepts_os_str_args() {
+        let args = [
+            OsStr::new("-c"),
+            OsStr::new("printf '%s' \"$0\""),
+            OsStr::new("x y"),
+        ];
+        assert_eq!(run("sh", &args, LONG).unwrap().stdout, "x y");
+    }
+
+    #[test]
+    fn timeout_kills_and_reaps() {
+        let start = Instant::now();
+        let err = run("sleep", &["30"], Duration::from_millis(200)).unwrap_err();
+        assert!(
+            matches!(err, CommandError::Timeout { ref program, after } if program == "sleep" && after == Duration::from_millis(200))
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn timeout_kills_grandchildren_holding_pipes() {
+        let start = Instant::now();
+        let err = run(
+            "sh",
+            &["-c", "sleep 30; echo never"],
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
+        assert!(matches!(err, CommandError::Timeout { .. }));
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn stray_background_process_does_not_hang() {
+        let start = Instant::now();
+        let out = run("sh", &["-c", "sleep 3 & echo started"], LONG).unwrap();
+        assert_eq!(out.stdout, "started\n");
+        assert!(start.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn missing_program() {
+        // An absolute path: a bare name's error depends on PATH (an
+        // unreadable PATH entry turns ENOENT into EACCES).
+        let missing = "/nonexistent/definitely-not-a-real-tool";
+        let err = run(missing, &[] as &[&str], LONG).unwrap_err();
+        assert!(matches!(err, CommandError::NotFound { ref program } if program == missing));
+        assert!(err.to_string().contains(missing));
+    }
+
+    #[test]
+    fn non_executable_is_spawn_error() {
+        let err = run("/dev/null", &[] as &[&str], LONG).unwrap_err();
+        assert!(matches!(err, CommandError::Spawn { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn killed_by_signal() {
+        let err = run("sh", &["-c", "kill -9 $$"], LONG).unwrap_err();
+        assert!(
+            matches!(err, CommandError::Killed { signal: 9, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn large_output_is_capped_without_deadlock() {
+        let script = "head -c 1000000 /dev/zero | tr '\\0' a; echo; echo last line; \
+                      head -c 300000 /dev/zero | tr '\\0' b >&2";
+        let out = run("sh", &["-c", script], LONG).unwrap();
+        assert_eq!(out.code, 0);
+        let half = CAPTURE_LIMIT / 2;
+        assert!(out.stdout.starts_with(&"a".repeat(half)));
+        assert!(out.stdout.contains("\n[... 934475 bytes omitted ...]\n"));
+        assert!(out.stdout.ends_with("a\nlast line\n"));
+        assert!(out.stdout.len() < CAPTURE_LIMIT + 100);
+        assert!(out.stderr.contains("[... 234464 bytes omitted ...]"));
+    }
+
+    #[test]
+    fn capture_keeps_head_and_tail() {
+        let mut c = Captured::default();
+        c.push(b"hello");
+        assert_eq!(c.text(), "hello");
+        for _ in 0..20 {
+            c.push(&[b'x'; 4096]);
+        }
+        c.push(b"bye");
+        let text = c.text();
+        assert!(text.starts_with("hello"));
+        assert!(text.ends_with("xbye"));
+        assert_eq!(c.head.len() + c.tail.len(), CAPTURE_LIMIT);
+        assert_eq!(c.dropped, 5 + 20 * 4096 + 3 - CAPTURE_LIMIT);
+    }
+
+    #[test]
+    fn program_may_be_a_path_and_args_a_vec() {
+        let args: Vec<String> = vec!["-c".into(), "exit 0".into()];
+        let out = run(std::path::Path::new("/bin/sh"), &args, LONG).unwrap();
+        assert_eq!(out.code, 0);
+    }
+
+    #[test]
+    fn invalid_utf8_is_lossy() {
+        let out = run("sh", &["-c", "printf 'a\\377b'"], LONG).unwrap();
+        assert_eq!(out.stdout, "a\u{fffd}b");
+    }
+}

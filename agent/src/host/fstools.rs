@@ -1,0 +1,221 @@
+//! The filesystem tools: mkfs, fsck and grow, one place that knows their flags and exit codes.
+//! Each runs with a timeout; its result is a typed error, never a guess from stderr.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::host::command;
+use crate::request::{FormatOptions, FsType};
+
+pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
+pub const FSCK_TIMEOUT: Duration = Duration::from_secs(600);
+pub const GROW_TIMEOUT: Duration = Duration::from_secs(300);
+
+const SEARCH_PATH: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+
+/// Which filesystems this host can format, check and grow, found once at start.
+#[derive(Clone, Debug)]
+pub struct FsTools {
+    tools: HashMap<&'static str, PathBuf>,
+}
+
+fn required_tools(fs: FsType) -> &'static [&'static str] {
+    match fs {
+        FsType::Ext4 => &["mkfs.ext4", "e2fsck", "resize2fs"],
+        FsType::Ext3 => &["mkfs.ext3", "e2fsck", "resize2fs"],
+        FsType::Xfs => &["mkfs.xfs", "xfs_growfs"],
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum FsckOutcome {
+    Clean,
+    /// e2fsck repaired something (exit 1 or 2): mountable, worth a log line.
+    Repaired(i32),
+    /// xfs has no offline check worth running here: its log is replayed at mount.
+    NotNeeded,
+}
+
+impl FsTools {
+    pub fn detect() -> Self {
+        let mut tools = HashMap::new();
+        for fs in FsType::ALL {
+            for tool in required_tools(fs) {
+                if let Some(path) = SEARCH_PATH
+                    .iter()
+                    .map(|dir| Path::new(dir).join(tool))
+                    .find(|p| p.is_file())
+                {
+                    tools.insert(*tool, path);
+                }
+            }
+        }
+        FsTools { tools }
+    }
+
+    /// `Err` names the missing tools and the package that brings them.
+    pub fn supports(&self, fs: FsType) -> std::result::Result<(), String> {
+        let missing: Vec<&str> = required_tools(fs)
+            .iter()
+            .filter(|t| !self.tools.contains_key(*t))
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let package = if fs.is_ext() { "e2fsprogs" } else { "xfsprogs" };
+        Err(format!(
+            "missing {} (install {package})",
+            missing.join(", ")
+        ))
+    }
+
+    fn tool(&self, fs: FsType, name: &'static str) -> Result<&Path> {
+        self.supports(fs)
+            .map_err(|why| Error::FsUnavailable(fs.name().into(), why))?;
+        self.tools
+            .get(name)
+            .map(PathBuf::as_path)
+            .ok_or_else(|| Error::FsUnavailable(fs.name().into(), format!("missing {name}")))
+    }
+
+    /// Formats `device` with a UUID chosen in advance, so that an interrupted mkfs can be
+    /// recognised as ours on restart.
+    pub fn mkfs(&self, fs: FsType, device: &Path, uuid: &str, opts: &FormatOptions) -> Result<()> {
+        let mut args: Vec<String> = Vec::new();
+        let tool = match fs {
+            FsType::Ext4 | FsType::Ext3 => {
+                args.extend(["-F", "-q", "-m", "0", "-U", uuid].map(String::from));
+                args.extend(["-E".into(), "lazy_itable_init=1,lazy_journal_init=1".into()]);
+                self.tool(
+                    fs,
+                    if fs == FsType::Ext4 {
+                        "mkfs.ext4"
+                    } else {
+                        "mkfs.ext3"
+                    },
+                )?
+            }
+            FsType::Xfs => {
+                args.extend(["-f", "-q", "-m"].map(String::from));
+                args.push(format!("uuid={uuid}"));
+                self.tool(fs, "mkfs.xfs")?
+            }
+        };
+        args.extend(opts.mkfs_args(fs));
+        args.push(device_arg(device)?);
+        let out = command::run(tool, &args, MKFS_TIMEOUT)?;
+        if out.code != 0 {
+            return Err(Error::ToolFailed {
+                tool: tool.display().to_string(),
+                device: device.into(),
+                code: out.code,
+                stderr: last_lines(&out.stderr),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a filesystem before it is mounted: `e2fsck -p` for ext, nothing for xfs.
+    pub fn check(&self, fs: FsType, device: &Path) -> Result<FsckOutcome> {
+        if fs == FsType::Xfs {
+            return Ok(FsckOutcome::NotNeeded);
+        }
+        let tool = self.tool(fs, "e2fsck")?;
+        let out = command::run(tool, &["-p".to_string(), device_arg(device)?], FSCK_TIMEOUT)?;
+        match out.code {
+            0 => Ok(FsckOutcome::Clean),
+            1 | 2 => Ok(FsckOutcome::Repaired(out.code)),
+            code => Err(Error::FsckFailed {
+                device: device.into(),
+                code,
+                summary: last_lines(&format!("{}{}", out.stdout, out.stderr)),
+            }),
+        }
+    }
+
+    /// Grows a mounted filesystem to its device: resize2fs takes the device, xfs_growfs the mount.
+    pub fn grow(&self, fs: FsType, device: &Path, mount_point: &Path) -> Result<()> {
+        let (tool, arg) = match fs {
+            FsType::Xfs => (self.tool(fs, "xfs_growfs")?, mount_point),
+            _ => (self.tool(fs, "resize2fs")?, device),
+        };
+        let out = command::run(tool, &[device_arg(arg)?], GROW_TIMEOUT)?;
+        if out.code != 0 {
+            return Err(Error::ToolFailed {
+                tool: tool.display().to_string(),
+                device: device.into(),
+                code: out.code,
+                stderr: last_lines(&out.stderr),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn device_arg(path: &Path) -> Result<String> {
+    path.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::Internal(format!("non-UTF-8 path {path:?}")))
+}
+
+/// The end of a tool's output: enough for a person to act on, short enough for a gRPC message.
+fn last_lines(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = &lines[lines.len().saturating_sub(4)..];
+    let joined = tail.join("; ");
+    if joined.len() > 600 {
+        let mut cut = joined.len() - 600;
+        while !joined.is_char_boundary(cut) {
+            cut += 1;
+        }
+        joined[cut..].to_string()
+    } else {
+        joined
+    }
+}
+
+/// The size a filesystem believes it has, read from its superblock (ext and xfs), so a stage can
+/// tell whether the device grew under it (a snapshot restored into a larger volume).
+pub fn filesystem_bytes(fs: FsType, device: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(device)?;
+    let mut sb = [0u8; 512];
+    match fs {
+        FsType::Xfs => {
+            file.read_exact_at(&mut sb, 0)?;
+            let block = u32::from_be_bytes([sb[4], sb[5], sb[6], sb[7]]) as u64;
+            let mut d = [0u8; 8];
+            d.copy_from_slice(&sb[8..16]);
+            Ok(u64::from_be_bytes(d) * block)
+        }
+        _ => {
+            file.read_exact_at(&mut sb, 1024)?;
+            let lo = u32::from_le_bytes([sb[4], sb[5], sb[6], sb[7]]) as u64;
+            let log = u32::from_le_bytes([sb[24], sb[25], sb[26], sb[27]]);
+            let mut blocks = lo;
+            // 64bit feature: the high half of the block count lives at 0x150.
+            let incompat = u32::from_le_bytes([sb[96], sb[97], sb[98], sb[99]]);
+            if incompat & 0x80 != 0 {
+                let mut hi = [0u8; 4];
+                file.read_exact_at(&mut hi, 1024 + 0x150)?;
+                blocks |= (u32::from_le_bytes(hi) as u64) << 32;
+            }
+            Ok(blocks << (10 + log.min(6)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_lines_is_bounded() {
+        let text = "a\n\nb\nc\nd\ne\n";
+        assert_eq!(last_lines(text), "b; c; d; e");
+        assert!(last_lines(&"x".repeat(5000)).len() <= 600);
+    }
+}

@@ -1,0 +1,614 @@
+//! Loop device management through `/dev/loop-control` and the loop ioctls.
+//!
+//! We talk to the kernel directly instead of shelling out to losetup so that
+//! errors are typed and races (two agents grabbing the same free device) are
+//! handled deterministically.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::errno::Errno;
+
+const LO_NAME_SIZE: usize = 64;
+const LO_KEY_SIZE: usize = 32;
+const LOOP_MAJOR: u64 = 7;
+const ATTACH_ATTEMPTS: u32 = 8;
+
+/// Mirror of the kernel's `struct loop_info64` (include/uapi/linux/loop.h).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; LO_NAME_SIZE],
+    lo_crypt_name: [u8; LO_NAME_SIZE],
+    lo_encrypt_key: [u8; LO_KEY_SIZE],
+    lo_init: [u64; 2],
+}
+
+/// Mirror of the kernel's `struct loop_config` (Linux >= 5.8).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+// Layout checks: a mismatch would make the kernel read/write out of bounds.
+const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
+
+impl LoopInfo64 {
+    fn zeroed() -> Self {
+        // SAFETY: the struct is plain integers and integer arrays, for which
+        // the all-zero bit pattern is valid (and what the kernel expects for
+        // unused fields).
+        unsafe { std::mem::zeroed() }
+    }
+}
+
+/// Raw ioctl wrappers. The loop ioctls predate direction/size encoding, hence
+/// the `_bad` variants with literal request numbers.
+mod sys {
+    use super::{LoopConfig, LoopInfo64};
+    nix::ioctl_write_int_bad!(loop_set_fd, 0x4C00);
+    nix::ioctl_none_bad!(loop_clr_fd, 0x4C01);
+    nix::ioctl_write_ptr_bad!(loop_set_status64, 0x4C04, LoopInfo64);
+    nix::ioctl_read_bad!(loop_get_status64, 0x4C05, LoopInfo64);
+    nix::ioctl_none_bad!(loop_set_capacity, 0x4C07);
+    nix::ioctl_write_ptr_bad!(loop_configure, 0x4C0A, LoopConfig);
+    nix::ioctl_none_bad!(loop_ctl_get_free, 0x4C82);
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t); the kernel always writes a u64.
+    nix::ioctl_read_bad!(
+        blkgetsize64,
+        nix::request_code_read!(0x12, 114, std::mem::size_of::<libc::size_t>()),
+        u64
+    );
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    #[error("cannot open {path:?}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot create device node {path:?}: {source}")]
+    Mknod {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("{op} on {path:?} failed: {source}")]
+    Ioctl {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("no free loop device after {attempts} attempts (raced with other users)")]
+    Busy { attempts: u32 },
+    #[error("cannot read {path:?}: {source}")]
+    Sysfs {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path:?} is not a loop device path")]
+    NotLoopDevice { path: PathBuf },
+}
+
+fn open(path: &Path, write: bool) -> Result<File, LoopError> {
+    OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)
+        .map_err(|source| LoopError::Open {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn ioctl_err(op: &'static str, path: &Path) -> impl FnOnce(Errno) -> LoopError {
+    let path = path.to_path_buf();
+    move |source| LoopError::Ioctl { op, path, source }
+}
+
+/// "/dev/loop7" -> "loop7" (the sysfs name).
+fn loop_name(device: &Path) -> Result<String, LoopError> {
+    device
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| {
+            n.len() > 4 && n.starts_with("loop") && n[4..].bytes().all(|b| b.is_ascii_digit())
+        })
+        .map(str::to_owned)
+        .ok_or_else(|| LoopError::NotLoopDevice {
+            path: device.to_path_buf(),
+        })
+}
+
+/// Containers often ship a static /dev without the node the kernel just
+/// allocated; create it so the index from LOOP_CTL_GET_FREE is usable.
+fn ensure_node(index: u32) -> Result<PathBuf, LoopError> {
+    let path = PathBuf::from(format!("/dev/loop{index}"));
+    if path.exists() {
+        return Ok(path);
+    }
+    // With max_part set, minors are not simply the index; sysfs knows.
+    let sys_dev = format!("/sys/block/loop{index}/dev");
+    let (major, minor) = std::fs::read_to_string(&sys_dev)
+        .ok()
+        .and_then(|s| {
+            let (ma, mi) = s.trim().split_once(':')?;
+            Some((ma.parse().ok()?, mi.parse().ok()?))
+        })
+        .unwrap_or((LOOP_MAJOR, u64::from(index)));
+    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+    match mknod(
+        &path,
+        SFlag::S_IFBLK,
+        Mode::from_bits_truncate(0o660),
+        makedev(major, minor),
+    ) {
+        Ok(()) | Err(Errno::EEXIST) => Ok(path),
+        Err(source) => Err(LoopError::Mknod { path, source }),
+    }
+}
+
+fn file_name_field(file: &Path) -> [u8; LO_NAME_SIZE] {
+    let mut name = [0u8; LO_NAME_SIZE];
+    let bytes = file.as_os_str().as_bytes();
+    // Keep the last byte as the NUL terminator the kernel expects.
+    let n = bytes.len().min(LO_NAME_SIZE - 1);
+    name[..n].copy_from_slice(&bytes[..n]);
+    name
+}
+
+/// Binds `backing` to the loop device open as `dev`. Returns Err(EBUSY) when
+/// another process bound it first, so the caller can pick another device.
+fn bind(dev: &File, dev_path: &Path, backing: &File, file: &Path) -> Result<(), LoopError> {
+    let mut info = LoopInfo64::zeroed();
+    info.lo_file_name = file_name_field(file);
+    let config = LoopConfig {
+        fd: backing.as_raw_fd() as u32,
+        block_size: 0,
+        info,
+        reserved: [0; 8],
+    };
+    // SAFETY: dev is an open loop device fd and &config points to a fully
+    // initialised repr(C) loop_config that lives across the call.
+    match unsafe { sys::loop_configure(dev.as_raw_fd(), &config) } {
+        Ok(_) => Ok(()),
+        // Pre-5.8 kernels do not know LOOP_CONFIGURE.
+        Err(Errno::EINVAL | Errno::ENOTTY) => bind_legacy(dev, dev_path, backing, file),
+        Err(e) => Err(ioctl_err("LOOP_CONFIGURE", dev_path)(e)),
+    }
+}
+
+/// The pre-5.8 two-step binding. Not atomic: a reader may briefly see the
+/// device bound without its file name, which is harmless for us.
+fn bind_legacy(dev: &File, dev_path: &Path, backing: &File, file: &Path) -> Result<(), LoopError> {
+    let mut info = LoopInfo64::zeroed();
+    info.lo_file_name = file_name_field(file);
+    // SAFETY: both fds are open for the duration of the call; the kernel
+    // takes its own reference on the backing file.
+    unsafe { sys::loop_set_fd(dev.as_raw_fd(), backing.as_raw_fd()) }
+        .map_err(ioctl_err("LOOP_SET_FD", dev_path))?;
+    // SAFETY: dev is open; &info points to an initialised loop_info64.
+    if let Err(e) = unsafe { sys::loop_set_status64(dev.as_raw_fd(), &info) } {
+        // Undo the half-configured binding so the device is not leaked.
+        // SAFETY: dev is open; LOOP_CLR_FD takes no argument.
+        let _ = unsafe { sys::loop_clr_fd(dev.as_raw_fd()) };
+        return Err(ioctl_err("LOOP_SET_STATUS64", dev_path)(e));
+    }
+    Ok(())
+}
+
+/// Attaches `file` to a free loop device and returns its path. The binding
+/// persists after this process closes its descriptors (no autoclear).
+pub fn attach(file: &Path) -> Result<PathBuf, LoopError> {
+    attach_with(file, bind)
+}
+
+type BindFn = fn(&File, &Path, &File, &Path) -> Result<(), LoopError>;
+
+fn attach_with(file: &Path, bind: BindFn) -> Result<PathBuf, LoopError> {
+    let backing = open(file, true)?;
+    let ctl_path = Path::new("/dev/loop-control");
+    let ctl = open(ctl_path, true)?;
+    for attempt in 0..ATTACH_ATTEMPTS {
+        // SAFETY: ctl is an open /dev/loop-control fd; the ioctl takes no argument.
+        let index = unsafe { sys::loop_ctl_get_free(ctl.as_raw_fd()) }
+            .map_err(ioctl_err("LOOP_CTL_GET_FREE", ctl_path))?;
+        let dev_path = ensure_node(index as u32)?;
+        let dev = open(&dev_path, true)?;
+        match bind(&dev, &dev_path, &backing, file) {
+            Ok(()) => return Ok(dev_path),
+            Err(LoopError::Ioctl {
+                source: Errno::EBUSY,
+                ..
+            }) => std::thread::sleep(Duration::from_millis(5 << attempt.min(5))),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(LoopError::Busy {
+        attempts: ATTACH_ATTEMPTS,
+    })
+}
+
+/// Detaches the loop device. If the device is still open elsewhere (mounted,
+/// or merely being probed by udev or another thread) the kernel only marks it
+/// autoclear and the detach completes at the last close, so callers must not
+/// assume the device is free when this returns.
+pub fn detach(device: &Path) -> Result<(), LoopError> {
+    // Read-only suffices: we are CAP_SYS_ADMIN, and a read-only loop device
+    // would refuse a writable open.
+    let dev = open(device, false)?;
+    // SAFETY: dev is an open fd; LOOP_CLR_FD takes no argument.
+    match unsafe { sys::loop_clr_fd(dev.as_raw_fd()) } {
+        Ok(_) | Err(Errno::ENXIO) => Ok(()),
+        Err(e) => Err(ioctl_err("LOOP_CLR_FD", device)(e)),
+    }
+}
+
+/// The backing file path as the kernel reports it (it may end in
+/// " (deleted)" if the file was unlinked). None when not attached.
+pub fn backing_file(device: &Path) -> Result<Option<PathBuf>, LoopError> {
+    let path = PathBuf::from(format!(
+        "/sys/block/{}/loop/backing_file",
+        loop_name(device)?
+    ));
+    match std::fs::read(&path) {
+        Ok(mut bytes) => {
+            if bytes.last() == Some(&b'\n') {
+                bytes.pop();
+            }
+            Ok(Some(PathBuf::from(std::ffi::OsString::from_vec(bytes))))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(LoopError::Sysfs { path, source }),
+    }
+}
+
+/// (st_dev, st_ino) of the backing file, comparable with `MetadataExt::dev()`
+/// and `ino()`. None when the device is not attached.
+pub fn backing_inode(device: &Path) -> Result<Option<(u64, u64)>, LoopError> {
+    let dev = open(device, false)?;
+    let mut info = LoopInfo64::zeroed();
+    // SAFETY: dev is open; &mut info is a valid, writable loop_info64 that
+    // outlives the call.
+    match unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) } {
+        Ok(_) => Ok(Some((info.lo_device, info.lo_inode))),
+        Err(Errno::ENXIO) => Ok(None),
+        Err(e) => Err(ioctl_err("LOOP_GET_STATUS64", device)(e)),
+    }
+}
+
+/// Finds the loop device backed by the given inode, e.g. to re-adopt a device
+/// after an agent restart even if the backing file was renamed.
+pub fn find_by_backing_inode(dev: u64, ino: u64) -> Result<Option<PathBuf>, LoopError> {
+    let sys_block = Path::new("/sys/block");
+    let entries = std::fs::read_dir(sys_block).map_err(|source| LoopError::Sysfs {
+        path: sys_block.to_path_buf(),
+        source,
+    })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("loop"))
+        .collect();
+    names.sort_by_key(|n| n[4..].parse::<u64>().unwrap_or(u64::MAX));
+    for name in names {
+        let device = PathBuf::from(format!("/dev/{name}"));
+        // Unattached devices have no loop/ directory; skip without an ioctl.
+        if !sys_block.join(&name).join("loop").exists() {
+            continue;
+        }
+        let found = match backing_inode(&device) {
+            Ok(found) => found,
+            // No /dev node (container): fall back to stat'ing the sysfs path.
+            Err(LoopError::Open { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                backing_file(&device)?
+                    .and_then(|p| std::fs::metadata(p).ok())
+                    .map(|m| (m.dev(), m.ino()))
+            }
+            // Detached between the directory check and the open.
+            Err(LoopError::Open { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if found == Some((dev, ino)) {
+            return Ok(Some(device));
+        }
+    }
+    Ok(None)
+}
+
+/// Makes the loop device pick up a new size of its backing file.
+pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
+    let dev = open(device, false)?;
+    // SAFETY: dev is an open fd; LOOP_SET_CAPACITY takes no argument.
+    unsafe { sys::loop_set_capacity(dev.as_raw_fd()) }
+        .map_err(ioctl_err("LOOP_SET_CAPACITY", device))?;
+    Ok(())
+}
+
+/// Size in bytes of a block device (regular files are accepted too, which
+/// keeps callers and tests simple).
+pub fn device_size(device: &Path) -> io::Result<u64> {
+    let file = File::open(device)?;
+    let meta = file.metadata()?;
+    if meta.file_type().is_file() {
+        return Ok(meta.len());
+    }
+    if !meta.file_type().is_block_device() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a block device", device.display()),
+        ));
+    }
+    let mut size: u64 = 0;
+    // SAFETY: file is an open block device; &mut size is a valid u64 the
+    // kernel writes exactly 8 bytes into.
+    unsafe { sys::blkgetsize64(file.as_raw_fd(), &mut size) }.map_err(io::Error::from)?;
+    Ok(size)
+}
+
+/// Helpers shared by the root-only tests of this module and `blkid`.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Root-only tests skip when unprivileged, except in CI where a skip
+    /// would hide a broken environment.
+    pub fn root_or_skip(test: &str) -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{test}: requires root, and CI=true forbids skipping");
+        }
+        eprintln!("{test}: skipped (requires root)");
+        false
+    }
+
+    /// A sparse file removed on drop, even when the test panics.
+    pub struct TempFile(pub PathBuf);
+
+    impl TempFile {
+        pub fn sparse(tag: &str, size: u64) -> TempFile {
+            static SEQ: AtomicU32 = AtomicU32::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "hosttest-{tag}-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            let f = std::fs::File::create(&path).unwrap();
+            f.set_len(size).unwrap();
+            TempFile(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// A loop device detached on drop. Declare it after its `TempFile` so it
+    /// is dropped first.
+    pub struct Loop(pub PathBuf);
+
+    impl Loop {
+        pub fn attach(file: &Path) -> Loop {
+            Loop(super::attach(file).unwrap())
+        }
+    }
+
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            if let Err(e) = super::detach(&self.0) {
+                eprintln!("cleanup: detach {:?} failed: {e}", self.0);
+            }
+        }
+    }
+
+    pub fn sh(script: &str) {
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "`{script}` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{Loop, TempFile, root_or_skip, sh};
+    use super::*;
+
+    #[test]
+    fn struct_layouts_match_kernel() {
+        assert_eq!(std::mem::offset_of!(LoopInfo64, lo_file_name), 56);
+        assert_eq!(std::mem::offset_of!(LoopConfig, info), 8);
+    }
+
+    #[test]
+    fn file_name_is_truncated_and_nul_terminated() {
+        let long = PathBuf::from("/".to_string() + &"x".repeat(100));
+        let field = file_name_field(&long);
+        assert_eq!(field[62], b'x');
+        assert_eq!(field[63], 0);
+        let short = file_name_field(Path::new("/a"));
+        assert_eq!(&short[..3], b"/a\0");
+    }
+
+    #[test]
+    fn loop_names() {
+        assert_eq!(loop_name(Path::new("/dev/loop12")).unwrap(), "loop12");
+        assert!(loop_name(Path::new("/dev/sda")).is_err());
+        assert!(loop_name(Path::new("/dev/loop")).is_err());
+        assert!(loop_name(Path::new("/dev/loop-control")).is_err());
+    }
+
+    #[test]
+    fn device_size_of_regular_file() {
+        let f = TempFile::sparse("size", 3 << 20);
+        assert_eq!(device_size(&f.0).unwrap(), 3 << 20);
+    }
+
+    #[test]
+    fn attach_inspect_grow_detach() {
+        if !root_or_skip("attach_inspect_grow_detach") {
+            return;
+        }
+        let file = TempFile::sparse("loop", 16 << 20);
+        let lo = Loop::attach(&file.0);
+        assert!(lo.0.to_string_lossy().starts_with("/dev/loop"));
+        assert_eq!(device_size(&lo.0).unwrap(), 16 << 20);
+
+        assert_eq!(
+            backing_file(&lo.0).unwrap().as_deref(),
+            Some(file.0.as_path())
+        );
+        let meta = std::fs::metadata(&file.0).unwrap();
+        let want = (meta.dev(), meta.ino());
+        assert_eq!(backing_inode(&lo.0).unwrap(), Some(want));
+        assert_eq!(
+            find_by_backing_inode(want.0, want.1).unwrap(),
+            Some(lo.0.clone())
+        );
+
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file.0)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        set_capacity(&lo.0).unwrap();
+        assert_eq!(device_size(&lo.0).unwrap(), 32 << 20);
+
+        // The binding must survive our fds being closed (no autoclear).
+        let sysfs_name = format!("/sys/block/{}/loop/autoclear", loop_name(&lo.0).unwrap());
+        assert_eq!(std::fs::read_to_string(sysfs_name).unwrap().trim(), "0");
+
+        detach(&lo.0).unwrap();
+        // Other tests (or udev) may briefly hold the device open, which turns
+        // LOOP_CLR_FD into a deferred detach; wait for the last close.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while backing_file(&lo.0).unwrap().is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(backing_file(&lo.0).unwrap(), None);
+        assert_eq!(backing_inode(&lo.0).unwrap(), None);
+        assert_eq!(find_by_backing_inode(want.0, want.1).unwrap(), None);
+        // Detaching twice is fine (ENXIO).
+        detach(&lo.0).unwrap();
+    }
+
+    #[test]
+    fn legacy_binding_path() {
+        if !root_or_skip("legacy_binding_path") {
+            return;
+        }
+        let file = TempFile::sparse("legacy", 2 << 20);
+        let lo = Loop(attach_with(&file.0, bind_legacy).unwrap());
+        assert_eq!(
+            backing_file(&lo.0).unwrap().as_deref(),
+            Some(file.0.as_path())
+        );
+        assert_eq!(device_size(&lo.0).unwrap(), 2 << 20);
+        let mut info = LoopInfo64::zeroed();
+        let dev = File::open(&lo.0).unwrap();
+        // SAFETY: dev is open and info is a writable loop_info64.
+        unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) }.unwrap();
+        assert!(info.lo_file_name.starts_with(file.0.as_os_str().as_bytes()));
+    }
+
+    #[test]
+    fn long_backing_path_and_losetup_agrees() {
+        if !root_or_skip("long_backing_path_and_losetup_agrees") {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "hosttest-{}-{}",
+            std::process::id(),
+            "d".repeat(80)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        struct RmDir(PathBuf);
+        impl Drop for RmDir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let _dir = RmDir(dir.clone());
+        let file = TempFile(dir.join("backing"));
+        std::fs::File::create(&file.0)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        let lo = Loop::attach(&file.0);
+        // sysfs reports the full path even though lo_file_name is truncated.
+        assert_eq!(
+            backing_file(&lo.0).unwrap().as_deref(),
+            Some(file.0.as_path())
+        );
+        sh(&format!(
+            "losetup --list --noheadings {} | grep -q loop",
+            lo.0.display()
+        ));
+    }
+
+    #[test]
+    fn many_concurrent_attaches_get_distinct_devices() {
+        if !root_or_skip("many_concurrent_attaches_get_distinct_devices") {
+            return;
+        }
+        let files: Vec<TempFile> = (0..4).map(|_| TempFile::sparse("race", 1 << 20)).collect();
+        let loops: Vec<Loop> = std::thread::scope(|s| {
+            let handles: Vec<_> = files
+                .iter()
+                .map(|f| s.spawn(|| Loop::attach(&f.0)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut paths: Vec<_> = loops.iter().map(|l| l.0.clone()).collect();
+        paths.sort();
+        paths.dedup();
+        assert_eq!(paths.len(), 4);
+        for (f, l) in files.iter().zip(&loops) {
+            assert_eq!(backing_file(&l.0).unwrap().as_deref(), Some(f.0.as_path()));
+        }
+        drop(loops);
+    }
+
+    #[test]
+    fn non_loop_paths_are_rejected() {
+        assert!(matches!(
+            backing_file(Path::new("/dev/null")),
+            Err(LoopError::NotLoopDevice { .. })
+        ));
+        assert!(device_size(Path::new("/dev/null")).is_err());
+    }
+}

@@ -1,0 +1,7 @@
+pub mod blank;
+pub mod blkid;
+pub mod command;
+pub mod fstools;
+pub mod loopdev;
+pub mod mounter;
+pub mod mountinfo;

@@ -1,0 +1,18 @@
+//! ebs-node-agent: a crash-safe CSI node plugin for AWS EBS, any block device, or loop files.
+
+pub mod backend;
+pub mod cli;
+pub mod client;
+pub mod endpoint;
+pub mod error;
+pub mod grpc;
+pub mod health;
+pub mod host;
+pub mod logging;
+pub mod metrics;
+pub mod node;
+pub mod nodeinfo;
+pub mod notify;
+pub mod request;
+pub mod server;
+pub mod status;

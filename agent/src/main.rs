@@ -1,0 +1,39 @@
+use clap::Parser;
+
+use ebs_node_agent::cli::{Cli, Command};
+use ebs_node_agent::{client, logging, server, status};
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = match cli.command {
+        Command::Serve(args) => {
+            logging::init(args.log_format);
+            match runtime.block_on(server::serve(*args)) {
+                Ok(()) => 0,
+                Err(fatal) => {
+                    tracing::error!("{}", fatal.message);
+                    eprintln!("error: {}", fatal.message);
+                    fatal.code
+                }
+            }
+        }
+        Command::Client(args) => runtime.block_on(client::run(args)),
+        Command::Status(args) => runtime.block_on(status::status(args)),
+        Command::Recover(args) => status::recover(args),
+    };
+    // Blocking host work still running after the grace period must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    std::process::exit(code);
+}

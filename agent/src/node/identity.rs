@@ -1,0 +1,63 @@
+//! Comparing device identities recorded in the journal with the ones found now.
+
+use ebs_store::DeviceIdentity;
+
+/// Whether two identities name the same volume. An unverified identity (Xen, no serial) cannot
+/// contradict anything: the backend logged that it could not verify.
+pub fn same_identity(recorded: &DeviceIdentity, now: &DeviceIdentity) -> bool {
+    match (recorded, now) {
+        (
+            DeviceIdentity::LoopFile {
+                st_dev: d1,
+                st_ino: i1,
+                ..
+            },
+            DeviceIdentity::LoopFile {
+                st_dev: d2,
+                st_ino: i2,
+                ..
+            },
+        ) => d1 == d2 && i1 == i2,
+        (DeviceIdentity::NvmeSerial { serial: a }, DeviceIdentity::NvmeSerial { serial: b }) => {
+            a == b
+        }
+        (DeviceIdentity::Unverified, _) | (_, DeviceIdentity::Unverified) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loop_identity_is_the_inode_not_the_path() {
+        let a = DeviceIdentity::LoopFile {
+            file: "/a".into(),
+            st_dev: 1,
+            st_ino: 2,
+        };
+        let same_inode = DeviceIdentity::LoopFile {
+            file: "/b".into(),
+            st_dev: 1,
+            st_ino: 2,
+        };
+        let swapped = DeviceIdentity::LoopFile {
+            file: "/a".into(),
+            st_dev: 1,
+            st_ino: 3,
+        };
+        assert!(same_identity(&a, &same_inode));
+        assert!(!same_identity(&a, &swapped));
+        let s = DeviceIdentity::NvmeSerial {
+            serial: "vol1".into(),
+        };
+        assert!(!same_identity(
+            &s,
+            &DeviceIdentity::NvmeSerial {
+                serial: "vol2".into()
+            }
+        ));
+        assert!(!same_identity(&s, &a));
+    }
+}

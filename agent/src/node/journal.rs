@@ -1,0 +1,111 @@
+//! Write-ahead steps: every host mutation is recorded as an intent before it starts and as done
+//! after it finishes. The journal explains what happened; resume decisions read the records it
+//! commits together with the step (format fact, staged volume, publication) and the host itself.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use ebs_store::{Durability, Phase, Store, StoreError, Writer};
+
+use crate::error::Result;
+
+/// Extra facts for one journal line (device, UUID, paths, options).
+pub type Detail = BTreeMap<String, String>;
+
+pub fn detail<const N: usize>(pairs: [(&str, String); N]) -> Detail {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// The journal of one operation on one volume.
+pub struct Journal<'a> {
+    store: &'a Store,
+    volume: &'a str,
+    op: &'static str,
+    crash_after: Option<&'a str>,
+}
+
+impl<'a> Journal<'a> {
+    pub fn new(
+        store: &'a Store,
+        volume: &'a str,
+        op: &'static str,
+        crash_after: Option<&'a str>,
+    ) -> Self {
+        Journal {
+            store,
+            volume,
+            op,
+            crash_after,
+        }
+    }
+
+    /// Commits a journal line, plus any records `also` writes, in one transaction.
+    pub fn record(
+        &self,
+        step: &str,
+        phase: Phase,
+        detail: Detail,
+        durability: Durability,
+        also: impl FnOnce(&mut Writer<'_>) -> std::result::Result<(), StoreError>,
+    ) -> Result<()> {
+        self.store.write(durability, |w| {
+            also(w)?;
+            w.step(self.volume, self.op, step, phase, detail)?;
+            Ok(())
+        })?;
+        self.maybe_crash(step, phase);
+        Ok(())
+    }
+
+    /// Runs one step between an intent and a done line. A failure is journaled too.
+    pub fn step<T>(
+        &self,
+        step: &str,
+        detail: Detail,
+        durability: Durability,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.record(step, Phase::Intent, detail.clone(), durability, |_| Ok(()))?;
+        let started = Instant::now();
+        match f() {
+            Ok(v) => {
+                let mut done = detail;
+                done.insert("ms".into(), started.elapsed().as_millis().to_string());
+                self.record(step, Phase::Done, done, Durability::Lazy, |_| Ok(()))?;
+                Ok(v)
+            }
+            Err(e) => {
+                let mut failed = detail;
+                failed.insert("error".into(), e.to_string());
+                // The failure line is best effort: the error itself is what the caller needs.
+                let _ = self.record(step, Phase::Failed, failed, Durability::Lazy, |_| Ok(()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Fault injection for the crash-matrix tests: die as SIGKILL would, right after the named
+    /// record is committed. Only reachable when the hidden `--crash-after` flag is set.
+    fn maybe_crash(&self, step: &str, phase: Phase) {
+        let Some(target) = self.crash_after else {
+            return;
+        };
+        let phase = match phase {
+            Phase::Intent => "intent",
+            Phase::Done => "done",
+            Phase::Failed => "failed",
+        };
+        if target == format!("{}.{}.{}", self.op, step, phase) {
+            tracing::error!(
+                op = self.op,
+                step,
+                phase,
+                "fault injection: killing the agent"
+            );
+            // Make the lazily committed lines durable first, as a real crash after an
+            // immediate commit would find them.
+            let _ = self.store.write(Durability::Immediate, |_| Ok(()));
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}

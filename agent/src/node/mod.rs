@@ -1,0 +1,72 @@
+//! The node domain: stage, publish, unpublish, unstage (and later expand and stats) as explicit
+//! step pipelines over the host, journaled through the store. No gRPC here.
+
+pub mod identity;
+pub mod journal;
+mod locks;
+mod publish;
+pub mod recovery;
+mod stage;
+mod unstage;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ebs_store::Store;
+
+pub use locks::{VolumeGuard, VolumeLocks};
+pub use publish::{PublishCommand, UnpublishCommand, publish, unpublish};
+pub use stage::{StageCommand, stage};
+pub use unstage::{UnstageCommand, unstage};
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::host::fstools::FsTools;
+use crate::host::mountinfo::{MountEntry, MountTable};
+
+/// Everything a node operation needs, shared by all calls.
+pub struct NodeCtx {
+    pub store: Arc<Store>,
+    pub backend: Arc<dyn Backend>,
+    pub fstools: FsTools,
+    pub locks: VolumeLocks,
+    pub crash_after: Option<String>,
+    pub health: Arc<crate::health::Health>,
+}
+
+impl NodeCtx {
+    pub fn crash_after(&self) -> Option<&str> {
+        self.crash_after.as_deref()
+    }
+}
+
+pub fn mount_table() -> Result<MountTable> {
+    MountTable::read().map_err(|e| Error::Internal(format!("reading /proc/self/mountinfo: {e}")))
+}
+
+/// What is mounted exactly at `path`, if anything (the top-most mount).
+pub fn mounted_at(path: &Path) -> Result<Option<MountEntry>> {
+    Ok(mount_table()?.at(path).cloned())
+}
+
+/// Creates a directory (and parents) for a staging or target path the CO handed us.
+pub fn ensure_dir(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::Precondition(format!(
+            "{} exists and is not a directory",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(path)
+            .map_err(|e| Error::io(format!("creating {}", path.display()), e)),
+        Err(e) => Err(Error::io(format!("inspecting {}", path.display()), e)),
+    }
+}
+
+pub fn path_string(p: &Path) -> String {
+    p.display().to_string()
+}
+
+pub fn pb(p: &Path) -> PathBuf {
+    p.to_path_buf()
+}

@@ -1,0 +1,144 @@
+//! Typed, validated commands. A raw CSI request becomes one of these at the gRPC door; domain code
+//! never sees an unchecked string, path or flag.
+
+mod capability;
+mod format_options;
+mod mount_flags;
+mod paths;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+pub use capability::{AccessMode, AccessType, Capability, FsType};
+pub use format_options::FormatOptions;
+pub use mount_flags::MountFlags;
+pub use paths::{ConfinedPath, MAX_PATH_BYTES, parse_prefix};
+
+/// CSI's limit for string fields.
+pub const MAX_STRING_BYTES: usize = 128;
+/// CSI's limit for a whole map<string,string> field.
+pub const MAX_MAP_BYTES: usize = 4096;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ValidationError {
+    #[error("{0} is required")]
+    Missing(&'static str),
+    #[error("{field} is longer than {max} bytes")]
+    TooLong { field: &'static str, max: usize },
+    #[error("{field} {value:?} is invalid: {why}")]
+    BadValue {
+        field: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("{field} {path:?} is refused: {why}")]
+    BadPath {
+        field: &'static str,
+        path: PathBuf,
+        why: &'static str,
+    },
+    #[error("{field} {path:?} is outside the allowed path prefixes (see --allowed-path-prefix)")]
+    OutsideAllowedRoots { field: &'static str, path: PathBuf },
+    /// The request is well formed but asks for something this plugin cannot provide: CSI wants
+    /// FAILED_PRECONDITION here, not INVALID_ARGUMENT.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl ValidationError {
+    pub fn bad(field: &'static str, value: impl Into<String>, why: impl Into<String>) -> Self {
+        ValidationError::BadValue {
+            field,
+            value: value.into(),
+            why: why.into(),
+        }
+    }
+}
+
+/// A volume id as every node call carries it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VolumeId(String);
+
+impl VolumeId {
+    pub fn parse(raw: &str) -> Result<Self, ValidationError> {
+        const FIELD: &str = "volume_id";
+        if raw.is_empty() {
+            return Err(ValidationError::Missing(FIELD));
+        }
+        if raw.len() > MAX_STRING_BYTES {
+            return Err(ValidationError::TooLong {
+                field: FIELD,
+                max: MAX_STRING_BYTES,
+            });
+        }
+        if raw.chars().any(|c| c == '/' || c.is_control()) {
+            return Err(ValidationError::bad(
+                FIELD,
+                raw,
+                "it must not contain '/' or control characters",
+            ));
+        }
+        Ok(VolumeId(raw.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Checks CSI's size limit on a map field (keys and values together).
+pub fn check_map(
+    field: &'static str,
+    map: &HashMap<String, String>,
+) -> Result<(), ValidationError> {
+    let size: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_MAP_BYTES {
+        return Err(ValidationError::TooLong {
+            field,
+            max: MAX_MAP_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Secrets from requests: carried, never printed.
+#[derive(Clone, Default)]
+pub struct Secrets(#[allow(dead_code)] HashMap<String, String>);
+
+impl Secrets {
+    pub fn new(map: HashMap<String, String>) -> Self {
+        Secrets(map)
+    }
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets(<{} redacted>)", self.0.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_ids() {
+        assert!(VolumeId::parse("vol-0123456789abcdef0").is_ok());
+        assert!(VolumeId::parse("").is_err());
+        assert!(VolumeId::parse("a/b").is_err());
+        assert!(VolumeId::parse("a\0b").is_err());
+        assert!(VolumeId::parse(&"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let s = Secrets::new(HashMap::from([("key".into(), "hunter2".into())]));
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}

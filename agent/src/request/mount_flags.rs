@@ -1,0 +1,246 @@
+//! Mount options from the volume capability. Only options known to be harmless are accepted: an
+//! option list reaches mount(2) as flags plus a comma-joined data string, so a `,` inside one item,
+//! or an option such as `bind` or `remount`, could turn our mount into something else.
+
+use super::{FsType, ValidationError};
+
+const FIELD: &str = "volume_capability.mount.mount_flags";
+const MAX_TOTAL_BYTES: usize = 4096;
+const MAX_ITEM_BYTES: usize = 256;
+
+/// Options that are mount(2) flags rather than filesystem data.
+const VFS_FLAGS: &[(&str, u64)] = &[
+    ("ro", libc::MS_RDONLY),
+    ("rw", 0),
+    ("noatime", libc::MS_NOATIME),
+    ("nodiratime", libc::MS_NODIRATIME),
+    ("relatime", libc::MS_RELATIME),
+    ("strictatime", libc::MS_STRICTATIME),
+    ("lazytime", libc::MS_LAZYTIME),
+    ("nodev", libc::MS_NODEV),
+    ("nosuid", libc::MS_NOSUID),
+    ("noexec", libc::MS_NOEXEC),
+    ("sync", libc::MS_SYNCHRONOUS),
+    ("dirsync", libc::MS_DIRSYNC),
+    ("dev", 0),
+    ("suid", 0),
+    ("exec", 0),
+    ("async", 0),
+    ("atime", 0),
+    ("defaults", 0),
+];
+
+/// Filesystem data options; `=N` marks a numeric value, `=a|b` a fixed choice.
+const EXT_DATA: &[&str] = &[
+    "acl",
+    "noacl",
+    "user_xattr",
+    "nouser_xattr",
+    "discard",
+    "nodiscard",
+    "barrier",
+    "nobarrier",
+    "journal_checksum",
+    "nojournal_checksum",
+    "quota",
+    "noquota",
+    "usrquota",
+    "grpquota",
+    "prjquota",
+    "delalloc",
+    "nodelalloc",
+    "auto_da_alloc",
+    "noauto_da_alloc",
+    "dioread_nolock",
+    "dioread_lock",
+    "init_itable",
+    "noinit_itable",
+    "block_validity",
+    "noblock_validity",
+    "commit=N",
+    "stripe=N",
+    "barrier=N",
+    "init_itable=N",
+    "max_batch_time=N",
+    "min_batch_time=N",
+    "journal_ioprio=N",
+    "inode_readahead_blks=N",
+    "data=ordered|writeback|journal",
+    "errors=remount-ro|continue",
+];
+const XFS_DATA: &[&str] = &[
+    "discard",
+    "nodiscard",
+    "inode32",
+    "inode64",
+    "largeio",
+    "nolargeio",
+    "noquota",
+    "quota",
+    "uquota",
+    "usrquota",
+    "gquota",
+    "grpquota",
+    "pquota",
+    "prjquota",
+    "uqnoenforce",
+    "gqnoenforce",
+    "pqnoenforce",
+    "wsync",
+    "filestreams",
+    "swalloc",
+    "noalign",
+    "attr2",
+    "noattr2",
+    "ikeep",
+    "noikeep",
+    "logbufs=N",
+    "logbsize=N",
+    "allocsize=N",
+    "sunit=N",
+    "swidth=N",
+];
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct MountFlags {
+    raw: Vec<String>,
+    vfs: u64,
+    data: Vec<String>,
+}
+
+impl MountFlags {
+    pub fn parse(fs: FsType, raw: &[String]) -> Result<Self, ValidationError> {
+        let total: usize = raw.iter().map(|s| s.len()).sum();
+        if total > MAX_TOTAL_BYTES {
+            return Err(ValidationError::TooLong {
+                field: FIELD,
+                max: MAX_TOTAL_BYTES,
+            });
+        }
+        let mut flags = MountFlags {
+            raw: raw.to_vec(),
+            ..Default::default()
+        };
+        for item in raw {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            if item.len() > MAX_ITEM_BYTES
+                || !item
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"=_-.".contains(&b))
+            {
+                return Err(ValidationError::bad(
+                    FIELD,
+                    item,
+                    "mount options may hold only letters, digits, '=', '_', '-' and '.', one \
+                     option per item",
+                ));
+            }
+            if let Some((_, bits)) = VFS_FLAGS.iter().find(|(name, _)| *name == item) {
+                flags.vfs |= bits;
+                continue;
+            }
+            let table = if fs.is_ext() { EXT_DATA } else { XFS_DATA };
+            if !table.iter().any(|pattern| matches_pattern(pattern, item)) {
+                return Err(ValidationError::bad(
+                    FIELD,
+                    item,
+                    format!("not a mount option the agent allows for {fs}"),
+                ));
+            }
+            flags.data.push(item.to_string());
+        }
+        Ok(flags)
+    }
+
+    /// The items as the CO sent them: compared for idempotency, echoed back in records.
+    pub fn raw(&self) -> &[String] {
+        &self.raw
+    }
+
+    /// mount(2) flag bits (`MS_*`).
+    pub fn vfs_bits(&self) -> u64 {
+        self.vfs
+    }
+
+    pub fn data(&self) -> &[String] {
+        &self.data
+    }
+
+    pub fn wants_read_only(&self) -> bool {
+        self.vfs & libc::MS_RDONLY != 0
+    }
+}
+
+fn matches_pattern(pattern: &str, item: &str) -> bool {
+    match pattern.split_once('=') {
+        None => pattern == item,
+        Some((key, spec)) => {
+            let Some((ikey, value)) = item.split_once('=') else {
+                return false;
+            };
+            if key != ikey || value.is_empty() {
+                return false;
+            }
+            if spec == "N" {
+                value.len() <= 12 && value.bytes().all(|b| b.is_ascii_digit())
+                    || value.len() <= 12
+                        && value[..value.len() - 1].bytes().all(|b| b.is_ascii_digit())
+                        && matches!(value.as_bytes()[value.len() - 1], b'k' | b'm' | b'g')
+                        && value.len() > 1
+            } else {
+                spec.split('|').any(|choice| choice == value)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(fs: FsType, items: &[&str]) -> Result<MountFlags, ValidationError> {
+        MountFlags::parse(fs, &items.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn accepts_common_options() {
+        let f = parse(
+            FsType::Ext4,
+            &["noatime", "data=ordered", "commit=30", "ro"],
+        )
+        .unwrap();
+        assert_eq!(f.vfs_bits(), libc::MS_NOATIME | libc::MS_RDONLY);
+        assert_eq!(f.data(), ["data=ordered", "commit=30"]);
+        assert!(f.wants_read_only());
+        let x = parse(FsType::Xfs, &["inode64", "logbsize=256k"]).unwrap();
+        assert_eq!(x.data(), ["inode64", "logbsize=256k"]);
+    }
+
+    #[test]
+    fn refuses_escapes_and_unknowns() {
+        for bad in [
+            "noatime,bind",
+            "bind",
+            "remount",
+            "rbind",
+            "loop",
+            "errors=panic",
+            "data=evil",
+            "commit=",
+            "commit=1x",
+            "a b",
+            "x;rm -rf /",
+            "context=\"x\"",
+            "nouuid=1",
+        ] {
+            assert!(parse(FsType::Ext4, &[bad]).is_err(), "{bad}");
+        }
+        assert!(parse(FsType::Xfs, &["data=ordered"]).is_err());
+        assert!(parse(FsType::Ext4, &[&"a".repeat(300)]).is_err());
+        let many: Vec<String> = (0..600).map(|_| "noatime".to_string()).collect();
+        assert!(MountFlags::parse(FsType::Ext4, &many).is_err());
+    }
+}

@@ -1,0 +1,217 @@
+//! `serve`: open the state, bind the socket, serve, recover, report ready; on SIGTERM stop
+//! accepting, let in-flight calls finish within the grace period, remove the socket.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ebs_proto::csi::v1 as csi;
+use ebs_store::Store;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::backend::Backend;
+use crate::backend::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
+use crate::cli::{BackendKind, ServeArgs};
+use crate::grpc;
+use crate::health::{self, Health};
+use crate::host::fstools::FsTools;
+use crate::node::{self, NodeCtx, VolumeLocks};
+use crate::nodeinfo::{self, NodeInfo, NodeInfoSource};
+use crate::request::FsType;
+
+/// Start-up failures: the message is printed and the agent exits with this code.
+pub struct Fatal {
+    pub code: i32,
+    pub message: String,
+}
+
+fn fatal(message: impl Into<String>) -> Fatal {
+    Fatal {
+        code: 1,
+        message: message.into(),
+    }
+}
+
+pub const DEFAULT_PREFIXES: &[&str] = &[
+    "/var/lib/kubelet",
+    "/var/lib/nomad",
+    "/var/lib/mesos",
+    "/csi",
+    "/local/csi",
+];
+
+pub const STATE_FILE: &str = "state.redb";
+
+/// Opens the state directory and file; an unwritable directory or a corrupt file stops here.
+pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
+    std::fs::create_dir_all(state_dir).map_err(|e| {
+        fatal(format!(
+            "state directory {} cannot be created: {e}",
+            state_dir.display()
+        ))
+    })?;
+    let probe = state_dir.join(".write-test");
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            fatal(format!(
+                "state directory {} is not writable: {e}",
+                state_dir.display()
+            ))
+        })?;
+    Store::open(&state_dir.join(STATE_FILE)).map_err(|e| fatal(e.to_string()))
+}
+
+pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
+    let mut allowed: Vec<PathBuf> = if args.allowed_path_prefixes.is_empty() {
+        DEFAULT_PREFIXES.iter().map(PathBuf::from).collect()
+    } else {
+        args.allowed_path_prefixes.clone()
+    };
+    allowed.push(args.state_dir.clone());
+
+    let store = Arc::new(open_state(&args.state_dir)?);
+    let fstools = FsTools::detect();
+    for fs in FsType::ALL {
+        if let Err(why) = fstools.supports(fs) {
+            tracing::warn!(%fs, %why, "filesystem disabled: volumes that ask for it will be refused");
+        }
+    }
+    let health = Arc::new(Health::default());
+    if args.mode.serves_node() {
+        health.set_problems(health::node_problems(&fstools));
+    }
+
+    let (backend, loop_controller, info): (Arc<dyn Backend>, _, _) = match args.backend {
+        BackendKind::Loop => {
+            let node_id = args.node_id.clone().unwrap_or_else(nodeinfo::hostname);
+            if node_id.len() > 256 {
+                return Err(fatal("--node-id must be at most 256 bytes"));
+            }
+            let info = NodeInfoSource::known(NodeInfo {
+                node_id: node_id.clone(),
+                max_volumes: 0,
+                topology: HashMap::from([(TOPOLOGY_KEY.to_string(), node_id.clone())]),
+            });
+            let controller = Arc::new(LoopController::new(
+                Arc::clone(&store),
+                &args.state_dir,
+                node_id,
+            ));
+            (
+                Arc::new(LoopBackend::new(Arc::clone(&store))) as Arc<dyn Backend>,
+                Some(controller),
+                info,
+            )
+        }
+        BackendKind::Ebs => {
+            return Err(Fatal {
+                code: 2,
+                message: "the ebs backend is not available in this build yet; use --backend loop"
+                    .into(),
+            });
+        }
+    };
+
+    let ctx = Arc::new(NodeCtx {
+        store: Arc::clone(&store),
+        backend: Arc::clone(&backend),
+        fstools,
+        locks: VolumeLocks::default(),
+        crash_after: args.crash_after.clone(),
+        health: Arc::clone(&health),
+    });
+
+    let listener = args.endpoint.bind().map_err(fatal)?;
+    tracing::info!(endpoint = %args.endpoint, mode = ?args.mode, backend = ?args.backend,
+        state_dir = %args.state_dir.display(), version = env!("CARGO_PKG_VERSION"), "serving");
+
+    let identity = grpc::identity::IdentityService {
+        driver_name: args.driver_name.clone(),
+        manifest: HashMap::from([
+            (
+                "backend".to_string(),
+                format!("{:?}", args.backend).to_lowercase(),
+            ),
+            (
+                "mode".to_string(),
+                format!("{:?}", args.mode).to_lowercase(),
+            ),
+        ]),
+        health: Arc::clone(&health),
+    };
+    let mut router = tonic::transport::Server::builder()
+        .add_service(csi::identity_server::IdentityServer::new(identity));
+    if args.mode.serves_node() {
+        router = router.add_service(csi::node_server::NodeServer::new(grpc::node::NodeService {
+            ctx: Arc::clone(&ctx),
+            allowed: Arc::new(allowed),
+            info: Arc::new(info),
+            device_wait: args.device_wait,
+        }));
+    }
+    if args.mode.serves_controller()
+        && let Some(controller) = &loop_controller
+    {
+        router = router.add_service(csi::controller_server::ControllerServer::new(
+            grpc::controller::LoopControllerService {
+                controller: Arc::clone(controller),
+            },
+        ));
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let incoming = UnixListenerStream::new(listener);
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stop_rx.await;
+    }));
+
+    // Start-up recovery runs while Probe already answers ready=false.
+    let started = std::time::Instant::now();
+    let recovery = {
+        let store = Arc::clone(&store);
+        let backend = Arc::clone(&backend);
+        let controller = loop_controller.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Some(c) = controller {
+                c.reattach_all()?;
+            }
+            node::recovery::recover(&store, backend.as_ref())
+        })
+        .await
+    };
+    match recovery {
+        Ok(Ok(report)) => tracing::info!(
+            volumes = report.volumes,
+            dropped_stagings = report.dropped_stagings,
+            dropped_publications = report.dropped_publications,
+            ms = started.elapsed().as_millis() as u64,
+            "start-up recovery done; ready"
+        ),
+        Ok(Err(e)) => return Err(fatal(format!("start-up recovery failed: {e}"))),
+        Err(e) => return Err(fatal(format!("start-up recovery panicked: {e}"))),
+    }
+    health.set_ready();
+    crate::notify::ready();
+
+    let mut term = signal(SignalKind::terminate()).map_err(|e| fatal(e.to_string()))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| fatal(e.to_string()))?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+    crate::notify::stopping();
+    let _ = stop_tx.send(());
+    match tokio::time::timeout(args.shutdown_grace, server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::error!(error = %e, "server error while draining"),
+        Ok(Err(e)) => tracing::error!(error = %e, "server task failed"),
+        Err(_) => {
+            tracing::warn!(grace = ?args.shutdown_grace, "grace period over; exiting with calls in flight")
+        }
+    }
+    args.endpoint.remove();
+    tracing::info!("stopped");
+    Ok(())
+}

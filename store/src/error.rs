@@ -1,0 +1,68 @@
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "state file {path} is corrupt or unreadable ({detail}); the agent will not start on it. \
+         Rebuild it from the mount table with `ebs-node-agent recover --from-mounts`, or move it \
+         aside to start afresh"
+    )]
+    Corrupt { path: PathBuf, detail: String },
+    #[error(
+        "state file {path} is in use by another process (is an agent already running on this \
+         state directory?)"
+    )]
+    Locked { path: PathBuf },
+    #[error(
+        "state file {path} has schema version {found}, newer than this agent supports \
+         ({supported}); run the newer agent, or restore a backup made before the upgrade"
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: u64,
+        supported: u64,
+    },
+    #[error("state file {0} does not exist")]
+    Missing(PathBuf),
+    #[error("the state file was opened read-only")]
+    ReadOnly,
+    #[error("path {0:?} is not valid UTF-8 and cannot be recorded")]
+    NonUtf8Path(PathBuf),
+    #[error("a record in the state file cannot be decoded: {0}")]
+    Decode(serde_json::Error),
+    #[error("a record cannot be encoded: {0}")]
+    Encode(serde_json::Error),
+    #[error("state store error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    pub(crate) fn open(path: &Path, e: redb::DatabaseError) -> Self {
+        match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked {
+                path: path.to_path_buf(),
+            },
+            other => StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail: other.to_string(),
+            },
+        }
+    }
+}
+
+macro_rules! internal_from {
+    ($($t:ty),*) => {
+        $(impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Internal(e.to_string())
+            }
+        })*
+    };
+}
+
+internal_from!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);

@@ -1,0 +1,278 @@
+//! The agent's durable state: a redb file holding loop-backend volumes, format facts, staged volumes,
+//! publications and a per-volume step journal. It knows nothing of gRPC or mounts; its API is
+//! blocking, so async callers wrap it in `spawn_blocking`.
+
+mod error;
+mod records;
+mod writer;
+
+use std::path::{Path, PathBuf};
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+
+pub use error::StoreError;
+pub use records::*;
+pub use writer::{Durability, Writer};
+
+/// Bump when a record changes shape incompatibly; a file written by a newer agent is refused.
+pub const SCHEMA_VERSION: u64 = 1;
+/// How many journal lines each volume keeps: enough to explain the last few operations.
+pub const JOURNAL_LINES_PER_VOLUME: usize = 48;
+
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub(crate) const LOOP_VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("loop_volumes");
+pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("formats");
+pub(crate) const STAGED: TableDefinition<&str, &[u8]> = TableDefinition::new("staged");
+pub(crate) const PUBLICATIONS: TableDefinition<(&str, &str), &[u8]> =
+    TableDefinition::new("publications");
+pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
+
+enum Db {
+    ReadWrite(redb::Database),
+    ReadOnly(redb::ReadOnlyDatabase),
+}
+
+pub struct Store {
+    db: Db,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the state file for the one agent that owns it.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = redb::Database::builder()
+            .set_check_integrity_on_open(true)
+            .create(path)
+            .map_err(|e| StoreError::open(path, e))?;
+        let store = Store {
+            db: Db::ReadWrite(db),
+            path: path.to_path_buf(),
+        };
+        store.check_or_init_schema()?;
+        Ok(store)
+    }
+
+    /// Opens an existing state file for reading only (`status` while no agent runs).
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Missing(path.to_path_buf()));
+        }
+        let db = redb::Database::builder()
+            .open_read_only(path)
+            .map_err(|e| StoreError::open(path, e))?;
+        let store = Store {
+            db: Db::ReadOnly(db),
+            path: path.to_path_buf(),
+        };
+        store.check_schema_version()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn check_or_init_schema(&self) -> Result<(), StoreError> {
+        match self.schema_version()? {
+            Some(_) => self.check_schema_version(),
+            None => self.write(Durability::Immediate, |w| w.init_schema(SCHEMA_VERSION)),
+        }
+    }
+
+    fn check_schema_version(&self) -> Result<(), StoreError> {
+        match self.schema_version()? {
+            Some(v) if v > SCHEMA_VERSION => Err(StoreError::NewerSchema {
+                path: self.path.clone(),
+                found: v,
+                supported: SCHEMA_VERSION,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn schema_version(&self) -> Result<Option<u64>, StoreError> {
+        let tx = self.read_tx()?;
+        let table = match tx.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(table.get("schema_version")?.map(|v| v.value()))
+    }
+
+    fn read_tx(&self) -> Result<redb::ReadTransaction, StoreError> {
+        Ok(match &self.db {
+            Db::ReadWrite(db) => db.begin_read()?,
+            Db::ReadOnly(db) => db.begin_read()?,
+        })
+    }
+
+    /// Runs `f` in one write transaction and commits it with the given durability. Commits that
+    /// guard data (format intent, mount, unmount) use `Durability::Immediate`, so that the record
+    /// is on disk before the host is touched.
+    pub fn write<T>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Db::ReadWrite(db) = &self.db else {
+            return Err(StoreError::ReadOnly);
+        };
+        let mut tx = db.begin_write()?;
+        tx.set_durability(durability.into())
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let out = {
+            let mut w = Writer::new(&tx);
+            f(&mut w)?
+        };
+        tx.commit()?;
+        Ok(out)
+    }
+
+    fn get<T: DeserializeOwned>(
+        &self,
+        def: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let tx = self.read_tx()?;
+        let table = match tx.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        match table.get(key)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn all<T: DeserializeOwned>(
+        &self,
+        def: TableDefinition<&str, &[u8]>,
+    ) -> Result<Vec<T>, StoreError> {
+        let tx = self.read_tx()?;
+        let table = match tx.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (_, v) = row?;
+            out.push(decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn loop_volume(&self, id: &str) -> Result<Option<LoopVolume>, StoreError> {
+        self.get(LOOP_VOLUMES, id)
+    }
+
+    /// Loop volumes in id order: the order ListVolumes pages through.
+    pub fn loop_volumes(&self) -> Result<Vec<LoopVolume>, StoreError> {
+        self.all(LOOP_VOLUMES)
+    }
+
+    pub fn format(&self, volume_id: &str) -> Result<Option<FormatRecord>, StoreError> {
+        self.get(FORMATS, volume_id)
+    }
+
+    pub fn staged(&self, volume_id: &str) -> Result<Option<StagedVolume>, StoreError> {
+        self.get(STAGED, volume_id)
+    }
+
+    pub fn all_staged(&self) -> Result<Vec<StagedVolume>, StoreError> {
+        self.all(STAGED)
+    }
+
+    pub fn publications(&self, volume_id: &str) -> Result<Vec<Publication>, StoreError> {
+        Ok(self
+            .all_publications()?
+            .into_iter()
+            .filter(|p| p.volume_id == volume_id)
+            .collect())
+    }
+
+    pub fn publication(
+        &self,
+        volume_id: &str,
+        target: &Path,
+    ) -> Result<Option<Publication>, StoreError> {
+        let key = path_key(target)?;
+        let tx = self.read_tx()?;
+        let table = match tx.open_table(PUBLICATIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        match table.get((volume_id, key))? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn all_publications(&self) -> Result<Vec<Publication>, StoreError> {
+        let tx = self.read_tx()?;
+        let table = match tx.open_table(PUBLICATIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (_, v) = row?;
+            out.push(decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The journal of one volume, oldest first.
+    pub fn journal(&self, volume_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        let tx = self.read_tx()?;
+        let table = match tx.open_table(JOURNAL) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for row in table.range((volume_id, 0)..=(volume_id, u64::MAX))? {
+            let (_, v) = row?;
+            out.push(decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Every volume id that has a journal, a format record, a staging or a publication.
+    pub fn known_volume_ids(&self) -> Result<Vec<String>, StoreError> {
+        let mut ids = std::collections::BTreeSet::new();
+        let tx = self.read_tx()?;
+        if let Ok(t) = tx.open_table(JOURNAL) {
+            for row in t.iter()? {
+                ids.insert(row?.0.value().0.to_string());
+            }
+        }
+        for def in [FORMATS, STAGED] {
+            if let Ok(t) = tx.open_table(def) {
+                for row in t.iter()? {
+                    ids.insert(row?.0.value().to_string());
+                }
+            }
+        }
+        if let Ok(t) = tx.open_table(PUBLICATIONS) {
+            for row in t.iter()? {
+                ids.insert(row?.0.value().0.to_string());
+            }
+        }
+        Ok(ids.into_iter().collect())
+    }
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(StoreError::Decode)
+}
+
+pub(crate) fn path_key(path: &Path) -> Result<&str, StoreError> {
+    path.to_str()
+        .ok_or_else(|| StoreError::NonUtf8Path(path.to_path_buf()))
+}

@@ -1,0 +1,134 @@
+//! The records the agent keeps. Plain data: the store persists them, the agent gives them meaning.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch, the one clock every record uses.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What proves that a block device is the volume: checked before anything touches the device.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DeviceIdentity {
+    /// A loop device backed by this file (inode checked, not only the path).
+    LoopFile {
+        file: PathBuf,
+        st_dev: u64,
+        st_ino: u64,
+    },
+    /// An NVMe namespace whose controller serial is this (EBS: the volume id without its dash).
+    NvmeSerial { serial: String },
+    /// A device that carries no identity we can read (Xen instances): the path is all we have.
+    Unverified,
+}
+
+/// A volume of the loop backend: a sparse file under the state directory.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LoopVolume {
+    pub id: String,
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub file: PathBuf,
+    pub parameters: BTreeMap<String, String>,
+    pub attachment: Option<LoopAttachment>,
+    pub created_unix_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LoopAttachment {
+    pub node_id: String,
+    pub device: PathBuf,
+    pub readonly: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FormatState {
+    /// mkfs is about to run or was interrupted: the device may be formatted again, with this UUID.
+    Intent,
+    /// mkfs finished: the volume must never be formatted again.
+    Done,
+}
+
+/// The fact that guards data: this volume was formatted by us with this filesystem and UUID.
+/// Kept after unstage, so that a later stage on a different or wiped device is refused.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FormatRecord {
+    pub volume_id: String,
+    pub fs_type: String,
+    pub uuid: String,
+    pub identity: DeviceIdentity,
+    pub state: FormatState,
+    pub at_unix_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AccessRecord {
+    Block,
+    Mount {
+        fs_type: String,
+        mount_flags: Vec<String>,
+    },
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Progress {
+    /// The operation started and has not finished: a retry resumes it.
+    InProgress,
+    /// The operation finished.
+    Complete,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StagedVolume {
+    pub volume_id: String,
+    pub staging_path: PathBuf,
+    pub device: PathBuf,
+    pub identity: DeviceIdentity,
+    pub access: AccessRecord,
+    pub access_mode: i32,
+    pub readonly: bool,
+    pub progress: Progress,
+    pub at_unix_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Publication {
+    pub volume_id: String,
+    pub target_path: PathBuf,
+    pub staging_path: PathBuf,
+    pub block: bool,
+    pub readonly: bool,
+    pub access_mode: i32,
+    pub mount_flags: Vec<String>,
+    pub progress: Progress,
+    pub at_unix_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Intent,
+    Done,
+    Failed,
+}
+
+/// One line of a volume's step journal: what the agent was about to do or did to the host.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StepRecord {
+    pub seq: u64,
+    pub op: String,
+    pub step: String,
+    pub phase: Phase,
+    pub at_unix_ms: u64,
+    pub detail: BTreeMap<String, String>,
+}

@@ -1,0 +1,128 @@
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ebs_store::*;
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("ebs-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn staged(id: &str) -> StagedVolume {
+    StagedVolume {
+        volume_id: id.into(),
+        staging_path: "/csi/s".into(),
+        device: "/dev/loop3".into(),
+        identity: DeviceIdentity::Unverified,
+        access: AccessRecord::Mount {
+            fs_type: "ext4".into(),
+            mount_flags: vec![],
+        },
+        access_mode: 1,
+        readonly: false,
+        progress: Progress::Complete,
+        at_unix_ms: 1,
+    }
+}
+
+#[test]
+fn records_survive_reopen() {
+    let dir = TempDir::new("reopen");
+    let path = dir.0.join("state.redb");
+    {
+        let store = Store::open(&path).unwrap();
+        store
+            .write(Durability::Immediate, |w| {
+                w.put_staged(&staged("v1"))?;
+                w.step("v1", "stage", "mount", Phase::Done, BTreeMap::new())?;
+                Ok(())
+            })
+            .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.staged("v1").unwrap(), Some(staged("v1")));
+    assert_eq!(store.journal("v1").unwrap().len(), 1);
+    assert_eq!(store.known_volume_ids().unwrap(), vec!["v1".to_string()]);
+}
+
+#[test]
+fn journal_is_bounded_and_ordered() {
+    let dir = TempDir::new("bounded");
+    let store = Store::open(&dir.0.join("s.redb")).unwrap();
+    for i in 0..(JOURNAL_LINES_PER_VOLUME + 10) {
+        store
+            .write(Durability::Lazy, |w| {
+                w.step(
+                    "v",
+                    "stage",
+                    &format!("s{i}"),
+                    Phase::Intent,
+                    BTreeMap::new(),
+                )
+            })
+            .unwrap();
+    }
+    let j = store.journal("v").unwrap();
+    assert_eq!(j.len(), JOURNAL_LINES_PER_VOLUME);
+    assert!(j.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(
+        j.last().unwrap().step,
+        format!("s{}", JOURNAL_LINES_PER_VOLUME + 9)
+    );
+}
+
+#[test]
+fn newer_schema_is_refused() {
+    let dir = TempDir::new("newer");
+    let path = dir.0.join("s.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        {
+            let mut t = tx
+                .open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+                .unwrap();
+            t.insert("schema_version", SCHEMA_VERSION + 1).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let err = Store::open(&path).err().expect("must refuse");
+    assert!(matches!(err, StoreError::NewerSchema { .. }), "{err}");
+}
+
+#[test]
+fn garbage_file_is_refused_as_corrupt() {
+    let dir = TempDir::new("garbage");
+    let path = dir.0.join("s.redb");
+    std::fs::write(&path, vec![0x5a; 8192]).unwrap();
+    let err = Store::open(&path).err().expect("must refuse");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("recover --from-mounts"));
+}
+
+#[test]
+fn forget_volume_drops_everything() {
+    let dir = TempDir::new("forget");
+    let store = Store::open(&dir.0.join("s.redb")).unwrap();
+    store
+        .write(Durability::Immediate, |w| {
+            w.put_staged(&staged("a"))?;
+            w.put_staged(&staged("b"))?;
+            w.step("a", "stage", "x", Phase::Done, BTreeMap::new())?;
+            w.forget_volume("a")
+        })
+        .unwrap();
+    assert!(store.staged("a").unwrap().is_none());
+    assert!(store.journal("a").unwrap().is_empty());
+    assert!(store.staged("b").unwrap().is_some());
+}
