@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the system packages that building and testing ebs-node-agent need, as on a new
+# Debian/Ubuntu machine. Idempotent: installs only what is missing.
+set -euo pipefail
+
+packages=(
+  pkg-config libblkid-dev libudev-dev   # build: libblkid (probe FFI), libudev (device discovery)
+  e2fsprogs xfsprogs util-linux         # runtime: mkfs/fsck/grow, mount helpers for tests
+  gdisk fdisk lvm2 cryptsetup-bin       # tests: seed partition tables, LVM and LUKS signatures
+  kmod                                  # modprobe loop
+)
+if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then
+  read -r -a extra <<<"$EBS_EXTRA_PACKAGES"
+  packages+=("${extra[@]}")
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "missing packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [[ $(id -u) -eq 0 ]]; then
+  modprobe loop 2>/dev/null || true
+  [[ -e /dev/loop-control ]] || mknod -m 0660 /dev/loop-control c 10 237 || true
+fi
