@@ -253,7 +253,12 @@ fn describe(sig: &Signature) -> String {
     let what = if sig.is_partition_table {
         "partition table"
     } else {
-        sig.usage.as_deref().unwrap_or("signature")
+        match sig.usage.as_deref() {
+            Some("filesystem") => "filesystem",
+            Some("raid") => "RAID or LVM member",
+            Some("crypto") => "encryption header",
+            _ => "signature",
+        }
     };
     match &sig.uuid {
         Some(u) => format!("{what} {} (UUID {u})", sig.type_name),

@@ -1,0 +1,292 @@
+//! The staging pipeline on real loop devices: lifecycle, idempotency, block access, concurrency.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let mut m: Vec<String> = mounts_below(dir)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    m.sort();
+    m
+}
+
+async fn lifecycle(fs: &str) {
+    let scratch = Scratch::new(&format!("life-{fs}"));
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, &format!("life-{fs}"), 512 << 20).await;
+    let staging = agent.state_dir.join("staging/life");
+    let target = agent.state_dir.join("pods/p1/mount");
+    let cap = mount_cap(fs, Mode::SingleNodeWriter);
+    let mut node = agent.node().await;
+
+    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let uuid = fs_uuid(&vol.device);
+    assert!(!uuid.is_empty(), "formatted with a UUID");
+    node.node_publish_volume(publish_req(&vol, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    std::fs::write(target.join("data.txt"), b"precious bytes").unwrap();
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .unwrap();
+    assert!(!target.exists(), "unpublish removes the target it created");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+    assert!(mounts_under(&scratch.path).is_empty());
+
+    // Stage again: no format, same UUID, data intact.
+    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+        .await
+        .unwrap();
+    assert_eq!(fs_uuid(&vol.device), uuid, "stage again must not format");
+    node.node_publish_volume(publish_req(&vol, &staging, &target, cap.clone(), true))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(target.join("data.txt")).unwrap(),
+        b"precious bytes"
+    );
+    let err = std::fs::write(target.join("new.txt"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "read-only publish");
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .unwrap();
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+    let journal = agent.log_text();
+    assert_eq!(
+        journal.matches("formatted").count(),
+        1,
+        "exactly one format"
+    );
+}
+
+#[tokio::test]
+async fn lifecycle_ext4() {
+    if require_root("lifecycle_ext4") {
+        lifecycle("ext4").await;
+    }
+}
+
+#[tokio::test]
+async fn lifecycle_xfs() {
+    if require_root("lifecycle_xfs") {
+        lifecycle("xfs").await;
+    }
+}
+
+#[tokio::test]
+async fn block_publish_reads_and_writes_raw_bytes() {
+    if !require_root("block_publish_reads_and_writes_raw_bytes") {
+        return;
+    }
+    let scratch = Scratch::new("block");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "blk", 16 << 20).await;
+    let staging = agent.state_dir.join("staging/blk");
+    let target = agent.state_dir.join("pods/p1/dev");
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let cap = block_cap(Mode::SingleNodeWriter);
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+        .await
+        .unwrap();
+    node.node_publish_volume(publish_req(&vol, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&target)
+            .unwrap();
+        f.seek(SeekFrom::Start(4096)).unwrap();
+        f.write_all(b"raw block bytes").unwrap();
+        f.sync_all().unwrap();
+    }
+    let mut dev = std::fs::File::open(&vol.device).unwrap();
+    dev.seek(SeekFrom::Start(4096)).unwrap();
+    let mut buf = [0u8; 15];
+    dev.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"raw block bytes");
+    assert_eq!(fs_uuid(&vol.device), "", "block access never formats");
+    // Twice: same answer.
+    node.node_publish_volume(publish_req(&vol, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .unwrap();
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .unwrap();
+    assert!(!target.exists());
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn every_node_call_twice_gives_the_same_answer_and_mounts() {
+    if !require_root("every_node_call_twice_gives_the_same_answer_and_mounts") {
+        return;
+    }
+    let scratch = Scratch::new("twice");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "twice", 64 << 20).await;
+    let staging = agent.state_dir.join("staging/twice");
+    let t1 = agent.state_dir.join("pods/a/mount");
+    let t2 = agent.state_dir.join("pods/b/mount");
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let multi = mount_cap("ext4", Mode::SingleNodeMultiWriter);
+    let mut node = agent.node().await;
+
+    for _ in 0..2 {
+        node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+            .await
+            .unwrap();
+        assert_eq!(mounts_under(&scratch.path).len(), 1);
+    }
+    for _ in 0..2 {
+        node.node_publish_volume(publish_req(&vol, &staging, &t1, cap.clone(), false))
+            .await
+            .unwrap();
+        assert_eq!(mounts_under(&scratch.path).len(), 2);
+    }
+    // Same target, other arguments → ALREADY_EXISTS.
+    let e = node
+        .node_publish_volume(publish_req(&vol, &staging, &t1, cap.clone(), true))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    // A second target for a single-writer volume → FAILED_PRECONDITION.
+    let e = node
+        .node_publish_volume(publish_req(&vol, &staging, &t2, cap.clone(), false))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // Unstage while published → FAILED_PRECONDITION.
+    let e = node
+        .node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    // Staged with another capability → ALREADY_EXISTS.
+    let e = node
+        .node_stage_volume(stage_req(
+            &vol,
+            &staging,
+            mount_cap("xfs", Mode::SingleNodeWriter),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists);
+    for _ in 0..2 {
+        node.node_unpublish_volume(unpublish_req(&vol, &t1))
+            .await
+            .unwrap();
+        assert_eq!(mounts_under(&scratch.path).len(), 1);
+    }
+    for _ in 0..2 {
+        node.node_unstage_volume(unstage_req(&vol, &staging))
+            .await
+            .unwrap();
+        assert!(mounts_under(&scratch.path).is_empty());
+    }
+    // A multi-writer volume may be published at two targets.
+    node.node_stage_volume(stage_req(&vol, &staging, multi.clone()))
+        .await
+        .unwrap();
+    for t in [&t1, &t2] {
+        node.node_publish_volume(publish_req(&vol, &staging, t, multi.clone(), false))
+            .await
+            .unwrap();
+    }
+    assert_eq!(mounts_under(&scratch.path).len(), 3);
+    for t in [&t1, &t2] {
+        node.node_unpublish_volume(unpublish_req(&vol, t))
+            .await
+            .unwrap();
+    }
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+    // Publish of a volume that is not staged.
+    let e = node
+        .node_publish_volume(publish_req(&vol, &staging, &t1, multi.clone(), false))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn concurrent_stages_of_one_volume_one_is_aborted() {
+    if !require_root("concurrent_stages_of_one_volume_one_is_aborted") {
+        return;
+    }
+    let scratch = Scratch::new("concurrent");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "conc", 1 << 30).await;
+    let staging = agent.state_dir.join("staging/conc");
+    let cap = mount_cap("xfs", Mode::SingleNodeWriter);
+    let mut a = agent.node().await;
+    let mut b = agent.node().await;
+    let (ra, rb) = tokio::join!(
+        a.node_stage_volume(stage_req(&vol, &staging, cap.clone())),
+        b.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+    );
+    let codes: Vec<Code> = [ra.map(|_| Code::Ok), rb.map(|_| Code::Ok)]
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| e.code()))
+        .collect();
+    assert!(codes.contains(&Code::Ok), "{codes:?}");
+    assert!(codes.contains(&Code::Aborted), "{codes:?}");
+    a.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn foreign_mount_at_staging_path_is_refused_not_stacked() {
+    if !require_root("foreign_mount_at_staging_path_is_refused_not_stacked") {
+        return;
+    }
+    let scratch = Scratch::new("foreign");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "foreign", 64 << 20).await;
+    let staging = agent.state_dir.join("staging/foreign");
+    std::fs::create_dir_all(&staging).unwrap();
+    sh(&format!(
+        "mount -t tmpfs foreign-tmpfs {}",
+        staging.display()
+    ));
+    let before = mounts_under(&scratch.path);
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &vol,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(mounts_under(&scratch.path), before, "no mount stacked");
+    assert_eq!(fs_uuid(&vol.device), "", "nothing formatted");
+    // Unstage must not unmount what is not ours... once the agent knows the volume it refuses;
+    // here it does not know it, so unstage with nothing recorded is a no-op success.
+    sh(&format!("umount {}", staging.display()));
+}
