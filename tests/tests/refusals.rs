@@ -261,7 +261,6 @@ async fn bad_input_matrix() {
         &|r| r.volume_id = "lv-doesnotexist".into(),
         Code::NotFound,
     );
-    drop(push);
 
     for (name, req, code) in reqs {
         let e = node.node_stage_volume(req).await.unwrap_err();
