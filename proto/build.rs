@@ -1,6 +1,7 @@
 //! Compiles the .proto files with protox (a pure-Rust protoc) so that no system protoc is needed.
 
 const PROTOS: &[&str] = &[
+    "agent/admin.proto",
     "csi/v1/csi.proto",
     "csi-addons/identity/identity.proto",
     "csi-addons/reclaimspace/reclaimspace.proto",

@@ -1,7 +1,7 @@
 use clap::Parser;
 
 use ebs_node_agent::cli::{Cli, Command};
-use ebs_node_agent::{client, logging, server, status};
+use ebs_node_agent::{client, logging, recover, server, status};
 
 fn main() {
     let cli = Cli::parse();
@@ -31,7 +31,7 @@ fn main() {
         }
         Command::Client(args) => runtime.block_on(client::run(args)),
         Command::Status(args) => runtime.block_on(status::status(args)),
-        Command::Recover(args) => status::recover(args),
+        Command::Recover(args) => recover::run(args),
     };
     // Blocking host work still running after the grace period must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));

@@ -142,7 +142,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         health: Arc::clone(&health),
     };
     let mut router = tonic::transport::Server::builder()
-        .add_service(csi::identity_server::IdentityServer::new(identity));
+        .add_service(csi::identity_server::IdentityServer::new(identity))
+        .add_service(ebs_proto::admin::admin_server::AdminServer::new(
+            grpc::admin::AdminService {
+                store: Arc::clone(&store),
+            },
+        ));
     if args.mode.serves_node() {
         router = router.add_service(csi::node_server::NodeServer::new(grpc::node::NodeService {
             ctx: Arc::clone(&ctx),

@@ -1,10 +1,11 @@
-//! `status` and `recover`: what the agent knows, read from its state file.
+//! `status`: what the agent knows, from the running agent (which holds the state file's lock)
+//! or, when none runs, from the state file itself.
 
 use serde_json::{Value, json};
 
 use ebs_store::Store;
 
-use crate::cli::{RecoverArgs, StatusArgs};
+use crate::cli::StatusArgs;
 use crate::server::STATE_FILE;
 
 /// Everything the store knows, one object per volume.
@@ -32,7 +33,17 @@ pub fn snapshot(store: &Store) -> Result<Value, ebs_store::StoreError> {
             })),
         }));
     }
-    Ok(json!({ "volumes": volumes }))
+    let loop_volumes: Vec<Value> = store
+        .loop_volumes()?
+        .iter()
+        .map(|v| {
+            json!({
+                "volume_id": v.id, "name": v.name, "capacity_bytes": v.capacity_bytes,
+                "file": v.file, "attached": v.attachment.as_ref().map(|a| &a.device),
+            })
+        })
+        .collect();
+    Ok(json!({ "volumes": volumes, "loop_volumes": loop_volumes }))
 }
 
 pub fn print(value: &Value, as_json: bool) {
@@ -43,26 +54,56 @@ pub fn print(value: &Value, as_json: bool) {
     let empty = Vec::new();
     let volumes = value["volumes"].as_array().unwrap_or(&empty);
     if volumes.is_empty() {
-        println!("no volumes");
+        println!("no staged or published volumes");
     }
     for v in volumes {
         println!("{}", v["volume_id"].as_str().unwrap_or("?"));
+        if let Some(f) = v["filesystem"].as_object() {
+            println!(
+                "  filesystem: {} {} ({})",
+                f["fs_type"], f["uuid"], f["state"]
+            );
+        }
         if let Some(s) = v["staged"].as_object() {
-            println!("  staged at {} ({})", s["staging_path"], s["progress"]);
+            println!(
+                "  staged at {} on {} ({})",
+                s["staging_path"], s["device"], s["progress"]
+            );
         }
         for p in v["published"].as_array().unwrap_or(&empty) {
             println!("  published at {} ({})", p["target_path"], p["progress"]);
         }
         if let Some(l) = v["last_step"].as_object() {
             println!(
-                "  last step: {}.{} {} at {}",
+                "  last step: {}.{} {} at {} ms",
                 l["op"], l["step"], l["phase"], l["at_unix_ms"]
             );
         }
     }
+    for v in value["loop_volumes"].as_array().unwrap_or(&empty) {
+        println!(
+            "loop volume {} ({}), {} bytes, attached: {}",
+            v["volume_id"], v["name"], v["capacity_bytes"], v["attached"]
+        );
+    }
+}
+
+async fn from_agent(endpoint: &str) -> Option<Value> {
+    let channel = crate::client::connect::channel(endpoint).await.ok()?;
+    let mut admin = ebs_proto::admin::admin_client::AdminClient::new(channel);
+    let mut req = tonic::Request::new(ebs_proto::admin::StatusRequest {});
+    req.set_timeout(std::time::Duration::from_secs(10));
+    let resp = admin.status(req).await.ok()?;
+    serde_json::from_str(&resp.into_inner().json).ok()
 }
 
 pub async fn status(args: StatusArgs) -> i32 {
+    if args.endpoint.path().exists()
+        && let Some(v) = from_agent(&args.endpoint.url()).await
+    {
+        print(&v, args.json);
+        return 0;
+    }
     let path = args.state_dir.join(STATE_FILE);
     match Store::open_read_only(&path).and_then(|s| snapshot(&s)) {
         Ok(v) => {
@@ -74,10 +115,4 @@ pub async fn status(args: StatusArgs) -> i32 {
             1
         }
     }
-}
-
-pub fn recover(args: RecoverArgs) -> i32 {
-    let _ = args;
-    eprintln!("error: recover is not implemented yet");
-    1
 }

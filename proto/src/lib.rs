@@ -27,3 +27,8 @@ pub mod addons {
     pub use super::identity;
     pub use super::reclaimspace;
 }
+
+/// The agent's own admin service (status of a running agent).
+pub mod admin {
+    tonic::include_proto!("ebs_node_agent.admin.v1");
+}

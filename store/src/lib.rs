@@ -31,11 +31,22 @@ pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition:
 enum Db {
     ReadWrite(redb::Database),
     ReadOnly(redb::ReadOnlyDatabase),
+    /// A repaired private copy of a file a crashed agent left: readable, never written.
+    RepairedCopy(redb::Database),
 }
 
 pub struct Store {
     db: Db,
     path: PathBuf,
+    scratch_copy: Option<PathBuf>,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some(copy) = self.scratch_copy.take() {
+            let _ = std::fs::remove_file(copy);
+        }
+    }
 }
 
 impl Store {
@@ -48,6 +59,7 @@ impl Store {
         let store = Store {
             db: Db::ReadWrite(db),
             path: path.to_path_buf(),
+            scratch_copy: None,
         };
         store.check_or_init_schema()?;
         Ok(store)
@@ -58,15 +70,38 @@ impl Store {
         if !path.exists() {
             return Err(StoreError::Missing(path.to_path_buf()));
         }
-        let db = redb::Database::builder()
-            .open_read_only(path)
-            .map_err(|e| StoreError::open(path, e))?;
-        let store = Store {
-            db: Db::ReadOnly(db),
-            path: path.to_path_buf(),
+        let store = match redb::Database::builder().open_read_only(path) {
+            Ok(db) => Store {
+                db: Db::ReadOnly(db),
+                path: path.to_path_buf(),
+                scratch_copy: None,
+            },
+            // Left by a crashed agent: a read-only open cannot repair, so repair a copy.
+            Err(redb::DatabaseError::RepairAborted) => Self::open_repaired_copy(path)?,
+            Err(e) => return Err(StoreError::open(path, e)),
         };
         store.check_schema_version()?;
         Ok(store)
+    }
+
+    fn open_repaired_copy(path: &Path) -> Result<Self, StoreError> {
+        let copy = std::env::temp_dir().join(format!(
+            "ebs-node-agent-state-{}-{}.redb",
+            std::process::id(),
+            now_unix_ms()
+        ));
+        std::fs::copy(path, &copy).map_err(|e| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("cannot copy it for a read-only repair: {e}"),
+        })?;
+        let db = redb::Database::builder()
+            .create(&copy)
+            .map_err(|e| StoreError::open(path, e))?;
+        Ok(Store {
+            db: Db::RepairedCopy(db),
+            path: path.to_path_buf(),
+            scratch_copy: Some(copy),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -105,6 +140,7 @@ impl Store {
         Ok(match &self.db {
             Db::ReadWrite(db) => db.begin_read()?,
             Db::ReadOnly(db) => db.begin_read()?,
+            Db::RepairedCopy(db) => db.begin_read()?,
         })
     }
 

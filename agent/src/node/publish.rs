@@ -55,7 +55,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 "volume {vol} is not staged on this node; call NodeStageVolume first"
             ))
         })?;
-    if staged.staging_path != cmd.staging.as_path() {
+    if staged.staging_path != cmd.staging.as_path() && !staged.staging_path.as_os_str().is_empty() {
         return Err(Error::Precondition(format!(
             "volume {vol} is staged at {}, not at {}",
             staged.staging_path.display(),
@@ -94,6 +94,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         at_unix_ms: now_unix_ms(),
     };
     if let Some(existing) = ctx.store.publication(vol, target)?
+        && existing.access_mode != 0
         && (existing.readonly != record.readonly
             || existing.block != record.block
             || existing.mount_flags != record.mount_flags

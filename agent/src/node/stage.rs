@@ -197,16 +197,30 @@ fn check_compatible(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let Some(existing) = ctx.store.staged(cmd.volume.as_str())? else {
         return Ok(());
     };
-    if existing.staging_path != cmd.staging.as_path() {
+    // Access mode 0: a record rebuilt by `recover --from-mounts`, which cannot know what the CO
+    // asked for; the CO's request is taken as the truth.
+    let recovered = existing.access_mode == 0;
+    if existing.staging_path != cmd.staging.as_path()
+        && !existing.staging_path.as_os_str().is_empty()
+    {
         return Err(Error::AlreadyExists(format!(
             "volume {} is already staged at {}",
             cmd.volume,
             existing.staging_path.display()
         )));
     }
-    if existing.access != access_record(&cmd.capability)
-        || existing.access_mode != cmd.capability.mode.to_proto() as i32
-    {
+    let same_kind = match (&existing.access, &access_record(&cmd.capability)) {
+        (AccessRecord::Block, AccessRecord::Block) => true,
+        (AccessRecord::Mount { fs_type: a, .. }, AccessRecord::Mount { fs_type: b, .. }) => a == b,
+        _ => false,
+    };
+    let compatible = if recovered {
+        same_kind
+    } else {
+        existing.access == access_record(&cmd.capability)
+            && existing.access_mode == cmd.capability.mode.to_proto() as i32
+    };
+    if !compatible {
         return Err(Error::AlreadyExists(format!(
             "volume {} is already staged at {} with another capability",
             cmd.volume,

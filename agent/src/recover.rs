@@ -1,0 +1,256 @@
+//! `recover`: the documented way out when the agent refuses its state file. The broken file is
+//! kept (moved aside), never deleted; `--from-mounts` rebuilds staged volumes and publications from
+//! /proc/self/mountinfo, `--reset` starts empty.
+//!
+//! Records rebuilt from mounts do not know the access mode or mount flags the CO asked for: they
+//! carry access mode 0 ("recovered"), which the compatibility checks treat as "accept the CO's".
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ebs_store::{
+    AccessRecord, DeviceIdentity, Durability, FormatRecord, FormatState, LoopAttachment,
+    LoopVolume, Progress, Publication, StagedVolume, Store, now_unix_ms,
+};
+
+use crate::backend::block_dev_numbers;
+use crate::backend::loopback::file_identity;
+use crate::cli::RecoverArgs;
+use crate::host::blkid::{self, ProbeOutcome};
+use crate::host::{loopdev, mountinfo::MountTable};
+use crate::server::STATE_FILE;
+
+/// A device the agent can tell is one of its volumes.
+struct Known {
+    volume_id: String,
+    device: PathBuf,
+    identity: DeviceIdentity,
+}
+
+pub fn run(args: RecoverArgs) -> i32 {
+    if !args.from_mounts && !args.reset {
+        eprintln!(
+            "error: say how to recover: --from-mounts (rebuild from the mount table) or --reset"
+        );
+        return 2;
+    }
+    let path = args.state_dir.join(STATE_FILE);
+    match rebuild(&args.state_dir, &path, args.from_mounts) {
+        Ok(summary) => {
+            println!("{summary}");
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, String> {
+    if path.exists() {
+        if let Err(ebs_store::StoreError::Locked { .. }) = Store::open_read_only(path) {
+            return Err("the state file is in use: stop the agent first".into());
+        }
+        let aside = path.with_extension(format!("redb.broken-{}", now_unix_ms()));
+        std::fs::rename(path, &aside)
+            .map_err(|e| format!("cannot move {} aside: {e}", path.display()))?;
+        println!("moved the old state file to {}", aside.display());
+    }
+    let store = Store::open(path).map_err(|e| e.to_string())?;
+    if !from_mounts {
+        return Ok("started an empty state file".into());
+    }
+    let known = rebuild_loop_volumes(&store, state_dir)?
+        .into_iter()
+        .chain(nvme_volumes())
+        .collect::<Vec<_>>();
+    let table = MountTable::read().map_err(|e| e.to_string())?;
+    let (staged, published) = rebuild_mounts(&store, &known, &table)?;
+    Ok(format!(
+        "rebuilt {} staged volume(s) and {} publication(s) from the mount table",
+        staged, published
+    ))
+}
+
+/// The loop backend's volumes are the files under `<state>/volumes/`.
+fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, String> {
+    let dir = state_dir.join("volumes");
+    let mut known = Vec::new();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(known);
+    };
+    let node_id = crate::nodeinfo::hostname();
+    for entry in entries.flatten() {
+        let file = entry.path();
+        let Some(id) = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".img"))
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let Ok(identity) = file_identity(&file) else {
+            continue;
+        };
+        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = &identity else {
+            continue;
+        };
+        let device = loopdev::find_by_backing_inode(*st_dev, *st_ino)
+            .ok()
+            .flatten();
+        let volume = LoopVolume {
+            id: id.clone(),
+            name: id.clone(),
+            capacity_bytes: entry.metadata().map(|m| m.len()).unwrap_or(0),
+            file: file.clone(),
+            parameters: Default::default(),
+            attachment: device.clone().map(|d| LoopAttachment {
+                node_id: node_id.clone(),
+                device: d,
+                readonly: false,
+            }),
+            created_unix_ms: now_unix_ms(),
+        };
+        store
+            .write(Durability::Immediate, |w| w.put_loop_volume(&volume))
+            .map_err(|e| e.to_string())?;
+        if let Some(device) = device {
+            known.push(Known {
+                volume_id: id,
+                device,
+                identity,
+            });
+        }
+    }
+    Ok(known)
+}
+
+/// EBS volumes: NVMe namespaces whose controller serial is a volume id.
+fn nvme_volumes() -> Vec<Known> {
+    let mut known = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return known;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("nvme") {
+            continue;
+        }
+        let serial =
+            std::fs::read_to_string(entry.path().join("device/serial")).unwrap_or_default();
+        let serial = serial.trim();
+        if let Some(rest) = serial.strip_prefix("vol") {
+            known.push(Known {
+                volume_id: format!("vol-{rest}"),
+                device: PathBuf::from("/dev").join(&name),
+                identity: DeviceIdentity::NvmeSerial {
+                    serial: serial.to_string(),
+                },
+            });
+        }
+    }
+    known
+}
+
+fn rebuild_mounts(
+    store: &Store,
+    known: &[Known],
+    table: &MountTable,
+) -> Result<(usize, usize), String> {
+    let mut by_numbers: HashMap<(u32, u32), &Known> = HashMap::new();
+    for k in known {
+        if let Ok(n) = block_dev_numbers(&k.device) {
+            by_numbers.insert(n, k);
+        }
+    }
+    let mut staging_of: HashMap<String, PathBuf> = HashMap::new();
+    let (mut staged, mut published) = (0, 0);
+    // mountinfo lists mounts in the order they were made: a volume's first mount is its staging.
+    for m in table.entries() {
+        let block_bind = m.fs_type == "devtmpfs" || m.fs_type == "tmpfs";
+        let k = if block_bind {
+            let dev = Path::new("/dev").join(m.root.strip_prefix("/").unwrap_or(&m.root));
+            known.iter().find(|k| k.device == dev)
+        } else {
+            by_numbers.get(&(m.major, m.minor)).copied()
+        };
+        let Some(k) = k else { continue };
+        let vol = k.volume_id.as_str();
+        let first = !staging_of.contains_key(vol);
+        if first {
+            let (access, staging_path) = if block_bind {
+                (AccessRecord::Block, PathBuf::new())
+            } else {
+                (
+                    AccessRecord::Mount {
+                        fs_type: m.fs_type.clone(),
+                        mount_flags: Vec::new(),
+                    },
+                    m.mount_point.clone(),
+                )
+            };
+            let record = StagedVolume {
+                volume_id: vol.to_string(),
+                staging_path: staging_path.clone(),
+                device: k.device.clone(),
+                identity: k.identity.clone(),
+                access,
+                access_mode: 0,
+                readonly: m.is_read_only(),
+                progress: Progress::Complete,
+                at_unix_ms: now_unix_ms(),
+            };
+            let format = match blkid::probe(&k.device) {
+                Ok(ProbeOutcome::Found(sig)) if !block_bind && !sig.is_partition_table => {
+                    sig.uuid.map(|uuid| FormatRecord {
+                        volume_id: vol.to_string(),
+                        fs_type: sig.type_name,
+                        uuid,
+                        identity: k.identity.clone(),
+                        state: FormatState::Done,
+                        at_unix_ms: now_unix_ms(),
+                    })
+                }
+                _ => None,
+            };
+            store
+                .write(Durability::Immediate, |w| {
+                    w.put_staged(&record)?;
+                    if let Some(f) = &format {
+                        w.put_format(f)?;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())?;
+            staging_of.insert(vol.to_string(), staging_path);
+            staged += 1;
+            println!(
+                "volume {vol}: staged at {} ({})",
+                m.mount_point.display(),
+                k.device.display()
+            );
+            if !block_bind {
+                continue;
+            }
+        }
+        let publication = Publication {
+            volume_id: vol.to_string(),
+            target_path: m.mount_point.clone(),
+            staging_path: staging_of.get(vol).cloned().unwrap_or_default(),
+            block: block_bind,
+            readonly: m.is_read_only(),
+            access_mode: 0,
+            mount_flags: Vec::new(),
+            progress: Progress::Complete,
+            at_unix_ms: now_unix_ms(),
+        };
+        store
+            .write(Durability::Immediate, |w| w.put_publication(&publication))
+            .map_err(|e| e.to_string())?;
+        published += 1;
+        println!("volume {vol}: published at {}", m.mount_point.display());
+    }
+    Ok((staged, published))
+}
