@@ -290,3 +290,37 @@ async fn foreign_mount_at_staging_path_is_refused_not_stacked() {
     // here it does not know it, so unstage with nothing recorded is a no-op success.
     sh(&format!("umount {}", staging.display()));
 }
+
+#[tokio::test]
+async fn format_options_and_mount_flags_reach_mkfs_and_mount() {
+    if !require_root("format_options_and_mount_flags_reach_mkfs_and_mount") {
+        return;
+    }
+    let scratch = Scratch::new("options");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "opts", 64 << 20).await;
+    let staging = agent.state_dir.join("staging/opts");
+    let mut req = stage_req(
+        &vol,
+        &staging,
+        mount_cap_flags("ext4", Mode::SingleNodeWriter, &["noatime", "data=journal"]),
+    );
+    req.volume_context = [
+        ("blockSize".to_string(), "1024".to_string()),
+        ("inodeSize".to_string(), "512".to_string()),
+    ]
+    .into();
+    let mut node = agent.node().await;
+    node.node_stage_volume(req).await.unwrap();
+    let out = sh(&format!("tune2fs -l {}", vol.device));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().any(|l| l.starts_with("Block size:") && l.ends_with(" 1024")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("Inode size:") && l.ends_with(" 512")), "{text}");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.contains(staging.to_str().unwrap()))
+        .expect("mounted");
+    assert!(line.contains("noatime") && line.contains("data=journal"), "{line}");
+    node.node_unstage_volume(unstage_req(&vol, &staging)).await.unwrap();
+}
