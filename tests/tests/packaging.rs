@@ -36,7 +36,8 @@ fn print_config(args: &[String], env: &[(String, String)]) -> Value {
 }
 
 fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
-    v.as_str().unwrap_or_else(|| panic!("{what} is not a string: {v}"))
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what} is not a string: {v}"))
 }
 
 fn allowed(cfg: &Value, path: &str) -> bool {
@@ -48,7 +49,10 @@ fn allowed(cfg: &Value, path: &str) -> bool {
 }
 
 fn is_loopback(addr: &str) -> bool {
-    addr.parse::<std::net::SocketAddr>().expect("socket address").ip().is_loopback()
+    addr.parse::<std::net::SocketAddr>()
+        .expect("socket address")
+        .ip()
+        .is_loopback()
 }
 
 fn shipped_files(ext: &[&str]) -> Vec<PathBuf> {
@@ -103,7 +107,11 @@ fn find<'a>(items: &'a Value, name: &str) -> &'a Value {
 fn flag<'a>(args: &'a Value, name: &str) -> &'a str {
     let prefix = format!("--{name}=");
     args.as_array()
-        .and_then(|a| a.iter().filter_map(Value::as_str).find_map(|s| s.strip_prefix(&prefix)))
+        .and_then(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .find_map(|s| s.strip_prefix(&prefix))
+        })
         .unwrap_or_else(|| panic!("no {prefix} in {args}"))
 }
 
@@ -112,11 +120,18 @@ fn every_shipped_yaml_and_json_file_parses() {
     let yaml = shipped_files(&["yaml", "yml"]);
     assert!(yaml.len() >= 3, "{yaml:?}");
     for f in yaml {
-        let rel = f.strip_prefix(repo()).expect("in repo").to_string_lossy().into_owned();
+        let rel = f
+            .strip_prefix(repo())
+            .expect("in repo")
+            .to_string_lossy()
+            .into_owned();
         let docs = yaml_docs(&rel);
         assert!(!docs.is_empty(), "{rel} is empty");
         for d in docs {
-            assert!(d["apiVersion"].is_string() && d["kind"].is_string(), "{rel}: {d}");
+            assert!(
+                d["apiVersion"].is_string() && d["kind"].is_string(),
+                "{rel}: {d}"
+            );
         }
     }
     let json = shipped_files(&["json"]);
@@ -144,7 +159,12 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
         .as_array()
         .expect("env")
         .iter()
-        .map(|e| (str_of(&e["name"], "name").into(), str_of(&e["value"], "value").into()))
+        .map(|e| {
+            (
+                str_of(&e["name"], "name").into(),
+                str_of(&e["value"], "value").into(),
+            )
+        })
         .collect();
     let cfg = print_config(&args, &env);
 
@@ -154,7 +174,13 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert!(pod["serviceAccountName"].is_null());
     assert!(env.iter().all(|(k, _)| !k.starts_with("AWS_")), "{env:?}");
-    assert!(pod["volumes"].as_array().unwrap().iter().all(|v| v["secret"].is_null()));
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["secret"].is_null())
+    );
     assert_eq!(agent["securityContext"]["privileged"], true);
     assert_eq!(driver["metadata"]["name"], cfg["driver_name"]);
     assert_eq!(driver["spec"]["attachRequired"], true);
@@ -188,26 +214,40 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
         flag(&registrar["args"], "kubelet-registration-path"),
         format!("{plugin_host}/{socket_name}")
     );
-    assert!(plugin_host.ends_with(str_of(&cfg["driver_name"], "driver")), "{plugin_host}");
+    assert!(
+        plugin_host.ends_with(str_of(&cfg["driver_name"], "driver")),
+        "{plugin_host}"
+    );
 
     // kubelet's paths: same path inside and out, Bidirectional, and allowed by the agent.
     let kubelet = mount_of(agent, "/var/lib/kubelet");
     assert_eq!(kubelet["mountPropagation"], "Bidirectional");
     let kubelet_volume = find(&pod["volumes"], str_of(&kubelet["name"], "name"));
     assert_eq!(kubelet_volume["hostPath"]["path"], "/var/lib/kubelet");
-    assert!(allowed(&cfg, "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/pv/mount"));
-    assert!(allowed(&cfg, "/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/x/globalmount"));
+    assert!(allowed(
+        &cfg,
+        "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/pv/mount"
+    ));
+    assert!(allowed(
+        &cfg,
+        "/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/x/globalmount"
+    ));
 
     // Host /dev (volumes attached later appear there) and the state dir on the host.
     let dev = mount_of(agent, "/dev");
-    assert_eq!(find(&pod["volumes"], str_of(&dev["name"], "dev"))["hostPath"]["path"], "/dev");
+    assert_eq!(
+        find(&pod["volumes"], str_of(&dev["name"], "dev"))["hostPath"]["path"],
+        "/dev"
+    );
     let state_dir = str_of(&cfg["state_dir"], "state_dir");
     let state = mount_of(agent, state_dir);
     assert!(find(&pod["volumes"], str_of(&state["name"], "state"))["hostPath"].is_object());
 
     // Liveness: the port kubelet probes is the one the livenessprobe sidecar serves.
     let probe = find(containers, "liveness-probe");
-    let port = find(&agent["ports"], "healthz")["containerPort"].as_i64().unwrap();
+    let port = find(&agent["ports"], "healthz")["containerPort"]
+        .as_i64()
+        .unwrap();
     assert_eq!(flag(&probe["args"], "health-port"), port.to_string());
     assert_eq!(agent["livenessProbe"]["httpGet"]["port"], "healthz");
 
@@ -298,18 +338,29 @@ fn nomad_jobs_match_the_agent_flags() {
     let (cfg, plugin) = check_nomad_job(rel);
     let text = read(rel);
     let stage_base = get(&plugin, "stage_publish_base_dir");
-    assert!(allowed(&cfg, &format!("{stage_base}/staging/vol/rw-file-system-single-node-writer")));
-    assert!(allowed(&cfg, &format!("{stage_base}/per-alloc/alloc/vol/rw-file-system")));
+    assert!(allowed(
+        &cfg,
+        &format!("{stage_base}/staging/vol/rw-file-system-single-node-writer")
+    ));
+    assert!(allowed(
+        &cfg,
+        &format!("{stage_base}/per-alloc/alloc/vol/rw-file-system")
+    ));
     assert!(text.contains("privileged = true"));
     let docker = hcl_block(&text, "config");
     assert_eq!(get(&docker, "privileged"), "true");
     // The host /dev and the state dir are bind-mounted.
     let mounts: Vec<&str> = text.split("mount {").skip(1).collect();
     let binds = |target: &str| {
-        mounts.iter().any(|m| m.contains(&format!("target = \"{target}\"")))
+        mounts
+            .iter()
+            .any(|m| m.contains(&format!("target = \"{target}\"")))
     };
     assert!(binds("/dev"), "{rel}: no /dev bind mount");
-    assert!(binds(str_of(&cfg["state_dir"], "state_dir")), "{rel}: no state dir mount");
+    assert!(
+        binds(str_of(&cfg["state_dir"], "state_dir")),
+        "{rel}: no state dir mount"
+    );
     let kill = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("kill_timeout = "))
@@ -364,8 +415,10 @@ fn systemd_config() -> Value {
 #[test]
 fn systemd_unit_verifies() {
     let dir = Scratch::new("unit-verify");
-    let unit = read("packaging/systemd/ebs-node-agent.service")
-        .replace("/usr/local/bin/ebs-node-agent", &agent_bin().display().to_string());
+    let unit = read("packaging/systemd/ebs-node-agent.service").replace(
+        "/usr/local/bin/ebs-node-agent",
+        &agent_bin().display().to_string(),
+    );
     let path = dir.join("ebs-node-agent.service");
     std::fs::write(&path, unit).expect("write unit");
     let out = Command::new("systemd-analyze")
@@ -376,7 +429,10 @@ fn systemd_unit_verifies() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "verify failed: {stderr}");
     // Unknown keys and unparsable values are only warnings: they count as failures here.
-    let ours: Vec<&str> = stderr.lines().filter(|l| l.contains("ebs-node-agent")).collect();
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("ebs-node-agent"))
+        .collect();
     assert!(ours.is_empty(), "{ours:#?}");
 }
 
@@ -398,37 +454,76 @@ fn systemd_unit_and_env_file_match_the_agent_flags() {
     assert!(stop * 1000 > cfg["shutdown_grace_ms"].as_u64().unwrap());
     // Metrics on loopback, which IPAddressAllow lets through.
     assert!(is_loopback(str_of(&cfg["metrics_address"], "metrics")));
-    assert!(unit_value("IPAddressAllow").split(' ').any(|a| a == "localhost"));
+    assert!(
+        unit_value("IPAddressAllow")
+            .split(' ')
+            .any(|a| a == "localhost")
+    );
     // No option that would give the unit its own mount namespace.
     for key in [
-        "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "PrivateMounts",
-        "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
-        "ProtectControlGroups", "ProtectProc", "ReadOnlyPaths", "ReadWritePaths",
-        "InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "ProtectClock", "PrivateUsers",
-        "MountFlags", "RootDirectory",
+        "ProtectSystem",
+        "ProtectHome",
+        "PrivateTmp",
+        "PrivateDevices",
+        "PrivateMounts",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectKernelLogs",
+        "ProtectControlGroups",
+        "ProtectProc",
+        "ReadOnlyPaths",
+        "ReadWritePaths",
+        "InaccessiblePaths",
+        "TemporaryFileSystem",
+        "BindPaths",
+        "ProtectClock",
+        "PrivateUsers",
+        "MountFlags",
+        "RootDirectory",
     ] {
-        assert!(unit_values(key).is_empty(), "{key} would hide the agent's mounts");
+        assert!(
+            unit_values(key).is_empty(),
+            "{key} would hide the agent's mounts"
+        );
     }
     // Every hardening line says why: a comment right above it.
     let text = read("packaging/systemd/ebs-node-agent.service");
     let lines: Vec<&str> = text.lines().collect();
-    let start = lines.iter().position(|l| l.contains("Hardening")).expect("hardening");
+    let start = lines
+        .iter()
+        .position(|l| l.contains("Hardening"))
+        .expect("hardening");
     for (i, l) in lines.iter().enumerate().skip(start) {
-        if l.contains('=') && !l.starts_with('#') && !l.starts_with('[') && !l.starts_with("WantedBy") {
-            let above = lines[..i].iter().rev().take_while(|a| !a.is_empty()).collect::<Vec<_>>();
-            assert!(above.iter().any(|a| a.starts_with('#')), "no reason given for {l}");
+        if l.contains('=')
+            && !l.starts_with('#')
+            && !l.starts_with('[')
+            && !l.starts_with("WantedBy")
+        {
+            let above = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|a| !a.is_empty())
+                .collect::<Vec<_>>();
+            assert!(
+                above.iter().any(|a| a.starts_with('#')),
+                "no reason given for {l}"
+            );
         }
     }
 }
 
 #[test]
 fn mesos_configs_match_the_agent_flags() {
-    let unmanaged: Value = serde_json::from_str(&read("packaging/mesos/ebs-unmanaged.json")).unwrap();
+    let unmanaged: Value =
+        serde_json::from_str(&read("packaging/mesos/ebs-unmanaged.json")).unwrap();
     let cfg = systemd_config();
     assert_eq!(unmanaged["type"], cfg["driver_name"]);
     let endpoint = &unmanaged["endpoints"][0];
     assert_eq!(endpoint["csi_service"], "NODE_SERVICE");
-    assert_eq!(endpoint["endpoint"], cfg["socket_path"], "Mesos must dial the unit's socket");
+    assert_eq!(
+        endpoint["endpoint"], cfg["socket_path"],
+        "Mesos must dial the unit's socket"
+    );
     let root = str_of(&unmanaged["target_path_root"], "target_path_root");
     assert!(allowed(&cfg, &format!("{root}/some/target")));
 
@@ -458,7 +553,13 @@ fn mesos_configs_match_the_agent_flags() {
 #[test]
 fn dockerfile_ships_the_binary_and_the_tools_it_runs() {
     let text = read("packaging/container/Dockerfile");
-    for pkg in ["e2fsprogs", "xfsprogs", "util-linux", "libblkid1", "libudev1"] {
+    for pkg in [
+        "e2fsprogs",
+        "xfsprogs",
+        "util-linux",
+        "libblkid1",
+        "libudev1",
+    ] {
         assert!(text.contains(pkg), "runtime image lacks {pkg}");
     }
     assert!(text.contains("ENTRYPOINT [\"/usr/local/bin/ebs-node-agent\"]"));

@@ -157,10 +157,16 @@ mod tests {
             published: None,
             ready: true,
         });
-        assert!(text.contains("ebs_agent_rpc_requests_total{rpc=\"NodeStageVolume\",code=\"OK\"} "));
+        assert!(
+            text.contains("ebs_agent_rpc_requests_total{rpc=\"NodeStageVolume\",code=\"OK\"} ")
+        );
         assert!(text.contains("code=\"InvalidArgument\""));
-        assert!(text.contains("ebs_agent_step_duration_seconds_count{op=\"stage\",step=\"mount\",result=\"ok\"} "));
-        assert!(text.contains("ebs_agent_journal_commit_seconds_bucket{durability=\"immediate\",le=\"0.001\"} "));
+        assert!(text.contains(
+            "ebs_agent_step_duration_seconds_count{op=\"stage\",step=\"mount\",result=\"ok\"} "
+        ));
+        assert!(text.contains(
+            "ebs_agent_journal_commit_seconds_bucket{durability=\"immediate\",le=\"0.001\"} "
+        ));
         assert!(text.contains("ebs_agent_operations_in_flight 2\n"));
         assert!(text.contains("ebs_agent_volumes_staged 1\n"));
         assert!(!text.contains("ebs_agent_volumes_published"));
