@@ -13,6 +13,7 @@ job "ebs-controller" {
       driver = "docker"
 
       config {
+        # Built from packaging/container/Dockerfile: set your registry.
         image = "ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0"
         args  = ["serve"]
         # No privileges: a controller mounts nothing.

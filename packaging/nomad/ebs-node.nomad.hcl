@@ -14,6 +14,7 @@ job "ebs-node-agent" {
       driver = "docker"
 
       config {
+        # Built from packaging/container/Dockerfile: set your registry.
         image      = "ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0"
         args       = ["serve"]
         privileged = true
