@@ -8,6 +8,7 @@ packages=(
   e2fsprogs xfsprogs util-linux         # runtime: mkfs/fsck/grow, mount helpers for tests
   gdisk fdisk lvm2 cryptsetup-bin       # tests: seed partition tables, LVM and LUKS signatures
   kmod                                  # modprobe loop
+  systemd                               # tests: systemd-analyze verify on the shipped unit
 )
 if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then
   read -r -a extra <<<"$EBS_EXTRA_PACKAGES"

@@ -62,6 +62,7 @@ pub enum LogFormat {
 
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/ebs-node-agent/csi.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ebs-node-agent";
+pub const DEFAULT_DRIVER_NAME: &str = "ebs.csi.aws.com";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -75,7 +76,7 @@ pub struct ServeArgs {
     #[arg(long, env = "EBS_AGENT_BACKEND", value_enum, default_value = "ebs")]
     pub backend: BackendKind,
     /// The CSI driver name (domain notation, at most 63 characters).
-    #[arg(long, env = "EBS_AGENT_DRIVER_NAME", default_value = "ebs.csi.aws.com", value_parser = parse_driver_name)]
+    #[arg(long, env = "EBS_AGENT_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
     pub driver_name: String,
     /// Holds the state file and the loop backend's volume files.
     #[arg(long, env = "EBS_AGENT_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
@@ -94,6 +95,12 @@ pub struct ServeArgs {
     /// How long a stage waits for the volume's device to appear (never past the call's deadline).
     #[arg(long, env = "EBS_AGENT_DEVICE_WAIT", default_value = "30s", value_parser = parse_duration)]
     pub device_wait: Duration,
+    /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9809); off when unset.
+    #[arg(long, env = "EBS_AGENT_METRICS_ADDRESS")]
+    pub metrics_address: Option<std::net::SocketAddr>,
+    /// Print the effective settings as JSON and exit, touching nothing (checks a deployment's flags).
+    #[arg(long)]
+    pub print_config: bool,
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,

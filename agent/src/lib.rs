@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod node;
 pub mod nodeinfo;
 pub mod notify;
+pub mod print_config;
 pub mod recover;
 pub mod request;
 pub mod server;

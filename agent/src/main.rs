@@ -18,6 +18,10 @@ fn main() {
         }
     };
     let code = match cli.command {
+        Command::Serve(args) if args.print_config => {
+            ebs_node_agent::print_config::print(&args);
+            0
+        }
         Command::Serve(args) => {
             logging::init(args.log_format);
             match runtime.block_on(server::serve(*args)) {

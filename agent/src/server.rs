@@ -63,14 +63,20 @@ pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
     Store::open(&state_dir.join(STATE_FILE)).map_err(|e| fatal(e.to_string()))
 }
 
-pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
+/// Where staging and target paths may lie: the flag's list or the orchestrators' defaults, plus
+/// the state directory (the loop backend's own files).
+pub fn allowed_prefixes(args: &ServeArgs) -> Vec<PathBuf> {
     let mut allowed: Vec<PathBuf> = if args.allowed_path_prefixes.is_empty() {
         DEFAULT_PREFIXES.iter().map(PathBuf::from).collect()
     } else {
         args.allowed_path_prefixes.clone()
     };
     allowed.push(args.state_dir.clone());
+    allowed
+}
 
+pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
+    let allowed = allowed_prefixes(&args);
     let store = Arc::new(open_state(&args.state_dir)?);
     let fstools = FsTools::detect();
     for fs in FsType::ALL {
@@ -123,6 +129,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         health: Arc::clone(&health),
     });
 
+    // Before the CSI socket, so a busy metrics port leaves no socket behind.
+    if let Some(addr) = args.metrics_address {
+        let metrics = crate::metrics::bind(addr)
+            .await
+            .map_err(|e| fatal(format!("--metrics-address {addr}: {e}")))?;
+        crate::metrics::spawn(
+            metrics,
+            Arc::new(crate::metrics::Sources {
+                store: Arc::clone(&store),
+                locks: ctx.locks.clone(),
+                health: Arc::clone(&health),
+            }),
+        );
+        tracing::info!(%addr, "metrics on http://{addr}/metrics");
+    }
     let listener = args.endpoint.bind().map_err(fatal)?;
     tracing::info!(endpoint = %args.endpoint, mode = ?args.mode, backend = ?args.backend,
         state_dir = %args.state_dir.display(), version = env!("CARGO_PKG_VERSION"), "serving");
@@ -199,6 +220,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     }
     health.set_ready();
     crate::notify::ready();
+    crate::notify::spawn_watchdog();
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| fatal(e.to_string()))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| fatal(e.to_string()))?;

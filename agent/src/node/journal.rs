@@ -22,6 +22,8 @@ pub struct Journal<'a> {
     volume: &'a str,
     op: &'static str,
     crash_after: Option<&'a str>,
+    /// When each open step's intent was committed, for the step-duration metric.
+    intents: std::sync::Mutex<BTreeMap<String, Instant>>,
 }
 
 impl<'a> Journal<'a> {
@@ -36,6 +38,7 @@ impl<'a> Journal<'a> {
             volume,
             op,
             crash_after,
+            intents: Default::default(),
         }
     }
 
@@ -48,11 +51,14 @@ impl<'a> Journal<'a> {
         durability: Durability,
         also: impl FnOnce(&mut Writer<'_>) -> std::result::Result<(), StoreError>,
     ) -> Result<()> {
+        let commit = Instant::now();
         self.store.write(durability, |w| {
             also(w)?;
             w.step(self.volume, self.op, step, phase, detail)?;
             Ok(())
         })?;
+        crate::metrics::observe_journal_commit(durability, commit.elapsed());
+        self.observe_step(step, phase);
         self.maybe_crash(step, phase);
         Ok(())
     }
@@ -80,6 +86,21 @@ impl<'a> Journal<'a> {
                 // The failure line is best effort: the error itself is what the caller needs.
                 let _ = self.record(step, Phase::Failed, failed, Durability::Lazy, |_| Ok(()));
                 Err(e)
+            }
+        }
+    }
+
+    fn observe_step(&self, step: &str, phase: Phase) {
+        let mut intents = self.intents.lock().unwrap_or_else(|p| p.into_inner());
+        match phase {
+            Phase::Intent => {
+                intents.insert(step.to_string(), Instant::now());
+            }
+            Phase::Done | Phase::Failed => {
+                if let Some(started) = intents.remove(step) {
+                    let ok = matches!(phase, Phase::Done);
+                    crate::metrics::observe_step(self.op, step, ok, started.elapsed());
+                }
             }
         }
     }

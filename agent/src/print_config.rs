@@ -1,0 +1,29 @@
+//! `serve --print-config`: the settings the agent would run with, after flags, environment and
+//! defaults, as one JSON object. Operators check a deployment with it; the packaging tests read it
+//! so that the shipped manifests and the agent's own defaults cannot drift apart.
+
+use serde_json::json;
+
+use crate::cli::ServeArgs;
+
+pub fn print(args: &ServeArgs) {
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    let value = json!({
+        "endpoint": args.endpoint.url(),
+        "socket_path": args.endpoint.path(),
+        "mode": lower(&args.mode),
+        "serves_node": args.mode.serves_node(),
+        "serves_controller": args.mode.serves_controller(),
+        "backend": lower(&args.backend),
+        "driver_name": args.driver_name,
+        "state_dir": args.state_dir,
+        "state_file": args.state_dir.join(crate::server::STATE_FILE),
+        "node_id": args.node_id,
+        "allowed_path_prefixes": crate::server::allowed_prefixes(args),
+        "log_format": lower(&args.log_format),
+        "shutdown_grace_ms": args.shutdown_grace.as_millis() as u64,
+        "device_wait_ms": args.device_wait.as_millis() as u64,
+        "metrics_address": args.metrics_address.map(|a| a.to_string()),
+    });
+    println!("{value:#}");
+}
