@@ -119,7 +119,11 @@ pub struct ServeArgs {
     #[arg(long, env = "EBS_AGENT_VOLUME_ATTACH_LIMIT")]
     pub volume_attach_limit: Option<u32>,
     /// ebs: attachment slots to keep free beyond those the agent counts on the host.
-    #[arg(long, env = "EBS_AGENT_RESERVED_VOLUME_ATTACHMENTS", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "EBS_AGENT_RESERVED_VOLUME_ATTACHMENTS",
+        default_value_t = 0
+    )]
     pub reserved_volume_attachments: u32,
     /// ebs: the longest pause between identity lookups while the identity is missing.
     #[arg(long, env = "EBS_AGENT_IDENTITY_RETRY_MAX", default_value = "60s", value_parser = parse_duration, hide = true)]

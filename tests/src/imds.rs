@@ -147,7 +147,11 @@ async fn serve_one(mut conn: TcpStream, s: &Switches, i: &Mutex<Instance>) -> st
             (401, String::new())
         } else {
             let inst = i.lock().expect("instance").clone();
-            let macs = inst.macs.iter().map(|m| format!("{m}/\n")).collect::<String>();
+            let macs = inst
+                .macs
+                .iter()
+                .map(|m| format!("{m}/\n"))
+                .collect::<String>();
             match item {
                 "instance-id" => (200, inst.instance_id),
                 "instance-type" => (200, inst.instance_type),
@@ -177,7 +181,9 @@ async fn serve_one(mut conn: TcpStream, s: &Switches, i: &Mutex<Instance>) -> st
 
 /// A raw GET of `path` with no token, for checking the emulator enforces IMDSv2.
 pub async fn raw_get_status(port: u16, path: &str) -> u16 {
-    let mut c = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut c = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .await
         .expect("write");

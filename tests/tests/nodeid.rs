@@ -50,7 +50,10 @@ async fn imdsv2_token_flow() {
     // One token, every metadata GET carried it, and the emulator does refuse tokenless GETs.
     assert_eq!(imds.switches.token_requests.load(Ordering::SeqCst), 1);
     assert_eq!(imds.switches.tokenless_requests.load(Ordering::SeqCst), 0);
-    assert_eq!(raw_get_status(imds.port, "/latest/meta-data/instance-id").await, 401);
+    assert_eq!(
+        raw_get_status(imds.port, "/latest/meta-data/instance-id").await,
+        401
+    );
 }
 
 #[tokio::test]
@@ -72,7 +75,9 @@ async fn slow_metadata_within_the_timeout_is_waited_for_and_beyond_it_is_an_erro
     let found = client(&imds, 1000).identity().await.unwrap();
     assert_eq!(found.zone.as_deref(), Some("eu-central-1b"));
 
-    imds.switches.metadata_delay_ms.store(2000, Ordering::SeqCst);
+    imds.switches
+        .metadata_delay_ms
+        .store(2000, Ordering::SeqCst);
     let err = client(&imds, 100).identity().await.unwrap_err();
     assert!(matches!(err, ImdsError::Timeout { .. }), "{err:?}");
     assert!(err.to_string().contains("instance-id"), "{err}");
@@ -84,14 +89,20 @@ async fn unreachable_and_down_imds_are_errors_not_hangs() {
     imds.set(&imds.switches.down, true);
     let err = client(&imds, 500).identity().await.unwrap_err();
     assert!(
-        matches!(err, ImdsError::Unreachable { .. } | ImdsError::Malformed { .. }),
+        matches!(
+            err,
+            ImdsError::Unreachable { .. } | ImdsError::Malformed { .. }
+        ),
         "{err:?}"
     );
     let port = imds.port;
     drop(imds);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let closed = ImdsClient::new(&format!("http://127.0.0.1:{port}"), Duration::from_millis(300))
-        .unwrap();
+    let closed = ImdsClient::new(
+        &format!("http://127.0.0.1:{port}"),
+        Duration::from_millis(300),
+    )
+    .unwrap();
     let err = closed.identity().await.unwrap_err();
     assert!(err.to_string().contains("unreachable"), "{err}");
 }
@@ -136,7 +147,11 @@ async fn dmi_wins_over_imds_and_flags_win_over_both() {
     assert_eq!(info.node_id, "i-0aaaaaaaaaaaaaaaa");
     assert_eq!(info.topology[ZONE_KEY], "us-west-2a");
     assert_eq!(info.max_volumes, 32);
-    assert_eq!(imds.requests(), before, "IMDS was called although flags said everything");
+    assert_eq!(
+        imds.requests(),
+        before,
+        "IMDS was called although flags said everything"
+    );
 }
 
 #[tokio::test]

@@ -26,7 +26,11 @@ impl Backend for EbsPending {
         Err(Error::Unavailable(WHY.into()))
     }
 
-    fn still_is(&self, _device: &Path, _identity: &DeviceIdentity) -> std::result::Result<(), String> {
+    fn still_is(
+        &self,
+        _device: &Path,
+        _identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
         Err(WHY.into())
     }
 

@@ -124,13 +124,13 @@ impl ImdsClient {
 
     async fn identity_once(&self) -> Result<ImdsIdentity, ImdsError> {
         let token = self.token().await?;
-        let instance_id = self
-            .get(&token, "instance-id")
-            .await?
-            .ok_or_else(|| ImdsError::Status {
-                path: "meta-data/instance-id".into(),
-                status: 404,
-            })?;
+        let instance_id =
+            self.get(&token, "instance-id")
+                .await?
+                .ok_or_else(|| ImdsError::Status {
+                    path: "meta-data/instance-id".into(),
+                    status: 404,
+                })?;
         let instance_type = self.get(&token, "instance-type").await?;
         let zone = self.get(&token, "placement/availability-zone").await?;
         let region = self.get(&token, "placement/region").await?;
@@ -193,12 +193,13 @@ impl ImdsClient {
 
     async fn exchange(&self, path: &str, head: &str) -> Result<Response, ImdsError> {
         let io = async {
-            let mut stream = TcpStream::connect(&self.authority).await.map_err(|e| {
-                ImdsError::Unreachable {
-                    endpoint: self.endpoint.clone(),
-                    why: e.to_string(),
-                }
-            })?;
+            let mut stream =
+                TcpStream::connect(&self.authority)
+                    .await
+                    .map_err(|e| ImdsError::Unreachable {
+                        endpoint: self.endpoint.clone(),
+                        why: e.to_string(),
+                    })?;
             let broken = |e: std::io::Error| ImdsError::Unreachable {
                 endpoint: self.endpoint.clone(),
                 why: e.to_string(),
@@ -212,12 +213,13 @@ impl ImdsClient {
                 .map_err(broken)?;
             Ok(raw)
         };
-        let raw = tokio::time::timeout(self.timeout, io)
-            .await
-            .map_err(|_| ImdsError::Timeout {
-                path: path.to_string(),
-                timeout: self.timeout,
-            })??;
+        let raw =
+            tokio::time::timeout(self.timeout, io)
+                .await
+                .map_err(|_| ImdsError::Timeout {
+                    path: path.to_string(),
+                    timeout: self.timeout,
+                })??;
         parse_response(&raw).map_err(|why| ImdsError::Malformed {
             path: path.to_string(),
             why,
@@ -250,7 +252,9 @@ fn parse_response(raw: &[u8]) -> Result<Response, String> {
         let value = value.trim();
         if name.eq_ignore_ascii_case("content-length") {
             let n: usize = value.parse().map_err(|_| "bad Content-Length")?;
-            body = body.get(..n).ok_or("body shorter than its Content-Length")?;
+            body = body
+                .get(..n)
+                .ok_or("body shorter than its Content-Length")?;
         } else if name.eq_ignore_ascii_case("transfer-encoding")
             && value.eq_ignore_ascii_case("chunked")
         {

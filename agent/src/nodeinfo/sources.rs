@@ -85,7 +85,11 @@ impl Resolver {
         fill(&mut found.instance_id, cfg.node_id.as_deref(), FLAGS);
         fill(&mut found.zone, cfg.zone.as_deref(), FLAGS);
         fill(&mut found.region, cfg.region.as_deref(), FLAGS);
-        fill(&mut found.instance_type, cfg.instance_type.as_deref(), FLAGS);
+        fill(
+            &mut found.instance_type,
+            cfg.instance_type.as_deref(),
+            FLAGS,
+        );
         Resolver {
             cfg,
             found,
@@ -121,7 +125,10 @@ impl Resolver {
                 Err(e) => self.dmi_note = Some(format!("read failed: {e}")),
             }
             if let Some(note) = self.dmi_note.clone() {
-                self.log_once(false, format!("node identity: DMI has no instance id: {note}"));
+                self.log_once(
+                    false,
+                    format!("node identity: DMI has no instance id: {note}"),
+                );
             }
         }
         let f = &self.found;
@@ -145,7 +152,7 @@ impl Resolver {
                 }
             }
         } else if want_imds {
-            self.imds_note = Some("disabled by --imds-disabled".into());
+            self.imds_note = Some("instance metadata: disabled by --imds-disabled".into());
         }
         if self.found.region.is_none()
             && let Some(region) = self.found.zone.as_ref().and_then(|z| region_of(&z.value))
@@ -174,7 +181,7 @@ impl Resolver {
             tried.push(format!("DMI: {n}"));
         }
         if let Some(n) = &self.imds_note {
-            tried.push(format!("{IMDS}: {n}"));
+            tried.push(n.clone());
         }
         format!(
             "node identity incomplete: {}; tried {}; retrying in the background",
@@ -198,9 +205,10 @@ impl Resolver {
         .await
         .unwrap_or_default();
         let (disks, pci_nics) = scan;
-        let nics = self.found.network_interfaces.or_else(|| {
-            (pci_nics > 0).then_some((pci_nics, "PCI devices bound to ena/ixgbevf"))
-        });
+        let nics = self
+            .found
+            .network_interfaces
+            .or_else(|| (pci_nics > 0).then_some((pci_nics, "PCI devices bound to ena/ixgbevf")));
         let limit = attach_limit::compute(&LimitInputs {
             override_limit: self.cfg.attach_limit,
             reserved: self.cfg.reserved_attachments,
@@ -327,9 +335,15 @@ mod tests {
     #[test]
     fn regions_from_zones() {
         assert_eq!(region_of("us-east-1a").as_deref(), Some("us-east-1"));
-        assert_eq!(region_of("us-gov-west-1b").as_deref(), Some("us-gov-west-1"));
+        assert_eq!(
+            region_of("us-gov-west-1b").as_deref(),
+            Some("us-gov-west-1")
+        );
         assert_eq!(region_of("us-west-2-lax-1a").as_deref(), Some("us-west-2"));
-        assert_eq!(region_of("ap-southeast-2c").as_deref(), Some("ap-southeast-2"));
+        assert_eq!(
+            region_of("ap-southeast-2c").as_deref(),
+            Some("ap-southeast-2")
+        );
         assert_eq!(region_of("nowhere"), None);
     }
 
