@@ -101,6 +101,40 @@ pub struct ServeArgs {
     /// Print the effective settings as JSON and exit, touching nothing (checks a deployment's flags).
     #[arg(long)]
     pub print_config: bool,
+    /// ebs: the availability zone, when DMI and instance metadata cannot tell it.
+    #[arg(long, env = "EBS_AGENT_ZONE")]
+    pub zone: Option<String>,
+    /// ebs: the region (logged; derived from the zone when absent).
+    #[arg(long, env = "EBS_AGENT_REGION")]
+    pub region: Option<String>,
+    /// ebs: the instance type, for the attach limit.
+    #[arg(long, env = "EBS_AGENT_INSTANCE_TYPE")]
+    pub instance_type: Option<String>,
+    /// ebs: instance metadata (IMDSv2), http://host[:port].
+    #[arg(long, env = "EBS_AGENT_IMDS_ENDPOINT", default_value = crate::nodeinfo::imds::DEFAULT_ENDPOINT)]
+    pub imds_endpoint: String,
+    /// ebs: never call instance metadata (identity from flags and DMI only).
+    #[arg(long, env = "EBS_AGENT_IMDS_DISABLED")]
+    pub imds_disabled: bool,
+    /// ebs: how long one instance-metadata request may take.
+    #[arg(long, env = "EBS_AGENT_IMDS_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub imds_timeout: Duration,
+    /// Where sysfs is mounted (DMI asset tag, NVMe disks, network devices).
+    #[arg(long, env = "EBS_AGENT_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// ebs: max_volumes_per_node, instead of the limit computed from the instance type.
+    #[arg(long, env = "EBS_AGENT_VOLUME_ATTACH_LIMIT")]
+    pub volume_attach_limit: Option<u32>,
+    /// ebs: attachment slots to keep free beyond those the agent counts on the host.
+    #[arg(
+        long,
+        env = "EBS_AGENT_RESERVED_VOLUME_ATTACHMENTS",
+        default_value_t = 0
+    )]
+    pub reserved_volume_attachments: u32,
+    /// ebs: the longest pause between identity lookups while the identity is missing.
+    #[arg(long, env = "EBS_AGENT_IDENTITY_RETRY_MAX", default_value = "60s", value_parser = parse_duration, hide = true)]
+    pub identity_retry_max: Duration,
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,

@@ -8,6 +8,20 @@ pub struct Health {
     ready: AtomicBool,
     /// Hard problems (missing CAP_SYS_ADMIN, missing ext4 tools): Probe answers FAILED_PRECONDITION.
     problems: RwLock<Vec<String>>,
+    /// Node identity (ebs backend), kept apart from `problems` so it clears on its own once the
+    /// background lookup succeeds.
+    identity: RwLock<IdentityState>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum IdentityState {
+    /// Known, or not needed (loop backend, controller mode).
+    #[default]
+    Known,
+    /// The first lookup is running: Probe answers ready=false.
+    LookingUp,
+    /// Probe answers FAILED_PRECONDITION with this hint.
+    Missing(String),
 }
 
 impl Health {
@@ -23,11 +37,23 @@ impl Health {
         *self.problems.write().unwrap_or_else(|p| p.into_inner()) = problems;
     }
 
+    pub fn set_identity(&self, state: IdentityState) {
+        *self.identity.write().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
     /// `Err` holds what an operator must fix.
     pub fn check(&self) -> Result<bool, String> {
-        let problems = self.problems.read().unwrap_or_else(|p| p.into_inner());
+        let mut problems = self
+            .problems
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let identity = self.identity.read().unwrap_or_else(|p| p.into_inner());
+        if let IdentityState::Missing(hint) = &*identity {
+            problems.push(hint.clone());
+        }
         if problems.is_empty() {
-            Ok(self.is_ready())
+            Ok(self.is_ready() && *identity == IdentityState::Known)
         } else {
             Err(problems.join("; "))
         }

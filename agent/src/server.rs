@@ -95,11 +95,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             if node_id.len() > 256 {
                 return Err(fatal("--node-id must be at most 256 bytes"));
             }
-            let info = NodeInfoSource::known(NodeInfo {
+            let info = Arc::new(NodeInfoSource::known(NodeInfo {
                 node_id: node_id.clone(),
                 max_volumes: 0,
                 topology: HashMap::from([(TOPOLOGY_KEY.to_string(), node_id.clone())]),
-            });
+            }));
             let controller = Arc::new(LoopController::new(
                 Arc::clone(&store),
                 &args.state_dir,
@@ -112,11 +112,18 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             )
         }
         BackendKind::Ebs => {
-            return Err(Fatal {
-                code: 2,
-                message: "the ebs backend is not available in this build yet; use --backend loop"
-                    .into(),
-            });
+            // Node identity: flags, DMI, instance metadata, looked up in the background; a
+            // missing identity is a Probe problem with a hint, never a crash.
+            let info = Arc::new(NodeInfoSource::missing(
+                nodeinfo::sources::LOOKING_UP.into(),
+            ));
+            if args.mode.serves_node() {
+                let cfg = nodeinfo::sources::config_from_args(&args, &store).map_err(fatal)?;
+                nodeinfo::sources::spawn(cfg, Arc::clone(&info), Arc::clone(&health));
+            }
+            // PLACEHOLDER: the `ebs` branch supplies the real backend at merge.
+            let backend = Arc::new(crate::backend::ebs_pending::EbsPending) as Arc<dyn Backend>;
+            (backend, None, info)
         }
     };
 
@@ -173,7 +180,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         router = router.add_service(csi::node_server::NodeServer::new(grpc::node::NodeService {
             ctx: Arc::clone(&ctx),
             allowed: Arc::new(allowed),
-            info: Arc::new(info),
+            info,
             device_wait: args.device_wait,
         }));
     }

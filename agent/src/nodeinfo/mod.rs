@@ -1,5 +1,14 @@
 //! What NodeGetInfo answers: found once at start (or later, in the background), never fetched on
 //! the request path.
+//!
+//! The `ebs` backend learns the instance from flags, DMI or instance metadata (`sources`), in the
+//! background, and never crashes for want of it; the loop backend answers with its host name.
+
+pub mod attach_limit;
+pub mod dmi;
+pub mod host_devices;
+pub mod imds;
+pub mod sources;
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -31,8 +40,17 @@ impl NodeInfoSource {
         }
     }
 
+    /// The identity is (still) unknown: NodeGetInfo answers FAILED_PRECONDITION with `hint`.
+    pub fn set_missing(&self, hint: String) {
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = Err(hint);
+    }
+
     pub fn set(&self, info: NodeInfo) {
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = Ok(info);
+    }
+
+    pub fn is_known(&self) -> bool {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).is_ok()
     }
 
     pub fn get(&self) -> Result<NodeInfo> {

@@ -1,0 +1,137 @@
+//! What uses attachment slots on this host, counted from sysfs (not from the boot-time
+//! metadata, which misses volumes attached since): EBS volumes, NVMe instance-store disks,
+//! Xen block devices and network interfaces.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+pub const EBS_MODEL: &str = "Amazon Elastic Block Store";
+pub const INSTANCE_STORE_MODEL: &str = "Amazon EC2 NVMe Instance Storage";
+
+/// Network drivers of EC2 interfaces: ENA on Nitro, the Intel VF on older enhanced networking.
+const NIC_DRIVERS: &[&str] = &["ena", "ixgbevf"];
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AttachedDisks {
+    /// Serials of EBS NVMe namespaces (`vol0123…`).
+    pub ebs_serials: Vec<String>,
+    pub instance_store: u32,
+    /// Xen front-end disks (`xvd*`): EBS or instance store, both use an attachment.
+    pub xen_disks: u32,
+}
+
+impl AttachedDisks {
+    /// Attached EBS volumes (and Xen disks) that the agent did not stage: the root volume and
+    /// other non-CSI disks. `staged_serials` are the NVMe serials the state file records.
+    pub fn not_staged(&self, staged_serials: &HashSet<String>) -> u32 {
+        let ebs = self
+            .ebs_serials
+            .iter()
+            .filter(|s| !staged_serials.contains(&normalize_serial(s)))
+            .count() as u32;
+        ebs + self.xen_disks
+    }
+}
+
+/// EBS serials appear as `vol0123…` in sysfs and `vol-0123…` in volume ids: compare without
+/// the dash.
+pub fn normalize_serial(s: &str) -> String {
+    s.trim().replace('-', "").to_ascii_lowercase()
+}
+
+/// Scans `<sysfs_root>/block/*/device/model`. Partitions are not listed there; one NVMe
+/// namespace per controller is what EC2 attaches.
+pub fn attached_disks(sysfs_root: &Path) -> AttachedDisks {
+    let mut found = AttachedDisks::default();
+    let Ok(entries) = std::fs::read_dir(sysfs_root.join("block")) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let dev = entry.path().join("device");
+        if name.starts_with("xvd") {
+            found.xen_disks += 1;
+            continue;
+        }
+        let model = std::fs::read_to_string(dev.join("model")).unwrap_or_default();
+        match model.trim() {
+            EBS_MODEL => {
+                let serial = std::fs::read_to_string(dev.join("serial")).unwrap_or_default();
+                found.ebs_serials.push(serial.trim().to_string());
+            }
+            INSTANCE_STORE_MODEL => found.instance_store += 1,
+            _ => {}
+        }
+    }
+    found.ebs_serials.sort();
+    found
+}
+
+/// Network interfaces bound to an EC2 network driver, from `<sysfs_root>/bus/pci/drivers/`.
+/// The fallback when instance metadata cannot list them. PCI bindings rather than
+/// `/sys/class/net`: a containerised agent sees only its own network namespace there, while the
+/// PCI devices are the host's.
+pub fn network_interfaces(sysfs_root: &Path) -> u32 {
+    NIC_DRIVERS
+        .iter()
+        .map(|driver| {
+            std::fs::read_dir(sysfs_root.join("bus/pci/drivers").join(driver))
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter(|e| is_pci_address(&e.file_name().to_string_lossy()))
+                        .count() as u32
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// `0000:00:05.0`
+fn is_pci_address(s: &str) -> bool {
+    s.len() == 12 && s.as_bytes()[4] == b':' && s.as_bytes()[7] == b':' && s.as_bytes()[10] == b'.'
+}
+
+/// Test fixtures: a fake sysfs tree. Public so the integration tests can build one too.
+pub mod fixture {
+    use std::path::Path;
+
+    pub fn nvme_disk(root: &Path, name: &str, model: &str, serial: &str) {
+        let dev = root.join("block").join(name).join("device");
+        std::fs::create_dir_all(&dev).expect("fixture dir");
+        // sysfs pads model names with spaces.
+        std::fs::write(dev.join("model"), format!("{model:<40}\n")).expect("fixture model");
+        std::fs::write(dev.join("serial"), format!("{serial:<20}\n")).expect("fixture serial");
+    }
+
+    pub fn nic(root: &Path, driver: &str, pci: &str) {
+        let dir = root.join("bus/pci/drivers").join(driver).join(pci);
+        std::fs::create_dir_all(dir).expect("fixture nic");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_disks_by_model_and_nics_by_driver() {
+        let root = std::env::temp_dir().join(format!("hostdev-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        fixture::nvme_disk(&root, "nvme0n1", EBS_MODEL, "vol0aaaaaaaaaaaaaaaa");
+        fixture::nvme_disk(&root, "nvme1n1", EBS_MODEL, "vol0bbbbbbbbbbbbbbbb");
+        fixture::nvme_disk(&root, "nvme2n1", INSTANCE_STORE_MODEL, "AWS1234");
+        fixture::nvme_disk(&root, "loop0", "", "");
+        fixture::nic(&root, "ena", "0000:00:05.0");
+        fixture::nic(&root, "ena", "0000:00:06.0");
+        std::fs::create_dir_all(root.join("bus/pci/drivers/ena/module")).unwrap();
+        let disks = attached_disks(&root);
+        assert_eq!(disks.ebs_serials.len(), 2);
+        assert_eq!(disks.instance_store, 1);
+        let staged = HashSet::from([normalize_serial("vol-0bbbbbbbbbbbbbbbb")]);
+        assert_eq!(disks.not_staged(&staged), 1);
+        assert_eq!(network_interfaces(&root), 2);
+        assert_eq!(network_interfaces(&root.join("nowhere")), 0);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

@@ -1,0 +1,330 @@
+//! An IMDSv2 client: PUT a session token, then GET the few metadata paths the agent needs.
+//!
+//! A tiny HTTP/1.1 client over a tokio `TcpStream` rather than hyper or reqwest: instance
+//! metadata is plain HTTP on a link-local address, every request is one line of headers and
+//! every answer a few bytes, so a full client (TLS, pools, redirects) would add build time and
+//! nothing the agent uses. Each request has its own timeout and `Connection: close`.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub const DEFAULT_ENDPOINT: &str = "http://169.254.169.254";
+const TOKEN_TTL_SECONDS: u32 = 21600;
+/// Metadata answers are tiny; anything larger is not IMDS.
+const MAX_RESPONSE: usize = 64 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImdsError {
+    #[error("instance metadata at {endpoint} is unreachable: {why}")]
+    Unreachable { endpoint: String, why: String },
+    #[error(
+        "the instance metadata token request to {endpoint} got no answer within {timeout:?}: from \
+         a container this is usually the instance's metadata hop limit of 1 (raise it to 2 with \
+         `aws ec2 modify-instance-metadata-options --http-put-response-hop-limit 2`), or give the \
+         identity by hand with --node-id and --zone"
+    )]
+    TokenTimeout { endpoint: String, timeout: Duration },
+    #[error("instance metadata {path} got no answer within {timeout:?}")]
+    Timeout { path: String, timeout: Duration },
+    #[error("instance metadata {path} answered HTTP {status}")]
+    Status { path: String, status: u16 },
+    #[error("instance metadata {path} answered something that is not HTTP: {why}")]
+    Malformed { path: String, why: String },
+}
+
+impl ImdsError {
+    /// Worth another try soon: the network or IMDS itself, not an answer that will not change.
+    fn is_transient(&self) -> bool {
+        match self {
+            ImdsError::Status { status, .. } => *status == 401 || *status >= 500 || *status == 429,
+            ImdsError::Malformed { .. } => false,
+            _ => true,
+        }
+    }
+}
+
+/// What instance metadata says about this instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImdsIdentity {
+    pub instance_id: String,
+    pub instance_type: Option<String>,
+    pub zone: Option<String>,
+    pub region: Option<String>,
+    /// Network interfaces attached to the instance (`network/interfaces/macs/`).
+    pub network_interfaces: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ImdsClient {
+    /// `host:port`, as connected to and sent in `Host:`.
+    authority: String,
+    endpoint: String,
+    pub timeout: Duration,
+    pub attempts: u32,
+    pub backoff: Duration,
+}
+
+struct Response {
+    status: u16,
+    body: String,
+}
+
+impl ImdsClient {
+    /// `endpoint` is `http://host[:port]` (IPv6 hosts in brackets, as `http://[fd00:ec2::254]`).
+    pub fn new(endpoint: &str, timeout: Duration) -> Result<Self, String> {
+        let rest = endpoint.strip_prefix("http://").ok_or_else(|| {
+            format!("--imds-endpoint {endpoint:?} must start with http:// (IMDS is plain HTTP)")
+        })?;
+        let host = rest.trim_end_matches('/');
+        if host.is_empty() || host.contains('/') {
+            return Err(format!(
+                "--imds-endpoint {endpoint:?} must be http://host[:port] without a path"
+            ));
+        }
+        let has_port = match host.rfind(']') {
+            Some(close) => host[close..].contains(':'),
+            None => host.contains(':'),
+        };
+        let authority = if has_port {
+            host.to_string()
+        } else {
+            format!("{host}:80")
+        };
+        Ok(ImdsClient {
+            authority,
+            endpoint: format!("http://{host}"),
+            timeout,
+            attempts: 3,
+            backoff: Duration::from_millis(200),
+        })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The token, then the identity paths; the whole sequence is retried a few times with
+    /// backoff on errors that may pass. Returns the last error otherwise.
+    pub async fn identity(&self) -> Result<ImdsIdentity, ImdsError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.identity_once().await {
+                Ok(found) => return Ok(found),
+                Err(e) if attempt < self.attempts && e.is_transient() => {
+                    tracing::debug!(error = %e, attempt, "instance metadata: retrying");
+                    tokio::time::sleep(self.backoff * 2u32.pow(attempt - 1)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn identity_once(&self) -> Result<ImdsIdentity, ImdsError> {
+        let token = self.token().await?;
+        let instance_id =
+            self.get(&token, "instance-id")
+                .await?
+                .ok_or_else(|| ImdsError::Status {
+                    path: "meta-data/instance-id".into(),
+                    status: 404,
+                })?;
+        let instance_type = self.get(&token, "instance-type").await?;
+        let zone = self.get(&token, "placement/availability-zone").await?;
+        let region = self.get(&token, "placement/region").await?;
+        let network_interfaces = self
+            .get(&token, "network/interfaces/macs/")
+            .await?
+            .map(|macs| macs.lines().filter(|l| !l.trim().is_empty()).count() as u32);
+        Ok(ImdsIdentity {
+            instance_id,
+            instance_type,
+            zone,
+            region,
+            network_interfaces,
+        })
+    }
+
+    async fn token(&self) -> Result<String, ImdsError> {
+        let path = "/latest/api/token";
+        let head = format!(
+            "PUT {path} HTTP/1.1\r\nHost: {}\r\nX-aws-ec2-metadata-token-ttl-seconds: \
+             {TOKEN_TTL_SECONDS}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.authority
+        );
+        let resp = match self.exchange(path, &head).await {
+            Err(ImdsError::Timeout { timeout, .. }) => {
+                return Err(ImdsError::TokenTimeout {
+                    endpoint: self.endpoint.clone(),
+                    timeout,
+                });
+            }
+            other => other?,
+        };
+        if resp.status != 200 || resp.body.trim().is_empty() {
+            return Err(ImdsError::Status {
+                path: path.into(),
+                status: resp.status,
+            });
+        }
+        Ok(resp.body.trim().to_string())
+    }
+
+    /// `Ok(None)` when the path does not exist (404): older instances lack `placement/region`.
+    async fn get(&self, token: &str, item: &str) -> Result<Option<String>, ImdsError> {
+        let path = format!("/latest/meta-data/{item}");
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nX-aws-ec2-metadata-token: {token}\r\n\
+             Connection: close\r\n\r\n",
+            self.authority
+        );
+        let resp = self.exchange(&path, &head).await?;
+        match resp.status {
+            200 => {
+                let value = resp.body.trim().to_string();
+                Ok((!value.is_empty()).then_some(value))
+            }
+            404 => Ok(None),
+            status => Err(ImdsError::Status { path, status }),
+        }
+    }
+
+    async fn exchange(&self, path: &str, head: &str) -> Result<Response, ImdsError> {
+        let io = async {
+            let mut stream =
+                TcpStream::connect(&self.authority)
+                    .await
+                    .map_err(|e| ImdsError::Unreachable {
+                        endpoint: self.endpoint.clone(),
+                        why: e.to_string(),
+                    })?;
+            let broken = |e: std::io::Error| ImdsError::Unreachable {
+                endpoint: self.endpoint.clone(),
+                why: e.to_string(),
+            };
+            stream.write_all(head.as_bytes()).await.map_err(broken)?;
+            let mut raw = Vec::new();
+            (&mut stream)
+                .take(MAX_RESPONSE as u64 + 1)
+                .read_to_end(&mut raw)
+                .await
+                .map_err(broken)?;
+            Ok(raw)
+        };
+        let raw =
+            tokio::time::timeout(self.timeout, io)
+                .await
+                .map_err(|_| ImdsError::Timeout {
+                    path: path.to_string(),
+                    timeout: self.timeout,
+                })??;
+        parse_response(&raw).map_err(|why| ImdsError::Malformed {
+            path: path.to_string(),
+            why,
+        })
+    }
+}
+
+fn parse_response(raw: &[u8]) -> Result<Response, String> {
+    if raw.len() > MAX_RESPONSE {
+        return Err(format!("longer than {MAX_RESPONSE} bytes"));
+    }
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no end of headers")?;
+    let head = std::str::from_utf8(&raw[..split]).map_err(|_| "headers are not UTF-8")?;
+    let mut body = &raw[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .strip_prefix("HTTP/1.")
+        .and_then(|s| s.get(2..5))
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let mut chunked = false;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            let n: usize = value.parse().map_err(|_| "bad Content-Length")?;
+            body = body
+                .get(..n)
+                .ok_or("body shorter than its Content-Length")?;
+        } else if name.eq_ignore_ascii_case("transfer-encoding")
+            && value.eq_ignore_ascii_case("chunked")
+        {
+            chunked = true;
+        }
+    }
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    let body = String::from_utf8(body).map_err(|_| "body is not UTF-8")?;
+    Ok(Response { status, body })
+}
+
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let eol = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("bad chunk")?;
+        let size_text = std::str::from_utf8(&raw[..eol]).map_err(|_| "bad chunk size")?;
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16).map_err(|_| "bad chunk size")?;
+        raw = &raw[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(raw.get(..size).ok_or("chunk shorter than its size")?);
+        raw = raw.get(size + 2..).ok_or("chunk without its CRLF")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let c = ImdsClient::new("http://169.254.169.254", Duration::from_secs(1)).unwrap();
+        assert_eq!(c.authority, "169.254.169.254:80");
+        let c = ImdsClient::new("http://127.0.0.1:8080/", Duration::from_secs(1)).unwrap();
+        assert_eq!(c.authority, "127.0.0.1:8080");
+        let c = ImdsClient::new("http://[fd00:ec2::254]", Duration::from_secs(1)).unwrap();
+        assert_eq!(c.authority, "[fd00:ec2::254]:80");
+        assert!(ImdsClient::new("https://169.254.169.254", Duration::from_secs(1)).is_err());
+        assert!(ImdsClient::new("http://h/latest", Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn responses() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "hello"));
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+            .unwrap();
+        assert_eq!(r.body, "abcde");
+        let r = parse_response(b"HTTP/1.0 401 Unauthorized\r\n\r\n").unwrap();
+        assert_eq!(r.status, 401);
+        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n").is_err());
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nab").is_err());
+    }
+
+    #[test]
+    fn token_timeout_names_the_hop_limit() {
+        let e = ImdsError::TokenTimeout {
+            endpoint: DEFAULT_ENDPOINT.into(),
+            timeout: Duration::from_secs(1),
+        };
+        assert!(e.to_string().contains("hop limit"));
+        assert!(e.to_string().contains("--node-id"));
+    }
+}
