@@ -94,6 +94,8 @@ pub struct ServeArgs {
     /// How long a stage waits for the volume's device to appear (never past the call's deadline).
     #[arg(long, env = "EBS_AGENT_DEVICE_WAIT", default_value = "30s", value_parser = parse_duration)]
     pub device_wait: Duration,
+    #[command(flatten)]
+    pub upstream: crate::upstream::UpstreamArgs,
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,

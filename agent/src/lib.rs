@@ -16,3 +16,4 @@ pub mod notify;
 pub mod request;
 pub mod server;
 pub mod status;
+pub mod upstream;

@@ -64,6 +64,8 @@ pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
+    let upstream =
+        crate::upstream::from_args(&args).map_err(|message| Fatal { code: 2, message })?;
     let mut allowed: Vec<PathBuf> = if args.allowed_path_prefixes.is_empty() {
         DEFAULT_PREFIXES.iter().map(PathBuf::from).collect()
     } else {
@@ -105,13 +107,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 info,
             )
         }
-        BackendKind::Ebs => {
-            return Err(Fatal {
-                code: 2,
-                message: "the ebs backend is not available in this build yet; use --backend loop"
-                    .into(),
-            });
-        }
+        // Placeholder until the ebs backend lands (branch `ebs`): node calls answer UNAVAILABLE.
+        BackendKind::Ebs => (
+            Arc::new(crate::backend::placeholder::NoDeviceDiscovery) as Arc<dyn Backend>,
+            None,
+            NodeInfoSource::missing("ebs node identity is not built in this branch".into()),
+        ),
     };
 
     let ctx = Arc::new(NodeCtx {
@@ -159,6 +160,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 controller: Arc::clone(controller),
             },
         ));
+    }
+    if let Some(upstream) = upstream {
+        let shim = Arc::new(grpc::shim::ControllerShim::new(upstream));
+        shim.check_at_start();
+        router = router.add_service(csi::controller_server::ControllerServer::from_arc(shim));
     }
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
