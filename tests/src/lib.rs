@@ -3,6 +3,7 @@
 //! detach loop devices and remove temp files).
 
 pub mod csi_req;
+pub mod fake_controller;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

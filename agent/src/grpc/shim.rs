@@ -12,7 +12,7 @@ use csi::controller_server::Controller;
 use ebs_proto::csi::v1 as csi;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
 use crate::upstream::Upstream;
 
@@ -128,11 +128,11 @@ fn backoff(failures: u32) -> Duration {
         .min(BACKOFF_MAX)
 }
 
-/// What a failed forward means: the upstream's own answer (passed on unchanged), a call ended on
-/// this side (deadline, cancel), or a broken link.
+/// What a failed forward means: the upstream's own answer (passed on unchanged), the caller's
+/// deadline passing, or a broken link (hyper's "canceled" included: the connection went away).
 enum Failure {
     Answered(Status),
-    Local(Status),
+    Deadline(Status),
     Link(String),
 }
 
@@ -143,23 +143,20 @@ fn classify(st: Status) -> Failure {
         return Failure::Answered(st);
     };
     let mut cause = Some(source);
-    let mut chain = Vec::new();
+    let mut chain = vec![st.message().to_string()];
     while let Some(e) = cause {
         if e.is::<tonic::TimeoutExpired>() {
-            return Failure::Local(Status::deadline_exceeded(
+            return Failure::Deadline(Status::deadline_exceeded(
                 "the call's deadline passed while the controller upstream was working on it",
             ));
         }
         let text = e.to_string();
-        if chain.last() != Some(&text) {
+        if !chain.contains(&text) {
             chain.push(text);
         }
         cause = e.source();
     }
-    if st.code() == Code::Cancelled {
-        return Failure::Local(st);
-    }
-    Failure::Link(format!("{}: {}", st.message(), chain.join(": ")))
+    Failure::Link(chain.join(": "))
 }
 
 pub struct ControllerShim {
@@ -233,7 +230,7 @@ impl ControllerShim {
                             self.link.succeeded(url);
                             Err(st)
                         }
-                        Failure::Local(st) => Err(st),
+                        Failure::Deadline(st) => Err(st),
                         Failure::Link(error) => {
                             let st = Status::unavailable(format!(
                                 "controller upstream {url} is unreachable: {error}"
@@ -310,6 +307,7 @@ forward_all! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Code;
 
     #[test]
     fn backoff_grows_and_caps() {
