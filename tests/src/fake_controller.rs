@@ -104,7 +104,13 @@ impl FakeController {
             tokio::time::sleep(d).await;
         }
         if let Some((code, message)) = error {
-            return Err(Status::new(code, message));
+            // Details and a trailer of its own, so tests can see that those pass through too.
+            let mut trailers = MetadataMap::new();
+            trailers.insert("x-upstream-error", "1".parse().expect("ascii"));
+            let details = tonic::codegen::Bytes::from(format!("details: {message}"));
+            return Err(Status::with_details_and_metadata(
+                code, message, details, trailers,
+            ));
         }
         let mut resp = Response::new(reply.unwrap_or_default());
         resp.metadata_mut()

@@ -439,6 +439,8 @@ async fn upstream_errors_come_back_unchanged() {
             .await
             .unwrap_err();
         assert_eq!((err.code(), err.message()), (code, message));
+        assert_eq!(err.details(), format!("details: {message}").as_bytes());
+        assert_eq!(err.metadata().get("x-upstream-error").unwrap(), "1");
     }
     // An upstream answer is not a broken link: the next call is forwarded at once.
     fake.fail("DeleteVolume", Code::Unavailable, "EC2 API throttled");

@@ -228,7 +228,13 @@ impl ControllerShim {
                     Err(st) => match classify(st) {
                         Failure::Answered(st) => {
                             self.link.succeeded(url);
-                            Err(st)
+                            // Code, message, details and the upstream's own trailers, unchanged.
+                            Err(Status::with_details_and_metadata(
+                                st.code(),
+                                st.message().to_string(),
+                                st.details().to_vec().into(),
+                                strip_hop_headers(st.metadata().clone()),
+                            ))
                         }
                         Failure::Deadline(st) => Err(st),
                         Failure::Link(error) => {
