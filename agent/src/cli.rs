@@ -135,6 +135,8 @@ pub struct ServeArgs {
     /// ebs: the longest pause between identity lookups while the identity is missing.
     #[arg(long, env = "EBS_AGENT_IDENTITY_RETRY_MAX", default_value = "60s", value_parser = parse_duration, hide = true)]
     pub identity_retry_max: Duration,
+    #[command(flatten)]
+    pub upstream: crate::upstream::UpstreamArgs,
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,

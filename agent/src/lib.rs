@@ -18,3 +18,4 @@ pub mod recover;
 pub mod request;
 pub mod server;
 pub mod status;
+pub mod upstream;

@@ -76,6 +76,8 @@ pub fn allowed_prefixes(args: &ServeArgs) -> Vec<PathBuf> {
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
+    let upstream =
+        crate::upstream::from_args(&args).map_err(|message| Fatal { code: 2, message })?;
     let allowed = allowed_prefixes(&args);
     let store = Arc::new(open_state(&args.state_dir)?);
     let fstools = FsTools::detect();
@@ -192,6 +194,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 controller: Arc::clone(controller),
             },
         ));
+    }
+    if let Some(upstream) = upstream {
+        let shim = Arc::new(grpc::shim::ControllerShim::new(upstream));
+        shim.check_at_start();
+        router = router.add_service(csi::controller_server::ControllerServer::from_arc(shim));
     }
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

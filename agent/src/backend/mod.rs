@@ -2,6 +2,7 @@
 
 pub mod ebs_pending;
 pub mod loopback;
+pub mod placeholder;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod controller;
 pub mod identity;
 pub mod node;
+pub mod shim;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
