@@ -94,6 +94,15 @@ pub struct ServeArgs {
     /// How long a stage waits for the volume's device to appear (never past the call's deadline).
     #[arg(long, env = "EBS_AGENT_DEVICE_WAIT", default_value = "30s", value_parser = parse_duration)]
     pub device_wait: Duration,
+    /// ebs: where sysfs is (a fixture tree in tests).
+    #[arg(long, env = "EBS_AGENT_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// ebs: where device nodes are (a fixture tree in tests).
+    #[arg(long, env = "EBS_AGENT_DEV_ROOT", default_value = "/dev")]
+    pub dev_root: PathBuf,
+    /// ebs: the NVMe controller model that marks an EBS volume (the QEMU lab: "QEMU NVMe Ctrl").
+    #[arg(long, env = "EBS_AGENT_EBS_MODEL", default_value = crate::backend::ebs::EBS_MODEL)]
+    pub ebs_model: String,
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,

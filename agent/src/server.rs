@@ -11,6 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::backend::Backend;
+use crate::backend::ebs::{EbsBackend, EbsConfig};
 use crate::backend::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
 use crate::cli::{BackendKind, ServeArgs};
 use crate::grpc;
@@ -106,11 +107,23 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             )
         }
         BackendKind::Ebs => {
-            return Err(Fatal {
-                code: 2,
-                message: "the ebs backend is not available in this build yet; use --backend loop"
-                    .into(),
+            let backend = EbsBackend::new(&EbsConfig {
+                sys_root: args.sysfs_root.clone(),
+                dev_root: args.dev_root.clone(),
+                model: args.ebs_model.clone(),
             });
+            // The EBS node identity (instance id, zone) is found elsewhere; here only --node-id.
+            let info = match &args.node_id {
+                Some(id) => NodeInfoSource::known(NodeInfo {
+                    node_id: id.clone(),
+                    max_volumes: 0,
+                    topology: HashMap::new(),
+                }),
+                None => NodeInfoSource::missing(
+                    "set --node-id (EBS_AGENT_NODE_ID) to this node's instance id".into(),
+                ),
+            };
+            (Arc::new(backend) as Arc<dyn Backend>, None, info)
         }
     };
 
