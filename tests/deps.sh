@@ -8,6 +8,7 @@ packages=(
   e2fsprogs xfsprogs util-linux         # runtime: mkfs/fsck/grow, mount helpers for tests
   gdisk fdisk lvm2 cryptsetup-bin       # tests: seed partition tables, LVM and LUKS signatures
   kmod                                  # modprobe loop
+  qemu-system-x86 busybox-static        # NVMe lab (tests/nvme-lab): a QEMU guest with NVMe disks
 )
 if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then
   read -r -a extra <<<"$EBS_EXTRA_PACKAGES"

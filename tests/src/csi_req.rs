@@ -42,15 +42,26 @@ impl Vol {
     }
 }
 
-pub async fn create_volume(agent: &Agent, name: &str, bytes: i64, params: &[(&str, &str)]) -> String {
+pub async fn create_volume(
+    agent: &Agent,
+    name: &str,
+    bytes: i64,
+    params: &[(&str, &str)],
+) -> String {
     let r = agent
         .controller()
         .await
         .create_volume(csi::CreateVolumeRequest {
             name: name.into(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
             volume_capabilities: vec![mount_cap("ext4", Mode::SingleNodeWriter)],
-            parameters: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            parameters: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..Default::default()
         })
         .await
@@ -95,7 +106,11 @@ pub async fn create_attached(agent: &Agent, name: &str, bytes: i64) -> Vol {
     attach(agent, &id).await
 }
 
-pub fn stage_req(vol: &Vol, staging: &Path, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
+pub fn stage_req(
+    vol: &Vol,
+    staging: &Path,
+    cap: csi::VolumeCapability,
+) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
         volume_id: vol.id.clone(),
         publish_context: vol.publish_context(),

@@ -205,7 +205,11 @@ impl Agent {
     pub async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("agent exited early ({status}); log:\n{}", self.log_text());
             }
             if let Ok(ch) = channel(&self.socket).await {

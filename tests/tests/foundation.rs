@@ -17,7 +17,11 @@ async fn identity_calls() {
     let scratch = Scratch::new("identity");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let mut id = agent.identity().await;
-    let info = id.get_plugin_info(csi::GetPluginInfoRequest {}).await.unwrap().into_inner();
+    let info = id
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.name, "ebs.csi.aws.com");
     assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
     let caps = id
@@ -43,7 +47,12 @@ async fn plugin_capabilities_are_the_same_in_every_mode() {
     for mode in ["all", "node", "controller"] {
         let scratch = Scratch::new(&format!("caps-{mode}"));
         let opts = AgentOpts {
-            args: vec!["--backend".into(), "loop".into(), "--mode".into(), mode.into()],
+            args: vec![
+                "--backend".into(),
+                "loop".into(),
+                "--mode".into(),
+                mode.into(),
+            ],
             ..Default::default()
         };
         let agent = Agent::start(&scratch, opts).await;
@@ -69,18 +78,36 @@ async fn loop_controller_cycle_is_idempotent() {
     let mut c = agent.controller().await;
     let create = csi::CreateVolumeRequest {
         name: "pvc-one".into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 64 << 20, limit_bytes: 0 }),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 64 << 20,
+            limit_bytes: 0,
+        }),
         volume_capabilities: vec![mount_cap("ext4", Mode::SingleNodeWriter)],
         parameters: [("fsType".to_string(), "xfs".to_string())].into(),
         ..Default::default()
     };
-    let v1 = c.create_volume(create.clone()).await.unwrap().into_inner().volume.unwrap();
-    let v2 = c.create_volume(create.clone()).await.unwrap().into_inner().volume.unwrap();
+    let v1 = c
+        .create_volume(create.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let v2 = c
+        .create_volume(create.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(v1, v2, "CreateVolume twice gives the same volume");
     assert_eq!(v1.capacity_bytes, 64 << 20);
     assert_eq!(v1.volume_context["fsType"], "xfs");
     let mut bigger = create.clone();
-    bigger.capacity_range = Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 });
+    bigger.capacity_range = Some(csi::CapacityRange {
+        required_bytes: 1 << 30,
+        limit_bytes: 0,
+    });
     let err = c.create_volume(bigger).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::AlreadyExists);
 
@@ -91,45 +118,87 @@ async fn loop_controller_cycle_is_idempotent() {
         volume_capability: Some(mount_cap("ext4", Mode::SingleNodeWriter)),
         ..Default::default()
     };
-    let p1 = c.controller_publish_volume(publish.clone()).await.unwrap().into_inner();
-    let p2 = c.controller_publish_volume(publish.clone()).await.unwrap().into_inner();
+    let p1 = c
+        .controller_publish_volume(publish.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let p2 = c
+        .controller_publish_volume(publish.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(p1, p2);
     let dev = p1.publish_context["devicePath"].clone();
-    let size = Command::new("blockdev").args(["--getsize64", &dev]).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&size.stdout).trim(), (64u64 << 20).to_string());
+    let size = Command::new("blockdev")
+        .args(["--getsize64", &dev])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&size.stdout).trim(),
+        (64u64 << 20).to_string()
+    );
     let name = dev.trim_start_matches("/dev/");
     assert!(std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).is_ok());
 
     let mut other = publish.clone();
     other.node_id = "some-other-node".into();
-    assert_eq!(c.controller_publish_volume(other).await.unwrap_err().code(), tonic::Code::NotFound);
+    assert_eq!(
+        c.controller_publish_volume(other).await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
 
     let listed = c
-        .list_volumes(csi::ListVolumesRequest { max_entries: 0, starting_token: String::new() })
+        .list_volumes(csi::ListVolumesRequest {
+            max_entries: 0,
+            starting_token: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(listed.entries.len(), 1);
-    assert_eq!(listed.entries[0].status.as_ref().unwrap().published_node_ids, vec![node.clone()]);
+    assert_eq!(
+        listed.entries[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .published_node_ids,
+        vec![node.clone()]
+    );
 
-    let del = csi::DeleteVolumeRequest { volume_id: v1.volume_id.clone(), ..Default::default() };
-    assert_eq!(c.delete_volume(del.clone()).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    let del = csi::DeleteVolumeRequest {
+        volume_id: v1.volume_id.clone(),
+        ..Default::default()
+    };
+    assert_eq!(
+        c.delete_volume(del.clone()).await.unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
 
     let unpublish = csi::ControllerUnpublishVolumeRequest {
         volume_id: v1.volume_id.clone(),
         node_id: node.clone(),
         ..Default::default()
     };
-    c.controller_unpublish_volume(unpublish.clone()).await.unwrap();
+    c.controller_unpublish_volume(unpublish.clone())
+        .await
+        .unwrap();
     c.controller_unpublish_volume(unpublish).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).is_ok() {
-        assert!(std::time::Instant::now() < deadline, "loop device still attached");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "loop device still attached"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     c.delete_volume(del.clone()).await.unwrap();
     c.delete_volume(del).await.unwrap();
-    let listed = c.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    let listed = c
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(listed.entries.is_empty());
 }
 
@@ -149,12 +218,19 @@ async fn list_volumes_pages_and_validate_capabilities() {
     let mut token = String::new();
     loop {
         let page = c
-            .list_volumes(csi::ListVolumesRequest { max_entries: 2, starting_token: token.clone() })
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries: 2,
+                starting_token: token.clone(),
+            })
             .await
             .unwrap()
             .into_inner();
         assert!(page.entries.len() <= 2);
-        seen.extend(page.entries.iter().map(|e| e.volume.as_ref().unwrap().volume_id.clone()));
+        seen.extend(
+            page.entries
+                .iter()
+                .map(|e| e.volume.as_ref().unwrap().volume_id.clone()),
+        );
         if page.next_token.is_empty() {
             break;
         }
@@ -164,7 +240,10 @@ async fn list_volumes_pages_and_validate_capabilities() {
     seen.sort();
     assert_eq!(ids, seen);
     let bad = c
-        .list_volumes(csi::ListVolumesRequest { max_entries: 2, starting_token: "nope".into() })
+        .list_volumes(csi::ListVolumesRequest {
+            max_entries: 2,
+            starting_token: "nope".into(),
+        })
         .await
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::Aborted);
@@ -198,7 +277,11 @@ async fn list_volumes_pages_and_validate_capabilities() {
         .await
         .unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound);
-    let cap = c.get_capacity(csi::GetCapacityRequest::default()).await.unwrap().into_inner();
+    let cap = c
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(cap.available_capacity > 0);
 }
 
@@ -212,8 +295,20 @@ fn serve_output(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn bad_endpoints_fail_fast_with_exit_code_2() {
-    for ep in ["tcp://127.0.0.1:9000", "unix://relative.sock", "unix:///tmp/x/csi", "/tmp/x.sock"] {
-        let out = serve_output(&["--backend", "loop", "--endpoint", ep, "--state-dir", "/nonexistent"]);
+    for ep in [
+        "tcp://127.0.0.1:9000",
+        "unix://relative.sock",
+        "unix:///tmp/x/csi",
+        "/tmp/x.sock",
+    ] {
+        let out = serve_output(&[
+            "--backend",
+            "loop",
+            "--endpoint",
+            ep,
+            "--state-dir",
+            "/nonexistent",
+        ]);
         assert_eq!(out.status.code(), Some(2), "{ep}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("endpoint"), "{ep}: {err}");
@@ -229,14 +324,23 @@ async fn second_agent_on_same_socket_is_refused() {
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let other_state = scratch.join("state2");
     let out = serve_output(&[
-        "--backend", "loop", "--endpoint", &agent.endpoint(), "--state-dir",
+        "--backend",
+        "loop",
+        "--endpoint",
+        &agent.endpoint(),
+        "--state-dir",
         other_state.to_str().unwrap(),
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already serving"), "{err}");
     // The first agent still answers.
-    agent.identity().await.probe(csi::ProbeRequest {}).await.unwrap();
+    agent
+        .identity()
+        .await
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -248,8 +352,12 @@ async fn second_agent_on_same_state_dir_is_refused() {
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let sock = scratch.join("other.sock");
     let out = serve_output(&[
-        "--backend", "loop", "--endpoint", &format!("unix://{}", sock.display()),
-        "--state-dir", agent.state_dir.to_str().unwrap(),
+        "--backend",
+        "loop",
+        "--endpoint",
+        &format!("unix://{}", sock.display()),
+        "--state-dir",
+        agent.state_dir.to_str().unwrap(),
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
@@ -261,8 +369,12 @@ fn unwritable_state_dir_fails_fast() {
     let state = unwritable_dir(&scratch);
     let sock = scratch.join("csi.sock");
     let out = serve_output(&[
-        "--backend", "loop", "--endpoint", &format!("unix://{}", sock.display()),
-        "--state-dir", state.to_str().unwrap(),
+        "--backend",
+        "loop",
+        "--endpoint",
+        &format!("unix://{}", sock.display()),
+        "--state-dir",
+        state.to_str().unwrap(),
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -293,5 +405,10 @@ async fn stale_socket_is_replaced() {
     agent.kill();
     assert!(agent.socket.exists(), "SIGKILL leaves the socket behind");
     agent.spawn().await;
-    agent.identity().await.probe(csi::ProbeRequest {}).await.unwrap();
+    agent
+        .identity()
+        .await
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap();
 }

@@ -76,7 +76,11 @@ pub fn is_hidden_path(name: &str, sys_path: &Path) -> bool {
     };
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     match rest.split_once('c') {
-        Some((a, b)) => digits(a) && b.split_once('n').is_some_and(|(c, n)| digits(c) && digits(n)),
+        Some((a, b)) => {
+            digits(a)
+                && b.split_once('n')
+                    .is_some_and(|(c, n)| digits(c) && digits(n))
+        }
         None => false,
     }
 }
@@ -152,9 +156,8 @@ pub fn disk_of<'a>(disks: &'a [Disk], dev_root: &Path, node: &Path) -> Option<&'
         );
         return disks.iter().find(|d| d.dev == Some(numbers)).or_else(|| {
             disks.iter().find(|d| {
-                children(&d.sys_path).any(|p| {
-                    read_attr(&p.join("dev")).and_then(|v| parse_dev(&v)) == Some(numbers)
-                })
+                children(&d.sys_path)
+                    .any(|p| read_attr(&p.join("dev")).and_then(|v| parse_dev(&v)) == Some(numbers))
             })
         });
     }

@@ -37,7 +37,11 @@ impl Fixture {
 
     /// A tree at `root`, left in place (the caller owns the directory).
     pub fn at(root: &Path) -> io::Result<Self> {
-        for d in ["sys/block", "sys/devices/virtual/nvme-subsystem", "dev/disk/by-id"] {
+        for d in [
+            "sys/block",
+            "sys/devices/virtual/nvme-subsystem",
+            "dev/disk/by-id",
+        ] {
             std::fs::create_dir_all(root.join(d))?;
         }
         Ok(Fixture {
@@ -55,8 +59,10 @@ impl Fixture {
     }
 
     fn pci_controller(&self, ctrl: u32) -> PathBuf {
-        self.sys_root()
-            .join(format!("devices/pci0000:00/0000:00:{:02x}.0/nvme/nvme{ctrl}", ctrl + 4))
+        self.sys_root().join(format!(
+            "devices/pci0000:00/0000:00:{:02x}.0/nvme/nvme{ctrl}",
+            ctrl + 4
+        ))
     }
 
     /// Writes a controller's identify attributes; `None` leaves `serial` out.
@@ -71,7 +77,14 @@ impl Fixture {
 
     /// A namespace directory with `dev`, `nsid` and a `device` link; published in
     /// `/sys/block` last, so a scanning reader never sees half of it.
-    fn namespace(&self, dir: &Path, device: &Path, name: &str, ns: u32, minor: u32) -> io::Result<()> {
+    fn namespace(
+        &self,
+        dir: &Path,
+        device: &Path,
+        name: &str,
+        ns: u32,
+        minor: u32,
+    ) -> io::Result<()> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("dev"), format!("259:{minor}\n"))?;
         std::fs::write(dir.join("nsid"), format!("{ns}\n"))?;
@@ -81,7 +94,13 @@ impl Fixture {
     }
 
     /// A plain NVMe controller `nvme<ctrl>` with namespaces `nvme<ctrl>n<ns>` (EBS's layout).
-    pub fn nvme(&self, ctrl: u32, serial: Option<&str>, model: &str, namespaces: &[u32]) -> io::Result<Vec<String>> {
+    pub fn nvme(
+        &self,
+        ctrl: u32,
+        serial: Option<&str>,
+        model: &str,
+        namespaces: &[u32],
+    ) -> io::Result<Vec<String>> {
         let c = self.pci_controller(ctrl);
         Self::controller_attrs(&c, serial, model)?;
         let mut names = Vec::new();
@@ -95,10 +114,19 @@ impl Fixture {
 
     /// Native NVMe multipath: the visible head `nvme<subsys>n<ns>` lives under the subsystem,
     /// whose attributes repeat the controller's; the per-path `nvme<subsys>c<ctrl>n<ns>` is hidden.
-    pub fn nvme_multipath(&self, subsys: u32, ctrl: u32, serial: &str, model: &str, ns: u32) -> io::Result<String> {
+    pub fn nvme_multipath(
+        &self,
+        subsys: u32,
+        ctrl: u32,
+        serial: &str,
+        model: &str,
+        ns: u32,
+    ) -> io::Result<String> {
         let c = self.pci_controller(ctrl);
         Self::controller_attrs(&c, Some(serial), model)?;
-        let s = self.sys_root().join(format!("devices/virtual/nvme-subsystem/nvme-subsys{subsys}"));
+        let s = self.sys_root().join(format!(
+            "devices/virtual/nvme-subsystem/nvme-subsys{subsys}"
+        ));
         std::fs::create_dir_all(&s)?;
         std::fs::write(s.join("serial"), pad40(serial))?;
         std::fs::write(s.join("model"), pad40(model))?;
@@ -129,7 +157,11 @@ impl Fixture {
     /// Partition `number` of `disk`, named as the kernel names it.
     pub fn partition(&self, disk: &str, number: u32) -> io::Result<String> {
         let dir = std::fs::canonicalize(self.sys_root().join("block").join(disk))?;
-        let sep = if disk.ends_with(|c: char| c.is_ascii_digit()) { "p" } else { "" };
+        let sep = if disk.ends_with(|c: char| c.is_ascii_digit()) {
+            "p"
+        } else {
+            ""
+        };
         let name = format!("{disk}{sep}{number}");
         let p = dir.join(&name);
         std::fs::create_dir_all(&p)?;

@@ -64,7 +64,11 @@ pub struct Seen {
 
 /// Links that claim to be the volume: the given devicePath and by-id names carrying the serial.
 fn claiming_links(devices: &dyn BlockDevices, want: &Wanted<'_>) -> Vec<PathBuf> {
-    let mut links: Vec<PathBuf> = want.device_path.map(Path::to_path_buf).into_iter().collect();
+    let mut links: Vec<PathBuf> = want
+        .device_path
+        .map(Path::to_path_buf)
+        .into_iter()
+        .collect();
     let by_id = devices.dev_root().join("disk/by-id");
     if let Ok(entries) = std::fs::read_dir(&by_id) {
         for e in entries.flatten() {
@@ -102,17 +106,27 @@ pub fn look(devices: &dyn BlockDevices, want: &Wanted<'_>) -> Result<Look<Resolv
     let dev_root = devices.dev_root();
     let mut matches: Vec<&Disk> = disks
         .iter()
-        .filter(|d| d.serial.as_deref() == Some(want.serial) && d.model.as_deref() == Some(want.model))
+        .filter(|d| {
+            d.serial.as_deref() == Some(want.serial) && d.model.as_deref() == Some(want.model)
+        })
         .collect();
     // A controller has one namespace on EBS; if one shows several, namespace 1 is the volume.
     if matches.len() > 1 {
-        let first: Vec<&Disk> = matches.iter().copied().filter(|d| d.nsid == Some(1)).collect();
+        let first: Vec<&Disk> = matches
+            .iter()
+            .copied()
+            .filter(|d| d.nsid == Some(1))
+            .collect();
         if first.len() != 1 {
             return Err(Error::Precondition(format!(
                 "volume {} (serial {}) matches several devices: {}; refusing to guess",
                 want.volume,
                 want.serial,
-                matches.iter().map(|d| d.describe()).collect::<Vec<_>>().join(", ")
+                matches
+                    .iter()
+                    .map(|d| d.describe())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
         matches = first;
@@ -159,7 +173,8 @@ pub fn look(devices: &dyn BlockDevices, want: &Wanted<'_>) -> Result<Look<Resolv
             Some(n) => match partition_node(disk, dev_root, n) {
                 Some(p) => p,
                 None => {
-                    seen.partition_missing = Some(format!("{} has no partition {n}", disk.describe()));
+                    seen.partition_missing =
+                        Some(format!("{} has no partition {n}", disk.describe()));
                     return Ok(Look::NotYet(seen));
                 }
             },

@@ -58,12 +58,9 @@ impl EbsBackend {
     }
 
     fn disks(&self) -> std::result::Result<Vec<Disk>, String> {
-        self.devices.disks().map_err(|e| {
-            format!(
-                "listing {}/block: {e}",
-                self.devices.sys_root().display()
-            )
-        })
+        self.devices
+            .disks()
+            .map_err(|e| format!("listing {}/block: {e}", self.devices.sys_root().display()))
     }
 }
 
@@ -89,15 +86,14 @@ impl Backend for EbsBackend {
             partition,
         };
         let started = Instant::now();
-        let mut looks = 0u32;
-        let outcome = wait::until_found(deadline, || {
-            looks += 1;
+        let mut stats = wait::WaitStats::default();
+        let outcome = wait::until_found(deadline, &mut stats, || {
             lookup::look(self.devices.as_ref(), &want)
         })?;
         match outcome {
             Ok(device) => {
-                tracing::info!(volume = %volume, device = %device.path.display(), looks,
-                    ms = started.elapsed().as_millis() as u64, "device resolved");
+                tracing::info!(volume = %volume, device = %device.path.display(), looks = stats.looks,
+                    uevents = stats.uevents, ms = started.elapsed().as_millis() as u64, "device resolved");
                 Ok(device)
             }
             Err(seen) => Err(lookup::not_found(&want, started.elapsed(), seen)),
@@ -133,9 +129,10 @@ impl Backend for EbsBackend {
 
     fn refresh_size(&self, device: &Path) -> Result<()> {
         let disks = self.disks().map_err(Error::Internal)?;
-        let disk = discovery::disk_of(&disks, self.devices.dev_root(), device).ok_or_else(|| {
-            Error::NotFound(format!("{} is no disk the kernel shows", device.display()))
-        })?;
+        let disk =
+            discovery::disk_of(&disks, self.devices.dev_root(), device).ok_or_else(|| {
+                Error::NotFound(format!("{} is no disk the kernel shows", device.display()))
+            })?;
         let controllers = discovery::controllers_of(disk);
         if controllers.is_empty() {
             // Xen block devices pick up a new size by themselves.

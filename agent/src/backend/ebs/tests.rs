@@ -32,9 +32,16 @@ fn resolve_with(
     wait: Duration,
 ) -> Result<ResolvedDevice> {
     let map = |kv: &[(&str, &str)]| -> HashMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     };
-    backend(f).resolve(&vol(VOL), &map(publish), &map(volume_ctx), Instant::now() + wait)
+    backend(f).resolve(
+        &vol(VOL),
+        &map(publish),
+        &map(volume_ctx),
+        Instant::now() + wait,
+    )
 }
 
 fn resolve(f: &Fixture) -> Result<ResolvedDevice> {
@@ -53,7 +60,8 @@ fn ebs_and_instance_store_side_by_side() {
     f.nvme(0, Some(OTHER), EBS_MODEL, &[1]).unwrap(); // root volume
     // An instance-store disk that (absurdly) carries the volume's serial is still never matched.
     f.nvme(1, Some(SERIAL), INSTANCE_STORE_MODEL, &[1]).unwrap();
-    f.nvme(2, Some("AWS1A2B3C4D5E6F7"), INSTANCE_STORE_MODEL, &[1]).unwrap();
+    f.nvme(2, Some("AWS1A2B3C4D5E6F7"), INSTANCE_STORE_MODEL, &[1])
+        .unwrap();
     f.nvme(3, Some(SERIAL), EBS_MODEL, &[1]).unwrap();
     let dev = resolve(&f).unwrap();
     assert_eq!(dev.path, f.dev_root().join("nvme3n1"));
@@ -75,7 +83,11 @@ fn native_multipath_layout_uses_the_head_and_skips_hidden_paths() {
     let head = f.nvme_multipath(1, 1, SERIAL, EBS_MODEL, 1).unwrap();
     let disks = SysfsDisks::new(f.sys_root(), f.dev_root()).disks().unwrap();
     let names: Vec<&str> = disks.iter().map(|d| d.name.as_str()).collect();
-    assert_eq!(names, ["nvme0n1", "nvme1n1"], "hidden nvmeXcYnZ paths are skipped");
+    assert_eq!(
+        names,
+        ["nvme0n1", "nvme1n1"],
+        "hidden nvmeXcYnZ paths are skipped"
+    );
     let dev = resolve(&f).unwrap();
     assert_eq!(dev.path, f.dev_root().join(&head));
     // Growing rescans the controllers behind the subsystem.
@@ -99,10 +111,18 @@ fn a_missing_serial_is_never_the_volume() {
     f.nvme(0, None, EBS_MODEL, &[1]).unwrap();
     let err = resolve(&f).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("nvme0n1 (Amazon Elastic Block Store, no serial)"), "{text}");
+    assert!(
+        text.contains("nvme0n1 (Amazon Elastic Block Store, no serial)"),
+        "{text}"
+    );
     // A serial-less disk behind devicePath is not taken on faith where EBS controllers exist.
     let link = f.link("xvdba", "nvme0n1").unwrap();
-    let err = resolve_with(&f, &[("devicePath", link.to_str().unwrap())], &[], Duration::ZERO);
+    let err = resolve_with(
+        &f,
+        &[("devicePath", link.to_str().unwrap())],
+        &[],
+        Duration::ZERO,
+    );
     assert!(err.is_err());
 }
 
@@ -112,15 +132,28 @@ fn a_stale_device_path_link_is_refused() {
     f.nvme(0, Some(OTHER), EBS_MODEL, &[1]).unwrap();
     f.nvme(1, Some(SERIAL), EBS_MODEL, &[1]).unwrap();
     let link = f.link("xvdba", "nvme0n1").unwrap();
-    let err = resolve_with(&f, &[("devicePath", link.to_str().unwrap())], &[], Duration::ZERO)
-        .unwrap_err();
+    let err = resolve_with(
+        &f,
+        &[("devicePath", link.to_str().unwrap())],
+        &[],
+        Duration::ZERO,
+    )
+    .unwrap_err();
     assert_eq!(status(&err).code(), tonic::Code::FailedPrecondition);
     let text = err.to_string();
-    assert!(text.contains("xvdba") && text.contains(OTHER) && text.contains("stale"), "{text}");
+    assert!(
+        text.contains("xvdba") && text.contains(OTHER) && text.contains("stale"),
+        "{text}"
+    );
     assert!(text.contains("nothing was formatted or mounted"), "{text}");
     // The same link pointing at the right device is followed.
     f.link("xvdba", "nvme1n1").unwrap();
-    let dev = resolve_with(&f, &[("devicePath", link.to_str().unwrap())], &[], Duration::ZERO);
+    let dev = resolve_with(
+        &f,
+        &[("devicePath", link.to_str().unwrap())],
+        &[],
+        Duration::ZERO,
+    );
     assert_eq!(dev.unwrap().path, f.dev_root().join("nvme1n1"));
 }
 
@@ -129,8 +162,11 @@ fn a_stale_by_id_link_is_refused_even_without_device_path() {
     let f = Fixture::temp("stale-by-id").unwrap();
     f.nvme(0, Some(OTHER), EBS_MODEL, &[1]).unwrap();
     f.nvme(1, Some(SERIAL), EBS_MODEL, &[1]).unwrap();
-    f.link(&format!("disk/by-id/nvme-Amazon_Elastic_Block_Store_{SERIAL}"), "../../nvme0n1")
-        .unwrap();
+    f.link(
+        &format!("disk/by-id/nvme-Amazon_Elastic_Block_Store_{SERIAL}"),
+        "../../nvme0n1",
+    )
+    .unwrap();
     let err = resolve(&f).unwrap_err();
     assert_eq!(status(&err).code(), tonic::Code::FailedPrecondition);
     assert!(err.to_string().contains("by-id"), "{err}");
@@ -140,7 +176,12 @@ fn a_stale_by_id_link_is_refused_even_without_device_path() {
 fn device_path_that_does_not_exist_yet_does_not_matter() {
     let f = Fixture::temp("absent-link").unwrap();
     f.nvme(0, Some(SERIAL), EBS_MODEL, &[1]).unwrap();
-    let dev = resolve_with(&f, &[("devicePath", "/dev/xvdzz-not-here")], &[], Duration::ZERO);
+    let dev = resolve_with(
+        &f,
+        &[("devicePath", "/dev/xvdzz-not-here")],
+        &[],
+        Duration::ZERO,
+    );
     assert_eq!(dev.unwrap().path, f.dev_root().join("nvme0n1"));
 }
 
@@ -150,11 +191,20 @@ fn xen_uses_the_given_path_unverified() {
     f.xen("xvda", 0).unwrap();
     f.xen("xvdba", 1).unwrap();
     let given = f.dev_root().join("xvdba");
-    let dev = resolve_with(&f, &[("devicePath", given.to_str().unwrap())], &[], Duration::ZERO)
-        .unwrap();
+    let dev = resolve_with(
+        &f,
+        &[("devicePath", given.to_str().unwrap())],
+        &[],
+        Duration::ZERO,
+    )
+    .unwrap();
     assert_eq!(dev.path, given);
     assert_eq!(dev.identity, DeviceIdentity::Unverified);
-    assert!(backend(&f).still_is(&given, &DeviceIdentity::Unverified).is_ok());
+    assert!(
+        backend(&f)
+            .still_is(&given, &DeviceIdentity::Unverified)
+            .is_ok()
+    );
 }
 
 #[test]
@@ -204,12 +254,24 @@ fn a_device_that_never_appears_gives_a_clean_error_at_the_deadline() {
     let f = Fixture::temp("never").unwrap();
     f.nvme(0, Some(OTHER), EBS_MODEL, &[1]).unwrap();
     let started = Instant::now();
-    let err = resolve_with(&f, &[("devicePath", "/dev/xvdba")], &[], Duration::from_secs(1))
-        .unwrap_err();
+    let err = resolve_with(
+        &f,
+        &[("devicePath", "/dev/xvdba")],
+        &[],
+        Duration::from_secs(1),
+    )
+    .unwrap_err();
     assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!(status(&err).code(), tonic::Code::FailedPrecondition);
     let text = err.to_string();
-    for part in [VOL, SERIAL, "did not appear within 1.", OTHER, "/dev/xvdba does not exist", "Check that"] {
+    for part in [
+        VOL,
+        SERIAL,
+        "did not appear within 1.",
+        OTHER,
+        "/dev/xvdba does not exist",
+        "Check that",
+    ] {
         assert!(text.contains(part), "{part:?} missing from: {text}");
     }
 }

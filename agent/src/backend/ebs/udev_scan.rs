@@ -37,7 +37,10 @@ impl BlockDevices for UdevDisks {
             if is_hidden_path(&name, &sys_path) {
                 continue;
             }
-            let attr = |a: &str| dev.attribute_value(a).and_then(|v| clean(&v.to_string_lossy()));
+            let attr = |a: &str| {
+                dev.attribute_value(a)
+                    .and_then(|v| clean(&v.to_string_lossy()))
+            };
             out.push(Disk {
                 dev: dev.devnum().map(|n| {
                     (

@@ -62,15 +62,24 @@ pub enum Look<T, S> {
     NotYet(S),
 }
 
+/// How a wait went, for the log line of a resolve.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WaitStats {
+    pub looks: u32,
+    pub uevents: usize,
+}
+
 /// Looks until `look` finds something or `deadline` passes; returns the last "not yet" state so
 /// the caller can say what was seen. The uevent socket is opened after the first miss and before
 /// the second look, so an event between the two cannot be lost.
 pub fn until_found<T, S, E>(
     deadline: Instant,
+    stats: &mut WaitStats,
     mut look: impl FnMut() -> Result<Look<T, S>, E>,
 ) -> Result<Result<T, S>, E> {
     let mut watch: Option<UeventWatch> = None;
     loop {
+        stats.looks += 1;
         let seen = match look()? {
             Look::Found(t) => return Ok(Ok(t)),
             Look::NotYet(s) => s,
@@ -79,10 +88,16 @@ pub fn until_found<T, S, E>(
             return Ok(Err(seen));
         }
         match &mut watch {
-            None => watch = Some(UeventWatch::open()),
-            Some(w) => {
-                w.wait(deadline);
+            None => {
+                tracing::info!(
+                    wait_ms = deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_millis() as u64,
+                    "device not there yet; waiting for it (kernel uevents and rescans)"
+                );
+                watch = Some(UeventWatch::open());
             }
+            Some(w) => stats.uevents += w.wait(deadline),
         }
     }
 }
@@ -95,10 +110,11 @@ mod tests {
     fn gives_up_at_the_deadline_with_the_last_state() {
         let deadline = Instant::now() + Duration::from_millis(300);
         let mut looks = 0;
-        let r: Result<Result<(), u32>, ()> = until_found(deadline, || {
-            looks += 1;
-            Ok(Look::NotYet(looks))
-        });
+        let r: Result<Result<(), u32>, ()> =
+            until_found(deadline, &mut WaitStats::default(), || {
+                looks += 1;
+                Ok(Look::NotYet(looks))
+            });
         assert!(Instant::now() >= deadline);
         assert!(matches!(r, Ok(Err(n)) if n >= 2));
     }
@@ -106,15 +122,18 @@ mod tests {
     #[test]
     fn returns_as_soon_as_found() {
         let mut looks = 0;
-        let r: Result<Result<u32, ()>, ()> =
-            until_found(Instant::now() + Duration::from_secs(10), || {
+        let r: Result<Result<u32, ()>, ()> = until_found(
+            Instant::now() + Duration::from_secs(10),
+            &mut WaitStats::default(),
+            || {
                 looks += 1;
                 Ok(if looks == 3 {
                     Look::Found(looks)
                 } else {
                     Look::NotYet(())
                 })
-            });
+            },
+        );
         assert!(matches!(r, Ok(Ok(3))));
     }
 }
