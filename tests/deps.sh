@@ -9,6 +9,7 @@ packages=(
   gdisk fdisk lvm2 cryptsetup-bin       # tests: seed partition tables, LVM and LUKS signatures
   kmod                                  # modprobe loop
   systemd                               # tests: systemd-analyze verify on the shipped unit
+  qemu-system-x86 busybox-static        # NVMe lab (tests/nvme-lab): a QEMU guest with NVMe disks
 )
 if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then
   read -r -a extra <<<"$EBS_EXTRA_PACKAGES"

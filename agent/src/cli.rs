@@ -137,6 +137,12 @@ pub struct ServeArgs {
     pub identity_retry_max: Duration,
     #[command(flatten)]
     pub upstream: crate::upstream::UpstreamArgs,
+    /// ebs: where device nodes are (a fixture tree in tests).
+    #[arg(long, env = "EBS_AGENT_DEV_ROOT", default_value = "/dev")]
+    pub dev_root: PathBuf,
+    /// ebs: the NVMe controller model that marks an EBS volume (the QEMU lab: "QEMU NVMe Ctrl").
+    #[arg(long, env = "EBS_AGENT_EBS_MODEL", default_value = crate::backend::ebs::EBS_MODEL)]
+    pub ebs_model: String,
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,

@@ -11,6 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::backend::Backend;
+use crate::backend::ebs::{EbsBackend, EbsConfig};
 use crate::backend::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
 use crate::cli::{BackendKind, ServeArgs};
 use crate::grpc;
@@ -123,9 +124,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 let cfg = nodeinfo::sources::config_from_args(&args, &store).map_err(fatal)?;
                 nodeinfo::sources::spawn(cfg, Arc::clone(&info), Arc::clone(&health));
             }
-            // PLACEHOLDER: the `ebs` branch supplies the real backend at merge.
-            let backend = Arc::new(crate::backend::ebs_pending::EbsPending) as Arc<dyn Backend>;
-            (backend, None, info)
+            let backend = EbsBackend::new(&EbsConfig {
+                sys_root: args.sysfs_root.clone(),
+                dev_root: args.dev_root.clone(),
+                model: args.ebs_model.clone(),
+            });
+            (Arc::new(backend) as Arc<dyn Backend>, None, info)
         }
     };
 

@@ -1,8 +1,7 @@
 //! Backends turn a volume id into a block device and prove that the device is the volume.
 
-pub mod ebs_pending;
+pub mod ebs;
 pub mod loopback;
-pub mod placeholder;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,152 @@
+//! The EBS backend's node side: a volume is the NVMe namespace whose controller reports the EBS
+//! model and the volume id as its serial. Devices are found from the kernel's own view (sysfs),
+//! never from links alone, and a link that points at another serial refuses the call.
+
+pub mod discovery;
+pub mod fixture;
+mod lookup;
+mod udev_scan;
+pub mod wait;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ebs_store::DeviceIdentity;
+
+pub use discovery::{BlockDevices, Disk, SysfsDisks};
+pub use udev_scan::UdevDisks;
+
+use super::{Backend, ResolvedDevice};
+use crate::error::{Error, Result};
+use crate::request::VolumeId;
+use lookup::Wanted;
+
+/// The model string EBS controllers report.
+pub const EBS_MODEL: &str = "Amazon Elastic Block Store";
+
+/// Where to look, and for what controller model (the lab's QEMU reports `QEMU NVMe Ctrl`).
+#[derive(Clone, Debug)]
+pub struct EbsConfig {
+    pub sys_root: PathBuf,
+    pub dev_root: PathBuf,
+    pub model: String,
+}
+
+pub struct EbsBackend {
+    devices: Box<dyn BlockDevices>,
+    model: String,
+}
+
+impl EbsBackend {
+    /// On the real `/sys` disks are enumerated through libudev; any other root (a fixture tree)
+    /// is walked with plain file reads, which libudev cannot do.
+    pub fn new(config: &EbsConfig) -> Self {
+        let devices: Box<dyn BlockDevices> = if config.sys_root == Path::new("/sys") {
+            Box::new(UdevDisks::new(&config.dev_root))
+        } else {
+            Box::new(SysfsDisks::new(&config.sys_root, &config.dev_root))
+        };
+        Self::with_devices(devices, &config.model)
+    }
+
+    pub fn with_devices(devices: Box<dyn BlockDevices>, model: &str) -> Self {
+        EbsBackend {
+            devices,
+            model: model.to_string(),
+        }
+    }
+
+    fn disks(&self) -> std::result::Result<Vec<Disk>, String> {
+        self.devices
+            .disks()
+            .map_err(|e| format!("listing {}/block: {e}", self.devices.sys_root().display()))
+    }
+}
+
+impl Backend for EbsBackend {
+    fn resolve(
+        &self,
+        volume: &VolumeId,
+        publish_context: &HashMap<String, String>,
+        volume_context: &HashMap<String, String>,
+        deadline: Instant,
+    ) -> Result<ResolvedDevice> {
+        let serial = lookup::expected_serial(volume)?;
+        let partition = lookup::partition_of(volume_context)?;
+        let device_path = publish_context
+            .get("devicePath")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        let want = Wanted {
+            volume,
+            serial: &serial,
+            model: &self.model,
+            device_path: device_path.as_deref(),
+            partition,
+        };
+        let started = Instant::now();
+        let mut stats = wait::WaitStats::default();
+        let outcome = wait::until_found(deadline, &mut stats, || {
+            lookup::look(self.devices.as_ref(), &want)
+        })?;
+        match outcome {
+            Ok(device) => {
+                tracing::info!(volume = %volume, device = %device.path.display(), looks = stats.looks,
+                    uevents = stats.uevents, ms = started.elapsed().as_millis() as u64, "device resolved");
+                Ok(device)
+            }
+            Err(seen) => Err(lookup::not_found(&want, started.elapsed(), seen)),
+        }
+    }
+
+    fn still_is(
+        &self,
+        device: &Path,
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        match identity {
+            DeviceIdentity::NvmeSerial { serial } => {
+                let disks = self.disks()?;
+                let disk = discovery::disk_of(&disks, self.devices.dev_root(), device)
+                    .ok_or_else(|| format!("{} is no disk the kernel shows", device.display()))?;
+                match &disk.serial {
+                    Some(s) if s == serial => Ok(()),
+                    _ => Err(format!(
+                        "{} is now {}, not the device with serial {serial}",
+                        device.display(),
+                        disk.describe()
+                    )),
+                }
+            }
+            // Xen: nothing to compare; the device must at least still be there.
+            DeviceIdentity::Unverified => std::fs::metadata(device)
+                .map(|_| ())
+                .map_err(|e| format!("{}: {e}", device.display())),
+            other => Err(format!("unexpected identity {other:?} for an EBS volume")),
+        }
+    }
+
+    fn refresh_size(&self, device: &Path) -> Result<()> {
+        let disks = self.disks().map_err(Error::Internal)?;
+        let disk =
+            discovery::disk_of(&disks, self.devices.dev_root(), device).ok_or_else(|| {
+                Error::NotFound(format!("{} is no disk the kernel shows", device.display()))
+            })?;
+        let controllers = discovery::controllers_of(disk);
+        if controllers.is_empty() {
+            // Xen block devices pick up a new size by themselves.
+            tracing::info!(device = %device.display(), "no NVMe controller to rescan");
+            return Ok(());
+        }
+        for c in controllers {
+            let attr = c.join("rescan_controller");
+            std::fs::write(&attr, b"1")
+                .map_err(|e| Error::io(format!("writing {}", attr.display()), e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

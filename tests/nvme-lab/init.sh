@@ -1,0 +1,133 @@
+#!/bin/busybox sh
+# The NVMe lab guest's /init: print the NVMe disks the kernel shows, run the agent with the ebs
+# backend and drive the volume lifecycle through its client. Every result is one `LAB ...` line on
+# the serial console, which the host reads; the last is `LAB DONE pass=N fail=M`.
+/bin/busybox --install -s /bin
+export PATH=/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+. /lab.env
+
+pass=0
+fail=0
+ok() { echo "LAB ok   $*"; pass=$((pass + 1)); }
+bad() { echo "LAB FAIL $*"; fail=$((fail + 1)); }
+now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
+finish() {
+  kill "$agent_pid" 2>/dev/null
+  echo "LAB DONE pass=$pass fail=$fail"
+  [ "$fail" -ne 0 ] && tail -n 60 /tmp/agent.log | sed 's/^/LAB log /'
+  poweroff -f
+}
+trap finish EXIT
+serial_of() { tr -d ' ' <"$1" 2>/dev/null; }
+# The visible namespace whose controller has serial $1.
+ns_of() {
+  for d in /sys/block/nvme*; do
+    [ "$(cat "$d/hidden" 2>/dev/null)" = 1 ] && continue
+    [ "$(serial_of "$d/device/serial")" = "$1" ] && { echo "${d##*/}"; return 0; }
+  done
+  return 1
+}
+mounted() { grep -q " $1 " /proc/mounts; }
+# The ext4 superblock UUID (16 bytes at 1024 + 0x68); busybox-static has no blkid.
+fs_uuid() { dd if="$1" bs=1 skip=1128 count=16 2>/dev/null | hexdump -v -e '16/1 "%02x"'; }
+# Whether the first MiB is all zeros: nothing was ever written there.
+blank() { [ "$(dd if="$1" bs=64k count=16 2>/dev/null | tr -d '\000' | wc -c)" = 0 ]; }
+
+for d in /sys/block/*; do
+  echo "LAB disk ${d##*/} serial=$(serial_of "$d/device/serial") model=\"$(sed 's/ *$//' "$d/device/model" 2>/dev/null)\" hidden=$(cat "$d/hidden" 2>/dev/null) sysfs=$(readlink -f "$d" | cut -d/ -f3-5)"
+done
+
+A=/bin/ebs-node-agent
+EP=unix:///run/csi.sock
+C() { "$A" client --endpoint "$EP" "$@"; }
+"$A" serve --mode node --backend ebs --endpoint "$EP" --state-dir /var/lib/ebs-node-agent \
+  --node-id i-lab --ebs-model "$MODEL" --device-wait 20s >/tmp/agent.log 2>&1 &
+agent_pid=$!
+t0=$(now_ms)
+i=0
+until C --json identity probe 2>/dev/null | grep -q '"ready":true'; do
+  i=$((i + 1))
+  [ $i -gt 300 ] && { bad "agent not ready: $(tail -c 500 /tmp/agent.log)"; exit 1; }
+  sleep 0.05
+done
+ok "agent ready ($(($(now_ms) - t0)) ms)"
+
+s1=${V1#vol-}; s2=${V2#vol-}; s3=${V3#vol-}
+N1=$(ns_of "vol$s1"); N2=$(ns_of "vol$s2"); N3=$(ns_of "vol$s3")
+echo "LAB serials: $V1=$N1 $V2=$N2 $V3=$N3"
+ln -s "$N1" /dev/xvdba
+ln -s "$N2" /dev/xvdbb
+K=/var/lib/kubelet
+S=$K/plugins/kubernetes.io/csi/ebs.csi.aws.com/$V1/globalmount
+T=$K/pods/pod-1/volumes/kubernetes.io~csi/$V1/mount
+mkdir -p "$(dirname "$T")"
+
+# step NAME CMD...: runs a client call, expecting success, and reports its time.
+step() {
+  name=$1; shift
+  t=$(now_ms)
+  if "$@" >/tmp/out 2>&1; then ok "$name ($(($(now_ms) - t)) ms)"; return 0; fi
+  bad "$name: $(tail -c 400 /tmp/out)"
+  return 1
+}
+
+# A devicePath link to another volume's device: refused, nothing formatted or mounted.
+t=$(now_ms)
+if C node stage --id "$V1" --staging-path "$S" --publish-context devicePath=/dev/xvdbb >/tmp/out 2>&1; then
+  bad "stage through a link to the wrong serial was accepted"
+elif grep -q FailedPrecondition /tmp/out && ! mounted "$S" && blank "/dev/$N2" && blank "/dev/$N1"; then
+  ok "wrong serial refused ($(($(now_ms) - t)) ms): $(head -c 300 /tmp/out)"
+else
+  bad "wrong serial: unexpected outcome: $(head -c 400 /tmp/out)"
+fi
+
+step "stage $V1 via devicePath=/dev/xvdba" C node stage --id "$V1" --staging-path "$S" --publish-context devicePath=/dev/xvdba
+if grep -q "^/dev/$N1 $S ext4" /proc/mounts; then ok "staged: /dev/$N1 on $S (ext4)"; else bad "not mounted: $(grep kubelet /proc/mounts)"; fi
+uuid1=$(fs_uuid "/dev/$N1")
+step "publish" C node publish --id "$V1" --staging-path "$S" --target-path "$T"
+echo "hello from $V1" >"$T/data" && sync && ok "write through the target path" || bad "write failed"
+step "unpublish" C node unpublish --id "$V1" --target-path "$T"
+step "unstage" C node unstage --id "$V1" --staging-path "$S"
+if mounted "$S" || mounted "$T"; then bad "still mounted after unstage"; else ok "nothing mounted after unstage"; fi
+step "restage $V1 (no devicePath)" C node stage --id "$V1" --staging-path "$S"
+uuid2=$(fs_uuid "/dev/$N1")
+if [ -n "$uuid1" ] && [ "$uuid1" != 00000000000000000000000000000000 ] && [ "$uuid1" = "$uuid2" ] && [ "$(cat "$S/data" 2>/dev/null)" = "hello from $V1" ]; then
+  ok "restage kept the filesystem (UUID $uuid2) and the data"
+else
+  bad "restage: UUID $uuid1 -> $uuid2, data: $(cat "$S/data" 2>&1)"
+fi
+formats=$(grep -c 'formatted.*uuid' /tmp/agent.log)
+[ "$formats" = 1 ] && ok "formatted once in the whole run" || bad "formatted $formats times"
+step "unstage again" C node unstage --id "$V1" --staging-path "$S"
+
+# Hot-plug: the volume's controller leaves the PCI bus, stage starts waiting, the bus is rescanned,
+# the kernel's uevent wakes the wait.
+ctrl=
+for c in /sys/class/nvme/nvme*; do [ "$(serial_of "$c/serial")" = "vol$s3" ] && ctrl=$c; done
+pci=$(readlink -f "$ctrl/device")
+echo 1 >"$pci/remove"
+sleep 0.3
+if ns_of "vol$s3" >/dev/null; then bad "$V3 still visible after removal"; fi
+S3=$K/plugins/kubernetes.io/csi/ebs.csi.aws.com/$V3/globalmount
+t=$(now_ms)
+(C node stage --id "$V3" --staging-path "$S3" >/tmp/out3 2>&1; echo $? >/tmp/rc3) &
+stage_pid=$!
+# Rescan only once the agent is waiting (client start-up under TCG takes seconds).
+i=0
+until grep -q 'device not there yet' /tmp/agent.log || [ $i -gt 400 ]; do sleep 0.05; i=$((i + 1)); done
+sleep 0.5
+echo 1 >/sys/bus/pci/rescan
+wait "$stage_pid"
+took=$(($(now_ms) - t))
+if [ "$(cat /tmp/rc3)" = 0 ] && mounted "$S3" && grep -q "device resolved volume=$V3 .*looks=[2-9]" /tmp/agent.log; then
+  ok "hot-plugged $V3: stage waited, the rescan's uevent woke it: staged on $(ns_of "vol$s3") in $took ms"
+else
+  bad "hot-plug: rc=$(cat /tmp/rc3) after $took ms: $(tail -c 400 /tmp/out3)"
+fi
+step "unstage $V3" C node unstage --id "$V3" --staging-path "$S3"
+grep 'device resolved' /tmp/agent.log | sed 's/^.*INFO //' | sed 's/^/LAB resolve /'

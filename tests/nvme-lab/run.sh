@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The NVMe lab: boots a throwaway QEMU guest (software emulation, KVM is not usable here) whose NVMe
+# disks carry EBS-style serials, runs ebs-node-agent with the ebs backend inside and drives
+# stage -> publish -> write -> unpublish -> unstage -> restage, a wrong-serial refusal, a missing
+# volume and a hot-plugged one through `ebs-node-agent client`. Prints the guest's LAB lines and
+# exits 0 only when every step passed (3: a prerequisite is missing).
+#
+# Usage: tests/nvme-lab/run.sh [AGENT_BINARY]   (default: target/debug/ebs-node-agent)
+# Env:   LAB_TIMEOUT   seconds the guest may run (default 180)
+#        LAB_MULTIPATH Y: native NVMe multipath layout (QEMU sets the multipath bit), N: plain
+#        LAB_CACHE     where the fetched kernel is kept (default target/nvme-lab)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+agent=${1:-$repo/target/debug/ebs-node-agent}
+cache=${LAB_CACHE:-$repo/target/nvme-lab}
+timeout_s=${LAB_TIMEOUT:-180}
+multipath=${LAB_MULTIPATH:-Y}
+busybox=/bin/busybox
+
+missing() { echo "nvme-lab: $*" >&2; exit 3; }
+command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
+ldd "$busybox" >/dev/null 2>&1 && missing "$busybox is not static (apt-get install busybox-static)"
+[[ -x $busybox ]] || missing "$busybox not found (apt-get install busybox-static)"
+[[ -x $agent ]] || missing "agent binary $agent not found (cargo build --bins)"
+
+# The guest kernel: the current Debian cloud image (NVMe and ext4 built in), fetched once.
+kernel=$(ls "$cache"/kernel/boot/vmlinuz-* 2>/dev/null | head -1 || true)
+if [[ -z $kernel ]]; then
+  pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
+  [[ -n $pkg ]] || missing "cannot find the linux-image-cloud-amd64 package (apt-get update?)"
+  dl=$(mktemp -d /tmp/ebs-nvme-kernel.XXXXXX)
+  chmod 755 "$dl"
+  (cd "$dl" && apt-get download -q "$pkg" >/dev/null) || { rm -rf "$dl"; missing "apt-get download $pkg failed"; }
+  rm -rf "$cache/kernel.tmp" && mkdir -p "$cache/kernel.tmp"
+  dpkg -x "$dl"/*.deb "$cache/kernel.tmp"
+  rm -rf "$dl" "$cache/kernel.tmp/lib" "$cache/kernel.tmp/usr"   # modules: not needed, ~100 MB
+  rm -rf "$cache/kernel" && mv "$cache/kernel.tmp" "$cache/kernel"
+  kernel=$(ls "$cache"/kernel/boot/vmlinuz-* | head -1)
+fi
+config=${kernel/vmlinuz-/config-}
+grep -q '^CONFIG_BLK_DEV_NVME=y' "$config" || missing "$kernel does not have NVMe built in"
+
+work=$(mktemp -d /tmp/ebs-nvme-lab.XXXXXX)
+qemu_pid=
+cleanup() {
+  [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The initramfs: busybox, the agent and the ext4 tools with their shared libraries.
+root=$work/root
+mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp}
+cp "$busybox" "$root/bin/busybox"
+install -m 755 "$here/init.sh" "$root/init"
+copy_libs() {
+  ldd "$1" | awk '/=> \// {print $3} /^[[:space:]]*\/lib/ {print $1}' | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+}
+if command -v strip >/dev/null; then
+  strip -o "$root/bin/ebs-node-agent" "$agent"
+else
+  cp "$agent" "$root/bin/ebs-node-agent"
+fi
+copy_libs "$agent"
+for tool in mke2fs e2fsck resize2fs; do
+  src=$(command -v "$tool" || echo "/sbin/$tool")
+  cp -L "$src" "$root/sbin/$tool"
+  copy_libs "$src"
+done
+ln -s mke2fs "$root/sbin/mkfs.ext4"
+[[ -f /etc/mke2fs.conf ]] && cp /etc/mke2fs.conf "$root/etc/"
+cat >"$root/lab.env" <<ENV
+MODEL='QEMU NVMe Ctrl'
+V1=vol-0123456789abcdef0
+V2=vol-0fedcba9876543210
+V3=vol-0aaaaaaaaaaaaaaaa
+ENV
+(cd "$root" && find . | "$busybox" cpio -o -H newc 2>/dev/null) | gzip -1 >"$work/initrd.gz"
+
+# Three EBS-style volumes; each guest needs its own images (QEMU locks them).
+# The first sits in an NVMe subsystem, which makes QEMU set the multi-controller bit: with
+# nvme_core.multipath=Y the kernel shows it the native-multipath way (head nvme0n1 under the
+# subsystem, hidden path nvme0c0n1), the others the plain way EBS shows volumes.
+drives=(-device nvme-subsys,id=subsys0,nqn=nqn.2026-11.io.ebs-node-agent:lab)
+for serial in vol0123456789abcdef0 vol0fedcba9876543210 vol0aaaaaaaaaaaaaaaa; do
+  truncate -s 64M "$work/$serial.img"
+  drives+=(-drive "file=$work/$serial.img,if=none,id=$serial,format=raw,cache=unsafe")
+  if [[ $serial == vol0123456789abcdef0 ]]; then
+    drives+=(-device "nvme,id=c-$serial,serial=$serial,subsys=subsys0"
+             -device "nvme-ns,bus=c-$serial,drive=$serial,nsid=1")
+  else
+    drives+=(-device "nvme,serial=$serial,drive=$serial")
+  fi
+done
+
+echo "nvme-lab: kernel $(basename "$kernel"), multipath=$multipath, initrd $(du -h "$work/initrd.gz" | cut -f1)"
+started=$(date +%s%N)
+timeout --kill-after=5 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
+  -smp 1 -m 512 -nodefaults -no-user-config -display none -serial stdio -no-reboot \
+  -kernel "$kernel" -initrd "$work/initrd.gz" \
+  -append "console=ttyS0 quiet panic=-1 nvme_core.multipath=$multipath" \
+  "${drives[@]}" </dev/null >"$work/console.log" 2>&1 &
+qemu_pid=$!
+rc=0
+wait "$qemu_pid" || rc=$?
+qemu_pid=
+elapsed_ms=$((($(date +%s%N) - started) / 1000000))
+
+tr -d '\r' <"$work/console.log" | grep '^LAB' || true
+if ! grep -q '^LAB DONE' "$work/console.log"; then
+  echo "nvme-lab: the guest did not finish (qemu exit $rc, ${elapsed_ms} ms); console:" >&2
+  tr -d '\r' <"$work/console.log" | tail -40 >&2
+  exit 1
+fi
+echo "nvme-lab: guest run ${elapsed_ms} ms (boot to poweroff)"
+tr -d '\r' <"$work/console.log" | grep -q '^LAB DONE .*fail=0$'

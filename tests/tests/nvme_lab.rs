@@ -1,0 +1,64 @@
+//! The NVMe lab: a QEMU guest with EBS-style NVMe disks runs the agent with the ebs backend
+//! (tests/nvme-lab/run.sh). Skipped where QEMU is not installed, except under CI=true, where
+//! tests/deps.sh installs it.
+
+use std::process::Command;
+use std::time::Instant;
+
+#[test]
+fn nvme_lab_lifecycle_in_a_qemu_guest() {
+    let has_qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_qemu {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "qemu-system-x86_64 is missing under CI=true: tests/deps.sh should have installed it"
+        );
+        eprintln!(
+            "skipping the NVMe lab: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86 busybox-static)"
+        );
+        return;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("nvme-lab/run.sh");
+    let started = Instant::now();
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(ebs_tests::agent_bin())
+        // A loaded 2-core CI machine slows software emulation several times over.
+        .env(
+            "LAB_TIMEOUT",
+            std::env::var("LAB_TIMEOUT").unwrap_or_else(|_| "300".into()),
+        )
+        .output()
+        .expect("running tests/nvme-lab/run.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    println!(
+        "nvme-lab: whole run {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if out.status.code() == Some(3) && std::env::var("CI").as_deref() != Ok("true") {
+        eprintln!("skipping the NVMe lab: a prerequisite is missing (see above)");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "the NVMe lab failed (exit {:?}); see the LAB lines above",
+        out.status.code()
+    );
+    for line in [
+        "LAB disk nvme0n1 serial=vol0123456789abcdef0",
+        "LAB ok   wrong serial refused",
+        "LAB ok   restage kept the filesystem",
+        "LAB DONE pass=",
+    ] {
+        assert!(
+            stdout.contains(line),
+            "{line:?} missing from the lab output"
+        );
+    }
+}
