@@ -4,6 +4,7 @@
 pub mod controller;
 pub mod identity;
 pub mod node;
+mod node_stats;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -1,0 +1,238 @@
+//! Volume condition: is what the agent set up still there and still the volume? Every check is
+//! cheap (mount table, stat, one ioctl, one 4 KiB read) and runs no external command, because
+//! kubelet asks for stats of every volume every minute.
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use ebs_store::{AccessRecord, StagedVolume};
+
+use crate::backend::{Backend, block_dev_numbers};
+use crate::host::mountinfo::{MountEntry, MountTable};
+use crate::host::{direct_read, loopdev};
+
+/// What NodeGetVolumeStats reports as VolumeCondition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    pub abnormal: bool,
+    pub message: String,
+}
+
+impl Condition {
+    fn from_problems(problems: Vec<String>) -> Self {
+        if problems.is_empty() {
+            return Condition {
+                abnormal: false,
+                message: "volume is healthy".into(),
+            };
+        }
+        Condition {
+            abnormal: true,
+            message: problems.join("; "),
+        }
+    }
+}
+
+/// Findings about one volume, seen from `volume_path` (its staging path or a publication).
+pub struct Findings {
+    pub condition: Condition,
+    /// The mount at `volume_path` is the volume's filesystem: statvfs there measures the volume.
+    pub fs_mounted: bool,
+    /// The device is present and answers: its size is the volume's size.
+    pub device_ok: bool,
+}
+
+pub fn examine(
+    backend: &dyn Backend,
+    staged: &StagedVolume,
+    table: &MountTable,
+    volume_path: &Path,
+) -> Findings {
+    let mut problems = Vec::new();
+    let device = staged.device.as_path();
+    let numbers = match block_dev_numbers(device) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            problems.push(format!(
+                "the device {} has disappeared ({e}); the volume was detached or the device \
+                 failed: check the attachment, then unstage and stage the volume again",
+                device.display()
+            ));
+            None
+        }
+    };
+    let device_ok = numbers.is_some() && check_device(backend, staged, &mut problems);
+    let fs_mounted = match &staged.access {
+        AccessRecord::Mount { .. } => check_fs_mounts(staged, table, volume_path, numbers, &mut problems),
+        AccessRecord::Block => {
+            check_block_publication(staged, table, volume_path, numbers, &mut problems);
+            false
+        }
+    };
+    Findings {
+        condition: Condition::from_problems(problems),
+        fs_mounted,
+        device_ok,
+    }
+}
+
+/// Size, identity and a real read. Stops at the first failure: once a device is gone, asking
+/// whether it is still the volume only adds noise.
+fn check_device(backend: &dyn Backend, staged: &StagedVolume, problems: &mut Vec<String>) -> bool {
+    let device = staged.device.as_path();
+    match loopdev::device_size(device) {
+        Ok(0) => {
+            problems.push(format!(
+                "the device {} has disappeared (it reports a size of 0: detached); check the \
+                 attachment, then unstage and stage the volume again",
+                device.display()
+            ));
+            return false;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            problems.push(format!("the device {} cannot be sized: {e}", device.display()));
+            return false;
+        }
+    }
+    if let Err(why) = backend.still_is(device, &staged.identity) {
+        problems.push(format!(
+            "the device {} no longer carries volume {}: {why}; the data seen at its mounts is \
+             not this volume's: unpublish and unstage it, then find out who changed the device",
+            device.display(),
+            staged.volume_id
+        ));
+        return false;
+    }
+    match direct_read::read_direct(device, 0, 4096) {
+        Ok(_) => true,
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+            problems.push(format!(
+                "reading the first 4 KiB of {} failed with an I/O error: the device or the \
+                 storage behind it is failing; copy the data off and replace the volume",
+                device.display()
+            ));
+            false
+        }
+        Err(e) => {
+            problems.push(format!(
+                "reading the first 4 KiB of {} failed: {}",
+                device.display(),
+                describe(&e)
+            ));
+            false
+        }
+    }
+}
+
+fn describe(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => format!("{e} (the device shrank?)"),
+        _ => e.to_string(),
+    }
+}
+
+/// The staging mount carries every publication: check it, and `volume_path` when it is a
+/// publication. Returns whether `volume_path` holds the volume's filesystem.
+fn check_fs_mounts(
+    staged: &StagedVolume,
+    table: &MountTable,
+    volume_path: &Path,
+    numbers: Option<(u32, u32)>,
+    problems: &mut Vec<String>,
+) -> bool {
+    let staging = staged.staging_path.as_path();
+    let mut paths = vec![staging];
+    if volume_path != staging {
+        paths.push(volume_path);
+    }
+    let mut at_volume_path = false;
+    for path in paths {
+        let Some(entry) = table.at(path) else {
+            problems.push(gone_message(staged, path));
+            continue;
+        };
+        if let Some((major, minor)) = numbers
+            && (entry.major, entry.minor) != (major, minor)
+        {
+            problems.push(format!(
+                "{} holds {} ({} {}:{}), not the volume's device {}; something was mounted over \
+                 it behind the agent's back",
+                path.display(),
+                entry.source,
+                entry.fs_type,
+                entry.major,
+                entry.minor,
+                staged.device.display()
+            ));
+            continue;
+        }
+        if path == volume_path {
+            at_volume_path = true;
+        }
+        if path == staging && read_only_after_errors(staged, entry) {
+            problems.push(format!(
+                "the filesystem on {} is read-only although it was mounted read-write: the kernel \
+                 remounted it after errors (see the kernel log); writes fail: unpublish and \
+                 unstage the volume, repair the filesystem, and stage it again",
+                staged.device.display()
+            ));
+        }
+    }
+    at_volume_path
+}
+
+fn read_only_after_errors(staged: &StagedVolume, entry: &MountEntry) -> bool {
+    !staged.readonly && entry.super_read_only()
+}
+
+fn gone_message(staged: &StagedVolume, path: &Path) -> String {
+    if path == staged.staging_path {
+        format!(
+            "the volume is no longer mounted at its staging path {} (unmounted behind the \
+             agent's back); new publications will fail: unstage and stage it again",
+            path.display()
+        )
+    } else {
+        format!(
+            "the volume is no longer mounted at {} (unmounted behind the agent's back); the \
+             workload sees an empty directory: restart it so that the volume is published again",
+            path.display()
+        )
+    }
+}
+
+/// A block publication is the device node bind-mounted onto a file; the staging path of a block
+/// volume holds nothing.
+fn check_block_publication(
+    staged: &StagedVolume,
+    table: &MountTable,
+    volume_path: &Path,
+    numbers: Option<(u32, u32)>,
+    problems: &mut Vec<String>,
+) {
+    if volume_path == staged.staging_path {
+        return;
+    }
+    if table.at(volume_path).is_none() {
+        problems.push(gone_message(staged, volume_path));
+        return;
+    }
+    let Some((major, minor)) = numbers else {
+        return;
+    };
+    match std::fs::metadata(volume_path) {
+        Ok(m)
+            if (
+                nix::sys::stat::major(m.rdev()) as u32,
+                nix::sys::stat::minor(m.rdev()) as u32,
+            ) == (major, minor) => {}
+        Ok(_) => problems.push(format!(
+            "{} is not the volume's device {} any more",
+            volume_path.display(),
+            staged.device.display()
+        )),
+        Err(e) => problems.push(format!("{} cannot be inspected: {e}", volume_path.display())),
+    }
+}
