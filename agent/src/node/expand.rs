@@ -92,9 +92,11 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
         )));
     }
     let grown = match fs {
-        Some(fs) => grow_if_needed(ctx, &journal, fs, device, &staged.staging_path)?,
+        Some(fs) => grow_if_needed(ctx, &journal, fs, device, &staged.staging_path)
+            .map_err(|e| explain_grow_failure(fs, e))?,
         None => false,
     };
+    tracing::info!(volume = vol, bytes = size, grown, "expanded");
     journal.record(
         "expanded",
         Phase::Done,
@@ -103,6 +105,30 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
         |_| Ok(()),
     )?;
     Ok(size)
+}
+
+/// The kernel grows a mounted ext filesystem only for a caller with CAP_SYS_RESOURCE, and
+/// resize2fs then says no more than "Permission denied": name the missing capability.
+fn explain_grow_failure(fs: FsType, err: Error) -> Error {
+    let lacks_resource = || {
+        !caps::has_cap(
+            None,
+            caps::CapSet::Effective,
+            caps::Capability::CAP_SYS_RESOURCE,
+        )
+        .unwrap_or(true)
+    };
+    match err {
+        Error::ToolFailed { device, stderr, .. } if fs.is_ext() && lacks_resource() => {
+            Error::Precondition(format!(
+                "growing the mounted {fs} filesystem on {} needs CAP_SYS_RESOURCE, which the \
+                 agent does not have (run it privileged, or grant the capability); resize2fs \
+                 said: {stderr}",
+                device.display()
+            ))
+        }
+        other => other,
+    }
 }
 
 /// The paths must name this volume: the staging path or a recorded publication. Anything else is

@@ -183,8 +183,14 @@ fn check_fs_mounts(
     at_volume_path
 }
 
+/// Older kernels set the superblock read-only ("ro"); ext4 since Linux 6.x keeps it "rw" and
+/// adds "emergency_ro" after an error under errors=remount-ro.
 fn read_only_after_errors(staged: &StagedVolume, entry: &MountEntry) -> bool {
-    !staged.readonly && entry.super_read_only()
+    let emergency = entry
+        .super_options
+        .split(',')
+        .any(|o| o == "emergency_ro");
+    !staged.readonly && (entry.super_read_only() || emergency)
 }
 
 fn gone_message(staged: &StagedVolume, path: &Path) -> String {
