@@ -1,7 +1,7 @@
 //! Translation for NodeGetVolumeStats and NodeExpandVolume: domain results to CSI messages.
 
-use ebs_proto::csi::v1 as csi;
 use csi::volume_usage::Unit;
+use ebs_proto::csi::v1 as csi;
 
 use crate::error::Result;
 use crate::node::{Counts, Usage, VolumeStats};

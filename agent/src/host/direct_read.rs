@@ -34,7 +34,11 @@ pub fn read_direct(device: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    format!("{} ended after {} bytes", device.display(), start + done as u64),
+                    format!(
+                        "{} ended after {} bytes",
+                        device.display(),
+                        start + done as u64
+                    ),
                 ));
             }
             Ok(n) => done += n,

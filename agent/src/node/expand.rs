@@ -163,10 +163,7 @@ fn check_capability(cap: Option<&Capability>, staged: &StagedVolume) -> Result<(
         return Err(ValidationError::bad(
             "volume_capability",
             asked,
-            format!(
-                "volume {} was staged for {has} access",
-                staged.volume_id
-            ),
+            format!("volume {} was staged for {has} access", staged.volume_id),
         )
         .into());
     }

@@ -64,7 +64,9 @@ pub fn examine(
     };
     let device_ok = numbers.is_some() && check_device(backend, staged, &mut problems);
     let fs_mounted = match &staged.access {
-        AccessRecord::Mount { .. } => check_fs_mounts(staged, table, volume_path, numbers, &mut problems),
+        AccessRecord::Mount { .. } => {
+            check_fs_mounts(staged, table, volume_path, numbers, &mut problems)
+        }
         AccessRecord::Block => {
             check_block_publication(staged, table, volume_path, numbers, &mut problems);
             false
@@ -92,7 +94,10 @@ fn check_device(backend: &dyn Backend, staged: &StagedVolume, problems: &mut Vec
         }
         Ok(_) => {}
         Err(e) => {
-            problems.push(format!("the device {} cannot be sized: {e}", device.display()));
+            problems.push(format!(
+                "the device {} cannot be sized: {e}",
+                device.display()
+            ));
             return false;
         }
     }
@@ -186,10 +191,7 @@ fn check_fs_mounts(
 /// Older kernels set the superblock read-only ("ro"); ext4 since Linux 6.x keeps it "rw" and
 /// adds "emergency_ro" after an error under errors=remount-ro.
 fn read_only_after_errors(staged: &StagedVolume, entry: &MountEntry) -> bool {
-    let emergency = entry
-        .super_options
-        .split(',')
-        .any(|o| o == "emergency_ro");
+    let emergency = entry.super_options.split(',').any(|o| o == "emergency_ro");
     !staged.readonly && (entry.super_read_only() || emergency)
 }
 
@@ -239,6 +241,9 @@ fn check_block_publication(
             volume_path.display(),
             staged.device.display()
         )),
-        Err(e) => problems.push(format!("{} cannot be inspected: {e}", volume_path.display())),
+        Err(e) => problems.push(format!(
+            "{} cannot be inspected: {e}",
+            volume_path.display()
+        )),
     }
 }

@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use ebs_store::Store;
 
-pub use locks::{VolumeGuard, VolumeLocks};
-pub use publish::{PublishCommand, UnpublishCommand, publish, unpublish};
 pub use expand::{ExpandCommand, expand};
 pub use health_check::Condition;
+pub use locks::{VolumeGuard, VolumeLocks};
+pub use publish::{PublishCommand, UnpublishCommand, publish, unpublish};
 pub use stage::{StageCommand, stage};
 pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
 pub use unstage::{UnstageCommand, unstage};

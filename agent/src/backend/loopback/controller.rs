@@ -346,8 +346,7 @@ impl LoopController {
         // does so once told. Best effort: NodeExpandVolume refreshes again before growing.
         if let Some(att) = &volume.attachment
             && let Ok(meta) = std::fs::metadata(&volume.file)
-            && loopdev::backing_inode(&att.device).ok().flatten()
-                == Some((meta.dev(), meta.ino()))
+            && loopdev::backing_inode(&att.device).ok().flatten() == Some((meta.dev(), meta.ino()))
             && let Err(e) = loopdev::set_capacity(&att.device)
         {
             tracing::warn!(volume = id, device = %att.device.display(), error = %e,

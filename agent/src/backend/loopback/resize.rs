@@ -56,7 +56,11 @@ mod tests {
             expansion_size(3 * MIB + 1, 3 * MIB + 512, MIB).unwrap(),
             3 * MIB + 512
         );
-        assert!(out_of_range(expansion_size(3 * MIB + 1, 3 * MIB + 100, MIB)));
+        assert!(out_of_range(expansion_size(
+            3 * MIB + 1,
+            3 * MIB + 100,
+            MIB
+        )));
     }
 
     #[test]
