@@ -8,9 +8,10 @@ use std::path::Path;
 
 use ebs_store::{AccessRecord, StagedVolume};
 
+use super::read_probe::{self, ReadOutcome};
 use crate::backend::{Backend, block_dev_numbers};
+use crate::host::loopdev;
 use crate::host::mountinfo::{MountEntry, MountTable};
-use crate::host::{direct_read, loopdev};
 
 /// What NodeGetVolumeStats reports as VolumeCondition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,9 +111,9 @@ fn check_device(backend: &dyn Backend, staged: &StagedVolume, problems: &mut Vec
         ));
         return false;
     }
-    match direct_read::read_direct(device, 0, 4096) {
-        Ok(_) => true,
-        Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+    match read_probe::probe(device, read_probe::READ_WAIT) {
+        ReadOutcome::Ok => true,
+        ReadOutcome::Failed(e) if e.raw_os_error() == Some(libc::EIO) => {
             problems.push(format!(
                 "reading the first 4 KiB of {} failed with an I/O error: the device or the \
                  storage behind it is failing; copy the data off and replace the volume",
@@ -120,11 +121,20 @@ fn check_device(backend: &dyn Backend, staged: &StagedVolume, problems: &mut Vec
             ));
             false
         }
-        Err(e) => {
+        ReadOutcome::Failed(e) => {
             problems.push(format!(
                 "reading the first 4 KiB of {} failed: {}",
                 device.display(),
                 describe(&e)
+            ));
+            false
+        }
+        ReadOutcome::Hanging(for_) => {
+            problems.push(format!(
+                "a 4 KiB read of {} has not returned for {} s: the device is hanging (an \
+                 impaired volume?); check the volume's status with the storage provider",
+                device.display(),
+                for_.as_secs()
             ));
             false
         }
@@ -245,5 +255,60 @@ fn check_block_publication(
             "{} cannot be inspected: {e}",
             volume_path.display()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staged(readonly: bool) -> StagedVolume {
+        StagedVolume {
+            volume_id: "v".into(),
+            staging_path: "/s".into(),
+            device: "/dev/loop9".into(),
+            identity: ebs_store::DeviceIdentity::Unverified,
+            access: AccessRecord::Mount {
+                fs_type: "ext4".into(),
+                mount_flags: vec![],
+            },
+            access_mode: 1,
+            readonly,
+            progress: ebs_store::Progress::Complete,
+            at_unix_ms: 0,
+        }
+    }
+
+    fn entry(super_options: &str) -> MountEntry {
+        MountEntry {
+            mount_id: 1,
+            parent_id: 0,
+            major: 7,
+            minor: 9,
+            root: "/".into(),
+            mount_point: "/s".into(),
+            mount_options: "rw,relatime".into(),
+            fs_type: "ext4".into(),
+            source: "/dev/loop9".into(),
+            super_options: super_options.into(),
+        }
+    }
+
+    #[test]
+    fn read_only_after_errors_old_and_new_kernels() {
+        assert!(!read_only_after_errors(
+            &staged(false),
+            &entry("rw,errors=remount-ro")
+        ));
+        assert!(read_only_after_errors(
+            &staged(false),
+            &entry("ro,errors=remount-ro")
+        ));
+        assert!(read_only_after_errors(
+            &staged(false),
+            &entry("rw,errors=remount-ro,emergency_ro")
+        ));
+        // Staged read-only on purpose: not a condition.
+        assert!(!read_only_after_errors(&staged(true), &entry("ro")));
     }
 }

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod journal;
 mod locks;
 mod publish;
+mod read_probe;
 pub mod recovery;
 mod stage;
 mod stats;
