@@ -33,7 +33,11 @@ impl NodeService {
         T: Send + 'static,
         F: FnOnce(&NodeCtx) -> Result<T> + Send + 'static,
     {
-        self.ready()?;
+        if !self.ctx.health.is_ready() {
+            return Err(Error::Unavailable(
+                "the agent is starting (start-up recovery is running); retry shortly".into(),
+            ));
+        }
         let guard = self
             .ctx
             .locks
@@ -47,6 +51,7 @@ impl NodeService {
         .await
     }
 
+    /// The readiness check of `locked`, for read-only calls that take no volume guard.
     fn ready(&self) -> Result<()> {
         if !self.ctx.health.is_ready() {
             return Err(Error::Unavailable(
