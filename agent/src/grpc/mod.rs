@@ -6,6 +6,7 @@ pub mod controller;
 pub mod identity;
 pub mod node;
 pub mod shim;
+mod node_stats;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -51,8 +51,25 @@ impl NodeService {
         .await
     }
 
+    /// The readiness check of `locked`, for read-only calls that take no volume guard.
+    fn ready(&self) -> Result<()> {
+        if !self.ctx.health.is_ready() {
+            return Err(Error::Unavailable(
+                "the agent is starting (start-up recovery is running); retry shortly".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn path(&self, field: &'static str, raw: &str) -> Result<ConfinedPath> {
         Ok(ConfinedPath::parse(field, raw, &self.allowed)?)
+    }
+
+    fn optional_path(&self, field: &'static str, raw: &str) -> Result<Option<ConfinedPath>> {
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        self.path(field, raw).map(Some)
     }
 
     fn deadline<T>(&self, req: &Request<T>) -> Instant {
@@ -176,20 +193,52 @@ impl Node for NodeService {
 
     async fn node_get_volume_stats(
         &self,
-        _req: Request<csi::NodeGetVolumeStatsRequest>,
+        req: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        Err(Status::unimplemented(
-            "NodeGetVolumeStats is not implemented yet",
-        ))
+        let r = req.into_inner();
+        let stats = logged("NodeGetVolumeStats", &r.volume_id.clone(), async {
+            let cmd = node::StatsCommand {
+                volume: VolumeId::parse(&r.volume_id)?,
+                volume_path: self.path("volume_path", &r.volume_path)?,
+                staging: self.optional_path("staging_target_path", &r.staging_target_path)?,
+            };
+            // No volume guard: stats are read-only (see node::stats).
+            self.ready()?;
+            let ctx = Arc::clone(&self.ctx);
+            blocking(move || node::volume_stats(&ctx, &cmd)).await
+        })
+        .await?;
+        Ok(Response::new(super::node_stats::response(stats)))
     }
 
     async fn node_expand_volume(
         &self,
-        _req: Request<csi::NodeExpandVolumeRequest>,
+        req: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "NodeExpandVolume is not implemented yet",
-        ))
+        let r = req.into_inner();
+        let _secrets = Secrets::new(r.secrets);
+        let bytes = logged("NodeExpandVolume", &r.volume_id.clone(), async {
+            let volume = VolumeId::parse(&r.volume_id)?;
+            let (required_bytes, limit_bytes) =
+                super::node_stats::capacity_range(r.capacity_range.as_ref())?;
+            let cmd = node::ExpandCommand {
+                volume: volume.clone(),
+                volume_path: self.path("volume_path", &r.volume_path)?,
+                staging: self.optional_path("staging_target_path", &r.staging_target_path)?,
+                required_bytes,
+                limit_bytes,
+                capability: match r.volume_capability.as_ref() {
+                    Some(c) => Some(Capability::from_proto(Some(c))?),
+                    None => None,
+                },
+            };
+            self.locked(&volume, move |ctx| node::expand(ctx, &cmd))
+                .await
+        })
+        .await?;
+        Ok(Response::new(csi::NodeExpandVolumeResponse {
+            capacity_bytes: bytes as i64,
+        }))
     }
 
     async fn node_get_capabilities(
@@ -204,6 +253,9 @@ impl Node for NodeService {
         Ok(Response::new(csi::NodeGetCapabilitiesResponse {
             capabilities: vec![
                 cap(rpc::Type::StageUnstageVolume),
+                cap(rpc::Type::GetVolumeStats),
+                cap(rpc::Type::ExpandVolume),
+                cap(rpc::Type::VolumeCondition),
                 cap(rpc::Type::SingleNodeMultiWriter),
             ],
         }))

@@ -1,6 +1,8 @@
 pub mod blank;
 pub mod blkid;
 pub mod command;
+pub mod direct_read;
+pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;
 pub mod mounter;

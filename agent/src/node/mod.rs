@@ -1,12 +1,16 @@
 //! The node domain: stage, publish, unpublish, unstage (and later expand and stats) as explicit
 //! step pipelines over the host, journaled through the store. No gRPC here.
 
+mod expand;
+mod health_check;
 pub mod identity;
 pub mod journal;
 mod locks;
 mod publish;
+mod read_probe;
 pub mod recovery;
 mod stage;
+mod stats;
 mod unstage;
 
 use std::path::{Path, PathBuf};
@@ -14,9 +18,12 @@ use std::sync::Arc;
 
 use ebs_store::Store;
 
+pub use expand::{ExpandCommand, expand};
+pub use health_check::Condition;
 pub use locks::{VolumeGuard, VolumeLocks};
 pub use publish::{PublishCommand, UnpublishCommand, publish, unpublish};
 pub use stage::{StageCommand, stage};
+pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
 pub use unstage::{UnstageCommand, unstage};
 
 use crate::backend::Backend;

@@ -436,8 +436,8 @@ pub fn grow_if_needed(
 ) -> Result<bool> {
     let dev_bytes = loopdev::device_size(device)
         .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
-    let fs_bytes = crate::host::fstools::filesystem_bytes(fs, device)
-        .map_err(|e| Error::io(format!("reading the superblock of {}", device.display()), e))?;
+    let fs_bytes = crate::host::fs_size::mounted_bytes(fs, device, mount_point)
+        .map_err(|e| Error::io(format!("sizing the filesystem on {}", device.display()), e))?;
     if dev_bytes <= fs_bytes + (1 << 20) {
         return Ok(false);
     }

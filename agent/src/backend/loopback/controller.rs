@@ -1,6 +1,7 @@
 //! The loop backend's controller: create, delete, attach and detach volume files.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -329,20 +330,29 @@ impl LoopController {
             .store
             .loop_volume(id)?
             .ok_or_else(|| Error::VolumeNotFound(id.into()))?;
-        let wanted = capacity_for(required, limit)?;
-        if wanted <= volume.capacity_bytes {
-            return Ok(volume.capacity_bytes);
+        let wanted = super::resize::expansion_size(required, limit, volume.capacity_bytes)?;
+        if wanted > volume.capacity_bytes {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&volume.file)
+                .map_err(|e| Error::io(format!("opening {}", volume.file.display()), e))?;
+            f.set_len(wanted)
+                .map_err(|e| Error::io(format!("growing {}", volume.file.display()), e))?;
+            volume.capacity_bytes = wanted;
+            self.store
+                .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
         }
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&volume.file)
-            .map_err(|e| Error::io(format!("opening {}", volume.file.display()), e))?;
-        f.set_len(wanted)
-            .map_err(|e| Error::io(format!("growing {}", volume.file.display()), e))?;
-        volume.capacity_bytes = wanted;
-        self.store
-            .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-        Ok(wanted)
+        // An attached EBS volume shows its new size to the instance by itself; the loop device
+        // does so once told. Best effort: NodeExpandVolume refreshes again before growing.
+        if let Some(att) = &volume.attachment
+            && let Ok(meta) = std::fs::metadata(&volume.file)
+            && loopdev::backing_inode(&att.device).ok().flatten() == Some((meta.dev(), meta.ino()))
+            && let Err(e) = loopdev::set_capacity(&att.device)
+        {
+            tracing::warn!(volume = id, device = %att.device.display(), error = %e,
+                "could not refresh the attached device's size");
+        }
+        Ok(volume.capacity_bytes)
     }
 }
 

@@ -3,6 +3,7 @@
 //! Linux machine with real block devices.
 
 mod controller;
+mod resize;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;

@@ -1,0 +1,73 @@
+//! The size a loop volume grows to on ControllerExpandVolume.
+
+use crate::error::{Error, Result};
+
+const MIB: u64 = 1 << 20;
+/// Loop devices size in 512-byte sectors; a file of another length would lose its tail.
+const SECTOR: u64 = 512;
+
+/// The new size for a volume of `current` bytes, or the current size when it already satisfies
+/// the range (a retried expansion is a no-op). Volumes never shrink: a range the current size
+/// exceeds is OUT_OF_RANGE, as is one that no sector-aligned size fits. 0 means "not set".
+pub fn expansion_size(required: u64, limit: u64, current: u64) -> Result<u64> {
+    if limit != 0 && required > limit {
+        return Err(Error::OutOfRange(format!(
+            "required_bytes {required} is larger than limit_bytes {limit}"
+        )));
+    }
+    if required <= current {
+        if limit != 0 && current > limit {
+            return Err(Error::OutOfRange(format!(
+                "the volume already has {current} bytes, more than limit_bytes {limit}; volumes \
+                 are never shrunk"
+            )));
+        }
+        return Ok(current);
+    }
+    // Whole MiB, like CreateVolume, unless the limit forbids it; then whole sectors.
+    let mib = required.div_ceil(MIB) * MIB;
+    let size = if limit == 0 || mib <= limit {
+        mib
+    } else {
+        required.div_ceil(SECTOR) * SECTOR
+    };
+    if limit != 0 && size > limit {
+        return Err(Error::OutOfRange(format!(
+            "no size between required_bytes {required} and limit_bytes {limit} is a whole \
+             number of {SECTOR}-byte sectors"
+        )));
+    }
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out_of_range(r: Result<u64>) -> bool {
+        matches!(r, Err(Error::OutOfRange(_)))
+    }
+
+    #[test]
+    fn grows_to_whole_mib_within_the_limit() {
+        assert_eq!(expansion_size(3 * MIB + 1, 0, MIB).unwrap(), 4 * MIB);
+        assert_eq!(expansion_size(3 * MIB + 1, 4 * MIB, MIB).unwrap(), 4 * MIB);
+        assert_eq!(
+            expansion_size(3 * MIB + 1, 3 * MIB + 512, MIB).unwrap(),
+            3 * MIB + 512
+        );
+        assert!(out_of_range(expansion_size(
+            3 * MIB + 1,
+            3 * MIB + 100,
+            MIB
+        )));
+    }
+
+    #[test]
+    fn retries_and_shrinks() {
+        assert_eq!(expansion_size(2 * MIB, 0, 4 * MIB).unwrap(), 4 * MIB);
+        assert_eq!(expansion_size(0, 8 * MIB, 4 * MIB).unwrap(), 4 * MIB);
+        assert!(out_of_range(expansion_size(MIB, 2 * MIB, 4 * MIB)));
+        assert!(out_of_range(expansion_size(5 * MIB, 4 * MIB, MIB)));
+    }
+}

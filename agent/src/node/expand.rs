@@ -1,0 +1,232 @@
+//! NodeExpandVolume: make the kernel see the grown device, then grow the mounted filesystem
+//! online. Block volumes need no filesystem work; their answer is the device size.
+//!
+//! The answer is always the device size: the filesystem spans the whole device once grown, and
+//! the CO accounts capacity as volume size. statvfs totals leave out filesystem metadata, so they
+//! never equal what the CO asked for and would read as an incomplete expansion.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
+
+use super::journal::{Journal, detail};
+use super::stage::grow_if_needed;
+use super::{NodeCtx, mount_table, path_string};
+use crate::backend::block_dev_numbers;
+use crate::error::{Error, Result};
+use crate::host::loopdev;
+use crate::host::mountinfo::MountTable;
+use crate::request::{Capability, ConfinedPath, FsType, ValidationError, VolumeId};
+
+pub struct ExpandCommand {
+    pub volume: VolumeId,
+    /// The staging path or one of the volume's publication targets: the CO may send either.
+    pub volume_path: ConfinedPath,
+    pub staging: Option<ConfinedPath>,
+    /// 0 = not set.
+    pub required_bytes: u64,
+    /// 0 = not set.
+    pub limit_bytes: u64,
+    pub capability: Option<Capability>,
+}
+
+pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
+    let vol = cmd.volume.as_str();
+    let (required, limit) = (cmd.required_bytes, cmd.limit_bytes);
+    if limit != 0 && required > limit {
+        return Err(Error::OutOfRange(format!(
+            "required_bytes {required} is larger than limit_bytes {limit}"
+        )));
+    }
+    let staged = ctx
+        .store
+        .staged(vol)?
+        .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
+    if staged.progress != Progress::Complete {
+        return Err(Error::Precondition(format!(
+            "staging of volume {vol} has not completed; stage it again before expanding"
+        )));
+    }
+    check_paths(ctx, cmd, &staged)?;
+    check_capability(cmd.capability.as_ref(), &staged)?;
+
+    let device = staged.device.as_path();
+    let numbers = block_dev_numbers(device).map_err(|e| {
+        Error::Precondition(format!(
+            "the device {} of volume {vol} is gone ({e}); it cannot be expanded",
+            device.display()
+        ))
+    })?;
+    ctx.backend
+        .still_is(device, &staged.identity)
+        .map_err(|reason| Error::WrongDevice {
+            volume: vol.to_string(),
+            device: device.to_path_buf(),
+            reason,
+        })?;
+    let table = mount_table()?;
+    let fs = check_mounts(cmd, &staged, &table, numbers)?;
+
+    let journal = Journal::new(&ctx.store, vol, "expand", ctx.crash_after());
+    journal.step(
+        "refresh_size",
+        detail([("device", path_string(device))]),
+        Durability::Lazy,
+        || ctx.backend.refresh_size(device),
+    )?;
+    let size = loopdev::device_size(device)
+        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    if size < required {
+        return Err(Error::OutOfRange(format!(
+            "the device {} of volume {vol} has {size} bytes, fewer than the required {required}: \
+             the volume was not grown by ControllerExpandVolume yet, or the device does not show \
+             its new size yet; retry after the controller expansion",
+            device.display()
+        )));
+    }
+    if limit != 0 && size > limit {
+        return Err(Error::OutOfRange(format!(
+            "the device {} of volume {vol} has {size} bytes, more than limit_bytes {limit}",
+            device.display()
+        )));
+    }
+    let grown = match fs {
+        Some(fs) => grow_if_needed(ctx, &journal, fs, device, &staged.staging_path)
+            .map_err(|e| explain_grow_failure(fs, e))?,
+        None => false,
+    };
+    tracing::info!(volume = vol, bytes = size, grown, "expanded");
+    journal.record(
+        "expanded",
+        Phase::Done,
+        detail([("bytes", size.to_string()), ("grown", grown.to_string())]),
+        Durability::Lazy,
+        |_| Ok(()),
+    )?;
+    Ok(size)
+}
+
+/// The kernel grows a mounted ext filesystem only for a caller with CAP_SYS_RESOURCE, and
+/// resize2fs then says no more than "Permission denied": name the missing capability.
+fn explain_grow_failure(fs: FsType, err: Error) -> Error {
+    let lacks_resource = || {
+        !caps::has_cap(
+            None,
+            caps::CapSet::Effective,
+            caps::Capability::CAP_SYS_RESOURCE,
+        )
+        .unwrap_or(true)
+    };
+    match err {
+        Error::ToolFailed { device, stderr, .. } if fs.is_ext() && lacks_resource() => {
+            Error::Precondition(format!(
+                "growing the mounted {fs} filesystem on {} needs CAP_SYS_RESOURCE, which the \
+                 agent does not have (run it privileged, or grant the capability); resize2fs \
+                 said: {stderr}",
+                device.display()
+            ))
+        }
+        other => other,
+    }
+}
+
+/// The paths must name this volume: the staging path or a recorded publication. Anything else is
+/// NOT_FOUND, as the spec asks.
+fn check_paths(ctx: &NodeCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Result<()> {
+    let vol = cmd.volume.as_str();
+    let not_found = |path: &Path| Error::PathNotFound {
+        volume: vol.to_string(),
+        path: path.to_path_buf(),
+    };
+    if let Some(staging) = &cmd.staging
+        && staging.as_path() != staged.staging_path
+    {
+        return Err(not_found(staging.as_path()));
+    }
+    let path = cmd.volume_path.as_path();
+    if path != staged.staging_path && ctx.store.publication(vol, path)?.is_none() {
+        return Err(not_found(path));
+    }
+    Ok(())
+}
+
+fn check_capability(cap: Option<&Capability>, staged: &StagedVolume) -> Result<()> {
+    let Some(cap) = cap else { return Ok(()) };
+    let staged_block = matches!(staged.access, AccessRecord::Block);
+    if cap.is_block() != staged_block {
+        let (asked, has) = if staged_block {
+            ("filesystem", "block")
+        } else {
+            ("block", "filesystem")
+        };
+        return Err(ValidationError::bad(
+            "volume_capability",
+            asked,
+            format!("volume {} was staged for {has} access", staged.volume_id),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A filesystem volume must be mounted at its staging path (the grow runs there) and, when the
+/// CO named a publication, there too. Returns the filesystem to grow, None for block access.
+fn check_mounts(
+    cmd: &ExpandCommand,
+    staged: &StagedVolume,
+    table: &MountTable,
+    (major, minor): (u32, u32),
+) -> Result<Option<FsType>> {
+    let vol = cmd.volume.as_str();
+    let path = cmd.volume_path.as_path();
+    let is_target = path != staged.staging_path;
+    let not_found = || Error::PathNotFound {
+        volume: vol.to_string(),
+        path: path.to_path_buf(),
+    };
+    let AccessRecord::Mount { fs_type, .. } = &staged.access else {
+        // A block publication is the device node bind-mounted onto a file.
+        if is_target {
+            let ours = table.at(path).is_some()
+                && std::fs::metadata(path).is_ok_and(|m| {
+                    (
+                        nix::sys::stat::major(m.rdev()) as u32,
+                        nix::sys::stat::minor(m.rdev()) as u32,
+                    ) == (major, minor)
+                });
+            if !ours {
+                return Err(not_found());
+            }
+        }
+        return Ok(None);
+    };
+    let fs = FsType::parse(fs_type)
+        .map_err(|e| Error::Internal(format!("the staged record of {vol} is damaged: {e}")))?;
+    let staging = table
+        .at(&staged.staging_path)
+        .filter(|m| (m.major, m.minor) == (major, minor));
+    let Some(staging) = staging else {
+        return Err(Error::Precondition(format!(
+            "volume {vol} is recorded as staged at {}, but its filesystem is not mounted there \
+             (the node rebooted, or it was unmounted behind the agent's back); stage it again \
+             before expanding",
+            staged.staging_path.display()
+        )));
+    };
+    if is_target
+        && table
+            .at(path)
+            .is_none_or(|m| (m.major, m.minor) != (major, minor))
+    {
+        return Err(not_found());
+    }
+    if staged.readonly || staging.super_read_only() {
+        return Err(Error::Precondition(format!(
+            "the filesystem of volume {vol} is mounted read-only at {}; it cannot be grown \
+             online",
+            staged.staging_path.display()
+        )));
+    }
+    Ok(Some(fs))
+}

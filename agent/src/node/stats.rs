@@ -1,0 +1,120 @@
+//! NodeGetVolumeStats: usage of a volume at its staging path or a publication, and its condition.
+//!
+//! Read-only and lock-free on purpose: kubelet asks for every volume's stats every minute, and
+//! the per-volume guard would turn those calls into ABORTED errors (and gaps in the metrics)
+//! whenever a publish or an expansion of the same volume runs. Nothing here changes the host or
+//! the store, so a stats call that overlaps an operation sees a snapshot at worst.
+
+use std::path::Path;
+
+use ebs_store::{AccessRecord, Progress, StagedVolume};
+
+use super::health_check::{self, Condition};
+use super::{NodeCtx, mount_table};
+use crate::error::{Error, Result};
+use crate::host::loopdev;
+use crate::request::{ConfinedPath, VolumeId};
+
+pub struct StatsCommand {
+    pub volume: VolumeId,
+    pub volume_path: ConfinedPath,
+    pub staging: Option<ConfinedPath>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub total: u64,
+    pub available: u64,
+    pub used: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Usage {
+    Filesystem { bytes: Counts, inodes: Counts },
+    Block { total_bytes: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeStats {
+    /// None when the volume cannot be measured (its mount or device is gone): the condition says
+    /// why.
+    pub usage: Option<Usage>,
+    pub condition: Condition,
+}
+
+pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
+    let vol = cmd.volume.as_str();
+    let path = cmd.volume_path.as_path();
+    let staged = ctx
+        .store
+        .staged(vol)?
+        .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
+    let not_found = |p: &Path| Error::PathNotFound {
+        volume: vol.to_string(),
+        path: p.to_path_buf(),
+    };
+    if let Some(staging) = &cmd.staging
+        && staging.as_path() != staged.staging_path
+    {
+        return Err(not_found(staging.as_path()));
+    }
+    let unfinished = if path == staged.staging_path {
+        staged.progress != Progress::Complete
+    } else {
+        let publication = ctx
+            .store
+            .publication(vol, path)?
+            .ok_or_else(|| not_found(path))?;
+        publication.progress != Progress::Complete
+    };
+    if unfinished {
+        return Ok(VolumeStats {
+            usage: None,
+            condition: Condition {
+                abnormal: true,
+                message: format!(
+                    "setting up volume {vol} at {} has not completed (in progress, or \
+                     interrupted by a crash); it completes when the CO retries",
+                    path.display()
+                ),
+            },
+        });
+    }
+    let table = mount_table()?;
+    let findings = health_check::examine(ctx.backend.as_ref(), &staged, &table, path);
+    let usage = match staged.access {
+        AccessRecord::Mount { .. } if findings.fs_mounted => Some(filesystem_usage(path)?),
+        AccessRecord::Block if findings.device_ok => Some(block_usage(&staged)?),
+        _ => None,
+    };
+    Ok(VolumeStats {
+        usage,
+        condition: findings.condition,
+    })
+}
+
+fn filesystem_usage(path: &Path) -> Result<Usage> {
+    let st = nix::sys::statvfs::statvfs(path)
+        .map_err(|e| Error::io(format!("statvfs on {}", path.display()), e.into()))?;
+    let frsize = st.fragment_size() as u64;
+    let blocks = st.blocks() as u64;
+    let files = st.files() as u64;
+    Ok(Usage::Filesystem {
+        bytes: Counts {
+            total: blocks * frsize,
+            available: st.blocks_available() as u64 * frsize,
+            used: blocks.saturating_sub(st.blocks_free() as u64) * frsize,
+        },
+        inodes: Counts {
+            total: files,
+            available: st.files_available() as u64,
+            used: files.saturating_sub(st.files_free() as u64),
+        },
+    })
+}
+
+fn block_usage(staged: &StagedVolume) -> Result<Usage> {
+    let total_bytes = loopdev::device_size(&staged.device)
+        .map_err(|e| Error::io(format!("sizing {}", staged.device.display()), e))?;
+    Ok(Usage::Block { total_bytes })
+}
