@@ -4,8 +4,8 @@
 
 pub mod controller_cases;
 pub mod csi_req;
-pub mod imds;
 pub mod fake_controller;
+pub mod imds;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

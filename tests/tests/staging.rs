@@ -314,13 +314,73 @@ async fn format_options_and_mount_flags_reach_mkfs_and_mount() {
     node.node_stage_volume(req).await.unwrap();
     let out = sh(&format!("tune2fs -l {}", vol.device));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.lines().any(|l| l.starts_with("Block size:") && l.ends_with(" 1024")), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("Inode size:") && l.ends_with(" 512")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("Block size:") && l.ends_with(" 1024")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("Inode size:") && l.ends_with(" 512")),
+        "{text}"
+    );
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let line = info
         .lines()
         .find(|l| l.contains(staging.to_str().unwrap()))
         .expect("mounted");
-    assert!(line.contains("noatime") && line.contains("data=journal"), "{line}");
-    node.node_unstage_volume(unstage_req(&vol, &staging)).await.unwrap();
+    assert!(
+        line.contains("noatime") && line.contains("data=journal"),
+        "{line}"
+    );
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+}
+
+/// A volume that grew while it was not staged (a snapshot restored into a bigger volume, or an
+/// offline expansion): the next stage grows the filesystem to the device before mounting it.
+#[tokio::test]
+async fn stage_grows_an_ext4_volume_offline() {
+    if !require_root("stage_grows_an_ext4_volume_offline") {
+        return;
+    }
+    let scratch = Scratch::new("grow-offline");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "grow", 64 << 20).await;
+    let staging = agent.state_dir.join("staging/grow");
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+        .await
+        .unwrap();
+    std::fs::write(staging.join("kept"), b"kept").unwrap();
+    let uuid = fs_uuid(&vol.device);
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+    agent
+        .controller()
+        .await
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: vol.id.clone(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 256 << 20,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let st = nix::sys::statvfs::statvfs(&staging).unwrap();
+    let total = st.blocks() as u64 * st.fragment_size() as u64;
+    assert!(total > 200 << 20, "filesystem grew to the device: {total}");
+    assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"kept");
+    assert_eq!(fs_uuid(&vol.device), uuid, "grown, not formatted");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
 }

@@ -5,8 +5,8 @@ pub mod admin;
 pub mod controller;
 pub mod identity;
 pub mod node;
-pub mod shim;
 mod node_stats;
+pub mod shim;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -155,6 +155,38 @@ impl FsTools {
     }
 }
 
+impl FsTools {
+    /// Grows an unmounted ext filesystem: a forced check first (resize2fs refuses without one),
+    /// then resize2fs. Works without CAP_SYS_RESOURCE, which only the online path needs.
+    pub fn grow_offline(&self, fs: FsType, device: &Path) -> Result<()> {
+        let dev = device_arg(device)?;
+        let fsck = self.tool(fs, "e2fsck")?;
+        let out = command::run(
+            fsck,
+            &["-f".to_string(), "-p".to_string(), dev.clone()],
+            FSCK_TIMEOUT,
+        )?;
+        if out.code >= 4 {
+            return Err(Error::FsckFailed {
+                device: device.into(),
+                code: out.code,
+                summary: last_lines(&format!("{}{}", out.stdout, out.stderr)),
+            });
+        }
+        let tool = self.tool(fs, "resize2fs")?;
+        let out = command::run(tool, &[dev], GROW_TIMEOUT)?;
+        if out.code != 0 {
+            return Err(Error::ToolFailed {
+                tool: tool.display().to_string(),
+                device: device.into(),
+                code: out.code,
+                stderr: last_lines(&out.stderr),
+            });
+        }
+        Ok(())
+    }
+}
+
 fn device_arg(path: &Path) -> Result<String> {
     path.to_str()
         .map(str::to_string)

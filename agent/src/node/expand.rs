@@ -10,8 +10,8 @@ use std::path::Path;
 
 use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 
+use super::grow::grow_if_needed;
 use super::journal::{Journal, detail};
-use super::stage::grow_if_needed;
 use super::{NodeCtx, mount_table, path_string};
 use crate::backend::block_dev_numbers;
 use crate::error::{Error, Result};

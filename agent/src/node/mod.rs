@@ -2,6 +2,8 @@
 //! step pipelines over the host, journaled through the store. No gRPC here.
 
 mod expand;
+mod format;
+mod grow;
 mod health_check;
 pub mod identity;
 pub mod journal;

@@ -10,12 +10,13 @@ use ebs_store::{
     AccessRecord, Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
 };
 
+use super::format::{Decision, decide, format_device, format_record, probe};
+use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
 use super::{NodeCtx, ensure_dir, mounted_at, path_string};
 use crate::backend::{ResolvedDevice, block_dev_numbers};
 use crate::error::{Error, Result};
-use crate::host::blkid::{self, ProbeOutcome, Signature};
-use crate::host::{blank, loopdev, mounter};
+use crate::host::mounter;
 use crate::node::identity::same_identity;
 use crate::request::{AccessType, Capability, ConfinedPath, FormatOptions, FsType, VolumeId};
 
@@ -27,12 +28,6 @@ pub struct StageCommand {
     pub volume_context: HashMap<String, String>,
     pub format: FormatOptions,
     pub deadline: Instant,
-}
-
-/// What the probe allows us to do with the device.
-enum Decision {
-    Format { uuid: String },
-    Check { uuid: String, adopt: bool },
 }
 
 pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
@@ -135,6 +130,9 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
                     if let crate::host::fstools::FsckOutcome::Repaired(code) = outcome {
                         tracing::warn!(volume = vol, code, "e2fsck repaired the filesystem");
                     }
+                }
+                if !readonly {
+                    grow_offline_if_needed(ctx, &journal, fs, &device.path)?;
                 }
             }
         }
@@ -257,218 +255,4 @@ fn verify_identity(
         }),
         _ => Ok(()),
     }
-}
-
-fn probe(device: &Path) -> Result<ProbeOutcome> {
-    blkid::probe(device).map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))
-}
-
-fn describe(sig: &Signature) -> String {
-    let what = if sig.is_partition_table {
-        "partition table"
-    } else {
-        match sig.usage.as_deref() {
-            Some("filesystem") => "filesystem",
-            Some("raid") => "RAID or LVM member",
-            Some("crypto") => "encryption header",
-            _ => "signature",
-        }
-    };
-    match &sig.uuid {
-        Some(u) => format!("{what} {} (UUID {u})", sig.type_name),
-        None => format!("{what} {}", sig.type_name),
-    }
-}
-
-/// The never-format rule: format only a provably blank device, or one whose interrupted mkfs was
-/// ours; use an existing filesystem only if it is the requested one and, once we formatted the
-/// volume, only if it carries our UUID.
-fn decide(
-    vol: &str,
-    fs: FsType,
-    device: &ResolvedDevice,
-    format: Option<&FormatRecord>,
-    outcome: ProbeOutcome,
-    readonly: bool,
-) -> Result<Decision> {
-    let wrong = |reason: String| Error::WrongDevice {
-        volume: vol.to_string(),
-        device: device.path.clone(),
-        reason,
-    };
-    match outcome {
-        ProbeOutcome::Ambivalent => Err(Error::NotBlank {
-            device: device.path.clone(),
-            found: "several conflicting signatures (ambivalent probe)".into(),
-        }),
-        ProbeOutcome::Found(sig) if !sig.is_partition_table && sig.type_name == fs.name() => {
-            let found = sig.uuid.clone().unwrap_or_default();
-            match format {
-                Some(f) if f.uuid != found => Err(wrong(format!(
-                    "it carries {fs} UUID {found}, but the volume was formatted with UUID {}",
-                    f.uuid
-                ))),
-                // Our mkfs was interrupted (or finished just before its record): redo it; the
-                // volume was never mounted, so nothing of the user's can be on it.
-                Some(f) if f.state == FormatState::Intent && !readonly => Ok(Decision::Format {
-                    uuid: f.uuid.clone(),
-                }),
-                Some(_) => Ok(Decision::Check {
-                    uuid: found,
-                    adopt: false,
-                }),
-                None => Ok(Decision::Check {
-                    uuid: found,
-                    adopt: true,
-                }),
-            }
-        }
-        ProbeOutcome::Found(sig) => Err(Error::NotBlank {
-            device: device.path.clone(),
-            found: format!("it carries a {}, not the requested {fs}", describe(&sig)),
-        }),
-        ProbeOutcome::Blank => match format {
-            Some(f) if f.state == FormatState::Done => Err(wrong(format!(
-                "the volume was formatted with {} UUID {}, but the device now carries no \
-                 filesystem (wrong device, or the device was wiped)",
-                f.fs_type, f.uuid
-            ))),
-            _ if readonly => Err(Error::Precondition(format!(
-                "volume {vol} has no filesystem and the capability is read-only: nothing to mount"
-            ))),
-            Some(f) => Ok(Decision::Format {
-                uuid: f.uuid.clone(),
-            }),
-            None => {
-                let size = loopdev::device_size(&device.path)
-                    .map_err(|e| Error::io(format!("sizing {}", device.path.display()), e))?;
-                if size == 0 {
-                    return Err(Error::Precondition(format!(
-                        "{} has a size of 0 bytes (a detached loop device?)",
-                        device.path.display()
-                    )));
-                }
-                match blank::first_nonzero_region(&device.path, size)
-                    .map_err(|e| Error::io(format!("reading {}", device.path.display()), e))?
-                {
-                    Some(offset) => Err(Error::NotBlank {
-                        device: device.path.clone(),
-                        found: format!("unrecognised data at byte {offset}"),
-                    }),
-                    None => Ok(Decision::Format {
-                        uuid: random_uuid()?,
-                    }),
-                }
-            }
-        },
-    }
-}
-
-fn format_record(
-    vol: &str,
-    fs: FsType,
-    uuid: &str,
-    dev: &ResolvedDevice,
-    state: FormatState,
-) -> FormatRecord {
-    FormatRecord {
-        volume_id: vol.to_string(),
-        fs_type: fs.name().to_string(),
-        uuid: uuid.to_string(),
-        identity: dev.identity.clone(),
-        state,
-        at_unix_ms: now_unix_ms(),
-    }
-}
-
-fn format_device(
-    ctx: &NodeCtx,
-    journal: &Journal<'_>,
-    cmd: &StageCommand,
-    fs: FsType,
-    device: &ResolvedDevice,
-    uuid: &str,
-) -> Result<()> {
-    let vol = cmd.volume.as_str();
-    let facts = detail([
-        ("device", path_string(&device.path)),
-        ("fs_type", fs.name().to_string()),
-        ("uuid", uuid.to_string()),
-        ("options", cmd.format.mkfs_args(fs).join(" ")),
-    ]);
-    let intent = format_record(vol, fs, uuid, device, FormatState::Intent);
-    journal.record(
-        "format",
-        Phase::Intent,
-        facts.clone(),
-        Durability::Immediate,
-        |w| w.put_format(&intent),
-    )?;
-    let started = Instant::now();
-    if let Err(e) = ctx.fstools.mkfs(fs, &device.path, uuid, &cmd.format) {
-        let mut failed = facts;
-        failed.insert("error".into(), e.to_string());
-        let _ = journal.record(
-            "format",
-            Phase::Failed,
-            failed,
-            Durability::Lazy,
-            |_| Ok(()),
-        );
-        return Err(e);
-    }
-    tracing::info!(volume = vol, device = %device.path.display(), %fs, uuid,
-        ms = started.elapsed().as_millis() as u64, "formatted");
-    let done = format_record(vol, fs, uuid, device, FormatState::Done);
-    journal.record("format", Phase::Done, facts, Durability::Immediate, |w| {
-        w.put_format(&done)
-    })
-}
-
-/// Grows the filesystem when the device is larger (a snapshot restored into a bigger volume, or
-/// an expansion that happened while the volume was not staged).
-pub fn grow_if_needed(
-    ctx: &NodeCtx,
-    journal: &Journal<'_>,
-    fs: FsType,
-    device: &Path,
-    mount_point: &Path,
-) -> Result<bool> {
-    let dev_bytes = loopdev::device_size(device)
-        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
-    let fs_bytes = crate::host::fs_size::mounted_bytes(fs, device, mount_point)
-        .map_err(|e| Error::io(format!("sizing the filesystem on {}", device.display()), e))?;
-    if dev_bytes <= fs_bytes + (1 << 20) {
-        return Ok(false);
-    }
-    journal.step(
-        "grow",
-        detail([
-            ("device", path_string(device)),
-            ("from_bytes", fs_bytes.to_string()),
-            ("to_bytes", dev_bytes.to_string()),
-        ]),
-        Durability::Lazy,
-        || ctx.fstools.grow(fs, device, mount_point),
-    )?;
-    Ok(true)
-}
-
-/// A random (version 4) UUID for mkfs, chosen before mkfs runs so that the journal knows it.
-pub fn random_uuid() -> Result<String> {
-    let mut b = [0u8; 16];
-    let f =
-        std::fs::File::open("/dev/urandom").map_err(|e| Error::io("opening /dev/urandom", e))?;
-    std::io::Read::read_exact(&mut &f, &mut b).map_err(|e| Error::io("reading /dev/urandom", e))?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    ))
 }

@@ -1,0 +1,208 @@
+//! The format decision: the never-format rule applied to what the probe found, and mkfs itself
+//! with its UUID chosen and journaled before it runs.
+
+use std::path::Path;
+use std::time::Instant;
+
+use ebs_store::{Durability, FormatRecord, FormatState, Phase, now_unix_ms};
+
+use super::NodeCtx;
+use super::journal::{Journal, detail};
+use super::path_string;
+use super::stage::StageCommand;
+use crate::backend::ResolvedDevice;
+use crate::error::{Error, Result};
+use crate::host::blkid::{self, ProbeOutcome, Signature};
+use crate::host::{blank, loopdev};
+use crate::request::FsType;
+
+/// What the probe allows us to do with the device.
+pub enum Decision {
+    Format { uuid: String },
+    Check { uuid: String, adopt: bool },
+}
+
+pub fn probe(device: &Path) -> Result<ProbeOutcome> {
+    blkid::probe(device).map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))
+}
+
+fn describe(sig: &Signature) -> String {
+    let what = if sig.is_partition_table {
+        "partition table"
+    } else {
+        match sig.usage.as_deref() {
+            Some("filesystem") => "filesystem",
+            Some("raid") => "RAID or LVM member",
+            Some("crypto") => "encryption header",
+            _ => "signature",
+        }
+    };
+    match &sig.uuid {
+        Some(u) => format!("{what} {} (UUID {u})", sig.type_name),
+        None => format!("{what} {}", sig.type_name),
+    }
+}
+
+/// The never-format rule: format only a provably blank device, or one whose interrupted mkfs was
+/// ours; use an existing filesystem only if it is the requested one and, once we formatted the
+/// volume, only if it carries our UUID.
+pub fn decide(
+    vol: &str,
+    fs: FsType,
+    device: &ResolvedDevice,
+    format: Option<&FormatRecord>,
+    outcome: ProbeOutcome,
+    readonly: bool,
+) -> Result<Decision> {
+    let wrong = |reason: String| Error::WrongDevice {
+        volume: vol.to_string(),
+        device: device.path.clone(),
+        reason,
+    };
+    match outcome {
+        ProbeOutcome::Ambivalent => Err(Error::NotBlank {
+            device: device.path.clone(),
+            found: "several conflicting signatures (ambivalent probe)".into(),
+        }),
+        ProbeOutcome::Found(sig) if !sig.is_partition_table && sig.type_name == fs.name() => {
+            let found = sig.uuid.clone().unwrap_or_default();
+            match format {
+                Some(f) if f.uuid != found => Err(wrong(format!(
+                    "it carries {fs} UUID {found}, but the volume was formatted with UUID {}",
+                    f.uuid
+                ))),
+                // Our mkfs was interrupted (or finished just before its record): redo it; the
+                // volume was never mounted, so nothing of the user's can be on it.
+                Some(f) if f.state == FormatState::Intent && !readonly => Ok(Decision::Format {
+                    uuid: f.uuid.clone(),
+                }),
+                Some(_) => Ok(Decision::Check {
+                    uuid: found,
+                    adopt: false,
+                }),
+                None => Ok(Decision::Check {
+                    uuid: found,
+                    adopt: true,
+                }),
+            }
+        }
+        ProbeOutcome::Found(sig) => Err(Error::NotBlank {
+            device: device.path.clone(),
+            found: format!("it carries a {}, not the requested {fs}", describe(&sig)),
+        }),
+        ProbeOutcome::Blank => match format {
+            Some(f) if f.state == FormatState::Done => Err(wrong(format!(
+                "the volume was formatted with {} UUID {}, but the device now carries no \
+                 filesystem (wrong device, or the device was wiped)",
+                f.fs_type, f.uuid
+            ))),
+            _ if readonly => Err(Error::Precondition(format!(
+                "volume {vol} has no filesystem and the capability is read-only: nothing to mount"
+            ))),
+            Some(f) => Ok(Decision::Format {
+                uuid: f.uuid.clone(),
+            }),
+            None => {
+                let size = loopdev::device_size(&device.path)
+                    .map_err(|e| Error::io(format!("sizing {}", device.path.display()), e))?;
+                if size == 0 {
+                    return Err(Error::Precondition(format!(
+                        "{} has a size of 0 bytes (a detached loop device?)",
+                        device.path.display()
+                    )));
+                }
+                match blank::first_nonzero_region(&device.path, size)
+                    .map_err(|e| Error::io(format!("reading {}", device.path.display()), e))?
+                {
+                    Some(offset) => Err(Error::NotBlank {
+                        device: device.path.clone(),
+                        found: format!("unrecognised data at byte {offset}"),
+                    }),
+                    None => Ok(Decision::Format {
+                        uuid: random_uuid()?,
+                    }),
+                }
+            }
+        },
+    }
+}
+
+pub fn format_record(
+    vol: &str,
+    fs: FsType,
+    uuid: &str,
+    dev: &ResolvedDevice,
+    state: FormatState,
+) -> FormatRecord {
+    FormatRecord {
+        volume_id: vol.to_string(),
+        fs_type: fs.name().to_string(),
+        uuid: uuid.to_string(),
+        identity: dev.identity.clone(),
+        state,
+        at_unix_ms: now_unix_ms(),
+    }
+}
+
+pub fn format_device(
+    ctx: &NodeCtx,
+    journal: &Journal<'_>,
+    cmd: &StageCommand,
+    fs: FsType,
+    device: &ResolvedDevice,
+    uuid: &str,
+) -> Result<()> {
+    let vol = cmd.volume.as_str();
+    let facts = detail([
+        ("device", path_string(&device.path)),
+        ("fs_type", fs.name().to_string()),
+        ("uuid", uuid.to_string()),
+        ("options", cmd.format.mkfs_args(fs).join(" ")),
+    ]);
+    let intent = format_record(vol, fs, uuid, device, FormatState::Intent);
+    journal.record(
+        "format",
+        Phase::Intent,
+        facts.clone(),
+        Durability::Immediate,
+        |w| w.put_format(&intent),
+    )?;
+    let started = Instant::now();
+    if let Err(e) = ctx.fstools.mkfs(fs, &device.path, uuid, &cmd.format) {
+        let mut failed = facts;
+        failed.insert("error".into(), e.to_string());
+        let _ = journal.record(
+            "format",
+            Phase::Failed,
+            failed,
+            Durability::Lazy,
+            |_| Ok(()),
+        );
+        return Err(e);
+    }
+    tracing::info!(volume = vol, device = %device.path.display(), %fs, uuid,
+        ms = started.elapsed().as_millis() as u64, "formatted");
+    let done = format_record(vol, fs, uuid, device, FormatState::Done);
+    journal.record("format", Phase::Done, facts, Durability::Immediate, |w| {
+        w.put_format(&done)
+    })
+}
+
+/// A random (version 4) UUID for mkfs, chosen before mkfs runs so that the journal knows it.
+pub fn random_uuid() -> Result<String> {
+    let mut b = [0u8; 16];
+    let f =
+        std::fs::File::open("/dev/urandom").map_err(|e| Error::io("opening /dev/urandom", e))?;
+    std::io::Read::read_exact(&mut &f, &mut b).map_err(|e| Error::io("reading /dev/urandom", e))?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    ))
+}

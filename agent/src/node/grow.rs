@@ -1,0 +1,79 @@
+//! Growing a filesystem to its device: offline before mount for ext (resize2fs needs no
+//! CAP_SYS_RESOURCE on an unmounted filesystem, and nothing uses it yet), online for xfs (it grows
+//! only mounted) and for NodeExpandVolume.
+
+use std::path::Path;
+
+use ebs_store::Durability;
+
+use super::NodeCtx;
+use super::journal::{Journal, detail};
+use super::path_string;
+use crate::error::{Error, Result};
+use crate::host::loopdev;
+use crate::request::FsType;
+
+/// Slack below which a device is not "larger": mkfs rounds the filesystem down to whole blocks.
+const GROW_SLACK: u64 = 1 << 20;
+
+/// Grows the filesystem when the device is larger (a snapshot restored into a bigger volume, or
+/// an expansion that happened while the volume was not staged).
+pub fn grow_if_needed(
+    ctx: &NodeCtx,
+    journal: &Journal<'_>,
+    fs: FsType,
+    device: &Path,
+    mount_point: &Path,
+) -> Result<bool> {
+    let dev_bytes = loopdev::device_size(device)
+        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    let fs_bytes = crate::host::fs_size::mounted_bytes(fs, device, mount_point)
+        .map_err(|e| Error::io(format!("sizing the filesystem on {}", device.display()), e))?;
+    if dev_bytes <= fs_bytes + GROW_SLACK {
+        return Ok(false);
+    }
+    journal.step(
+        "grow",
+        detail([
+            ("device", path_string(device)),
+            ("from_bytes", fs_bytes.to_string()),
+            ("to_bytes", dev_bytes.to_string()),
+        ]),
+        Durability::Lazy,
+        || ctx.fstools.grow(fs, device, mount_point),
+    )?;
+    Ok(true)
+}
+
+/// Grows an unmounted ext filesystem whose device is larger (a snapshot restored into a bigger
+/// volume, or an expansion that happened while it was not staged). resize2fs insists on a fresh
+/// forced check first, which the step runs.
+pub fn grow_offline_if_needed(
+    ctx: &NodeCtx,
+    journal: &Journal<'_>,
+    fs: FsType,
+    device: &Path,
+) -> Result<bool> {
+    if !fs.is_ext() {
+        return Ok(false);
+    }
+    let dev_bytes = loopdev::device_size(device)
+        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    let fs_bytes = crate::host::fstools::filesystem_bytes(fs, device)
+        .map_err(|e| Error::io(format!("reading the superblock of {}", device.display()), e))?;
+    if dev_bytes <= fs_bytes + GROW_SLACK {
+        return Ok(false);
+    }
+    journal.step(
+        "grow",
+        detail([
+            ("device", path_string(device)),
+            ("from_bytes", fs_bytes.to_string()),
+            ("to_bytes", dev_bytes.to_string()),
+            ("mounted", "false".into()),
+        ]),
+        Durability::Lazy,
+        || ctx.fstools.grow_offline(fs, device),
+    )?;
+    Ok(true)
+}
