@@ -5,3 +5,4 @@ pub mod fstools;
 pub mod loopdev;
 pub mod mounter;
 pub mod mountinfo;
+pub mod trim;

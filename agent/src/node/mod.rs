@@ -5,6 +5,7 @@ pub mod identity;
 pub mod journal;
 mod locks;
 mod publish;
+pub mod reclaim;
 pub mod recovery;
 mod stage;
 mod unstage;
