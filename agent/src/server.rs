@@ -151,10 +151,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 serves_node: args.mode.serves_node(),
                 serves_controller: args.mode.serves_controller() && loop_controller.is_some(),
             };
-            let node = args.mode.serves_node().then(|| grpc::addons::ReclaimSpaceNodeService {
-                ctx: Arc::clone(&ctx),
-                allowed: Arc::new(allowed.clone()),
-            });
+            let node = args
+                .mode
+                .serves_node()
+                .then(|| grpc::addons::ReclaimSpaceNodeService {
+                    ctx: Arc::clone(&ctx),
+                    allowed: Arc::new(allowed.clone()),
+                });
             let spawned = if ep == &args.endpoint {
                 Err("--csi-addons-endpoint must differ from --endpoint".to_string())
             } else {

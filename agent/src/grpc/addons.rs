@@ -81,7 +81,9 @@ impl addons_id::identity_server::Identity for AddonsIdentity {
         _req: Request<addons_id::ProbeRequest>,
     ) -> Result<Response<addons_id::ProbeResponse>, Status> {
         match self.health.check() {
-            Ok(ready) => Ok(Response::new(addons_id::ProbeResponse { ready: Some(ready) })),
+            Ok(ready) => Ok(Response::new(addons_id::ProbeResponse {
+                ready: Some(ready),
+            })),
             Err(problem) => Err(Status::failed_precondition(problem)),
         }
     }

@@ -121,17 +121,17 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     let trimmed_bytes = journal.step("trim", facts.clone(), Durability::Lazy, || {
         trim_free_space(&dir).map_err(|e| trim_error(e, path, &mount.fs_type))
     })?;
-    let post_bytes = match measure {
-        Measure::StorageAllocated => ctx
-            .backend
-            .allocated_bytes(&staged.identity)
-            .ok_or_else(|| {
-                Error::Internal(format!(
-                    "the storage allocation of volume {vol} could not be read after the trim"
-                ))
-            })?,
-        Measure::FilesystemUsed => filesystem_used(&dir, path)?,
-    };
+    let post_bytes =
+        match measure {
+            Measure::StorageAllocated => ctx.backend.allocated_bytes(&staged.identity).ok_or_else(
+                || {
+                    Error::Internal(format!(
+                        "the storage allocation of volume {vol} could not be read after the trim"
+                    ))
+                },
+            )?,
+            Measure::FilesystemUsed => filesystem_used(&dir, path)?,
+        };
     let mut done = facts;
     done.extend(detail([
         ("pre_bytes", pre_bytes.to_string()),
@@ -234,7 +234,10 @@ mod tests {
             trim_error(Errno::EROFS, p, "ext4"),
             Error::Precondition(_)
         ));
-        assert!(matches!(trim_error(Errno::EIO, p, "ext4"), Error::Io { .. }));
+        assert!(matches!(
+            trim_error(Errno::EIO, p, "ext4"),
+            Error::Io { .. }
+        ));
     }
 
     #[test]
