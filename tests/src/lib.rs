@@ -2,6 +2,7 @@
 //! socket, talk CSI to it, and leave the host clean even when a test fails (Drop guards unmount,
 //! detach loop devices and remove temp files).
 
+pub mod addons;
 pub mod csi_req;
 
 use std::os::unix::fs::PermissionsExt;
