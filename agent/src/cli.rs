@@ -69,6 +69,9 @@ pub struct ServeArgs {
     /// The CSI socket: unix:///path/name.sock.
     #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT, value_parser = Endpoint::parse_arg)]
     pub endpoint: Endpoint,
+    /// A second socket for the CSI-Addons sidecar (identity, online space reclaim); off when unset.
+    #[arg(long, env = "CSIADDONS_ENDPOINT", value_parser = Endpoint::parse_arg)]
+    pub csi_addons_endpoint: Option<Endpoint>,
     /// Which CSI services this instance serves.
     #[arg(long, env = "EBS_AGENT_MODE", value_enum, default_value = "all")]
     pub mode: Mode,

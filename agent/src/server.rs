@@ -175,6 +175,35 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         ]),
         health: Arc::clone(&health),
     };
+    // CSI-Addons: a second socket with the CSI one's bind rules and lifetime.
+    let addons = match &args.csi_addons_endpoint {
+        Some(ep) => {
+            let addons_identity = grpc::addons::AddonsIdentity {
+                driver_name: args.driver_name.clone(),
+                manifest: identity.manifest.clone(),
+                health: Arc::clone(&health),
+                serves_node: args.mode.serves_node(),
+                serves_controller: args.mode.serves_controller() && loop_controller.is_some(),
+            };
+            let node = args
+                .mode
+                .serves_node()
+                .then(|| grpc::addons::ReclaimSpaceNodeService {
+                    ctx: Arc::clone(&ctx),
+                    allowed: Arc::new(allowed.clone()),
+                });
+            let spawned = if ep == &args.endpoint {
+                Err("--csi-addons-endpoint must differ from --endpoint".to_string())
+            } else {
+                grpc::addons::spawn(ep, addons_identity, node)
+            };
+            Some(spawned.map_err(|e| {
+                args.endpoint.remove();
+                fatal(e)
+            })?)
+        }
+        None => None,
+    };
     let mut router = tonic::transport::Server::builder()
         .add_service(csi::identity_server::IdentityServer::new(identity))
         .add_service(ebs_proto::admin::admin_server::AdminServer::new(
@@ -248,7 +277,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     }
     crate::notify::stopping();
     let _ = stop_tx.send(());
-    match tokio::time::timeout(args.shutdown_grace, server).await {
+    let addons_drained = async {
+        if let Some(a) = addons {
+            a.shutdown(args.shutdown_grace).await;
+        }
+    };
+    let (drained, ()) = tokio::join!(
+        tokio::time::timeout(args.shutdown_grace, server),
+        addons_drained
+    );
+    match drained {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => tracing::error!(error = %e, "server error while draining"),
         Ok(Err(e)) => tracing::error!(error = %e, "server task failed"),

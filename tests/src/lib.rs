@@ -3,6 +3,7 @@
 //! detach loop devices and remove temp files).
 
 pub mod controller_cases;
+pub mod addons;
 pub mod csi_req;
 pub mod fake_controller;
 pub mod imds;
@@ -128,11 +129,24 @@ pub fn loops_below(dir: &Path) -> Vec<PathBuf> {
 }
 
 pub fn cleanup_dir(dir: &Path) {
+    // Loops first: once a filesystem below `dir` is lazily unmounted, a loop file on it shows a
+    // path relative to that detached mount, and would keep it (and its own loop) alive.
+    let mut loops = loops_below(dir);
     for m in mounts_below(dir) {
         let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
     }
     for dev in loops_below(dir) {
-        let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+        if !loops.contains(&dev) {
+            loops.push(dev);
+        }
+    }
+    for dev in loops {
+        // An autoclear loop may be gone already: nothing to report.
+        let _ = Command::new("losetup")
+            .arg("-d")
+            .arg(&dev)
+            .stderr(Stdio::null())
+            .status();
     }
     let _ = std::fs::remove_dir_all(dir);
 }

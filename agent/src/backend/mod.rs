@@ -38,6 +38,13 @@ pub trait Backend: Send + Sync {
     /// Makes the kernel see a device's new size after the volume grew (loop: set capacity;
     /// NVMe: rescan the controller).
     fn refresh_size(&self, device: &Path) -> Result<()>;
+
+    /// The bytes the volume occupies in its storage, when the backend can see that (loop: the
+    /// volume file's allocated blocks). Reclaim space reports it as the volume's consumption;
+    /// `None` makes it fall back to the filesystem's used bytes.
+    fn allocated_bytes(&self, _identity: &DeviceIdentity) -> Option<u64> {
+        None
+    }
 }
 
 /// Reads the major:minor of a block device node.

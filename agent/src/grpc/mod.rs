@@ -1,6 +1,7 @@
 //! The thin gRPC layer: requests become typed commands, domain errors become one `tonic::Status`
 //! each, here and nowhere else.
 
+pub mod addons;
 pub mod admin;
 pub mod controller;
 pub mod identity;

@@ -7,3 +7,4 @@ pub mod fstools;
 pub mod loopdev;
 pub mod mounter;
 pub mod mountinfo;
+pub mod trim;

@@ -10,6 +10,7 @@ pub mod journal;
 mod locks;
 mod publish;
 mod read_probe;
+pub mod reclaim;
 pub mod recovery;
 mod stage;
 mod stats;

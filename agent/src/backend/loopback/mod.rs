@@ -124,4 +124,14 @@ impl Backend for LoopBackend {
         loopdev::set_capacity(device)
             .map_err(|e| Error::Internal(format!("LOOP_SET_CAPACITY on {}: {e}", device.display())))
     }
+
+    /// The volume file is sparse and loop devices turn discards into punched holes, so its
+    /// allocated blocks are exactly what the volume costs its storage.
+    fn allocated_bytes(&self, identity: &DeviceIdentity) -> Option<u64> {
+        let DeviceIdentity::LoopFile { file, .. } = identity else {
+            return None;
+        };
+        // st_blocks counts 512-byte units whatever the filesystem's block size.
+        std::fs::metadata(file).ok().map(|m| m.blocks() * 512)
+    }
 }

@@ -1,0 +1,218 @@
+//! The CSI-Addons endpoint (`--csi-addons-endpoint`): a second unix socket, bound by the same
+//! rules as the CSI one, where the CSI-Addons sidecar discovers what the driver offers and asks
+//! for online space reclaim. ReclaimSpaceController is not registered: gRPC answers UNIMPLEMENTED,
+//! and the capabilities never advertise OFFLINE reclaim.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ebs_proto::identity::{self as addons_id, capability};
+use ebs_proto::reclaimspace as rs;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use super::logged;
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result, blocking};
+use crate::health::Health;
+use crate::node::NodeCtx;
+use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
+use crate::request::{ConfinedPath, Secrets, VolumeId};
+
+pub struct AddonsIdentity {
+    pub driver_name: String,
+    pub manifest: HashMap<String, String>,
+    pub health: Arc<Health>,
+    pub serves_node: bool,
+    pub serves_controller: bool,
+}
+
+impl AddonsIdentity {
+    fn capabilities(&self) -> Vec<addons_id::Capability> {
+        let service = |t: capability::service::Type| addons_id::Capability {
+            r#type: Some(capability::Type::Service(capability::Service {
+                r#type: t as i32,
+            })),
+        };
+        let mut caps = Vec::new();
+        if self.serves_node {
+            caps.push(service(capability::service::Type::NodeService));
+            caps.push(addons_id::Capability {
+                r#type: Some(capability::Type::ReclaimSpace(capability::ReclaimSpace {
+                    r#type: capability::reclaim_space::Type::Online as i32,
+                })),
+            });
+        }
+        if self.serves_controller {
+            caps.push(service(capability::service::Type::ControllerService));
+        }
+        caps
+    }
+}
+
+#[tonic::async_trait]
+impl addons_id::identity_server::Identity for AddonsIdentity {
+    async fn get_identity(
+        &self,
+        _req: Request<addons_id::GetIdentityRequest>,
+    ) -> Result<Response<addons_id::GetIdentityResponse>, Status> {
+        Ok(Response::new(addons_id::GetIdentityResponse {
+            name: self.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: self.manifest.clone(),
+        }))
+    }
+
+    async fn get_capabilities(
+        &self,
+        _req: Request<addons_id::GetCapabilitiesRequest>,
+    ) -> Result<Response<addons_id::GetCapabilitiesResponse>, Status> {
+        Ok(Response::new(addons_id::GetCapabilitiesResponse {
+            capabilities: self.capabilities(),
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _req: Request<addons_id::ProbeRequest>,
+    ) -> Result<Response<addons_id::ProbeResponse>, Status> {
+        match self.health.check() {
+            Ok(ready) => Ok(Response::new(addons_id::ProbeResponse {
+                ready: Some(ready),
+            })),
+            Err(problem) => Err(Status::failed_precondition(problem)),
+        }
+    }
+}
+
+pub struct ReclaimSpaceNodeService {
+    pub ctx: Arc<NodeCtx>,
+    pub allowed: Arc<Vec<PathBuf>>,
+}
+
+impl ReclaimSpaceNodeService {
+    fn command(&self, r: &rs::NodeReclaimSpaceRequest) -> Result<ReclaimCommand> {
+        let volume = VolumeId::parse(&r.volume_id)?;
+        let path = if !r.staging_target_path.is_empty() {
+            ReclaimPath::Staging(ConfinedPath::parse(
+                "staging_target_path",
+                &r.staging_target_path,
+                &self.allowed,
+            )?)
+        } else {
+            // Missing both: report the field the sidecar is expected to send.
+            ReclaimPath::Published(ConfinedPath::parse(
+                if r.volume_path.is_empty() {
+                    "staging_target_path"
+                } else {
+                    "volume_path"
+                },
+                &r.volume_path,
+                &self.allowed,
+            )?)
+        };
+        Ok(ReclaimCommand { volume, path })
+    }
+
+    /// The same guard as stage and publish: a reclaim clashes with any other operation on the
+    /// volume (ABORTED), and the guard lives in the blocking task until the ioctl returns.
+    async fn locked(&self, cmd: ReclaimCommand) -> Result<crate::node::reclaim::Reclaimed> {
+        if !self.ctx.health.is_ready() {
+            return Err(Error::Unavailable(
+                "the agent is starting (start-up recovery is running); retry shortly".into(),
+            ));
+        }
+        let guard = self
+            .ctx
+            .locks
+            .try_lock(cmd.volume.as_str())
+            .ok_or_else(|| Error::Busy(cmd.volume.to_string()))?;
+        let ctx = Arc::clone(&self.ctx);
+        blocking(move || {
+            let _guard = guard;
+            reclaim(&ctx, &cmd)
+        })
+        .await
+    }
+}
+
+fn consumption(bytes: u64) -> Option<rs::StorageConsumption> {
+    Some(rs::StorageConsumption {
+        usage_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+    })
+}
+
+#[tonic::async_trait]
+impl rs::reclaim_space_node_server::ReclaimSpaceNode for ReclaimSpaceNodeService {
+    async fn node_reclaim_space(
+        &self,
+        req: Request<rs::NodeReclaimSpaceRequest>,
+    ) -> Result<Response<rs::NodeReclaimSpaceResponse>, Status> {
+        let mut r = req.into_inner();
+        let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
+        let done = logged("NodeReclaimSpace", &r.volume_id.clone(), async {
+            let cmd = self.command(&r)?;
+            let done = self.locked(cmd).await?;
+            tracing::info!(volume = %r.volume_id, pre_bytes = done.pre_bytes,
+                post_bytes = done.post_bytes, trimmed_bytes = done.trimmed_bytes,
+                measure = ?done.measure, "space reclaimed");
+            Ok(done)
+        })
+        .await?;
+        Ok(Response::new(rs::NodeReclaimSpaceResponse {
+            pre_usage: consumption(done.pre_bytes),
+            post_usage: consumption(done.post_bytes),
+        }))
+    }
+}
+
+/// The running CSI-Addons server.
+pub struct AddonsServer {
+    endpoint: Endpoint,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+}
+
+/// Binds `endpoint` and serves the CSI-Addons services on it. ReclaimSpaceNode only when this
+/// instance serves the node side (`node` is Some).
+pub fn spawn(
+    endpoint: &Endpoint,
+    identity: AddonsIdentity,
+    node: Option<ReclaimSpaceNodeService>,
+) -> std::result::Result<AddonsServer, String> {
+    let listener = endpoint.bind()?;
+    let router = tonic::transport::Server::builder()
+        .add_service(addons_id::identity_server::IdentityServer::new(identity))
+        .add_optional_service(node.map(rs::reclaim_space_node_server::ReclaimSpaceNodeServer::new));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(router.serve_with_incoming_shutdown(
+        UnixListenerStream::new(listener),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    tracing::info!(endpoint = %endpoint, "serving CSI-Addons");
+    Ok(AddonsServer {
+        endpoint: endpoint.clone(),
+        stop,
+        task,
+    })
+}
+
+impl AddonsServer {
+    /// Stops accepting, lets in-flight calls finish within `grace`, removes the socket.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = self.stop.send(());
+        match tokio::time::timeout(grace, self.task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::error!(error = %e, "CSI-Addons server error while draining"),
+            Ok(Err(e)) => tracing::error!(error = %e, "CSI-Addons server task failed"),
+            Err(_) => tracing::warn!(?grace, "CSI-Addons calls still in flight at exit"),
+        }
+        self.endpoint.remove();
+    }
+}

@@ -1,0 +1,250 @@
+//! NodeReclaimSpace (CSI-Addons): return a staged filesystem's free blocks to the storage with
+//! FITRIM, and report what the volume consumed before and after.
+//!
+//! "Consumed" is what the storage holds for the volume when the backend can see it (loop: the
+//! sparse volume file's allocated bytes, which punch-hole discards really shrink; this is what
+//! the CSI-Addons controller shows users as reclaimed space). Otherwise (EBS exposes no
+//! allocation to the node) it is the filesystem's used bytes, which a trim does not change: an
+//! honest "unchanged" rather than an invented saving.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::Mode;
+
+use super::journal::{Journal, detail};
+use super::{NodeCtx, mounted_at, path_string};
+use crate::backend::block_dev_numbers;
+use crate::error::{Error, Result};
+use crate::host::trim::trim_free_space;
+use crate::request::{ConfinedPath, VolumeId};
+
+/// Where the caller says the volume is: the CSI-Addons sidecar sends the staging path; a caller
+/// that knows only a workload's mount sends that publication's target path.
+pub enum ReclaimPath {
+    Staging(ConfinedPath),
+    Published(ConfinedPath),
+}
+
+pub struct ReclaimCommand {
+    pub volume: VolumeId,
+    pub path: ReclaimPath,
+}
+
+/// How the usage figures were measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// Bytes the backing storage allocates for the volume.
+    StorageAllocated,
+    /// Bytes the filesystem uses (statvfs).
+    FilesystemUsed,
+}
+
+impl Measure {
+    fn as_str(self) -> &'static str {
+        match self {
+            Measure::StorageAllocated => "storage_allocated",
+            Measure::FilesystemUsed => "filesystem_used",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Reclaimed {
+    pub pre_bytes: u64,
+    pub post_bytes: u64,
+    /// What the filesystem reports as discarded (ext4 skips groups it trimmed before).
+    pub trimmed_bytes: u64,
+    pub measure: Measure,
+}
+
+pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
+    let vol = cmd.volume.as_str();
+    let staged = ctx
+        .store
+        .staged(vol)?
+        .filter(|s| s.progress == Progress::Complete)
+        .ok_or_else(|| Error::NotFound(format!("volume {vol} is not staged on this node")))?;
+    let path = known_path(ctx, &staged, &cmd.path)?;
+    let not_here = || Error::PathNotFound {
+        volume: vol.to_string(),
+        path: path.to_path_buf(),
+    };
+    if staged.access == AccessRecord::Block {
+        return Err(Error::Unimplemented(format!(
+            "volume {vol} is staged for block access: the agent reclaims space only from a \
+             filesystem it mounted (discard a raw device from the workload itself); do not retry"
+        )));
+    }
+    ctx.backend
+        .still_is(&staged.device, &staged.identity)
+        .map_err(|reason| Error::WrongDevice {
+            volume: vol.to_string(),
+            device: staged.device.clone(),
+            reason,
+        })?;
+    let (major, minor) = block_dev_numbers(&staged.device)
+        .map_err(|e| Error::io(format!("device {}", staged.device.display()), e))?;
+    let mount = mounted_at(path)?
+        .filter(|m| m.major == major && m.minor == minor)
+        .ok_or_else(not_here)?;
+    let dir = open_mount_root(path)?;
+    // The descriptor, not the path, is what gets trimmed: make sure it is the volume's filesystem
+    // even if the path changed since the mount table was read.
+    let st_dev = nix::sys::stat::fstat(&dir)
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e.into()))?
+        .st_dev;
+    if st_dev != nix::sys::stat::makedev(u64::from(major), u64::from(minor)) {
+        return Err(not_here());
+    }
+
+    let journal = Journal::new(&ctx.store, vol, "reclaim", ctx.crash_after());
+    let facts = detail([
+        ("path", path_string(path)),
+        ("device", path_string(&staged.device)),
+        ("fs", mount.fs_type.clone()),
+    ]);
+    // A trim changes no data, so nothing needs resuming after a crash: lazy lines suffice.
+    // Sync first: ext4 frees a deleted file's blocks only when its journal commits, and the
+    // "before" figure should include data still in the page cache.
+    journal.step("sync", facts.clone(), Durability::Lazy, || {
+        nix::unistd::syncfs(&dir)
+            .map_err(|e| Error::io(format!("syncfs {}", path.display()), e.into()))
+    })?;
+    let (pre_bytes, measure) = match ctx.backend.allocated_bytes(&staged.identity) {
+        Some(bytes) => (bytes, Measure::StorageAllocated),
+        None => (filesystem_used(&dir, path)?, Measure::FilesystemUsed),
+    };
+    let trimmed_bytes = journal.step("trim", facts.clone(), Durability::Lazy, || {
+        trim_free_space(&dir).map_err(|e| trim_error(e, path, &mount.fs_type))
+    })?;
+    let post_bytes =
+        match measure {
+            Measure::StorageAllocated => ctx.backend.allocated_bytes(&staged.identity).ok_or_else(
+                || {
+                    Error::Internal(format!(
+                        "the storage allocation of volume {vol} could not be read after the trim"
+                    ))
+                },
+            )?,
+            Measure::FilesystemUsed => filesystem_used(&dir, path)?,
+        };
+    let mut done = facts;
+    done.extend(detail([
+        ("pre_bytes", pre_bytes.to_string()),
+        ("post_bytes", post_bytes.to_string()),
+        ("trimmed_bytes", trimmed_bytes.to_string()),
+        ("measure", measure.as_str().to_string()),
+    ]));
+    journal.record("reclaimed", Phase::Done, done, Durability::Lazy, |_| Ok(()))?;
+    Ok(Reclaimed {
+        pre_bytes,
+        post_bytes,
+        trimmed_bytes,
+        measure,
+    })
+}
+
+/// The path must be where this node put the volume: its staging path, or one of its
+/// publications. Anything else is NOT_FOUND.
+fn known_path<'a>(
+    ctx: &NodeCtx,
+    staged: &StagedVolume,
+    given: &'a ReclaimPath,
+) -> Result<&'a Path> {
+    let vol = &staged.volume_id;
+    let (path, known) = match given {
+        ReclaimPath::Staging(p) => (
+            p.as_path(),
+            // Records rebuilt from the mount table may lack the path; the mount check decides.
+            staged.staging_path == p.as_path() || staged.staging_path.as_os_str().is_empty(),
+        ),
+        ReclaimPath::Published(p) => (
+            p.as_path(),
+            ctx.store
+                .publications(vol)?
+                .iter()
+                .any(|pb| pb.target_path == p.as_path()),
+        ),
+    };
+    if known {
+        Ok(path)
+    } else {
+        Err(Error::PathNotFound {
+            volume: vol.clone(),
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+fn open_mount_root(path: &Path) -> Result<OwnedFd> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    open(path, flags, Mode::empty()).map_err(|e| match e {
+        Errno::ENOENT | Errno::ENOTDIR => Error::NotFound(format!(
+            "{} does not exist or is not a directory",
+            path.display()
+        )),
+        e => Error::io(format!("opening {}", path.display()), e.into()),
+    })
+}
+
+fn filesystem_used(dir: &OwnedFd, path: &Path) -> Result<u64> {
+    let st = nix::sys::statvfs::fstatvfs(dir)
+        .map_err(|e| Error::io(format!("statvfs {}", path.display()), e.into()))?;
+    Ok((st.blocks().saturating_sub(st.blocks_free()) as u64).saturating_mul(st.fragment_size()))
+}
+
+fn trim_error(e: Errno, path: &Path, fs_type: &str) -> Error {
+    match e {
+        Errno::EOPNOTSUPP => Error::Unimplemented(format!(
+            "{}: the filesystem or device does not support discard; do not retry",
+            path.display()
+        )),
+        Errno::ENOTTY => Error::Unimplemented(format!(
+            "{}: {fs_type} does not implement FITRIM; do not retry",
+            path.display()
+        )),
+        Errno::EROFS => Error::Precondition(format!(
+            "{} is mounted read-only; free space cannot be discarded",
+            path.display()
+        )),
+        e => Error::io(format!("FITRIM on {}", path.display()), e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trim_errors_map_to_clear_domain_errors() {
+        let p = Path::new("/x");
+        assert!(matches!(
+            trim_error(Errno::EOPNOTSUPP, p, "ext4"),
+            Error::Unimplemented(m) if m.contains("does not support discard; do not retry")
+        ));
+        assert!(matches!(
+            trim_error(Errno::ENOTTY, p, "vfat"),
+            Error::Unimplemented(_)
+        ));
+        assert!(matches!(
+            trim_error(Errno::EROFS, p, "ext4"),
+            Error::Precondition(_)
+        ));
+        assert!(matches!(
+            trim_error(Errno::EIO, p, "ext4"),
+            Error::Io { .. }
+        ));
+    }
+
+    #[test]
+    fn filesystem_used_is_within_the_filesystem() {
+        let dir = open_mount_root(Path::new("/")).unwrap();
+        let st = nix::sys::statvfs::fstatvfs(&dir).unwrap();
+        let used = filesystem_used(&dir, Path::new("/")).unwrap();
+        assert!(used <= st.blocks() as u64 * st.fragment_size());
+    }
+}
