@@ -393,8 +393,7 @@ async fn secrets_never_reach_the_logs_and_json_logs_have_one_line_per_call() {
 /// The capabilities `CapabilityBoundingSet=` in the shipped unit grants, as setpriv names them.
 fn unit_capabilities() -> Vec<String> {
     let unit = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../packaging/systemd/ebs-node-agent.service"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/ebs-node-agent.service"),
     )
     .unwrap();
     let line = unit

@@ -377,7 +377,7 @@ fn nomad_jobs_match_the_agent_flags() {
 // ---- systemd, Mesos, container ----------------------------------------------------------------
 
 fn unit_values(key: &str) -> Vec<String> {
-    read("packaging/systemd/ebs-node-agent.service")
+    read("systemd/ebs-node-agent.service")
         .lines()
         .filter_map(|l| l.strip_prefix(&format!("{key}=")))
         .map(str::to_string)
@@ -391,7 +391,7 @@ fn unit_value(key: &str) -> String {
 }
 
 fn env_file() -> Vec<(String, String)> {
-    read("packaging/systemd/ebs-node-agent.env")
+    read("systemd/ebs-node-agent.env")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -415,7 +415,7 @@ fn systemd_config() -> Value {
 #[test]
 fn systemd_unit_verifies() {
     let dir = Scratch::new("unit-verify");
-    let unit = read("packaging/systemd/ebs-node-agent.service").replace(
+    let unit = read("systemd/ebs-node-agent.service").replace(
         "/usr/local/bin/ebs-node-agent",
         &agent_bin().display().to_string(),
     );
@@ -487,7 +487,7 @@ fn systemd_unit_and_env_file_match_the_agent_flags() {
         );
     }
     // Every hardening line says why: a comment right above it.
-    let text = read("packaging/systemd/ebs-node-agent.service");
+    let text = read("systemd/ebs-node-agent.service");
     let lines: Vec<&str> = text.lines().collect();
     let start = lines
         .iter()
