@@ -107,15 +107,7 @@ impl FsTools {
         args.extend(opts.mkfs_args(fs));
         args.push(device_arg(device)?);
         let out = command::run(tool, &args, MKFS_TIMEOUT)?;
-        if out.code != 0 {
-            return Err(Error::ToolFailed {
-                tool: tool.display().to_string(),
-                device: device.into(),
-                code: out.code,
-                stderr: last_lines(&out.stderr),
-            });
-        }
-        Ok(())
+        succeeded(tool, device, &out)
     }
 
     /// Checks a filesystem before it is mounted: `e2fsck -p` for ext, nothing for xfs.
@@ -143,15 +135,7 @@ impl FsTools {
             _ => (self.tool(fs, "resize2fs")?, device),
         };
         let out = command::run(tool, &[device_arg(arg)?], GROW_TIMEOUT)?;
-        if out.code != 0 {
-            return Err(Error::ToolFailed {
-                tool: tool.display().to_string(),
-                device: device.into(),
-                code: out.code,
-                stderr: last_lines(&out.stderr),
-            });
-        }
-        Ok(())
+        succeeded(tool, device, &out)
     }
 }
 
@@ -175,16 +159,21 @@ impl FsTools {
         }
         let tool = self.tool(fs, "resize2fs")?;
         let out = command::run(tool, &[dev], GROW_TIMEOUT)?;
-        if out.code != 0 {
-            return Err(Error::ToolFailed {
-                tool: tool.display().to_string(),
-                device: device.into(),
-                code: out.code,
-                stderr: last_lines(&out.stderr),
-            });
-        }
-        Ok(())
+        succeeded(tool, device, &out)
     }
+}
+
+/// A tool's non-zero exit as a typed error carrying the end of its stderr.
+fn succeeded(tool: &Path, device: &Path, out: &command::CommandOutput) -> Result<()> {
+    if out.code == 0 {
+        return Ok(());
+    }
+    Err(Error::ToolFailed {
+        tool: tool.display().to_string(),
+        device: device.into(),
+        code: out.code,
+        stderr: last_lines(&out.stderr),
+    })
 }
 
 fn device_arg(path: &Path) -> Result<String> {
