@@ -486,3 +486,90 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
         }
     }
 }
+
+/// NodeExpandVolume killed at each of its step boundaries (xfs: it grows online here; ext4's
+/// online grow needs CAP_SYS_RESOURCE, which this host cannot grant).
+#[tokio::test]
+async fn crash_matrix_expand_xfs() {
+    if !require_root("crash_matrix_expand_xfs") {
+        return;
+    }
+    for point in [
+        "expand.refresh_size.intent",
+        "expand.refresh_size.done",
+        "expand.grow.intent",
+        "expand.grow.done",
+        "expand.expanded.done",
+    ] {
+        let scratch = Scratch::new(&format!("crash-expand-{}", point.replace('.', "-")));
+        let mut agent = Agent::start(&scratch, crash_opts(None)).await;
+        let vol = create_attached(&agent, "exp", 320 << 20).await;
+        let c = Cycle {
+            vol: vol.clone(),
+            staging: agent.state_dir.join("staging/e"),
+            target: agent.state_dir.join("pods/e/mount"),
+            cap: mount_cap("xfs", Mode::SingleNodeWriter),
+        };
+        call(&agent, &c, Op::Stage).await.unwrap();
+        call(&agent, &c, Op::Publish).await.unwrap();
+        std::fs::write(c.target.join("before-crash"), b"survives").unwrap();
+        let uuid = fs_uuid(&vol.device);
+        let to: i64 = 512 << 20;
+        agent
+            .controller()
+            .await
+            .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                volume_id: vol.id.clone(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: to,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let expand = csi::NodeExpandVolumeRequest {
+            volume_id: vol.id.clone(),
+            volume_path: c.target.display().to_string(),
+            staging_target_path: c.staging.display().to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: to,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(c.cap.clone()),
+            ..Default::default()
+        };
+        agent.restart(Some(crash_opts(Some(point)))).await;
+        let r = agent.node().await.node_expand_volume(expand.clone()).await;
+        assert!(
+            agent.wait_exit(Duration::from_secs(20)).await.is_some(),
+            "{point}: no crash ({r:?})"
+        );
+        agent.restart(Some(crash_opts(None))).await;
+        for _ in 0..2 {
+            let r = agent
+                .node()
+                .await
+                .node_expand_volume(expand.clone())
+                .await
+                .unwrap_or_else(|e| panic!("{point}: retry failed: {e:?}\n{}", agent.log_text()))
+                .into_inner();
+            assert_eq!(r.capacity_bytes, to, "{point}");
+        }
+        let st = nix::sys::statvfs::statvfs(&c.target).unwrap();
+        assert!(
+            st.blocks() as u64 * st.fragment_size() as u64 > 400 << 20,
+            "{point}: not grown"
+        );
+        assert_eq!(
+            std::fs::read(c.target.join("before-crash")).unwrap(),
+            b"survives"
+        );
+        assert_eq!(fs_uuid(&vol.device), uuid, "{point}");
+        assert_eq!(mount_count(&c.staging), 1, "{point}");
+        assert_eq!(mount_count(&c.target), 1, "{point}");
+        call(&agent, &c, Op::Unpublish).await.unwrap();
+        call(&agent, &c, Op::Unstage).await.unwrap();
+        eprintln!("{point}: recovered");
+    }
+}
