@@ -205,7 +205,14 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     let journal = Journal::new(&ctx.store, vol, "unpublish", ctx.crash_after());
     let facts = detail([("target", path_string(target))]);
     if let Some(m) = mounted_at(target)? {
+        // A device that vanished (force-detached) cannot be compared any more: our own
+        // publication record then vouches for the mount, so a pod is never stuck on it.
+        let device_gone = staged
+            .as_ref()
+            .is_some_and(|s| block_dev_numbers(&s.device).is_err());
+        let vouched = device_gone && ctx.store.publication(vol, target)?.is_some();
         if let Some(s) = &staged
+            && !vouched
             && !is_ours(s, &m, target)
         {
             return Err(Error::Precondition(format!(
