@@ -237,6 +237,12 @@ async fn node_mode_has_no_controller_and_needs_no_upstream() {
             "ebs".into(),
             "--mode".into(),
             "node".into(),
+            // A complete node identity without instance metadata (none here).
+            "--node-id".into(),
+            "i-0123456789abcdef0".into(),
+            "--zone".into(),
+            "test-zone-1a".into(),
+            "--imds-disabled".into(),
         ],
         ..Default::default()
     };
@@ -284,6 +290,12 @@ async fn all_mode_stays_ready_for_node_work_while_the_upstream_is_down() {
             "ebs".into(),
             "--mode".into(),
             "all".into(),
+            // A complete node identity without instance metadata (none here).
+            "--node-id".into(),
+            "i-0123456789abcdef0".into(),
+            "--zone".into(),
+            "test-zone-1a".into(),
+            "--imds-disabled".into(),
             "--controller-upstream".into(),
             unix_url(&sock),
         ],
