@@ -91,7 +91,13 @@ pub struct ServeArgs {
     pub mode: Mode,
     /// CSI versions served on the socket, comma-separated: v1, v0 (0.2/0.3), v0.1. Any may be
     /// turned off, v1 included (a node that only Mesos 1.5 talks to); at least one must stay.
-    #[arg(long, env = "EBS_AGENT_CSI_VERSIONS", value_enum, value_delimiter = ',', default_value = "v1,v0,v0.1")]
+    #[arg(
+        long,
+        env = "EBS_AGENT_CSI_VERSIONS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "v1,v0,v0.1"
+    )]
     pub csi_versions: Vec<CsiVersion>,
     /// How volume ids become block devices.
     #[arg(long, env = "EBS_AGENT_BACKEND", value_enum, default_value = "ebs")]

@@ -2,11 +2,12 @@
 //! socket, talk CSI to it, and leave the host clean even when a test fails (Drop guards unmount,
 //! detach loop devices and remove temp files).
 
-pub mod controller_cases;
 pub mod addons;
+pub mod controller_cases;
 pub mod csi_req;
 pub mod fake_controller;
 pub mod imds;
+pub mod legacy;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

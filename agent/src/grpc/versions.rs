@@ -57,9 +57,9 @@ pub fn add_services(
     };
 
     if on(CsiVersion::V1) {
-        router = router.add_service(v1::identity_server::IdentityServer::from_arc(
-            Arc::clone(&s.identity),
-        ));
+        router = router.add_service(v1::identity_server::IdentityServer::from_arc(Arc::clone(
+            &s.identity,
+        )));
         if let Some(node) = &s.node {
             router = router.add_service(v1::node_server::NodeServer::from_arc(Arc::clone(node)));
         }

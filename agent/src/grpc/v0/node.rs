@@ -140,11 +140,7 @@ impl Node for V0Node {
         Ok(Response::new(v0::NodeGetInfoResponse {
             node_id: info.node_id,
             max_volumes_per_node: info.max_volumes_per_node,
-            accessible_topology: info
-                .accessible_topology
-                .as_ref()
-                .map(recode)
-                .transpose()?,
+            accessible_topology: info.accessible_topology.as_ref().map(recode).transpose()?,
         }))
     }
 }

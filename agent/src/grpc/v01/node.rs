@@ -5,7 +5,7 @@
 //! v1 steps are idempotent, so both v0.1 calls are too, including retries after a failure
 //! between the two steps.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ebs_proto::csi::node_server::Node;
@@ -45,9 +45,9 @@ impl V01Node {
     }
 
     /// Whether the volume is staged in our directory with no publication left.
-    async fn staged_here_unused(&self, id: &str, staging: &PathBuf) -> Result<bool, Status> {
+    async fn staged_here_unused(&self, id: &str, staging: &Path) -> Result<bool, Status> {
         let store = Arc::clone(&self.v1.ctx.store);
-        let (id, staging) = (id.to_string(), staging.clone());
+        let (id, staging) = (id.to_string(), staging.to_path_buf());
         let unused = blocking(move || {
             let ours = store
                 .staged(&id)?
@@ -56,6 +56,32 @@ impl V01Node {
         })
         .await?;
         Ok(unused)
+    }
+}
+
+impl V01Node {
+    /// Unstages the volume when it is staged in our directory and published nowhere, then
+    /// removes the directory (ours, unlike a CO's staging path).
+    async fn unstage_if_unused(
+        &self,
+        meta: &MetadataMap,
+        id: &str,
+        staging: &Path,
+    ) -> Result<(), Status> {
+        if !self.staged_here_unused(id, staging).await? {
+            return Ok(());
+        }
+        let unstage = v1::NodeUnstageVolumeRequest {
+            volume_id: id.to_string(),
+            staging_target_path: staging.display().to_string(),
+        };
+        self.v1.node_unstage_volume(request(meta, unstage)).await?;
+        if let Err(e) = std::fs::remove_dir(staging)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %staging.display(), error = %e, "v0.1 staging directory left behind");
+        }
+        Ok(())
     }
 }
 
@@ -75,26 +101,39 @@ impl Node for V01Node {
         let staging = self.staging_for(&r.volume_id)?;
         let staging_target_path = staging.display().to_string();
         let capability: Option<v1::VolumeCapability> = recode_opt(r.volume_capability.as_ref())?;
-        let stage = v1::NodeStageVolumeRequest {
+        let publish = v1::NodePublishVolumeRequest {
             volume_id: r.volume_id.clone(),
             publish_context: r.publish_volume_info.clone(),
             staging_target_path: staging_target_path.clone(),
+            target_path: r.target_path,
             volume_capability: capability.clone(),
+            readonly: r.readonly,
             secrets: r.user_credentials.clone(),
             volume_context: r.volume_attributes.clone(),
         };
-        self.v1.node_stage_volume(request(&meta, stage)).await?;
-        let publish = v1::NodePublishVolumeRequest {
-            volume_id: r.volume_id,
+        // The publish half is checked before the stage half runs: a bad target must not leave
+        // a staged volume behind.
+        self.v1.publish_command(&publish)?;
+        let stage = v1::NodeStageVolumeRequest {
+            volume_id: r.volume_id.clone(),
             publish_context: r.publish_volume_info,
             staging_target_path,
-            target_path: r.target_path,
             volume_capability: capability,
-            readonly: r.readonly,
             secrets: r.user_credentials,
             volume_context: r.volume_attributes,
         };
-        self.v1.node_publish_volume(request(&meta, publish)).await?;
+        if let Err(e) = self.v1.node_stage_volume(request(&meta, stage)).await {
+            // An empty directory the failed stage may have made (never a mount point: EBUSY).
+            std::fs::remove_dir(&staging).ok();
+            return Err(e);
+        }
+        if let Err(e) = self.v1.node_publish_volume(request(&meta, publish)).await {
+            // Leave the volume as the caller last saw it: unstaged, unless it is in use.
+            self.unstage_if_unused(&meta, &r.volume_id, &staging)
+                .await
+                .ok();
+            return Err(e);
+        }
         Ok(Response::new(v01::NodePublishVolumeResponse {}))
     }
 
@@ -108,21 +147,12 @@ impl Node for V01Node {
             volume_id: r.volume_id.clone(),
             target_path: r.target_path,
         };
-        self.v1.node_unpublish_volume(request(&meta, unpublish)).await?;
+        self.v1
+            .node_unpublish_volume(request(&meta, unpublish))
+            .await?;
         let staging = self.staging_for(&r.volume_id)?;
-        if self.staged_here_unused(&r.volume_id, &staging).await? {
-            let unstage = v1::NodeUnstageVolumeRequest {
-                volume_id: r.volume_id,
-                staging_target_path: staging.display().to_string(),
-            };
-            self.v1.node_unstage_volume(request(&meta, unstage)).await?;
-            // The directory is ours (unlike a CO's staging path): leave nothing behind.
-            if let Err(e) = std::fs::remove_dir(&staging)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!(path = %staging.display(), error = %e, "v0.1 staging directory left behind");
-            }
-        }
+        self.unstage_if_unused(&meta, &r.volume_id, &staging)
+            .await?;
         Ok(Response::new(v01::NodeUnpublishVolumeResponse {}))
     }
 
