@@ -3,6 +3,8 @@
 const PROTOS: &[&str] = &[
     "agent/admin.proto",
     "csi/v1/csi.proto",
+    "csi/v0/csi.proto",
+    "csi/v0.1/csi.proto",
     "csi-addons/identity/identity.proto",
     "csi-addons/reclaimspace/reclaimspace.proto",
 ];

@@ -54,6 +54,20 @@ pub enum BackendKind {
     Loop,
 }
 
+/// A CSI protocol version the socket can serve (each under its own gRPC package).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CsiVersion {
+    /// CSI 1.x (`csi.v1`): Kubernetes, Nomad, Mesos 1.8+.
+    #[value(name = "v1")]
+    V1,
+    /// CSI 0.2 and 0.3 (`csi.v0`): Mesos 1.6-1.7, Mesos 1.8+ as fallback, older Kubernetes.
+    #[value(name = "v0")]
+    V0,
+    /// CSI 0.1 (`csi`): Mesos 1.5.
+    #[value(name = "v0.1")]
+    V01,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -75,6 +89,16 @@ pub struct ServeArgs {
     /// Which CSI services this instance serves.
     #[arg(long, env = "EBS_AGENT_MODE", value_enum, default_value = "all")]
     pub mode: Mode,
+    /// CSI versions served on the socket, comma-separated: v1, v0 (0.2/0.3), v0.1. Any may be
+    /// turned off, v1 included (a node that only Mesos 1.5 talks to); at least one must stay.
+    #[arg(
+        long,
+        env = "EBS_AGENT_CSI_VERSIONS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "v1,v0,v0.1"
+    )]
+    pub csi_versions: Vec<CsiVersion>,
     /// How volume ids become block devices.
     #[arg(long, env = "EBS_AGENT_BACKEND", value_enum, default_value = "ebs")]
     pub backend: BackendKind,

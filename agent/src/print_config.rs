@@ -23,6 +23,7 @@ pub fn print(args: &ServeArgs) {
         "log_format": lower(&args.log_format),
         "shutdown_grace_ms": args.shutdown_grace.as_millis() as u64,
         "device_wait_ms": args.device_wait.as_millis() as u64,
+        "csi_versions": crate::grpc::versions::names(&args.csi_versions),
         "metrics_address": args.metrics_address.map(|a| a.to_string()),
     });
     println!("{value:#}");

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ebs_proto::csi::v1 as csi;
 use ebs_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -79,6 +78,7 @@ pub fn allowed_prefixes(args: &ServeArgs) -> Vec<PathBuf> {
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let upstream =
         crate::upstream::from_args(&args).map_err(|message| Fatal { code: 2, message })?;
+    grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
     let allowed = allowed_prefixes(&args);
     let store = Arc::new(open_state(&args.state_dir)?);
     let fstools = FsTools::detect();
@@ -204,35 +204,37 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }
         None => None,
     };
-    let mut router = tonic::transport::Server::builder()
-        .add_service(csi::identity_server::IdentityServer::new(identity))
-        .add_service(ebs_proto::admin::admin_server::AdminServer::new(
-            grpc::admin::AdminService {
-                store: Arc::clone(&store),
-            },
-        ));
-    if args.mode.serves_node() {
-        router = router.add_service(csi::node_server::NodeServer::new(grpc::node::NodeService {
-            ctx: Arc::clone(&ctx),
-            allowed: Arc::new(allowed),
-            info,
-            device_wait: args.device_wait,
-        }));
-    }
-    if args.mode.serves_controller()
-        && let Some(controller) = &loop_controller
-    {
-        router = router.add_service(csi::controller_server::ControllerServer::new(
-            grpc::controller::LoopControllerService {
-                controller: Arc::clone(controller),
-            },
-        ));
-    }
-    if let Some(upstream) = upstream {
-        let shim = Arc::new(grpc::shim::ControllerShim::new(upstream));
-        shim.check_at_start();
-        router = router.add_service(csi::controller_server::ControllerServer::from_arc(shim));
-    }
+    let router = tonic::transport::Server::builder().add_service(
+        ebs_proto::admin::admin_server::AdminServer::new(grpc::admin::AdminService {
+            store: Arc::clone(&store),
+        }),
+    );
+    let services = grpc::versions::Services {
+        identity: Arc::new(identity),
+        node: args.mode.serves_node().then(|| {
+            Arc::new(grpc::node::NodeService {
+                ctx: Arc::clone(&ctx),
+                allowed: Arc::new(allowed),
+                info,
+                device_wait: args.device_wait,
+            })
+        }),
+        loop_controller: loop_controller
+            .as_ref()
+            .filter(|_| args.mode.serves_controller())
+            .map(|c| {
+                Arc::new(grpc::controller::LoopControllerService {
+                    controller: Arc::clone(c),
+                })
+            }),
+        shim: upstream.map(|upstream| {
+            let shim = Arc::new(grpc::shim::ControllerShim::new(upstream));
+            shim.check_at_start();
+            shim
+        }),
+    };
+    let router =
+        grpc::versions::add_services(router, &args.csi_versions, services, &args.state_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let incoming = UnixListenerStream::new(listener);

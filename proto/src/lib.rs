@@ -5,8 +5,15 @@
 
 #![allow(clippy::all, clippy::pedantic)]
 
-/// CSI v1.12.0 (`package csi.v1`).
+/// CSI, one module per wire version: `csi` itself is v0.1.0 (`package csi`, Mesos 1.5), `v0` is
+/// v0.3.0 (`package csi.v0`, also what v0.2 clients speak), `v1` is v1.12.0 (`package csi.v1`).
 pub mod csi {
+    tonic::include_proto!("csi");
+
+    pub mod v0 {
+        tonic::include_proto!("csi.v0");
+    }
+
     pub mod v1 {
         tonic::include_proto!("csi.v1");
     }

@@ -7,6 +7,7 @@ pub mod controller_cases;
 pub mod csi_req;
 pub mod fake_controller;
 pub mod imds;
+pub mod legacy;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -8,6 +8,9 @@ pub mod identity;
 pub mod node;
 mod node_stats;
 pub mod shim;
+pub mod v0;
+pub mod v01;
+pub mod versions;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -72,6 +72,34 @@ impl NodeService {
         self.path(field, raw).map(Some)
     }
 
+    /// The checks of NodePublishVolume, before any host work (v0.1's publish runs them before
+    /// its internal stage, so a bad request changes nothing).
+    pub fn publish_command(
+        &self,
+        r: &csi::NodePublishVolumeRequest,
+    ) -> Result<node::PublishCommand> {
+        let volume = VolumeId::parse(&r.volume_id)?;
+        if r.staging_target_path.is_empty() {
+            return Err(Error::Precondition(
+                "staging_target_path is required: this plugin stages volumes \
+                 (STAGE_UNSTAGE_VOLUME)"
+                    .into(),
+            ));
+        }
+        let staging = self.path("staging_target_path", &r.staging_target_path)?;
+        let target = self.path("target_path", &r.target_path)?;
+        let capability = Capability::from_proto(r.volume_capability.as_ref())?;
+        check_map("publish_context", &r.publish_context)?;
+        check_map("volume_context", &r.volume_context)?;
+        Ok(node::PublishCommand {
+            volume,
+            staging,
+            target,
+            capability,
+            readonly: r.readonly,
+        })
+    }
+
     fn deadline<T>(&self, req: &Request<T>) -> Instant {
         let wait = match super::grpc_timeout(req) {
             // Leave a little of the caller's budget for the answer to travel back.
@@ -142,29 +170,11 @@ impl Node for NodeService {
         &self,
         req: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        let r = req.into_inner();
-        let _secrets = Secrets::new(r.secrets);
+        let mut r = req.into_inner();
+        let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
         logged("NodePublishVolume", &r.volume_id.clone(), async {
-            let volume = VolumeId::parse(&r.volume_id)?;
-            if r.staging_target_path.is_empty() {
-                return Err(Error::Precondition(
-                    "staging_target_path is required: this plugin stages volumes \
-                     (STAGE_UNSTAGE_VOLUME)"
-                        .into(),
-                ));
-            }
-            let staging = self.path("staging_target_path", &r.staging_target_path)?;
-            let target = self.path("target_path", &r.target_path)?;
-            let capability = Capability::from_proto(r.volume_capability.as_ref())?;
-            check_map("publish_context", &r.publish_context)?;
-            check_map("volume_context", &r.volume_context)?;
-            let cmd = node::PublishCommand {
-                volume: volume.clone(),
-                staging,
-                target,
-                capability,
-                readonly: r.readonly,
-            };
+            let cmd = self.publish_command(&r)?;
+            let volume = cmd.volume.clone();
             self.locked(&volume, move |ctx| node::publish(ctx, &cmd))
                 .await
         })
