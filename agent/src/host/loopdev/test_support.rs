@@ -1,0 +1,68 @@
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Root-only tests skip when unprivileged, except in CI where a skip
+/// would hide a broken environment.
+pub fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: requires root, and CI=true forbids skipping");
+    }
+    eprintln!("{test}: skipped (requires root)");
+    false
+}
+
+/// A sparse file removed on drop, even when the test panics.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn sparse(tag: &str, size: u64) -> TempFile {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "hosttest-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(size).unwrap();
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A loop device detached on drop. Declare it after its `TempFile` so it
+/// is dropped first.
+pub struct Loop(pub PathBuf);
+
+impl Loop {
+    pub fn attach(file: &Path) -> Loop {
+        Loop(super::attach(file).unwrap())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        if let Err(e) = super::detach(&self.0) {
+            eprintln!("cleanup: detach {:?} failed: {e}", self.0);
+        }
+    }
+}
+
+pub fn sh(script: &str) {
+    let out = std::process::Command::new("sh")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`{script}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
