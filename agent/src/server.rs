@@ -72,6 +72,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     allowed.push(args.state_dir.clone());
 
     let store = Arc::new(open_state(&args.state_dir)?);
+    if args.bench_lazy_journal {
+        tracing::warn!("--bench-lazy-journal: commits are not fsynced; crash safety is off");
+        ebs_store::bench_make_all_commits_lazy();
+    }
     let fstools = FsTools::detect();
     for fs in FsType::ALL {
         if let Err(why) = fstools.supports(fs) {

@@ -28,6 +28,15 @@ pub(crate) const PUBLICATIONS: TableDefinition<(&str, &str), &[u8]> =
     TableDefinition::new("publications");
 pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
 
+/// Set only by the agent's hidden `--bench-lazy-journal` flag, so that the bench can show what
+/// the journal's fsyncs cost. Never set in production: it gives up crash safety.
+static BENCH_LAZY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every commit lazy (no fsync) for the rest of the process: for the bench only.
+pub fn bench_make_all_commits_lazy() {
+    BENCH_LAZY.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 enum Db {
     ReadWrite(redb::Database),
     ReadOnly(redb::ReadOnlyDatabase),
@@ -156,6 +165,11 @@ impl Store {
             return Err(StoreError::ReadOnly);
         };
         let mut tx = db.begin_write()?;
+        let durability = if BENCH_LAZY.load(std::sync::atomic::Ordering::Relaxed) {
+            Durability::Lazy
+        } else {
+            durability
+        };
         tx.set_durability(durability.into())
             .map_err(|e| StoreError::Internal(e.to_string()))?;
         let out = {
