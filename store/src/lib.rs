@@ -13,6 +13,9 @@ use serde::de::DeserializeOwned;
 
 pub use error::StoreError;
 pub use records::*;
+mod group_commit;
+
+pub use group_commit::bench_make_all_commits_lazy;
 pub use writer::{Durability, Writer};
 
 /// Bump when a record changes shape incompatibly; a file written by a newer agent is refused.
@@ -28,15 +31,6 @@ pub(crate) const PUBLICATIONS: TableDefinition<(&str, &str), &[u8]> =
     TableDefinition::new("publications");
 pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
 
-/// Set only by the agent's hidden `--bench-lazy-journal` flag, so that the bench can show what
-/// the journal's fsyncs cost. Never set in production: it gives up crash safety.
-static BENCH_LAZY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Makes every commit lazy (no fsync) for the rest of the process: for the bench only.
-pub fn bench_make_all_commits_lazy() {
-    BENCH_LAZY.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
 enum Db {
     ReadWrite(redb::Database),
     ReadOnly(redb::ReadOnlyDatabase),
@@ -48,6 +42,7 @@ pub struct Store {
     db: Db,
     path: PathBuf,
     scratch_copy: Option<PathBuf>,
+    group: group_commit::GroupCommit,
 }
 
 impl Drop for Store {
@@ -69,6 +64,7 @@ impl Store {
             db: Db::ReadWrite(db),
             path: path.to_path_buf(),
             scratch_copy: None,
+            group: Default::default(),
         };
         store.check_or_init_schema()?;
         Ok(store)
@@ -84,6 +80,7 @@ impl Store {
                 db: Db::ReadOnly(db),
                 path: path.to_path_buf(),
                 scratch_copy: None,
+                group: Default::default(),
             },
             // Left by a crashed agent: a read-only open cannot repair, so repair a copy.
             Err(redb::DatabaseError::RepairAborted) => Self::open_repaired_copy(path)?,
@@ -110,6 +107,7 @@ impl Store {
             db: Db::RepairedCopy(db),
             path: path.to_path_buf(),
             scratch_copy: Some(copy),
+            group: Default::default(),
         })
     }
 
@@ -164,19 +162,33 @@ impl Store {
         let Db::ReadWrite(db) = &self.db else {
             return Err(StoreError::ReadOnly);
         };
+        let _slot = self.group.enter();
         let mut tx = db.begin_write()?;
-        let durability = if BENCH_LAZY.load(std::sync::atomic::Ordering::Relaxed) {
-            Durability::Lazy
-        } else {
-            durability
-        };
-        tx.set_durability(durability.into())
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
         let out = {
             let mut w = Writer::new(&tx);
             f(&mut w)?
         };
+        let seq = self.group.next();
+        let plan = match durability {
+            Durability::Immediate => Some(self.group.plan()),
+            Durability::Lazy => None,
+        };
+        // A lone immediate write syncs in its own commit; any other commits without a sync and,
+        // if immediate, then waits for a group sync that covers it.
+        let sync_now = matches!(plan, Some(group_commit::Plan::Alone(_)));
+        let redb_durability = if sync_now {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        };
+        tx.set_durability(redb_durability)
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
         tx.commit()?;
+        match plan {
+            Some(group_commit::Plan::Alone(mut durable)) => *durable = seq,
+            Some(group_commit::Plan::Grouped) => self.group.make_durable(db, seq)?,
+            None => {}
+        }
         Ok(out)
     }
 
