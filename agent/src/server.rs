@@ -203,6 +203,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     }
     health.set_ready();
     crate::notify::ready();
+    crate::host::malloc::spawn_periodic_release(std::time::Duration::from_secs(10));
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| fatal(e.to_string()))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| fatal(e.to_string()))?;

@@ -45,7 +45,10 @@ async fn bench_smoke_run() {
         for key in ["p50_ms", "p95_ms", "p99_ms", "max_ms", "throughput_per_s"] {
             assert!(r[key].is_number(), "{rpc}.{key} missing: {r}");
         }
-        assert!(v["ratios"][rpc]["p50_ratio"].is_number(), "ratio of {rpc}: {v}");
+        assert!(
+            v["ratios"][rpc]["p50_ratio"].is_number(),
+            "ratio of {rpc}: {v}"
+        );
     }
     assert_eq!(v["rpcs"]["Probe"]["errors"], 0);
     assert_eq!(v["errors"], 0);
@@ -60,12 +63,20 @@ async fn bench_smoke_run() {
     assert_eq!(v["targets"].as_array().unwrap().len(), 8);
 
     // Nothing left: no mounts or directories under the work dir, no volumes in the agent.
-    assert!(mounts_below(&work_dir).is_empty(), "mounts left below {}", work_dir.display());
+    assert!(
+        mounts_below(&work_dir).is_empty(),
+        "mounts left below {}",
+        work_dir.display()
+    );
     let leftovers: Vec<_> = std::fs::read_dir(&work_dir)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
     let (ok, list) = agent.client_json(&["controller", "list-volumes"]);
     assert!(ok);
-    assert_eq!(list["entries"], serde_json::json!([]), "volumes left: {list}");
+    assert_eq!(
+        list["entries"],
+        serde_json::json!([]),
+        "volumes left: {list}"
+    );
 }

@@ -234,13 +234,9 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     }
     remove_target(target)?;
     // Lazy: if this line is lost, recovery finds the mount gone and drops the record itself.
-    journal.record(
-        "unpublished",
-        Phase::Done,
-        facts,
-        Durability::Lazy,
-        |w| w.delete_publication(vol, target),
-    )
+    journal.record("unpublished", Phase::Done, facts, Durability::Lazy, |w| {
+        w.delete_publication(vol, target)
+    })
 }
 
 /// Unmounts until nothing is left at `path` (a crashed earlier call may have stacked mounts).

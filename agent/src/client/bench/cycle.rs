@@ -293,28 +293,35 @@ pub async fn measured(
             let e = &mut r.first_error;
             let _ = timed(&mut r.stage, e, "NodeStageVolume", stage(&c, v, &fs)).await
                 && timed(&mut r.publish, e, "NodePublishVolume", publish(&c, v, &fs)).await
-                && (!with_stats || timed(&mut r.stats, e, "NodeGetVolumeStats", stats(&c, v)).await)
+                && (!with_stats
+                    || timed(&mut r.stats, e, "NodeGetVolumeStats", stats(&c, v)).await)
                 && timed(&mut r.unpublish, e, "NodeUnpublishVolume", unpublish(&c, v)).await
                 && timed(&mut r.unstage, e, "NodeUnstageVolume", unstage(&c, v)).await;
             r
         }
     })
     .await;
-    let mut total = CycleResult {
-        wall: started.elapsed(),
-        ..Default::default()
-    };
+    let mut total = CycleResult::default();
     for p in parts {
-        total.stage.merge(p.stage);
-        total.publish.merge(p.publish);
-        total.stats.merge(p.stats);
-        total.unpublish.merge(p.unpublish);
-        total.unstage.merge(p.unstage);
-        if total.first_error.is_none() {
-            total.first_error = p.first_error;
+        total.merge(p);
+    }
+    total.wall = started.elapsed();
+    total
+}
+
+impl CycleResult {
+    /// Pools another run's samples; wall times add up.
+    pub fn merge(&mut self, p: CycleResult) {
+        self.stage.merge(p.stage);
+        self.publish.merge(p.publish);
+        self.stats.merge(p.stats);
+        self.unpublish.merge(p.unpublish);
+        self.unstage.merge(p.unstage);
+        self.wall += p.wall;
+        if self.first_error.is_none() {
+            self.first_error = p.first_error;
         }
     }
-    total
 }
 
 /// Calls Probe every `interval` on its own connection until stopped, as the livenessprobe
@@ -374,7 +381,12 @@ where
 }
 
 /// Undoes everything the bench did to these volumes, newest step first; returns what failed.
-pub async fn cleanup(c: &Csi, volumes: &[BenchVolume], node_id: &str, concurrency: usize) -> Vec<String> {
+pub async fn cleanup(
+    c: &Csi,
+    volumes: &[BenchVolume],
+    node_id: &str,
+    concurrency: usize,
+) -> Vec<String> {
     let vols = Arc::new(volumes.to_vec());
     let (c, node_id) = (c.clone(), node_id.to_string());
     let per_volume = par(volumes.len(), concurrency, move |i| {

@@ -42,7 +42,9 @@ pub struct FloorResult {
 }
 
 impl FloorResult {
-    fn merge(&mut self, o: FloorResult) {
+    /// Pools another run's samples; wall times add up.
+    pub fn merge(&mut self, o: FloorResult) {
+        self.wall += o.wall;
         self.probe.merge(o.probe);
         self.check.merge(o.check);
         self.mount.merge(o.mount);
@@ -79,7 +81,8 @@ pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType) -> FloorResu
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(v) = volumes.get(i) else { break };
                     if let Err(e) = cycle(&tools, fs, v, &mut mine) {
-                        mine.first_error.get_or_insert(format!("{}: {e}", v.device.display()));
+                        mine.first_error
+                            .get_or_insert(format!("{}: {e}", v.device.display()));
                         undo(v);
                     }
                 }

@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// Skip the floor (it needs root and the devices on this host).
     #[arg(long)]
     pub no_floor: bool,
+    /// Run the measured cycle and the floor this many times, alternating, and pool the samples:
+    /// a neighbour's load then weighs on both sides alike.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// How often the background Probe is called during the cycle.
     #[arg(long, default_value = "10ms", value_parser = parse_duration)]
     pub probe_interval: Duration,
@@ -100,14 +104,15 @@ async fn run(b: &BenchArgs, args: &ClientArgs) -> Result<Report, String> {
     let csi = Csi::new(super::connect::channel(&args.endpoint).await?, args.timeout);
     let node_id = match &b.node_id {
         Some(n) => n.clone(),
-        None => csi
-            .node
-            .clone()
-            .node_get_info(ebs_proto::csi::v1::NodeGetInfoRequest {})
-            .await
-            .map_err(|s| format!("NodeGetInfo: {}", s.message()))?
-            .into_inner()
-            .node_id,
+        None => {
+            csi.node
+                .clone()
+                .node_get_info(ebs_proto::csi::v1::NodeGetInfoRequest {})
+                .await
+                .map_err(|s| format!("NodeGetInfo: {}", s.message()))?
+                .into_inner()
+                .node_id
+        }
     };
     let with_stats = cycle::offers_stats(&csi)
         .await
@@ -146,16 +151,18 @@ async fn run(b: &BenchArgs, args: &ClientArgs) -> Result<Report, String> {
             None => std::env::current_exe().map_err(|e| format!("own executable: {e}"))?,
         };
         let dir = b.work_dir.join(format!("restart-{}", std::process::id()));
-        report.restart = Some(restart::run(&restart::Plan {
-            bin,
-            dir,
-            volumes: b.restart_volumes,
-            rounds: b.restart_rounds.max(1),
-            concurrency: b.concurrency,
-            fs_type: b.fs_type.clone(),
-            timeout: args.timeout,
-        })
-        .await?);
+        report.restart = Some(
+            restart::run(&restart::Plan {
+                bin,
+                dir,
+                volumes: b.restart_volumes,
+                rounds: b.restart_rounds.max(1),
+                concurrency: b.concurrency,
+                fs_type: b.fs_type.clone(),
+                timeout: args.timeout,
+            })
+            .await?,
+        );
     }
     Ok(report)
 }
@@ -177,7 +184,10 @@ async fn measure(
         cycle::par(b.volumes, b.concurrency, move |i| {
             let (csi, reg, node_id) = (csi.clone(), Arc::clone(&reg), node_id.clone());
             async move {
-                let mut v = reg.lock().map(|r| r[i].clone()).map_err(|e| e.to_string())?;
+                let mut v = reg
+                    .lock()
+                    .map(|r| r[i].clone())
+                    .map_err(|e| e.to_string())?;
                 std::fs::create_dir_all(&v.staging).map_err(|e| format!("mkdir: {e}"))?;
                 cycle::create(&csi, &mut v, size, fs_name)
                     .await
@@ -229,12 +239,20 @@ async fn measure(
     }
     let volumes = snapshot();
 
-    // The measured cycle, with Probe and memory sampled alongside.
+    // The measured cycle (Probe and memory sampled alongside), then the floor on the same
+    // devices, still attached; alternating for each round.
     let sampler = b.pid.map(rss::Sampler::start);
-    let probe_channel = super::connect::channel(&report.endpoint).await?;
-    let probes = cycle::ProbeLoad::start(probe_channel, b.probe_interval, csi.timeout);
-    report.agent = cycle::measured(csi, &volumes, b.concurrency, fs_name, report.with_stats).await;
-    report.probe = probes.finish().await;
+    for _ in 0..b.rounds.max(1) {
+        let probe_channel = super::connect::channel(&report.endpoint).await?;
+        let probes = cycle::ProbeLoad::start(probe_channel, b.probe_interval, csi.timeout);
+        let cycle = cycle::measured(csi, &volumes, b.concurrency, fs_name, report.with_stats).await;
+        report.probe.merge(probes.finish().await);
+        report.agent.merge(cycle);
+        if let Some(f) = floor_run(b, fs, &volumes, &mut report.notes).await {
+            report.floor.get_or_insert_with(Default::default).merge(f);
+        }
+    }
+    report.notes.dedup();
     if let (Some(s), Some(mem)) = (sampler, report.memory.as_mut()) {
         mem.peak_kib = s.finish();
         if let Some(m) = b.pid.and_then(rss::read) {
@@ -242,9 +260,6 @@ async fn measure(
             mem.after_kib = m.rss_kib;
         }
     }
-
-    // The floor, on the same devices, still attached.
-    report.floor = floor_run(b, fs, &volumes, &mut report.notes).await;
     Ok(())
 }
 
@@ -273,7 +288,10 @@ async fn floor_run(
         })
         .collect::<Option<Vec<_>>>()
     else {
-        notes.push("floor skipped: a staged volume's device was not visible in this mount namespace".into());
+        notes.push(
+            "floor skipped: a staged volume's device was not visible in this mount namespace"
+                .into(),
+        );
         return None;
     };
     for d in &devices {
@@ -301,11 +319,13 @@ fn remove_if_unmounted(dir: &Path, problems: &mut Vec<String>) {
         .map(|t| t.entries().iter().any(|m| m.mount_point.starts_with(dir)))
         .unwrap_or(true);
     if mounted {
-        problems.push(format!("{} still has mounts below it; left in place", dir.display()));
+        problems.push(format!(
+            "{} still has mounts below it; left in place",
+            dir.display()
+        ));
     } else if let Err(e) = std::fs::remove_dir_all(dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {
         problems.push(format!("removing {}: {e}", dir.display()));
     }
 }
-

@@ -60,6 +60,7 @@ impl Report {
             endpoint: String::new(),
             config: json!({
                 "volumes": b.volumes,
+                "rounds": b.rounds,
                 "concurrency": b.concurrency,
                 "size_bytes": b.size,
                 "fs_type": b.fs_type,
@@ -92,14 +93,34 @@ impl Report {
     fn rows(&self) -> Vec<Row<'_>> {
         let f = self.floor.as_ref();
         let mut rows = vec![
-            Row { rpc: "NodeStageVolume", agent: &self.agent.stage, floor: f.map(|f| ("probe+e2fsck+mount", &f.stage)) },
-            Row { rpc: "NodePublishVolume", agent: &self.agent.publish, floor: f.map(|f| ("mkdir+bind", &f.publish)) },
+            Row {
+                rpc: "NodeStageVolume",
+                agent: &self.agent.stage,
+                floor: f.map(|f| ("probe+e2fsck+mount", &f.stage)),
+            },
+            Row {
+                rpc: "NodePublishVolume",
+                agent: &self.agent.publish,
+                floor: f.map(|f| ("mkdir+bind", &f.publish)),
+            },
         ];
         if self.with_stats {
-            rows.push(Row { rpc: "NodeGetVolumeStats", agent: &self.agent.stats, floor: f.map(|f| ("statvfs", &f.stats)) });
+            rows.push(Row {
+                rpc: "NodeGetVolumeStats",
+                agent: &self.agent.stats,
+                floor: f.map(|f| ("statvfs", &f.stats)),
+            });
         }
-        rows.push(Row { rpc: "NodeUnpublishVolume", agent: &self.agent.unpublish, floor: f.map(|f| ("umount+rmdir", &f.unpublish)) });
-        rows.push(Row { rpc: "NodeUnstageVolume", agent: &self.agent.unstage, floor: f.map(|f| ("umount", &f.unstage)) });
+        rows.push(Row {
+            rpc: "NodeUnpublishVolume",
+            agent: &self.agent.unpublish,
+            floor: f.map(|f| ("umount+rmdir", &f.unpublish)),
+        });
+        rows.push(Row {
+            rpc: "NodeUnstageVolume",
+            agent: &self.agent.unstage,
+            floor: f.map(|f| ("umount", &f.unstage)),
+        });
         rows
     }
 
@@ -112,14 +133,16 @@ impl Report {
         t.push(Target {
             name: "stage p50 (formatted volume)",
             limit: "<= 1.10 x floor".into(),
-            measured: stage.map(|(x, y)| format!("{x:.2} ms = {:.2} x floor ({y:.2} ms)", ratio(x, y))),
+            measured: stage
+                .map(|(x, y)| format!("{x:.2} ms = {:.2} x floor ({y:.2} ms)", ratio(x, y))),
             pass: stage.map(|(x, y)| x <= 1.10 * y),
         });
         let publish = floor.map(|f| (a(&self.agent.publish).p50, a(&f.publish).p50));
         t.push(Target {
             name: "publish p50",
             limit: "<= floor + 1 ms".into(),
-            measured: publish.map(|(x, y)| format!("{x:.2} ms = floor ({y:.2} ms) + {:.2} ms", x - y)),
+            measured: publish
+                .map(|(x, y)| format!("{x:.2} ms = floor ({y:.2} ms) + {:.2} ms", x - y)),
             pass: publish.map(|(x, y)| x <= y + 1.0),
         });
         t.push(Target {
@@ -132,14 +155,16 @@ impl Report {
         t.push(Target {
             name: "cycle wall time",
             limit: "<= 1.25 x floor".into(),
-            measured: wall.map(|(x, y)| format!("{x:.0} ms = {:.2} x floor ({y:.0} ms)", ratio(x, y))),
+            measured: wall
+                .map(|(x, y)| format!("{x:.0} ms = {:.2} x floor ({y:.0} ms)", ratio(x, y))),
             pass: wall.map(|(x, y)| x <= 1.25 * y),
         });
         let p = a(&self.probe);
         t.push(Target {
             name: "Probe p99 under load",
             limit: "<= 5 ms".into(),
-            measured: (p.count > 0).then(|| format!("{:.2} ms (p50 {:.2} ms, {} errors)", p.p99, p.p50, p.errors)),
+            measured: (p.count > 0)
+                .then(|| format!("{:.2} ms (p50 {:.2} ms, {} errors)", p.p99, p.p50, p.errors)),
             pass: (p.count > 0).then_some(p.p99 <= 5.0 && p.errors == 0),
         });
         let mem = self.memory;
@@ -159,8 +184,18 @@ impl Report {
         t.push(Target {
             name: "restart to ready",
             limit: "<= 300 ms".into(),
-            measured: r.map(|r| format!("{:.0} ms with {} volumes (rounds: {})", r.median_ms(), r.volumes,
-                r.rounds_ms.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", "))),
+            measured: r.map(|r| {
+                format!(
+                    "{:.0} ms with {} volumes (rounds: {})",
+                    r.median_ms(),
+                    r.volumes,
+                    r.rounds_ms
+                        .iter()
+                        .map(|x| format!("{x:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }),
             pass: r.map(|r| r.median_ms() <= 300.0),
         });
         t
@@ -173,14 +208,32 @@ impl Report {
         let _ = writeln!(
             o,
             "{:<22} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} | {:>9} {:>9} {:>7} {:>8}  floor work",
-            "RPC", "count", "err", "p50 ms", "p95 ms", "p99 ms", "max ms", "ops/s", "floor p50", "floor p99", "x p50", "+p50 ms"
+            "RPC",
+            "count",
+            "err",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "max ms",
+            "ops/s",
+            "floor p50",
+            "floor p99",
+            "x p50",
+            "+p50 ms"
         );
         for r in self.rows() {
             let s = r.agent.summary();
             let _ = write!(
                 o,
                 "{:<22} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} |",
-                r.rpc, s.count, s.errors, s.p50, s.p95, s.p99, s.max, s.throughput(wall)
+                r.rpc,
+                s.count,
+                s.errors,
+                s.p50,
+                s.p95,
+                s.p99,
+                s.max,
+                s.throughput(wall)
             );
             match r.floor {
                 Some((what, f)) => {
@@ -188,7 +241,10 @@ impl Report {
                     let _ = writeln!(
                         o,
                         " {:>9.2} {:>9.2} {:>7.2} {:>8.2}  {what}",
-                        fs.p50, fs.p99, ratio(s.p50, fs.p50), s.p50 - fs.p50
+                        fs.p50,
+                        fs.p99,
+                        ratio(s.p50, fs.p50),
+                        s.p50 - fs.p50
                     );
                 }
                 None => o.push_str("         -         -       -        -\n"),
@@ -198,18 +254,33 @@ impl Report {
         let _ = writeln!(
             o,
             "{:<22} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} |  (during the cycle, own connection)",
-            "Probe", p.count, p.errors, p.p50, p.p95, p.p99, p.max, p.throughput(wall)
+            "Probe",
+            p.count,
+            p.errors,
+            p.p50,
+            p.p95,
+            p.p99,
+            p.max,
+            p.throughput(wall)
         );
         let _ = write!(o, "cycle wall time: {:.0} ms", ms(wall));
         if let Some(f) = &self.floor {
-            let _ = write!(o, "; floor {:.0} ms; ratio {:.2}", ms(f.wall), ratio(ms(wall), ms(f.wall)));
+            let _ = write!(
+                o,
+                "; floor {:.0} ms; ratio {:.2}",
+                ms(f.wall),
+                ratio(ms(wall), ms(f.wall))
+            );
         }
         o.push('\n');
         if let Some(f) = &self.floor {
             let _ = writeln!(
                 o,
                 "floor phases p50: probe {:.2} ms, e2fsck {:.2} ms, mount {:.2} ms, statvfs {:.3} ms",
-                f.probe.summary().p50, f.check.summary().p50, f.mount.summary().p50, f.stats.summary().p50
+                f.probe.summary().p50,
+                f.check.summary().p50,
+                f.mount.summary().p50,
+                f.stats.summary().p50
             );
             if let Some(e) = &f.first_error {
                 let _ = writeln!(o, "floor error: {e}");
@@ -217,13 +288,20 @@ impl Report {
         }
         let w = self.warmup.summary();
         if w.count > 0 {
-            let _ = writeln!(o, "warm-up stage with mkfs (not in the cycle): p50 {:.1} ms, max {:.1} ms", w.p50, w.max);
+            let _ = writeln!(
+                o,
+                "warm-up stage with mkfs (not in the cycle): p50 {:.1} ms, max {:.1} ms",
+                w.p50, w.max
+            );
         }
         if let Some(m) = self.memory {
             let _ = writeln!(
                 o,
                 "agent RSS: idle {}, peak during the cycle {}, VmHWM {}, after {}",
-                mib(m.idle_kib), mib(m.peak_kib), mib(m.hwm_kib), mib(m.after_kib)
+                mib(m.idle_kib),
+                mib(m.peak_kib),
+                mib(m.hwm_kib),
+                mib(m.after_kib)
             );
         }
         if let Some(r) = &self.restart {
@@ -270,12 +348,15 @@ impl Report {
             rpcs.insert(r.rpc.into(), s.to_json(Some(wall)));
             if let Some((what, f)) = r.floor {
                 let fs = f.summary();
-                ratios.insert(r.rpc.into(), json!({
-                    "floor_work": what,
-                    "p50_ratio": round(ratio(s.p50, fs.p50)),
-                    "p99_ratio": round(ratio(s.p99, fs.p99)),
-                    "p50_diff_ms": round(s.p50 - fs.p50),
-                }));
+                ratios.insert(
+                    r.rpc.into(),
+                    json!({
+                        "floor_work": what,
+                        "p50_ratio": round(ratio(s.p50, fs.p50)),
+                        "p99_ratio": round(ratio(s.p99, fs.p99)),
+                        "p50_diff_ms": round(s.p50 - fs.p50),
+                    }),
+                );
             }
         }
         rpcs.insert("Probe".into(), self.probe.summary().to_json(Some(wall)));
@@ -323,7 +404,11 @@ impl Report {
 }
 
 fn summary_or_null(s: &Summary) -> Value {
-    if s.count == 0 { Value::Null } else { s.to_json(None) }
+    if s.count == 0 {
+        Value::Null
+    } else {
+        s.to_json(None)
+    }
 }
 
 fn ratio(x: f64, y: f64) -> f64 {

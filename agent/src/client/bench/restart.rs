@@ -96,9 +96,14 @@ impl Scratch {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
-                return Err(format!("the agent exited ({st}); see {}", self.dir.join("agent.log").display()));
+                return Err(format!(
+                    "the agent exited ({st}); see {}",
+                    self.dir.join("agent.log").display()
+                ));
             }
-            if let Ok(ch) = crate::client::connect::channel(&self.socket().display().to_string()).await {
+            if let Ok(ch) =
+                crate::client::connect::channel(&self.socket().display().to_string()).await
+            {
                 let c = Csi::new(ch, timeout);
                 if let Ok(r) = c.identity.clone().probe(csi::ProbeRequest {}).await
                     && r.into_inner().ready != Some(false)

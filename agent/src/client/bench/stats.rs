@@ -43,7 +43,6 @@ impl Series {
         self.errors += other.errors;
     }
 
-
     pub fn summary(&self) -> Summary {
         let mut sorted = self.samples.clone();
         sorted.sort_unstable();
@@ -88,7 +87,7 @@ impl Summary {
         }
     }
 
-    pub fn to_json(&self, wall: Option<Duration>) -> Value {
+    pub fn to_json(self, wall: Option<Duration>) -> Value {
         let mut v = json!({
             "count": self.count,
             "errors": self.errors,
