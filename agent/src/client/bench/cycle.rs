@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use csi::controller_client::ControllerClient;
@@ -38,7 +38,7 @@ impl Csi {
         }
     }
 
-    fn req<T>(&self, msg: T) -> Request<T> {
+    pub fn req<T>(&self, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
         r.set_timeout(self.timeout);
         r
@@ -321,43 +321,6 @@ impl CycleResult {
         if self.first_error.is_none() {
             self.first_error = p.first_error;
         }
-    }
-}
-
-/// Calls Probe every `interval` on its own connection until stopped, as the livenessprobe
-/// sidecar does (it opens its own connection too).
-pub struct ProbeLoad {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Series>,
-}
-
-impl ProbeLoad {
-    pub fn start(ch: Channel, interval: Duration, timeout: Duration) -> ProbeLoad {
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = {
-            let stop = Arc::clone(&stop);
-            tokio::spawn(async move {
-                let c = Csi::new(ch, timeout);
-                let mut series = Series::default();
-                let mut tick = tokio::time::interval(interval);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                while !stop.load(Ordering::Relaxed) {
-                    tick.tick().await;
-                    let t = Instant::now();
-                    match c.identity.clone().probe(c.req(csi::ProbeRequest {})).await {
-                        Ok(r) if r.get_ref().ready != Some(false) => series.ok(t.elapsed()),
-                        _ => series.err(),
-                    }
-                }
-                series
-            })
-        };
-        ProbeLoad { stop, task }
-    }
-
-    pub async fn finish(self) -> Series {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap_or_default()
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod cycle;
 mod floor;
+mod probe;
 mod report;
 mod restart;
 mod rss;
@@ -244,7 +245,7 @@ async fn measure(
     let sampler = b.pid.map(rss::Sampler::start);
     for _ in 0..b.rounds.max(1) {
         let probe_channel = super::connect::channel(&report.endpoint).await?;
-        let probes = cycle::ProbeLoad::start(probe_channel, b.probe_interval, csi.timeout);
+        let probes = probe::ProbeLoad::start(probe_channel, b.probe_interval, csi.timeout);
         let cycle = cycle::measured(csi, &volumes, b.concurrency, fs_name, report.with_stats).await;
         report.probe.merge(probes.finish().await);
         report.agent.merge(cycle);
