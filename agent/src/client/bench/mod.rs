@@ -25,6 +25,8 @@ use crate::cli::parse_duration;
 use crate::request::FsType;
 
 #[derive(Args, Debug, Clone)]
+// A later flag wins, so that wrapper scripts can pass defaults and callers override them.
+#[command(args_override_self = true)]
 pub struct BenchArgs {
     /// How many volumes to create and cycle.
     #[arg(long, default_value_t = 16)]
