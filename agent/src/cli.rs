@@ -173,6 +173,10 @@ pub struct ServeArgs {
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,
+    /// Bench only: commit the journal without fsync, to measure the journal's share. Gives up
+    /// crash safety; never for production.
+    #[arg(long, env = "EBS_AGENT_BENCH_LAZY_JOURNAL", hide = true)]
+    pub bench_lazy_journal: bool,
 }
 
 #[derive(clap::Args, Debug)]

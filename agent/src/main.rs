@@ -5,6 +5,9 @@ use ebs_node_agent::{client, logging, recover, server, status};
 
 fn main() {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        ebs_node_agent::host::malloc::tune();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(64)

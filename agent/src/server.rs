@@ -81,6 +81,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
     let allowed = allowed_prefixes(&args);
     let store = Arc::new(open_state(&args.state_dir)?);
+    if args.bench_lazy_journal {
+        tracing::warn!("--bench-lazy-journal: commits are not fsynced; crash safety is off");
+        ebs_store::bench_make_all_commits_lazy();
+    }
     let fstools = FsTools::detect();
     for fs in FsType::ALL {
         if let Err(why) = fstools.supports(fs) {
@@ -270,6 +274,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     health.set_ready();
     crate::notify::ready();
     crate::notify::spawn_watchdog();
+    crate::host::malloc::spawn_periodic_release(std::time::Duration::from_secs(10));
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| fatal(e.to_string()))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| fatal(e.to_string()))?;

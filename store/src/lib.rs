@@ -13,6 +13,9 @@ use serde::de::DeserializeOwned;
 
 pub use error::StoreError;
 pub use records::*;
+mod group_commit;
+
+pub use group_commit::bench_make_all_commits_lazy;
 pub use writer::{Durability, Writer};
 
 /// Bump when a record changes shape incompatibly; a file written by a newer agent is refused.
@@ -39,6 +42,7 @@ pub struct Store {
     db: Db,
     path: PathBuf,
     scratch_copy: Option<PathBuf>,
+    group: group_commit::GroupCommit,
 }
 
 impl Drop for Store {
@@ -60,6 +64,7 @@ impl Store {
             db: Db::ReadWrite(db),
             path: path.to_path_buf(),
             scratch_copy: None,
+            group: Default::default(),
         };
         store.check_or_init_schema()?;
         Ok(store)
@@ -75,6 +80,7 @@ impl Store {
                 db: Db::ReadOnly(db),
                 path: path.to_path_buf(),
                 scratch_copy: None,
+                group: Default::default(),
             },
             // Left by a crashed agent: a read-only open cannot repair, so repair a copy.
             Err(redb::DatabaseError::RepairAborted) => Self::open_repaired_copy(path)?,
@@ -101,6 +107,7 @@ impl Store {
             db: Db::RepairedCopy(db),
             path: path.to_path_buf(),
             scratch_copy: Some(copy),
+            group: Default::default(),
         })
     }
 
@@ -155,14 +162,33 @@ impl Store {
         let Db::ReadWrite(db) = &self.db else {
             return Err(StoreError::ReadOnly);
         };
+        let _slot = self.group.enter();
         let mut tx = db.begin_write()?;
-        tx.set_durability(durability.into())
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
         let out = {
             let mut w = Writer::new(&tx);
             f(&mut w)?
         };
+        let seq = self.group.next();
+        let plan = match durability {
+            Durability::Immediate => Some(self.group.plan()),
+            Durability::Lazy => None,
+        };
+        // A lone immediate write syncs in its own commit; any other commits without a sync and,
+        // if immediate, then waits for a group sync that covers it.
+        let sync_now = matches!(plan, Some(group_commit::Plan::Alone(_)));
+        let redb_durability = if sync_now {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        };
+        tx.set_durability(redb_durability)
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
         tx.commit()?;
+        match plan {
+            Some(group_commit::Plan::Alone(mut durable)) => *durable = seq,
+            Some(group_commit::Plan::Grouped) => self.group.make_durable(db, seq)?,
+            None => {}
+        }
         Ok(out)
     }
 

@@ -126,3 +126,32 @@ fn forget_volume_drops_everything() {
     assert!(store.journal("a").unwrap().is_empty());
     assert!(store.staged("b").unwrap().is_some());
 }
+
+#[test]
+fn concurrent_immediate_writes_share_syncs_and_all_land() {
+    let dir = TempDir::new("group");
+    let path = dir.0.join("state.redb");
+    {
+        let store = std::sync::Arc::new(Store::open(&path).unwrap());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = std::sync::Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for i in 0..10 {
+                        let id = format!("v{t}-{i}");
+                        store
+                            .write(Durability::Immediate, |w| w.put_staged(&staged(&id)))
+                            .unwrap();
+                        // Visible to this thread as soon as the write returns.
+                        assert!(store.staged(&id).unwrap().is_some());
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.all_staged().unwrap().len(), 80);
+}

@@ -71,6 +71,7 @@ pub async fn run(args: &ClientArgs) -> Result<Value, ClientError> {
         Call::Identity(call) => identity(channel, call, args).await,
         Call::Controller(call) => controller(channel, call, args).await,
         Call::Node(call) => node(channel, call, args).await,
+        Call::Bench(_) => Err(ClientError::Other("bench runs through client::run".into())),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `ebs-node-agent client`: a CSI command-line client for operators and tests. Human output by
 //! default, `--json` for scripts. Works against any CSI endpoint, not only ours.
 
+pub mod bench;
 mod calls;
 pub mod connect;
 
@@ -34,6 +35,8 @@ pub enum Call {
     Controller(ControllerCall),
     #[command(subcommand)]
     Node(NodeCall),
+    /// Time the node cycle against the same host work done directly (see README.performance.md).
+    Bench(Box<bench::BenchArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -204,6 +207,9 @@ pub fn to_map(pairs: &[(String, String)]) -> HashMap<String, String> {
 
 /// Runs the client; returns the process exit code.
 pub async fn run(args: ClientArgs) -> i32 {
+    if let Call::Bench(bench) = &args.call {
+        return bench::main(bench, &args).await;
+    }
     match calls::run(&args).await {
         Ok(output) => {
             if args.json {

@@ -179,20 +179,29 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
     }
 }
 
-/// Polls for exit with a short, growing interval: simpler than a pidfd and
-/// the tools we run take from milliseconds to minutes.
+/// Waits for the child to exit, or for the deadline. A helper thread blocks in
+/// `waitid(WNOWAIT)`, which sees the exit without reaping, so the pid stays
+/// valid for a kill until the caller reaps it. (Polling with a growing pause
+/// overshot short runs such as `e2fsck -p` by up to half their time.)
 fn wait_deadline(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
-    let mut pause = Duration::from_millis(1);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(None);
-        }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(50));
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    let pid = i32::try_from(child.id()).map_err(std::io::Error::other)?;
+    let (tx, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
+        let result = loop {
+            match waitid(Id::Pid(Pid::from_raw(pid)), flags) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        };
+        let _ = tx.send(result.map(drop));
+    });
+    match exited.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(Ok(())) => child.wait().map(Some),
+        Ok(Err(e)) => Err(std::io::Error::from(e)),
+        // Timed out: the child is still unreaped, so the caller may kill its group.
+        Err(_) => Ok(child.try_wait()?),
     }
 }
 

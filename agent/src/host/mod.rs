@@ -5,6 +5,7 @@ pub mod direct_read;
 pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;
+pub mod malloc;
 pub mod mounter;
 pub mod mountinfo;
 pub mod trim;

@@ -171,11 +171,13 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         }
     }
     record.progress = Progress::Complete;
+    // Lazy: the bind intent (with the record) is already durable; if this line is lost, recovery
+    // finds the bind mount and keeps the publication, which behaves the same.
     journal.record(
         "published",
         Phase::Done,
         detail([("target", path_string(target))]),
-        Durability::Immediate,
+        Durability::Lazy,
         |w| w.put_publication(&record),
     )
 }
@@ -238,13 +240,10 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
         )?;
     }
     remove_target(target)?;
-    journal.record(
-        "unpublished",
-        Phase::Done,
-        facts,
-        Durability::Immediate,
-        |w| w.delete_publication(vol, target),
-    )
+    // Lazy: if this line is lost, recovery finds the mount gone and drops the record itself.
+    journal.record("unpublished", Phase::Done, facts, Durability::Lazy, |w| {
+        w.delete_publication(vol, target)
+    })
 }
 
 /// Unmounts until nothing is left at `path` (a crashed earlier call may have stacked mounts).

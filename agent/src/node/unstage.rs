@@ -83,7 +83,8 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     if staged.is_none() && at_staging.is_none() {
         return Ok(());
     }
-    journal.record("unstaged", Phase::Done, facts, Durability::Immediate, |w| {
+    // Lazy: if this line is lost, recovery finds the staging mount gone and drops the record.
+    journal.record("unstaged", Phase::Done, facts, Durability::Lazy, |w| {
         w.delete_staged(vol)
     })
 }

@@ -1,0 +1,185 @@
+//! The floor: the same host work a stage/publish/unpublish/unstage cycle does, done directly with
+//! the agent's own host modules: no agent, no gRPC, no journal. Every agent figure is quoted
+//! against it, measured on the same devices in the same run.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::host::blkid;
+use crate::host::fstools::FsTools;
+use crate::host::mounter;
+use crate::request::FsType;
+
+use super::stats::Series;
+
+/// One device to cycle, with the directories the floor mounts it on.
+#[derive(Debug, Clone)]
+pub struct FloorVolume {
+    pub device: PathBuf,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+}
+
+/// Per-phase timings, and the per-volume sums that stand against each RPC.
+#[derive(Debug, Default)]
+pub struct FloorResult {
+    pub probe: Series,
+    pub check: Series,
+    pub mount: Series,
+    pub stats: Series,
+    /// probe + check + mount: what NodeStageVolume does on an already-formatted volume.
+    pub stage: Series,
+    /// mkdir + bind: NodePublishVolume.
+    pub publish: Series,
+    /// unmount + rmdir: NodeUnpublishVolume.
+    pub unpublish: Series,
+    /// unmount: NodeUnstageVolume.
+    pub unstage: Series,
+    pub wall: Duration,
+    pub first_error: Option<String>,
+}
+
+impl FloorResult {
+    /// Pools another run's samples; wall times add up.
+    pub fn merge(&mut self, o: FloorResult) {
+        self.wall += o.wall;
+        self.probe.merge(o.probe);
+        self.check.merge(o.check);
+        self.mount.merge(o.mount);
+        self.stats.merge(o.stats);
+        self.stage.merge(o.stage);
+        self.publish.merge(o.publish);
+        self.unpublish.merge(o.unpublish);
+        self.unstage.merge(o.unstage);
+        if self.first_error.is_none() {
+            self.first_error = o.first_error;
+        }
+    }
+
+    pub fn errors(&self) -> usize {
+        self.stage.errors()
+            + self.publish.errors()
+            + self.unpublish.errors()
+            + self.unstage.errors()
+            + self.stats.errors()
+    }
+}
+
+/// Runs the floor cycle over `volumes` with `concurrency` threads.
+pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType) -> FloorResult {
+    let tools = FsTools::detect();
+    let next = AtomicUsize::new(0);
+    let total = Mutex::new(FloorResult::default());
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..concurrency.max(1) {
+            s.spawn(|| {
+                let mut mine = FloorResult::default();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(v) = volumes.get(i) else { break };
+                    if let Err(e) = cycle(&tools, fs, v, &mut mine) {
+                        mine.first_error
+                            .get_or_insert(format!("{}: {e}", v.device.display()));
+                        undo(v);
+                    }
+                }
+                if let Ok(mut t) = total.lock() {
+                    t.merge(mine);
+                }
+            });
+        }
+    });
+    let mut result = total.into_inner().unwrap_or_default();
+    result.wall = started.elapsed();
+    result
+}
+
+/// Times one phase; a failure is counted in its series and ends the volume's cycle.
+fn timed<T>(
+    series: &mut Series,
+    f: impl FnOnce() -> Result<T, String>,
+) -> Result<(T, Duration), String> {
+    let t = Instant::now();
+    match f() {
+        Ok(v) => {
+            let d = t.elapsed();
+            series.ok(d);
+            Ok((v, d))
+        }
+        Err(e) => {
+            series.err();
+            Err(e)
+        }
+    }
+}
+
+fn cycle(tools: &FsTools, fs: FsType, v: &FloorVolume, r: &mut FloorResult) -> Result<(), String> {
+    let dev = v.device.as_path();
+    let stage = (|| {
+        let (_, a) = timed(&mut r.probe, || {
+            blkid::probe(dev).map_err(|e| e.to_string())
+        })?;
+        let (_, b) = timed(&mut r.check, || {
+            tools.check(fs, dev).map_err(|e| e.to_string())
+        })?;
+        let (_, c) = timed(&mut r.mount, || {
+            mounter::mount_device(dev, &v.staging, fs.name(), 0, &[], false)
+                .map_err(|e| format!("mount: {e}"))
+        })?;
+        Ok::<_, String>(a + b + c)
+    })();
+    record(&mut r.stage, stage)?;
+    let publish = timed(&mut Series::default(), || {
+        std::fs::create_dir_all(&v.target).map_err(|e| format!("mkdir: {e}"))?;
+        mounter::bind(&v.staging, &v.target, false, 0).map_err(|e| format!("bind: {e}"))
+    });
+    record(&mut r.publish, publish.map(|(_, d)| d))?;
+    timed(&mut r.stats, || {
+        nix::sys::statvfs::statvfs(&v.target).map_err(|e| format!("statvfs: {e}"))
+    })?;
+    let unpublish = timed(&mut Series::default(), || {
+        mounter::unmount(&v.target).map_err(|e| format!("unmount: {e}"))?;
+        std::fs::remove_dir(&v.target).map_err(|e| format!("rmdir: {e}"))
+    });
+    record(&mut r.unpublish, unpublish.map(|(_, d)| d))?;
+    let unstage = timed(&mut Series::default(), || {
+        mounter::unmount(&v.staging).map_err(|e| format!("unmount: {e}"))
+    });
+    record(&mut r.unstage, unstage.map(|(_, d)| d))?;
+    Ok(())
+}
+
+fn record(series: &mut Series, outcome: Result<Duration, String>) -> Result<(), String> {
+    match outcome {
+        Ok(d) => {
+            series.ok(d);
+            Ok(())
+        }
+        Err(e) => {
+            series.err();
+            Err(e)
+        }
+    }
+}
+
+/// Best-effort: leave nothing mounted after a failed floor cycle.
+fn undo(v: &FloorVolume) {
+    let _ = mounter::unmount(&v.target);
+    let _ = std::fs::remove_dir(&v.target);
+    let _ = mounter::unmount(&v.staging);
+}
+
+/// The block device mounted at `path`, as the mount table names it (or by its numbers).
+pub fn device_mounted_at(path: &Path) -> Option<PathBuf> {
+    let table = crate::host::mountinfo::MountTable::read().ok()?;
+    let m = table.at(path)?;
+    let source = Path::new(&m.source);
+    if source.is_absolute() && source.exists() {
+        return Some(source.to_path_buf());
+    }
+    let by_numbers = PathBuf::from(format!("/dev/block/{}:{}", m.major, m.minor));
+    by_numbers.exists().then_some(by_numbers)
+}

@@ -1,0 +1,420 @@
+//! The bench's report: a table for people, JSON for scripts, each agent figure beside the floor's
+//! and the targets from the issue with the measured figure and a verdict.
+
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use super::BenchArgs;
+use super::cycle::CycleResult;
+use super::floor::FloorResult;
+use super::restart::RestartReport;
+use super::stats::{Series, Summary, ms, round};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MemoryReport {
+    pub idle_kib: u64,
+    /// The largest VmRSS sampled during the measured cycle.
+    pub peak_kib: u64,
+    /// VmHWM after the cycle: the kernel's high-water mark since the agent started.
+    pub hwm_kib: u64,
+    pub after_kib: u64,
+}
+
+pub struct Report {
+    pub endpoint: String,
+    pub config: Value,
+    pub with_stats: bool,
+    pub warmup: Series,
+    pub agent: CycleResult,
+    pub floor: Option<FloorResult>,
+    pub probe: Series,
+    pub memory: Option<MemoryReport>,
+    pub restart: Option<RestartReport>,
+    pub notes: Vec<String>,
+    pub cleanup_problems: Vec<String>,
+}
+
+struct Row<'a> {
+    rpc: &'static str,
+    agent: &'a Series,
+    floor: Option<(&'static str, &'a Series)>,
+}
+
+pub struct Target {
+    pub name: &'static str,
+    pub limit: String,
+    pub measured: Option<String>,
+    pub pass: Option<bool>,
+}
+
+impl Report {
+    pub fn new(b: &BenchArgs, with_stats: bool) -> Report {
+        let mut notes = Vec::new();
+        if !with_stats {
+            notes.push(
+                "NodeGetVolumeStats skipped: the node does not advertise GET_VOLUME_STATS".into(),
+            );
+        }
+        Report {
+            endpoint: String::new(),
+            config: json!({
+                "volumes": b.volumes,
+                "rounds": b.rounds,
+                "concurrency": b.concurrency,
+                "size_bytes": b.size,
+                "fs_type": b.fs_type,
+                "work_dir": b.work_dir,
+                "probe_interval_ms": b.probe_interval.as_millis() as u64,
+            }),
+            with_stats,
+            warmup: Series::default(),
+            agent: CycleResult::default(),
+            floor: None,
+            probe: Series::default(),
+            memory: None,
+            restart: None,
+            notes,
+            cleanup_problems: Vec::new(),
+        }
+    }
+
+    /// No call failed and nothing was left behind.
+    pub fn clean(&self) -> bool {
+        self.agent.errors() == 0
+            && self.floor.as_ref().is_none_or(|f| f.errors() == 0)
+            && self.cleanup_problems.is_empty()
+            && self
+                .restart
+                .as_ref()
+                .is_none_or(|r| r.cleanup_problems.is_empty())
+    }
+
+    fn rows(&self) -> Vec<Row<'_>> {
+        let f = self.floor.as_ref();
+        let mut rows = vec![
+            Row {
+                rpc: "NodeStageVolume",
+                agent: &self.agent.stage,
+                floor: f.map(|f| ("probe+e2fsck+mount", &f.stage)),
+            },
+            Row {
+                rpc: "NodePublishVolume",
+                agent: &self.agent.publish,
+                floor: f.map(|f| ("mkdir+bind", &f.publish)),
+            },
+        ];
+        if self.with_stats {
+            rows.push(Row {
+                rpc: "NodeGetVolumeStats",
+                agent: &self.agent.stats,
+                floor: f.map(|f| ("statvfs", &f.stats)),
+            });
+        }
+        rows.push(Row {
+            rpc: "NodeUnpublishVolume",
+            agent: &self.agent.unpublish,
+            floor: f.map(|f| ("umount+rmdir", &f.unpublish)),
+        });
+        rows.push(Row {
+            rpc: "NodeUnstageVolume",
+            agent: &self.agent.unstage,
+            floor: f.map(|f| ("umount", &f.unstage)),
+        });
+        rows
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        let a = |s: &Series| s.summary();
+        let floor = self.floor.as_ref();
+        let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::INFINITY };
+        let mut t = Vec::new();
+        let stage = floor.map(|f| (a(&self.agent.stage).p50, a(&f.stage).p50));
+        t.push(Target {
+            name: "stage p50 (formatted volume)",
+            limit: "<= 1.10 x floor".into(),
+            measured: stage
+                .map(|(x, y)| format!("{x:.2} ms = {:.2} x floor ({y:.2} ms)", ratio(x, y))),
+            pass: stage.map(|(x, y)| x <= 1.10 * y),
+        });
+        let publish = floor.map(|f| (a(&self.agent.publish).p50, a(&f.publish).p50));
+        t.push(Target {
+            name: "publish p50",
+            limit: "<= floor + 1 ms".into(),
+            measured: publish
+                .map(|(x, y)| format!("{x:.2} ms = floor ({y:.2} ms) + {:.2} ms", x - y)),
+            pass: publish.map(|(x, y)| x <= y + 1.0),
+        });
+        t.push(Target {
+            name: "cycle errors",
+            limit: "0".into(),
+            measured: Some(self.agent.errors().to_string()),
+            pass: Some(self.agent.errors() == 0),
+        });
+        let wall = floor.map(|f| (ms(self.agent.wall), ms(f.wall)));
+        t.push(Target {
+            name: "cycle wall time",
+            limit: "<= 1.25 x floor".into(),
+            measured: wall
+                .map(|(x, y)| format!("{x:.0} ms = {:.2} x floor ({y:.0} ms)", ratio(x, y))),
+            pass: wall.map(|(x, y)| x <= 1.25 * y),
+        });
+        let p = a(&self.probe);
+        t.push(Target {
+            name: "Probe p99 under load",
+            limit: "<= 5 ms".into(),
+            measured: (p.count > 0)
+                .then(|| format!("{:.2} ms (p50 {:.2} ms, {} errors)", p.p99, p.p50, p.errors)),
+            pass: (p.count > 0).then_some(p.p99 <= 5.0 && p.errors == 0),
+        });
+        let mem = self.memory;
+        t.push(Target {
+            name: "idle RSS",
+            limit: "<= 12 MiB".into(),
+            measured: mem.map(|m| mib(m.idle_kib)),
+            pass: mem.map(|m| m.idle_kib <= 12 * 1024),
+        });
+        t.push(Target {
+            name: "peak RSS during the cycle",
+            limit: "<= 40 MiB".into(),
+            measured: mem.map(|m| format!("{} (VmHWM {})", mib(m.peak_kib), mib(m.hwm_kib))),
+            pass: mem.map(|m| m.peak_kib.max(m.hwm_kib) <= 40 * 1024),
+        });
+        let r = self.restart.as_ref();
+        t.push(Target {
+            name: "restart to ready",
+            limit: "<= 300 ms".into(),
+            measured: r.map(|r| {
+                format!(
+                    "{:.0} ms with {} volumes (rounds: {})",
+                    r.median_ms(),
+                    r.volumes,
+                    r.rounds_ms
+                        .iter()
+                        .map(|x| format!("{x:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }),
+            pass: r.map(|r| r.median_ms() <= 300.0),
+        });
+        t
+    }
+
+    pub fn to_table(&self) -> String {
+        let mut o = String::new();
+        let wall = self.agent.wall;
+        let _ = writeln!(o, "bench: {}", self.config);
+        let _ = writeln!(
+            o,
+            "{:<22} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} | {:>9} {:>9} {:>7} {:>8}  floor work",
+            "RPC",
+            "count",
+            "err",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "max ms",
+            "ops/s",
+            "floor p50",
+            "floor p99",
+            "x p50",
+            "+p50 ms"
+        );
+        for r in self.rows() {
+            let s = r.agent.summary();
+            let _ = write!(
+                o,
+                "{:<22} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} |",
+                r.rpc,
+                s.count,
+                s.errors,
+                s.p50,
+                s.p95,
+                s.p99,
+                s.max,
+                s.throughput(wall)
+            );
+            match r.floor {
+                Some((what, f)) => {
+                    let fs = f.summary();
+                    let _ = writeln!(
+                        o,
+                        " {:>9.2} {:>9.2} {:>7.2} {:>8.2}  {what}",
+                        fs.p50,
+                        fs.p99,
+                        ratio(s.p50, fs.p50),
+                        s.p50 - fs.p50
+                    );
+                }
+                None => o.push_str("         -         -       -        -\n"),
+            }
+        }
+        let p = self.probe.summary();
+        let _ = writeln!(
+            o,
+            "{:<22} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} |  (during the cycle, own connection)",
+            "Probe",
+            p.count,
+            p.errors,
+            p.p50,
+            p.p95,
+            p.p99,
+            p.max,
+            p.throughput(wall)
+        );
+        let _ = write!(o, "cycle wall time: {:.0} ms", ms(wall));
+        if let Some(f) = &self.floor {
+            let _ = write!(
+                o,
+                "; floor {:.0} ms; ratio {:.2}",
+                ms(f.wall),
+                ratio(ms(wall), ms(f.wall))
+            );
+        }
+        o.push('\n');
+        if let Some(f) = &self.floor {
+            let _ = writeln!(
+                o,
+                "floor phases p50: probe {:.2} ms, e2fsck {:.2} ms, mount {:.2} ms, statvfs {:.3} ms",
+                f.probe.summary().p50,
+                f.check.summary().p50,
+                f.mount.summary().p50,
+                f.stats.summary().p50
+            );
+            if let Some(e) = &f.first_error {
+                let _ = writeln!(o, "floor error: {e}");
+            }
+        }
+        let w = self.warmup.summary();
+        if w.count > 0 {
+            let _ = writeln!(
+                o,
+                "warm-up stage with mkfs (not in the cycle): p50 {:.1} ms, max {:.1} ms",
+                w.p50, w.max
+            );
+        }
+        if let Some(m) = self.memory {
+            let _ = writeln!(
+                o,
+                "agent RSS: idle {}, peak during the cycle {}, VmHWM {}, after {}",
+                mib(m.idle_kib),
+                mib(m.peak_kib),
+                mib(m.hwm_kib),
+                mib(m.after_kib)
+            );
+        }
+        if let Some(r) = &self.restart {
+            let _ = writeln!(
+                o,
+                "restart to ready with {} journaled volumes: median {:.0} ms (rounds {:?}), RSS then {}",
+                r.volumes,
+                r.median_ms(),
+                r.rounds_ms.iter().map(|x| round(*x)).collect::<Vec<_>>(),
+                r.rss_kib.map(mib).unwrap_or_else(|| "-".into())
+            );
+        }
+        if let Some(e) = &self.agent.first_error {
+            let _ = writeln!(o, "first error: {e}");
+        }
+        o.push_str("targets:\n");
+        for t in self.targets() {
+            let verdict = match t.pass {
+                Some(true) => "ok",
+                Some(false) => "MISSED",
+                None => "not measured",
+            };
+            let _ = writeln!(
+                o,
+                "  {:<28} {:<18} {:<13} {}",
+                t.name,
+                t.limit,
+                verdict,
+                t.measured.unwrap_or_default()
+            );
+        }
+        for n in self.notes.iter().chain(&self.cleanup_problems) {
+            let _ = writeln!(o, "note: {n}");
+        }
+        o
+    }
+
+    pub fn to_json(&self) -> Value {
+        let wall = self.agent.wall;
+        let mut rpcs = serde_json::Map::new();
+        let mut ratios = serde_json::Map::new();
+        for r in self.rows() {
+            let s = r.agent.summary();
+            rpcs.insert(r.rpc.into(), s.to_json(Some(wall)));
+            if let Some((what, f)) = r.floor {
+                let fs = f.summary();
+                ratios.insert(
+                    r.rpc.into(),
+                    json!({
+                        "floor_work": what,
+                        "p50_ratio": round(ratio(s.p50, fs.p50)),
+                        "p99_ratio": round(ratio(s.p99, fs.p99)),
+                        "p50_diff_ms": round(s.p50 - fs.p50),
+                    }),
+                );
+            }
+        }
+        rpcs.insert("Probe".into(), self.probe.summary().to_json(Some(wall)));
+        let floor = self.floor.as_ref().map(|f| {
+            let sum = |s: &Series| s.summary().to_json(None);
+            json!({
+                "stage": sum(&f.stage), "publish": sum(&f.publish), "stats": sum(&f.stats),
+                "unpublish": sum(&f.unpublish), "unstage": sum(&f.unstage),
+                "phases": {"probe": sum(&f.probe), "e2fsck": sum(&f.check), "mount": sum(&f.mount)},
+                "wall_ms": round(ms(f.wall)),
+                "errors": f.errors(),
+                "first_error": f.first_error,
+            })
+        });
+        if let Some(f) = &self.floor {
+            ratios.insert("wall".into(), json!(round(ratio(ms(wall), ms(f.wall)))));
+        }
+        json!({
+            "config": self.config,
+            "rpcs": rpcs,
+            "errors": self.agent.errors(),
+            "first_error": self.agent.first_error,
+            "wall_ms": round(ms(wall)),
+            "stats_measured": self.with_stats,
+            "warmup_stage": summary_or_null(&self.warmup.summary()),
+            "floor": floor,
+            "ratios": ratios,
+            "memory": self.memory.map(|m| json!({
+                "idle_kib": m.idle_kib, "peak_kib": m.peak_kib, "hwm_kib": m.hwm_kib, "after_kib": m.after_kib,
+            })),
+            "restart": self.restart.as_ref().map(|r| json!({
+                "volumes": r.volumes,
+                "median_ms": round(r.median_ms()),
+                "rounds_ms": r.rounds_ms.iter().map(|x| round(*x)).collect::<Vec<_>>(),
+                "rss_kib": r.rss_kib,
+                "cleanup_problems": r.cleanup_problems,
+            })),
+            "targets": self.targets().into_iter().map(|t| json!({
+                "name": t.name, "limit": t.limit, "measured": t.measured, "pass": t.pass,
+            })).collect::<Vec<_>>(),
+            "notes": self.notes,
+            "cleanup_problems": self.cleanup_problems,
+        })
+    }
+}
+
+fn summary_or_null(s: &Summary) -> Value {
+    if s.count == 0 {
+        Value::Null
+    } else {
+        s.to_json(None)
+    }
+}
+
+fn ratio(x: f64, y: f64) -> f64 {
+    if y > 0.0 { x / y } else { 0.0 }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}

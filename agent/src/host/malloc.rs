@@ -1,0 +1,48 @@
+//! glibc malloc tuning for a long-lived agent whose blocking pool briefly runs many threads.
+//! By default each such thread gets its own arena, and buffers of a few hundred KiB (libblkid
+//! reads 256 KiB at a time) move from mmap into those arenas once the dynamic mmap threshold has
+//! risen; freed, they stay in the arenas, so the agent's RSS after a burst of 128 stages stayed
+//! about four times its idle size. Two arenas and a fixed mmap threshold give the memory back.
+
+/// Applies the settings; call once, before any thread starts. Failures are harmless (the
+/// defaults stay), so they are only logged.
+pub fn tune() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        for (name, param, value) in [
+            ("M_ARENA_MAX", libc::M_ARENA_MAX, 2),
+            // Fixing the threshold also turns off its dynamic growth.
+            ("M_MMAP_THRESHOLD", libc::M_MMAP_THRESHOLD, 128 * 1024),
+        ] {
+            // SAFETY: mallopt only changes allocator parameters; it takes plain integers and is
+            // called before the runtime starts other threads.
+            let ok = unsafe { libc::mallopt(param, value) };
+            if ok != 1 {
+                tracing::debug!(name, value, "mallopt refused the setting");
+            }
+        }
+    }
+}
+
+/// Returns free pages inside the arenas to the kernel (glibc's `malloc_trim`), so that memory a
+/// burst of calls used does not stay resident once the agent is idle again.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim walks the allocator's own free lists under its locks; the pad argument
+    // is a plain size.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Trims every `period` for the life of the runtime: cheap when nothing was freed.
+pub fn spawn_periodic_release(period: std::time::Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let _ = tokio::task::spawn_blocking(release_free_memory).await;
+        }
+    });
+}

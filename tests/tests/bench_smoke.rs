@@ -1,0 +1,82 @@
+//! A short run of `ebs-node-agent client bench`, so the harness behind the published figures
+//! cannot rot: every section of its JSON is present, no call fails, and it cleans up after itself.
+//! No timing is asserted here; figures come from real bench runs (README.performance.md).
+
+use ebs_tests::*;
+
+#[tokio::test]
+async fn bench_smoke_run() {
+    if !require_root("bench_smoke_run") {
+        return;
+    }
+    let scratch = Scratch::new("bench");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let work_dir = agent.state_dir.join("bench");
+    let pid = agent.pid().to_string();
+    let (ok, v) = agent.client_json(&[
+        "bench",
+        "--volumes",
+        "3",
+        "--concurrency",
+        "2",
+        "--size",
+        "64MiB",
+        "--pid",
+        &pid,
+        "--work-dir",
+        work_dir.to_str().unwrap(),
+        "--restart-check",
+        "--restart-volumes",
+        "3",
+        "--restart-rounds",
+        "1",
+    ]);
+    assert!(ok, "bench failed: {v:#}\nagent log:\n{}", agent.log_text());
+
+    for rpc in [
+        "NodeStageVolume",
+        "NodePublishVolume",
+        "NodeUnpublishVolume",
+        "NodeUnstageVolume",
+    ] {
+        let r = &v["rpcs"][rpc];
+        assert_eq!(r["count"], 3, "{rpc}: {r}");
+        assert_eq!(r["errors"], 0, "{rpc}: {r}");
+        for key in ["p50_ms", "p95_ms", "p99_ms", "max_ms", "throughput_per_s"] {
+            assert!(r[key].is_number(), "{rpc}.{key} missing: {r}");
+        }
+        assert!(
+            v["ratios"][rpc]["p50_ratio"].is_number(),
+            "ratio of {rpc}: {v}"
+        );
+    }
+    assert_eq!(v["rpcs"]["Probe"]["errors"], 0);
+    assert_eq!(v["errors"], 0);
+    assert_eq!(v["floor"]["errors"], 0, "floor: {}", v["floor"]);
+    assert!(v["ratios"]["wall"].is_number());
+    assert!(v["memory"]["idle_kib"].as_u64().unwrap() > 0);
+    assert!(v["memory"]["peak_kib"].as_u64().unwrap() > 0);
+    assert_eq!(v["restart"]["volumes"], 3);
+    assert!(v["restart"]["median_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["restart"]["cleanup_problems"], serde_json::json!([]));
+    assert_eq!(v["cleanup_problems"], serde_json::json!([]));
+    assert_eq!(v["targets"].as_array().unwrap().len(), 8);
+
+    // Nothing left: no mounts or directories under the work dir, no volumes in the agent.
+    assert!(
+        mounts_below(&work_dir).is_empty(),
+        "mounts left below {}",
+        work_dir.display()
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(&work_dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+    let (ok, list) = agent.client_json(&["controller", "list-volumes"]);
+    assert!(ok);
+    assert_eq!(
+        list["entries"],
+        serde_json::json!([]),
+        "volumes left: {list}"
+    );
+}
