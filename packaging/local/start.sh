@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start: build the agent and run it with the loop backend on a default socket, so the whole
-# CSI lifecycle can be tried on one Linux machine. Run as root: sudo packaging/local/start.sh
+# CSI lifecycle can be tried on one Linux machine. Run as root: packaging/local/start.sh (as root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tests/deps.sh
