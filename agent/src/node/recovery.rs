@@ -51,6 +51,15 @@ pub fn recover(store: &Store, backend: &dyn Backend) -> Result<RecoveryReport> {
                 store.write(Durability::Immediate, |w| w.delete_staged(vol))?;
                 report.dropped_stagings += 1;
             }
+            (Progress::InProgress, true) if matches!(staged.access, AccessRecord::Mount { .. }) => {
+                // The mount step was done (its intent is durable, the mount is ours): the stage
+                // completed, or its retry will only find the mount and carry on.
+                let mut done = staged.clone();
+                done.progress = Progress::Complete;
+                store.write(Durability::Immediate, |w| w.put_staged(&done))?;
+                tracing::info!(volume = vol, staging = %staged.staging_path.display(),
+                    "recovery: the stage had mounted the volume; record completed");
+            }
             (Progress::InProgress, mounted) => {
                 tracing::warn!(
                     volume = vol,
