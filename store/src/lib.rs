@@ -248,12 +248,23 @@ impl Store {
         self.all(STAGED)
     }
 
+    /// One volume's publications: a range scan over its keys, not a pass over every volume's.
     pub fn publications(&self, volume_id: &str) -> Result<Vec<Publication>, StoreError> {
-        Ok(self
-            .all_publications()?
-            .into_iter()
-            .filter(|p| p.volume_id == volume_id)
-            .collect())
+        let tx = self.read_tx()?;
+        let table = match tx.open_table(PUBLICATIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for row in table.range((volume_id, "")..)? {
+            let (key, value) = row?;
+            if key.value().0 != volume_id {
+                break;
+            }
+            out.push(decode(value.value())?);
+        }
+        Ok(out)
     }
 
     pub fn publication(

@@ -155,3 +155,40 @@ fn concurrent_immediate_writes_share_syncs_and_all_land() {
     let store = Store::open(&path).unwrap();
     assert_eq!(store.all_staged().unwrap().len(), 80);
 }
+
+#[test]
+fn publications_of_one_volume_do_not_leak_into_a_prefix_sibling() {
+    let dir = TempDir::new("pubs");
+    let store = Store::open(&dir.0.join("s.redb")).unwrap();
+    let publication = |vol: &str, target: &str| Publication {
+        volume_id: vol.into(),
+        target_path: target.into(),
+        staging_path: "/csi/s".into(),
+        block: false,
+        readonly: false,
+        access_mode: 1,
+        mount_flags: vec![],
+        progress: Progress::Complete,
+        at_unix_ms: 1,
+    };
+    store
+        .write(Durability::Lazy, |w| {
+            w.put_publication(&publication("v1", "/csi/a"))?;
+            w.put_publication(&publication("v1", "/csi/b"))?;
+            w.put_publication(&publication("v10", "/csi/c"))?;
+            w.put_publication(&publication("v0", "/csi/d"))
+        })
+        .unwrap();
+    let targets: Vec<_> = store
+        .publications("v1")
+        .unwrap()
+        .into_iter()
+        .map(|p| p.target_path)
+        .collect();
+    assert_eq!(
+        targets,
+        vec![PathBuf::from("/csi/a"), PathBuf::from("/csi/b")]
+    );
+    assert_eq!(store.publications("v10").unwrap().len(), 1);
+    assert!(store.publications("v2").unwrap().is_empty());
+}

@@ -105,24 +105,24 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             target.display()
         )));
     }
-    if cmd.capability.mode.single_publication() {
-        let table = super::mount_table()?;
-        if let Some(other) = ctx
+    // One read of the mount table serves both checks below.
+    let table = super::mount_table()?;
+    if cmd.capability.mode.single_publication()
+        && let Some(other) = ctx
             .store
             .publications(vol)?
             .into_iter()
             .find(|p| p.target_path != target && table.at(&p.target_path).is_some())
-        {
-            return Err(Error::Precondition(format!(
-                "volume {vol} is already published at {}; its access mode allows one publication \
-                 on this node",
-                other.target_path.display()
-            )));
-        }
+    {
+        return Err(Error::Precondition(format!(
+            "volume {vol} is already published at {}; its access mode allows one publication \
+             on this node",
+            other.target_path.display()
+        )));
     }
 
     let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
-    match mounted_at(target)? {
+    match table.at(target).cloned() {
         Some(m) if is_ours(&staged, &m, target) => {
             if m.is_read_only() != readonly {
                 return Err(Error::AlreadyExists(format!(
