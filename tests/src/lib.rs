@@ -131,25 +131,34 @@ pub fn loops_below(dir: &Path) -> Vec<PathBuf> {
 
 pub fn cleanup_dir(dir: &Path) {
     // Loops first: once a filesystem below `dir` is lazily unmounted, a loop file on it shows a
-    // path relative to that detached mount, and would keep it (and its own loop) alive.
-    let mut loops = loops_below(dir);
+    // path relative to that detached mount, and would keep it (and its own loop) alive. Each
+    // device is checked again right before it is detached: one the agent already freed may have
+    // been taken by another test in the meantime, and must not be pulled from under it.
+    detach_loops_below(dir);
     for m in mounts_below(dir) {
         let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
     }
+    detach_loops_below(dir);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn detach_loops_below(dir: &Path) {
     for dev in loops_below(dir) {
-        if !loops.contains(&dev) {
-            loops.push(dev);
+        let name = dev
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let still_ours = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+            .is_ok_and(|b| Path::new(b.trim().trim_end_matches(" (deleted)")).starts_with(dir));
+        if still_ours {
+            // Mounted devices only get autoclear here and go when their last user does.
+            let _ = Command::new("losetup")
+                .arg("-d")
+                .arg(&dev)
+                .stderr(Stdio::null())
+                .status();
         }
     }
-    for dev in loops {
-        // An autoclear loop may be gone already: nothing to report.
-        let _ = Command::new("losetup")
-            .arg("-d")
-            .arg(&dev)
-            .stderr(Stdio::null())
-            .status();
-    }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// How to start an agent.
