@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 
 use super::logged;
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result, blocking};
+use crate::error::Result;
 use crate::health::Health;
 use crate::node::NodeCtx;
 use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
@@ -121,22 +121,8 @@ impl ReclaimSpaceNodeService {
     /// The same guard as stage and publish: a reclaim clashes with any other operation on the
     /// volume (ABORTED), and the guard lives in the blocking task until the ioctl returns.
     async fn locked(&self, cmd: ReclaimCommand) -> Result<crate::node::reclaim::Reclaimed> {
-        if !self.ctx.health.is_ready() {
-            return Err(Error::Unavailable(
-                "the agent is starting (start-up recovery is running); retry shortly".into(),
-            ));
-        }
-        let guard = self
-            .ctx
-            .locks
-            .try_lock(cmd.volume.as_str())
-            .ok_or_else(|| Error::Busy(cmd.volume.to_string()))?;
-        let ctx = Arc::clone(&self.ctx);
-        blocking(move || {
-            let _guard = guard;
-            reclaim(&ctx, &cmd)
-        })
-        .await
+        let volume = cmd.volume.clone();
+        crate::node::run_locked(&self.ctx, volume.as_str(), move |ctx| reclaim(ctx, &cmd)).await
     }
 }
 

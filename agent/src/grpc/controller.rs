@@ -50,19 +50,6 @@ impl LoopControllerService {
     }
 }
 
-fn capacity(range: Option<&csi::CapacityRange>) -> Result<(u64, u64)> {
-    let Some(r) = range else { return Ok((0, 0)) };
-    if r.required_bytes < 0 || r.limit_bytes < 0 {
-        return Err(ValidationError::bad(
-            "capacity_range",
-            format!("{}..{}", r.required_bytes, r.limit_bytes),
-            "sizes must not be negative",
-        )
-        .into());
-    }
-    Ok((r.required_bytes as u64, r.limit_bytes as u64))
-}
-
 fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
     if caps.is_empty() {
         return Err(ValidationError::Missing("volume_capabilities").into());
@@ -98,7 +85,8 @@ impl Controller for LoopControllerService {
             }
             capabilities(&r.volume_capabilities)?;
             check_map("parameters", &r.parameters)?;
-            let (required_bytes, limit_bytes) = capacity(r.capacity_range.as_ref())?;
+            let (required_bytes, limit_bytes) =
+                super::node_stats::capacity_range(r.capacity_range.as_ref())?;
             let create = CreateVolume {
                 name: r.name,
                 required_bytes,
@@ -273,7 +261,7 @@ impl Controller for LoopControllerService {
         let r = req.into_inner();
         let (size, block) = logged("ControllerExpandVolume", &r.volume_id.clone(), async {
             let id = VolumeId::parse(&r.volume_id)?;
-            let (required, limit) = capacity(r.capacity_range.as_ref())?;
+            let (required, limit) = super::node_stats::capacity_range(r.capacity_range.as_ref())?;
             if required == 0 && limit == 0 {
                 return Err(ValidationError::Missing("capacity_range").into());
             }

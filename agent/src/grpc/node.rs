@@ -26,39 +26,12 @@ pub struct NodeService {
 }
 
 impl NodeService {
-    /// Runs `f` on the blocking pool while holding the volume's guard; the guard moves into the
-    /// blocking task, so a cancelled call keeps the volume busy until its host work has ended.
     async fn locked<T, F>(&self, volume: &VolumeId, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&NodeCtx) -> Result<T> + Send + 'static,
     {
-        if !self.ctx.health.is_ready() {
-            return Err(Error::Unavailable(
-                "the agent is starting (start-up recovery is running); retry shortly".into(),
-            ));
-        }
-        let guard = self
-            .ctx
-            .locks
-            .try_lock(volume.as_str())
-            .ok_or_else(|| Error::Busy(volume.to_string()))?;
-        let ctx = Arc::clone(&self.ctx);
-        blocking(move || {
-            let _guard = guard;
-            f(&ctx)
-        })
-        .await
-    }
-
-    /// The readiness check of `locked`, for read-only calls that take no volume guard.
-    fn ready(&self) -> Result<()> {
-        if !self.ctx.health.is_ready() {
-            return Err(Error::Unavailable(
-                "the agent is starting (start-up recovery is running); retry shortly".into(),
-            ));
-        }
-        Ok(())
+        node::run_locked(&self.ctx, volume.as_str(), f).await
     }
 
     fn path(&self, field: &'static str, raw: &str) -> Result<ConfinedPath> {
@@ -213,7 +186,7 @@ impl Node for NodeService {
                 staging: self.optional_path("staging_target_path", &r.staging_target_path)?,
             };
             // No volume guard: stats are read-only (see node::stats).
-            self.ready()?;
+            self.ctx.ready()?;
             let ctx = Arc::clone(&self.ctx);
             blocking(move || node::volume_stats(&ctx, &cmd)).await
         })

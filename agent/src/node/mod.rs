@@ -48,6 +48,37 @@ impl NodeCtx {
     pub fn crash_after(&self) -> Option<&str> {
         self.crash_after.as_deref()
     }
+
+    /// Node calls wait for start-up recovery: before it, the records may not match the host.
+    pub fn ready(&self) -> Result<()> {
+        if !self.health.is_ready() {
+            return Err(Error::Unavailable(
+                "the agent is starting (start-up recovery is running); retry shortly".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f` on the blocking pool while holding the volume's guard (a clash is ABORTED). The
+/// guard moves into the blocking task, so a cancelled call keeps the volume busy until its host
+/// work has ended.
+pub async fn run_locked<T, F>(ctx: &Arc<NodeCtx>, volume: &str, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&NodeCtx) -> Result<T> + Send + 'static,
+{
+    ctx.ready()?;
+    let guard = ctx
+        .locks
+        .try_lock(volume)
+        .ok_or_else(|| Error::Busy(volume.to_string()))?;
+    let ctx = Arc::clone(ctx);
+    crate::error::blocking(move || {
+        let _guard = guard;
+        f(&ctx)
+    })
+    .await
 }
 
 pub fn mount_table() -> Result<MountTable> {
