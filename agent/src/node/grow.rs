@@ -25,29 +25,15 @@ pub fn grow_if_needed(
     device: &Path,
     mount_point: &Path,
 ) -> Result<bool> {
-    let dev_bytes = loopdev::device_size(device)
-        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     let fs_bytes = crate::host::fs_size::mounted_bytes(fs, device, mount_point)
         .map_err(|e| Error::io(format!("sizing the filesystem on {}", device.display()), e))?;
-    if dev_bytes <= fs_bytes + GROW_SLACK {
-        return Ok(false);
-    }
-    journal.step(
-        "grow",
-        detail([
-            ("device", path_string(device)),
-            ("from_bytes", fs_bytes.to_string()),
-            ("to_bytes", dev_bytes.to_string()),
-        ]),
-        Durability::Lazy,
-        || ctx.fstools.grow(fs, device, mount_point),
-    )?;
-    Ok(true)
+    grow_when_larger(journal, device, fs_bytes, true, || {
+        ctx.fstools.grow(fs, device, mount_point)
+    })
 }
 
-/// Grows an unmounted ext filesystem whose device is larger (a snapshot restored into a bigger
-/// volume, or an expansion that happened while it was not staged). resize2fs insists on a fresh
-/// forced check first, which the step runs.
+/// Grows an unmounted ext filesystem whose device is larger. resize2fs insists on a fresh forced
+/// check first, which the step runs.
 pub fn grow_offline_if_needed(
     ctx: &NodeCtx,
     journal: &Journal<'_>,
@@ -57,10 +43,23 @@ pub fn grow_offline_if_needed(
     if !fs.is_ext() {
         return Ok(false);
     }
-    let dev_bytes = loopdev::device_size(device)
-        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     let fs_bytes = crate::host::fstools::filesystem_bytes(fs, device)
         .map_err(|e| Error::io(format!("reading the superblock of {}", device.display()), e))?;
+    grow_when_larger(journal, device, fs_bytes, false, || {
+        ctx.fstools.grow_offline(fs, device)
+    })
+}
+
+/// Runs `grow` as a journaled step when the device is larger than the filesystem.
+fn grow_when_larger(
+    journal: &Journal<'_>,
+    device: &Path,
+    fs_bytes: u64,
+    mounted: bool,
+    grow: impl FnOnce() -> Result<()>,
+) -> Result<bool> {
+    let dev_bytes = loopdev::device_size(device)
+        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     if dev_bytes <= fs_bytes + GROW_SLACK {
         return Ok(false);
     }
@@ -70,10 +69,10 @@ pub fn grow_offline_if_needed(
             ("device", path_string(device)),
             ("from_bytes", fs_bytes.to_string()),
             ("to_bytes", dev_bytes.to_string()),
-            ("mounted", "false".into()),
+            ("mounted", mounted.to_string()),
         ]),
         Durability::Lazy,
-        || ctx.fstools.grow_offline(fs, device),
+        grow,
     )?;
     Ok(true)
 }
