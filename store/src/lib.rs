@@ -135,10 +135,8 @@ impl Store {
 
     pub fn schema_version(&self) -> Result<Option<u64>, StoreError> {
         let tx = self.read_tx()?;
-        let table = match tx.open_table(META) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(table) = open_table(&tx, META)? else {
+            return Ok(None);
         };
         Ok(table.get("schema_version")?.map(|v| v.value()))
     }
@@ -198,10 +196,8 @@ impl Store {
         key: &str,
     ) -> Result<Option<T>, StoreError> {
         let tx = self.read_tx()?;
-        let table = match tx.open_table(def) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(table) = open_table(&tx, def)? else {
+            return Ok(None);
         };
         match table.get(key)? {
             Some(v) => Ok(Some(decode(v.value())?)),
@@ -214,10 +210,8 @@ impl Store {
         def: TableDefinition<&str, &[u8]>,
     ) -> Result<Vec<T>, StoreError> {
         let tx = self.read_tx()?;
-        let table = match tx.open_table(def) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(table) = open_table(&tx, def)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for row in table.iter()? {
@@ -251,10 +245,8 @@ impl Store {
     /// One volume's publications: a range scan over its keys, not a pass over every volume's.
     pub fn publications(&self, volume_id: &str) -> Result<Vec<Publication>, StoreError> {
         let tx = self.read_tx()?;
-        let table = match tx.open_table(PUBLICATIONS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(table) = open_table(&tx, PUBLICATIONS)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for row in table.range((volume_id, "")..)? {
@@ -274,10 +266,8 @@ impl Store {
     ) -> Result<Option<Publication>, StoreError> {
         let key = path_key(target)?;
         let tx = self.read_tx()?;
-        let table = match tx.open_table(PUBLICATIONS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(table) = open_table(&tx, PUBLICATIONS)? else {
+            return Ok(None);
         };
         match table.get((volume_id, key))? {
             Some(v) => Ok(Some(decode(v.value())?)),
@@ -287,10 +277,8 @@ impl Store {
 
     pub fn all_publications(&self) -> Result<Vec<Publication>, StoreError> {
         let tx = self.read_tx()?;
-        let table = match tx.open_table(PUBLICATIONS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(table) = open_table(&tx, PUBLICATIONS)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for row in table.iter()? {
@@ -303,10 +291,8 @@ impl Store {
     /// The journal of one volume, oldest first.
     pub fn journal(&self, volume_id: &str) -> Result<Vec<StepRecord>, StoreError> {
         let tx = self.read_tx()?;
-        let table = match tx.open_table(JOURNAL) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(table) = open_table(&tx, JOURNAL)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for row in table.range((volume_id, 0)..=(volume_id, u64::MAX))? {
@@ -338,6 +324,18 @@ impl Store {
             }
         }
         Ok(ids.into_iter().collect())
+    }
+}
+
+/// A table for reading; `None` when no write has created it yet (a fresh or older file).
+fn open_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    tx: &redb::ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
+    match tx.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -223,21 +223,10 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
                 m.source
             )));
         }
-        journal.record(
-            "unmount",
-            Phase::Intent,
-            facts.clone(),
-            Durability::Immediate,
-            |_| Ok(()),
-        )?;
-        unmount_all(target)?;
-        journal.record(
-            "unmount",
-            Phase::Done,
-            facts.clone(),
-            Durability::Lazy,
-            |_| Ok(()),
-        )?;
+        // The intent is durable before the host is touched; the done line is lazy.
+        journal.step("unmount", facts.clone(), Durability::Immediate, || {
+            unmount_all(target)
+        })?;
     }
     remove_target(target)?;
     // Lazy: if this line is lost, recovery finds the mount gone and drops the record itself.

@@ -64,21 +64,10 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     let journal = Journal::new(&ctx.store, vol, "unstage", ctx.crash_after());
     let facts = detail([("staging", path_string(staging))]);
     if at_staging.is_some() {
-        journal.record(
-            "unmount",
-            Phase::Intent,
-            facts.clone(),
-            Durability::Immediate,
-            |_| Ok(()),
-        )?;
-        unmount_all(staging)?;
-        journal.record(
-            "unmount",
-            Phase::Done,
-            facts.clone(),
-            Durability::Lazy,
-            |_| Ok(()),
-        )?;
+        // The intent is durable before the host is touched; the done line is lazy.
+        journal.step("unmount", facts.clone(), Durability::Immediate, || {
+            unmount_all(staging)
+        })?;
     }
     if staged.is_none() && at_staging.is_none() {
         return Ok(());
