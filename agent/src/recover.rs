@@ -14,7 +14,7 @@ use ebs_store::{
 };
 
 use crate::backend::block_dev_numbers;
-use crate::backend::loopback::file_identity;
+use crate::backend::loopback::file_inode;
 use crate::cli::RecoverArgs;
 use crate::host::blkid::{self, ProbeOutcome};
 use crate::host::{loopdev, mountinfo::MountTable};
@@ -91,13 +91,15 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
         else {
             continue;
         };
-        let Ok(identity) = file_identity(&file) else {
+        let Ok((st_dev, st_ino)) = file_inode(&file) else {
             continue;
         };
-        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = &identity else {
-            continue;
+        let identity = DeviceIdentity::LoopFile {
+            file: file.clone(),
+            st_dev,
+            st_ino,
         };
-        let device = loopdev::find_by_backing_inode(*st_dev, *st_ino)
+        let device = loopdev::find_by_backing_inode(st_dev, st_ino)
             .ok()
             .flatten();
         let volume = LoopVolume {

@@ -181,11 +181,8 @@ impl LoopController {
                 )));
             }
         }
-        let identity = super::file_identity(&volume.file)
+        let (st_dev, st_ino) = super::file_inode(&volume.file)
             .map_err(|e| Error::io(format!("volume file {}", volume.file.display()), e))?;
-        let ebs_store::DeviceIdentity::LoopFile { st_dev, st_ino, .. } = identity else {
-            return Err(Error::Internal("loop identity expected".into()));
-        };
         let device = match loopdev::find_by_backing_inode(st_dev, st_ino)
             .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?
         {
@@ -245,9 +242,9 @@ impl LoopController {
             let Some(att) = volume.attachment.clone() else {
                 continue;
             };
-            let identity = match super::file_identity(&volume.file) {
-                Ok(ebs_store::DeviceIdentity::LoopFile { st_dev, st_ino, .. }) => (st_dev, st_ino),
-                _ => {
+            let identity = match super::file_inode(&volume.file) {
+                Ok(inode) => inode,
+                Err(_) => {
                     tracing::warn!(volume = %volume.id, file = %volume.file.display(),
                         "recovery: the volume file is missing; attachment dropped");
                     volume.attachment = None;

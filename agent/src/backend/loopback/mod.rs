@@ -41,12 +41,19 @@ impl LoopBackend {
 
 /// The identity of a volume file now: its path and inode.
 pub fn file_identity(file: &Path) -> std::io::Result<DeviceIdentity> {
-    let meta = std::fs::metadata(file)?;
+    let (st_dev, st_ino) = file_inode(file)?;
     Ok(DeviceIdentity::LoopFile {
         file: file.to_path_buf(),
-        st_dev: meta.dev(),
-        st_ino: meta.ino(),
+        st_dev,
+        st_ino,
     })
+}
+
+/// The (st_dev, st_ino) that identify a volume file, whatever path reaches it: what a loop
+/// device's LOOP_GET_STATUS64 reports for its backing file.
+pub fn file_inode(file: &Path) -> std::io::Result<(u64, u64)> {
+    let meta = std::fs::metadata(file)?;
+    Ok((meta.dev(), meta.ino()))
 }
 
 fn backing_matches(device: &Path, st_dev: u64, st_ino: u64) -> std::result::Result<(), String> {
@@ -73,10 +80,12 @@ impl Backend for LoopBackend {
         _deadline: Instant,
     ) -> Result<ResolvedDevice> {
         let record = self.volume(volume)?;
-        let identity = file_identity(&record.file)
+        let (st_dev, st_ino) = file_inode(&record.file)
             .map_err(|e| Error::io(format!("volume file {}", record.file.display()), e))?;
-        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = &identity else {
-            return Err(Error::Internal("loop identity expected".into()));
+        let identity = DeviceIdentity::LoopFile {
+            file: record.file.clone(),
+            st_dev,
+            st_ino,
         };
         let given = publish_context.get("devicePath").map(PathBuf::from);
         if let Some(path) = &given {
@@ -85,7 +94,7 @@ impl Backend for LoopBackend {
                 device: path.clone(),
                 reason: e.to_string(),
             })?;
-            match backing_matches(path, *st_dev, *st_ino) {
+            match backing_matches(path, st_dev, st_ino) {
                 Ok(()) => {
                     return Ok(ResolvedDevice {
                         path: path.clone(),
@@ -96,7 +105,7 @@ impl Backend for LoopBackend {
                     "publish_context devicePath does not hold the volume; looking it up by its file"),
             }
         }
-        match loopdev::find_by_backing_inode(*st_dev, *st_ino) {
+        match loopdev::find_by_backing_inode(st_dev, st_ino) {
             Ok(Some(path)) => Ok(ResolvedDevice { path, identity }),
             Ok(None) => Err(Error::Precondition(format!(
                 "volume {volume} is not attached to this node (no loop device is backed by {}); \
