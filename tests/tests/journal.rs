@@ -33,6 +33,18 @@ struct Cycle {
     cap: csi::VolumeCapability,
 }
 
+impl Cycle {
+    /// A volume's staging and target paths under the agent's state dir, mounted as `fs`.
+    fn new(agent: &Agent, vol: Vol, name: &str, fs: &str) -> Self {
+        Cycle {
+            vol,
+            staging: agent.state_dir.join(format!("staging/{name}")),
+            target: agent.state_dir.join(format!("pods/{name}/mount")),
+            cap: mount_cap(fs, Mode::SingleNodeWriter),
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Op {
     Stage,
@@ -76,12 +88,7 @@ async fn crash_at(fs: &str, op: Op, point: &str) {
     let mut agent = Agent::start(&scratch, crash_opts(None)).await;
     let size = if fs == "xfs" { 320 << 20 } else { 64 << 20 };
     let vol = create_attached(&agent, "crash", size).await;
-    let c = Cycle {
-        vol,
-        staging: agent.state_dir.join("staging/crash"),
-        target: agent.state_dir.join("pods/p/mount"),
-        cap: mount_cap(fs, Mode::SingleNodeWriter),
-    };
+    let c = Cycle::new(&agent, vol, "crash", fs);
     let order = [Op::Stage, Op::Publish, Op::Unpublish, Op::Unstage];
     let pos = order.iter().position(|o| *o == op).unwrap();
     let mut uuid = String::new();
@@ -219,12 +226,7 @@ async fn reboot_behind_the_agents_back() {
     let scratch = Scratch::new("reboot");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "reboot", 64 << 20).await;
-    let c = Cycle {
-        vol: vol.clone(),
-        staging: agent.state_dir.join("staging/r"),
-        target: agent.state_dir.join("pods/r/mount"),
-        cap: mount_cap("ext4", Mode::SingleNodeWriter),
-    };
+    let c = Cycle::new(&agent, vol.clone(), "r", "ext4");
     call(&agent, &c, Op::Stage).await.unwrap();
     call(&agent, &c, Op::Publish).await.unwrap();
     std::fs::write(c.target.join("f"), b"kept").unwrap();
@@ -261,12 +263,7 @@ async fn swapped_device_is_refused_and_nothing_is_formatted() {
     let scratch = Scratch::new("swap-dev");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "swap", 64 << 20).await;
-    let c = Cycle {
-        vol: vol.clone(),
-        staging: agent.state_dir.join("staging/s"),
-        target: agent.state_dir.join("pods/s/mount"),
-        cap: mount_cap("ext4", Mode::SingleNodeWriter),
-    };
+    let c = Cycle::new(&agent, vol.clone(), "s", "ext4");
     call(&agent, &c, Op::Stage).await.unwrap();
     call(&agent, &c, Op::Unstage).await.unwrap();
     // Swap the volume's backing file for a blank one under the same path.
@@ -310,12 +307,7 @@ async fn corrupt_state_file_is_refused_and_recover_rebuilds_it() {
     let scratch = Scratch::new("corrupt");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "corrupt", 64 << 20).await;
-    let c = Cycle {
-        vol: vol.clone(),
-        staging: agent.state_dir.join("staging/c"),
-        target: agent.state_dir.join("pods/c/mount"),
-        cap: mount_cap("ext4", Mode::SingleNodeWriter),
-    };
+    let c = Cycle::new(&agent, vol.clone(), "c", "ext4");
     call(&agent, &c, Op::Stage).await.unwrap();
     call(&agent, &c, Op::Publish).await.unwrap();
     agent.kill();
@@ -394,12 +386,7 @@ async fn status_reads_the_stopped_agents_file() {
     let scratch = Scratch::new("status");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "st", 64 << 20).await;
-    let c = Cycle {
-        vol: vol.clone(),
-        staging: agent.state_dir.join("staging/st"),
-        target: agent.state_dir.join("pods/st/mount"),
-        cap: mount_cap("ext4", Mode::SingleNodeWriter),
-    };
+    let c = Cycle::new(&agent, vol.clone(), "st", "ext4");
     call(&agent, &c, Op::Stage).await.unwrap();
     let running = std::process::Command::new(agent_bin())
         .args(["status", "--endpoint", &agent.endpoint(), "--state-dir"])
@@ -437,12 +424,7 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
         let scratch = Scratch::new(&format!("mkfs-{leftover}"));
         let mut agent = Agent::start(&scratch, crash_opts(Some("stage.format.intent"))).await;
         let vol = create_attached(&agent, "m", 64 << 20).await;
-        let c = Cycle {
-            vol: vol.clone(),
-            staging: agent.state_dir.join("staging/m"),
-            target: agent.state_dir.join("pods/m/mount"),
-            cap: mount_cap("ext4", Mode::SingleNodeWriter),
-        };
+        let c = Cycle::new(&agent, vol.clone(), "m", "ext4");
         assert!(call(&agent, &c, Op::Stage).await.is_err());
         agent
             .wait_exit(Duration::from_secs(20))
@@ -504,12 +486,7 @@ async fn crash_matrix_expand_xfs() {
         let scratch = Scratch::new(&format!("crash-expand-{}", point.replace('.', "-")));
         let mut agent = Agent::start(&scratch, crash_opts(None)).await;
         let vol = create_attached(&agent, "exp", 320 << 20).await;
-        let c = Cycle {
-            vol: vol.clone(),
-            staging: agent.state_dir.join("staging/e"),
-            target: agent.state_dir.join("pods/e/mount"),
-            cap: mount_cap("xfs", Mode::SingleNodeWriter),
-        };
+        let c = Cycle::new(&agent, vol.clone(), "e", "xfs");
         call(&agent, &c, Op::Stage).await.unwrap();
         call(&agent, &c, Op::Publish).await.unwrap();
         std::fs::write(c.target.join("before-crash"), b"survives").unwrap();
