@@ -218,6 +218,75 @@ async fn crash_matrix_publish_unpublish_unstage() {
     }
 }
 
+/// Stages a volume that is already formatted (the fsck path, where the mount intent is committed
+/// while e2fsck runs), crashing at `point`; then retries and checks data, UUID and mounts.
+async fn crash_restage_at(point: &str) {
+    let scratch = Scratch::new(&format!("crash-restage-{}", point.replace('.', "-")));
+    let mut agent = Agent::start(&scratch, crash_opts(None)).await;
+    let vol = create_attached(&agent, "restage", 64 << 20).await;
+    let c = Cycle::new(&agent, vol, "restage", "ext4");
+    call(&agent, &c, Op::Stage).await.unwrap();
+    let uuid = fs_uuid(&c.vol.device);
+    std::fs::write(c.staging.join("before-crash"), b"survives").unwrap();
+    call(&agent, &c, Op::Unstage).await.unwrap();
+
+    agent.restart(Some(crash_opts(Some(point)))).await;
+    let result = call(&agent, &c, Op::Stage).await;
+    let status = agent.wait_exit(Duration::from_secs(20)).await;
+    assert!(
+        status.is_some(),
+        "{point}: the agent did not die ({result:?})"
+    );
+    assert!(
+        result.is_err(),
+        "{point}: the call must not have answered OK"
+    );
+
+    agent.restart(Some(crash_opts(None))).await;
+    // An e2fsck orphaned by the crash may still hold the device for a moment: the CO retries.
+    let mut retry = call(&agent, &c, Op::Stage).await;
+    for _ in 0..20 {
+        if retry.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        retry = call(&agent, &c, Op::Stage).await;
+    }
+    retry.unwrap_or_else(|e| panic!("{point}: retry failed: {e:?}\n{}", agent.log_text()));
+    call(&agent, &c, Op::Stage).await.unwrap();
+    assert_eq!(
+        mount_count(&c.staging),
+        1,
+        "{point}: stacked or missing mount"
+    );
+    assert_eq!(
+        std::fs::read(c.staging.join("before-crash")).unwrap(),
+        b"survives",
+        "{point}"
+    );
+    assert_eq!(fs_uuid(&c.vol.device), uuid, "{point}: formatted again");
+    call(&agent, &c, Op::Unstage).await.unwrap();
+    assert_eq!(mount_count(&c.staging), 0, "{point}: staging left mounted");
+    eprintln!("{point} (restage): recovered");
+}
+
+#[tokio::test]
+async fn crash_matrix_restage_ext4() {
+    if !require_root("crash_matrix_restage_ext4") {
+        return;
+    }
+    for p in [
+        "stage.probe.done",
+        "stage.check.intent",
+        "stage.check.done",
+        "stage.mount.intent",
+        "stage.mount.done",
+        "stage.staged.done",
+    ] {
+        crash_restage_at(p).await;
+    }
+}
+
 #[tokio::test]
 async fn reboot_behind_the_agents_back() {
     if !require_root("reboot_behind_the_agents_back") {

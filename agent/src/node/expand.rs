@@ -97,13 +97,11 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
         None => false,
     };
     tracing::info!(volume = vol, bytes = size, grown, "expanded");
-    journal.record(
+    journal.note(
         "expanded",
         Phase::Done,
         detail([("bytes", size.to_string()), ("grown", grown.to_string())]),
-        Durability::Lazy,
-        |_| Ok(()),
-    )?;
+    );
     Ok(size)
 }
 

@@ -171,13 +171,7 @@ pub fn format_device(
     if let Err(e) = ctx.fstools.mkfs(fs, &device.path, uuid, &cmd.format) {
         let mut failed = facts;
         failed.insert("error".into(), e.to_string());
-        let _ = journal.record(
-            "format",
-            Phase::Failed,
-            failed,
-            Durability::Lazy,
-            |_| Ok(()),
-        );
+        journal.note("format", Phase::Failed, failed);
         return Err(e);
     }
     tracing::info!(volume = vol, device = %device.path.display(), %fs, uuid,

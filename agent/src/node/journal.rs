@@ -3,6 +3,7 @@
 //! commits together with the step (format fact, staged volume, publication) and the host itself.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use ebs_store::{Durability, Phase, Store, StoreError, Writer};
@@ -23,7 +24,13 @@ pub struct Journal<'a> {
     op: &'static str,
     crash_after: Option<&'a str>,
     /// When each open step's intent was committed, for the step-duration metric.
-    intents: std::sync::Mutex<BTreeMap<String, Instant>>,
+    intents: Mutex<BTreeMap<String, Instant>>,
+    /// Lazy lines not yet written: they ride along with the next commit of this operation, or
+    /// are written when it ends. A lazy line is lost in a crash either way (redb keeps lazy
+    /// commits in memory until a durable one), so holding it here changes nothing about what
+    /// survives; it only saves a write transaction per line, and every transaction queues on
+    /// redb's one writer lock behind whichever fsync is in flight.
+    pending: Mutex<Vec<(String, Phase, Detail)>>,
 }
 
 impl<'a> Journal<'a> {
@@ -39,7 +46,20 @@ impl<'a> Journal<'a> {
             op,
             crash_after,
             intents: Default::default(),
+            pending: Default::default(),
         }
+    }
+
+    pub fn volume(&self) -> &str {
+        self.volume
+    }
+
+    /// Holds a lazy line with no record attached until the next commit or the end of the
+    /// operation.
+    pub fn note(&self, step: &str, phase: Phase, detail: Detail) {
+        lock(&self.pending).push((step.to_string(), phase, detail));
+        self.observe_step(step, phase);
+        self.maybe_crash(step, phase);
     }
 
     /// Commits a journal line, plus any records `also` writes, in one transaction.
@@ -52,7 +72,11 @@ impl<'a> Journal<'a> {
         also: impl FnOnce(&mut Writer<'_>) -> std::result::Result<(), StoreError>,
     ) -> Result<()> {
         let commit = Instant::now();
+        let pending = std::mem::take(&mut *lock(&self.pending));
         self.store.write(durability, |w| {
+            for (step, phase, detail) in pending {
+                w.step(self.volume, self.op, &step, phase, detail)?;
+            }
             also(w)?;
             w.step(self.volume, self.op, step, phase, detail)?;
             Ok(())
@@ -71,27 +95,31 @@ impl<'a> Journal<'a> {
         durability: Durability,
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        self.record(step, Phase::Intent, detail.clone(), durability, |_| Ok(()))?;
+        match durability {
+            Durability::Immediate => {
+                self.record(step, Phase::Intent, detail.clone(), durability, |_| Ok(()))?
+            }
+            Durability::Lazy => self.note(step, Phase::Intent, detail.clone()),
+        }
         let started = Instant::now();
         match f() {
             Ok(v) => {
                 let mut done = detail;
                 done.insert("ms".into(), started.elapsed().as_millis().to_string());
-                self.record(step, Phase::Done, done, Durability::Lazy, |_| Ok(()))?;
+                self.note(step, Phase::Done, done);
                 Ok(v)
             }
             Err(e) => {
                 let mut failed = detail;
                 failed.insert("error".into(), e.to_string());
-                // The failure line is best effort: the error itself is what the caller needs.
-                let _ = self.record(step, Phase::Failed, failed, Durability::Lazy, |_| Ok(()));
+                self.note(step, Phase::Failed, failed);
                 Err(e)
             }
         }
     }
 
     fn observe_step(&self, step: &str, phase: Phase) {
-        let mut intents = self.intents.lock().unwrap_or_else(|p| p.into_inner());
+        let mut intents = lock(&self.intents);
         match phase {
             Phase::Intent => {
                 intents.insert(step.to_string(), Instant::now());
@@ -128,4 +156,28 @@ impl<'a> Journal<'a> {
             let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
         }
     }
+}
+
+impl Drop for Journal<'_> {
+    /// Writes the lines still held, lazily and best effort: they explain, nothing resumes from
+    /// them.
+    fn drop(&mut self) {
+        let pending = std::mem::take(&mut *lock(&self.pending));
+        if pending.is_empty() {
+            return;
+        }
+        let result = self.store.write(Durability::Lazy, |w| {
+            for (step, phase, detail) in pending {
+                w.step(self.volume, self.op, &step, phase, detail)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            tracing::warn!(volume = self.volume, op = self.op, error = %e, "journal lines not written");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

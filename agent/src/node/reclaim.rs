@@ -139,7 +139,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         ("trimmed_bytes", trimmed_bytes.to_string()),
         ("measure", measure.as_str().to_string()),
     ]));
-    journal.record("reclaimed", Phase::Done, done, Durability::Lazy, |_| Ok(()))?;
+    journal.note("reclaimed", Phase::Done, done);
     Ok(Reclaimed {
         pre_bytes,
         post_bytes,

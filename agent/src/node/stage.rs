@@ -16,6 +16,7 @@ use super::journal::{Journal, detail};
 use super::{NodeCtx, ensure_dir, mounted_at, path_string};
 use crate::backend::{ResolvedDevice, block_dev_numbers};
 use crate::error::{Error, Result};
+use crate::host::fstools::FsckOutcome;
 use crate::host::mounter;
 use crate::node::identity::same_identity;
 use crate::request::{AccessType, Capability, ConfinedPath, FormatOptions, FsType, VolumeId};
@@ -112,30 +113,6 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             Durability::Lazy,
             || probe(&device.path),
         )?;
-        match decide(vol, fs, &device, format.as_ref(), outcome, readonly)? {
-            Decision::Format { uuid } => format_device(ctx, &journal, cmd, fs, &device, &uuid)?,
-            Decision::Check { uuid, adopt } => {
-                if adopt {
-                    let fact = format_record(vol, fs, &uuid, &device, FormatState::Done);
-                    ctx.store
-                        .write(Durability::Immediate, |w| w.put_format(&fact))?;
-                }
-                if !readonly {
-                    let outcome = journal.step(
-                        "check",
-                        detail([("device", path_string(&device.path)), ("uuid", uuid)]),
-                        Durability::Lazy,
-                        || ctx.fstools.check(fs, &device.path),
-                    )?;
-                    if let crate::host::fstools::FsckOutcome::Repaired(code) = outcome {
-                        tracing::warn!(volume = vol, code, "e2fsck repaired the filesystem");
-                    }
-                }
-                if !readonly {
-                    grow_offline_if_needed(ctx, &journal, fs, &device.path)?;
-                }
-            }
-        }
         let mut data = flags.data().to_vec();
         if fs == FsType::Xfs {
             // A volume and its snapshot clone share a UUID; xfs refuses the second without this.
@@ -147,13 +124,26 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             ("options", data.join(",")),
             ("readonly", readonly.to_string()),
         ]);
-        journal.record(
-            "mount",
-            Phase::Intent,
-            facts.clone(),
-            Durability::Immediate,
-            |w| w.put_staged(&record),
-        )?;
+        let mount_intent = || {
+            journal.record(
+                "mount",
+                Phase::Intent,
+                facts.clone(),
+                Durability::Immediate,
+                |w| w.put_staged(&record),
+            )
+        };
+        match decide(vol, fs, &device, format.as_ref(), outcome, readonly)? {
+            Decision::Format { uuid } => {
+                format_device(ctx, &journal, cmd, fs, &device, &uuid)?;
+                mount_intent()?;
+            }
+            // The intent must be on disk before mount(2), not before the fsck: committing it
+            // while e2fsck runs takes its fsync off the stage's critical path.
+            Decision::Check { uuid, adopt } => alongside(mount_intent, || {
+                check_existing(ctx, &journal, fs, &device, uuid, adopt, readonly)
+            })?,
+        }
         // xfs needs no fsck: its log is replayed by the kernel at mount.
         mounter::mount_device(
             &device.path,
@@ -173,7 +163,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
                 e,
             )
         })?;
-        journal.record("mount", Phase::Done, facts, Durability::Lazy, |_| Ok(()))?;
+        journal.note("mount", Phase::Done, facts);
     }
 
     if !readonly {
@@ -191,6 +181,57 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         Durability::Lazy,
         |w| w.put_staged(&record),
     )
+}
+
+/// Uses the filesystem already on the device: records it as ours if it was made elsewhere, checks
+/// it, and grows it offline when the device grew.
+fn check_existing(
+    ctx: &NodeCtx,
+    journal: &Journal<'_>,
+    fs: FsType,
+    device: &ResolvedDevice,
+    uuid: String,
+    adopt: bool,
+    readonly: bool,
+) -> Result<()> {
+    if adopt {
+        let fact = format_record(journal.volume(), fs, &uuid, device, FormatState::Done);
+        ctx.store
+            .write(Durability::Immediate, |w| w.put_format(&fact))?;
+    }
+    if readonly {
+        return Ok(());
+    }
+    let outcome = journal.step(
+        "check",
+        detail([("device", path_string(&device.path)), ("uuid", uuid)]),
+        Durability::Lazy,
+        || ctx.fstools.check(fs, &device.path),
+    )?;
+    if let FsckOutcome::Repaired(code) = outcome {
+        tracing::warn!(
+            volume = journal.volume(),
+            code,
+            "e2fsck repaired the filesystem"
+        );
+    }
+    grow_offline_if_needed(ctx, journal, fs, &device.path)?;
+    Ok(())
+}
+
+/// Runs `side` on a second thread while `main` runs here; both must succeed.
+fn alongside(
+    side: impl FnOnce() -> Result<()> + Send,
+    main: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    std::thread::scope(|s| {
+        let side = s.spawn(side);
+        let main = main();
+        let side = side
+            .join()
+            .unwrap_or_else(|_| Err(Error::Internal("the journal writer panicked".into())));
+        main.and(side)
+    })
 }
 
 /// A volume is staged at one path with one capability; anything else is ALREADY_EXISTS.
