@@ -1,15 +1,20 @@
-//! Group commit: concurrent `Durability::Immediate` writers share fsyncs. Each write commits
-//! without a sync and takes a sequence number; it then returns only once a durable commit that
-//! began after it has finished. While one durable commit is in flight, the writers arriving
-//! behind it queue on one lock, and the next durable commit covers all of them. The contract of
-//! `Immediate` is unchanged (on disk when the call returns); only the number of fsyncs drops,
-//! from one per write to one per burst. redb makes a durable commit persist every non-durable
-//! commit before it.
+//! Group commit by combining: callers hand their changes to a queue, and one of them (the leader)
+//! applies everything queued in one write transaction. redb runs one write transaction at a time
+//! and holds its writer lock through the fsync of a durable commit, so with one transaction per
+//! caller, 16 volumes staging at once queued one by one behind each other's fsyncs. Here callers
+//! only queue on a short mutex; the leader applies a whole batch at once, commits it without a
+//! sync (the lazy callers return), then, if anyone in the batch needs it, makes it durable with one
+//! fsync (the immediate callers return). Whoever arrives meanwhile forms the next batch.
+//!
+//! The contract is unchanged: a write is visible when `write` returns, and on disk too if it was
+//! `Immediate`. redb makes a durable commit persist every non-durable commit before it.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::StoreError;
+use crate::writer::{Op, apply};
 
 /// Set only by the agent's hidden `--bench-lazy-journal` flag, so that the bench can show what
 /// the journal's fsyncs cost. Never set in production: it gives up crash safety.
@@ -22,74 +27,171 @@ pub fn bench_make_all_commits_lazy() {
 
 #[derive(Default)]
 pub(crate) struct GroupCommit {
-    /// Sequence number of the last commit, taken inside its write transaction (redb runs one
-    /// write transaction at a time, so numbers follow commit order).
-    committed: AtomicU64,
-    /// Every commit up to this number is durable.
-    durable: Mutex<u64>,
-    /// Writers between the start of their transaction and their return.
-    writers: AtomicU64,
+    queue: Mutex<Queue>,
+    changed: Condvar,
 }
 
-/// How one write transaction commits.
-pub(crate) enum Plan<'a> {
-    /// Nobody else is writing or syncing: commit durably in the transaction itself (one commit,
-    /// one sync); holding the guard marks the sync in progress.
-    Alone(std::sync::MutexGuard<'a, u64>),
-    /// Others are about: commit without a sync, then join (or lead) the next group sync.
-    Grouped,
+#[derive(Default)]
+struct Queue {
+    next_ticket: u64,
+    waiting: Vec<Request>,
+    /// Someone is applying a batch; the others wait for their outcome.
+    leading: bool,
+    /// Outcomes not yet collected by their callers, by ticket.
+    outcomes: BTreeMap<u64, Result<(), String>>,
+    /// Tickets of the batch being applied, which fail if the leader panics.
+    in_flight: Vec<u64>,
 }
 
-/// Counts a writer in for the duration of its `write` call.
-pub(crate) struct WriterSlot<'a>(&'a AtomicU64);
-
-impl Drop for WriterSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
+struct Request {
+    ticket: u64,
+    ops: Vec<Op>,
+    durable: bool,
 }
 
 impl GroupCommit {
-    pub(crate) fn enter(&self) -> WriterSlot<'_> {
-        self.writers.fetch_add(1, Ordering::SeqCst);
-        WriterSlot(&self.writers)
+    /// Commits `ops` as one unit with others' changes; returns once they are visible and, if
+    /// `durable`, on disk.
+    pub(crate) fn commit(
+        &self,
+        db: &redb::Database,
+        ops: Vec<Op>,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let durable = durable && !BENCH_LAZY.load(Ordering::Relaxed);
+        let mut q = self.lock();
+        let ticket = q.next_ticket;
+        q.next_ticket += 1;
+        q.waiting.push(Request {
+            ticket,
+            ops,
+            durable,
+        });
+        loop {
+            if let Some(outcome) = q.outcomes.remove(&ticket) {
+                return outcome.map_err(StoreError::Internal);
+            }
+            if !q.leading {
+                q.leading = true;
+                let guard = AbandonOnPanic(self);
+                q = self.lead(db, q);
+                std::mem::forget(guard);
+                q.leading = false;
+                self.changed.notify_all();
+                continue;
+            }
+            q = self
+                .changed
+                .wait(q)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
     }
 
-    /// Called inside the write transaction of an immediate write. Never blocks: a writer holding
-    /// redb's write lock must not wait for the sync lock, whose holder may wait for redb's.
-    pub(crate) fn plan(&self) -> Plan<'_> {
-        if BENCH_LAZY.load(Ordering::Relaxed) || self.writers.load(Ordering::SeqCst) > 1 {
-            return Plan::Grouped;
+    /// Applies batches until nobody is waiting; returns with the queue locked again.
+    fn lead<'a>(
+        &'a self,
+        db: &redb::Database,
+        mut q: MutexGuard<'a, Queue>,
+    ) -> MutexGuard<'a, Queue> {
+        while !q.waiting.is_empty() {
+            let batch = std::mem::take(&mut q.waiting);
+            q.in_flight = batch.iter().map(|r| r.ticket).collect();
+            drop(q);
+            let any_durable = batch.iter().any(|r| r.durable);
+            let all_durable = batch.iter().all(|r| r.durable);
+            let mut tickets = Vec::with_capacity(batch.len());
+            // A batch of immediate writes alone commits durably at once; a mixed one first
+            // commits without a sync, so its lazy writers need not wait for the fsync.
+            let applied = apply_batch(db, batch, &mut tickets, all_durable);
+            q = self.lock();
+            match applied {
+                Err(e) => {
+                    let msg = e.to_string();
+                    for (t, _) in tickets {
+                        q.outcomes.insert(t, Err(msg.clone()));
+                    }
+                    continue;
+                }
+                Ok(()) if all_durable || !any_durable => {
+                    for (t, _) in tickets {
+                        q.outcomes.insert(t, Ok(()));
+                    }
+                    self.changed.notify_all();
+                    continue;
+                }
+                Ok(()) => {}
+            }
+            for (t, durable) in &tickets {
+                if !durable {
+                    q.outcomes.insert(*t, Ok(()));
+                }
+            }
+            self.changed.notify_all();
+            drop(q);
+            let synced = sync(db).map_err(|e| e.to_string());
+            q = self.lock();
+            for (t, durable) in tickets {
+                if durable {
+                    q.outcomes.insert(t, synced.clone());
+                }
+            }
+            self.changed.notify_all();
         }
-        match self.durable.try_lock() {
-            Ok(guard) => Plan::Alone(guard),
-            Err(_) => Plan::Grouped,
-        }
+        q
     }
 
-    /// Called inside a write transaction, just before its commit.
-    pub(crate) fn next(&self) -> u64 {
-        self.committed.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    /// Returns once commit `seq` is durable, running a durable commit if no one else has.
-    pub(crate) fn make_durable(&self, db: &redb::Database, seq: u64) -> Result<(), StoreError> {
-        if BENCH_LAZY.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut durable = self
-            .durable
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue
             .lock()
-            .map_err(|_| StoreError::Internal("group commit lock poisoned".into()))?;
-        if *durable >= seq {
-            return Ok(());
-        }
-        // Inside this transaction no other writer runs: everything numbered so far has committed
-        // (or failed, and its caller saw the error), so this sync covers it all.
-        let tx = db.begin_write()?;
-        let upto = self.committed.load(Ordering::SeqCst);
-        tx.commit()?;
-        *durable = upto;
-        Ok(())
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// If the leader unwinds (a bug in redb or here), its batch fails and another caller may lead,
+/// instead of every waiter waiting forever.
+struct AbandonOnPanic<'a>(&'a GroupCommit);
+
+impl Drop for AbandonOnPanic<'_> {
+    fn drop(&mut self) {
+        let mut q = self.0.lock();
+        for t in std::mem::take(&mut q.in_flight) {
+            q.outcomes
+                .insert(t, Err("the state-file writer panicked".into()));
+        }
+        q.leading = false;
+        self.0.changed.notify_all();
+    }
+}
+
+/// One transaction for the whole batch; `tickets` gets (ticket, wants durability) of each request.
+fn apply_batch(
+    db: &redb::Database,
+    batch: Vec<Request>,
+    tickets: &mut Vec<(u64, bool)>,
+    durable: bool,
+) -> Result<(), StoreError> {
+    for r in &batch {
+        tickets.push((r.ticket, r.durable));
+    }
+    let mut tx = db.begin_write()?;
+    for request in batch {
+        for op in request.ops {
+            apply(&tx, op)?;
+        }
+    }
+    tx.set_durability(if durable {
+        redb::Durability::Immediate
+    } else {
+        redb::Durability::None
+    })
+    .map_err(|e| StoreError::Internal(e.to_string()))?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// An empty durable commit: it persists every non-durable commit before it.
+fn sync(db: &redb::Database) -> Result<(), StoreError> {
+    let tx = db.begin_write()?;
+    tx.commit()?;
+    Ok(())
 }

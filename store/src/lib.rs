@@ -118,8 +118,18 @@ impl Store {
     fn check_or_init_schema(&self) -> Result<(), StoreError> {
         match self.schema_version()? {
             Some(_) => self.check_schema_version(),
-            None => self.write(Durability::Immediate, |w| w.init_schema(SCHEMA_VERSION)),
+            None => self.init_schema(),
         }
+    }
+
+    fn init_schema(&self) -> Result<(), StoreError> {
+        let Db::ReadWrite(db) = &self.db else {
+            return Err(StoreError::ReadOnly);
+        };
+        let tx = db.begin_write()?;
+        writer::init_schema(&tx, SCHEMA_VERSION)?;
+        tx.commit()?;
+        Ok(())
     }
 
     fn check_schema_version(&self) -> Result<(), StoreError> {
@@ -152,40 +162,21 @@ impl Store {
     /// Runs `f` in one write transaction and commits it with the given durability. Commits that
     /// guard data (format intent, mount, unmount) use `Durability::Immediate`, so that the record
     /// is on disk before the host is touched.
+    /// Records the changes `f` makes and commits them as one unit, batched with other callers'
+    /// (see `group_commit`). When this returns they are visible, and on disk if `Immediate`.
     pub fn write<T>(
         &self,
         durability: Durability,
-        f: impl FnOnce(&mut Writer<'_>) -> Result<T, StoreError>,
+        f: impl FnOnce(&mut Writer) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let Db::ReadWrite(db) = &self.db else {
             return Err(StoreError::ReadOnly);
         };
-        let _slot = self.group.enter();
-        let mut tx = db.begin_write()?;
-        let out = {
-            let mut w = Writer::new(&tx);
-            f(&mut w)?
-        };
-        let seq = self.group.next();
-        let plan = match durability {
-            Durability::Immediate => Some(self.group.plan()),
-            Durability::Lazy => None,
-        };
-        // A lone immediate write syncs in its own commit; any other commits without a sync and,
-        // if immediate, then waits for a group sync that covers it.
-        let sync_now = matches!(plan, Some(group_commit::Plan::Alone(_)));
-        let redb_durability = if sync_now {
-            redb::Durability::Immediate
-        } else {
-            redb::Durability::None
-        };
-        tx.set_durability(redb_durability)
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
-        tx.commit()?;
-        match plan {
-            Some(group_commit::Plan::Alone(mut durable)) => *durable = seq,
-            Some(group_commit::Plan::Grouped) => self.group.make_durable(db, seq)?,
-            None => {}
+        let mut w = Writer::default();
+        let out = f(&mut w)?;
+        if !w.ops.is_empty() {
+            self.group
+                .commit(db, w.ops, durability == Durability::Immediate)?;
         }
         Ok(out)
     }

@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use crate::{
     FORMATS, FormatRecord, JOURNAL, JOURNAL_LINES_PER_VOLUME, LOOP_VOLUMES, LoopVolume, META,
-    PUBLICATIONS, Phase, Publication, STAGED, StagedVolume, StepRecord, StoreError, decode,
-    now_unix_ms, path_key,
+    PUBLICATIONS, Phase, Publication, STAGED, StagedVolume, StepRecord, StoreError, now_unix_ms,
+    path_key,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,44 +30,49 @@ impl From<Durability> for redb::Durability {
     }
 }
 
-pub struct Writer<'a> {
-    tx: &'a redb::WriteTransaction,
+/// Collects the changes of one `Store::write` call. Nothing touches the file while the caller
+/// builds them: the changes are applied later, together with other callers' changes, in one
+/// transaction (see `group_commit`), so that every change of one call commits together or not at
+/// all, and callers never queue on redb's writer lock one by one.
+#[derive(Default)]
+pub struct Writer {
+    pub(crate) ops: Vec<Op>,
+}
+
+type StrTable = TableDefinition<'static, &'static str, &'static [u8]>;
+
+/// One change, owned, so that whichever thread commits the batch can apply it.
+pub(crate) enum Op {
+    Put(StrTable, String, Vec<u8>),
+    Delete(StrTable, String),
+    PutPublication {
+        volume: String,
+        target: String,
+        value: Vec<u8>,
+    },
+    DeletePublication {
+        volume: String,
+        target: String,
+    },
+    ForgetVolume(String),
+    Step {
+        volume: String,
+        line: StepRecord,
+    },
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(StoreError::Encode)
 }
 
-impl<'a> Writer<'a> {
-    pub(crate) fn new(tx: &'a redb::WriteTransaction) -> Self {
-        Writer { tx }
-    }
-
-    pub(crate) fn init_schema(&mut self, version: u64) -> Result<(), StoreError> {
-        let mut t = self.tx.open_table(META)?;
-        t.insert("schema_version", version)?;
-        // Create every table up front so that read-only opens find them.
-        drop(self.tx.open_table(LOOP_VOLUMES)?);
-        drop(self.tx.open_table(FORMATS)?);
-        drop(self.tx.open_table(STAGED)?);
-        drop(self.tx.open_table(PUBLICATIONS)?);
-        drop(self.tx.open_table(JOURNAL)?);
+impl Writer {
+    fn put<T: Serialize>(&mut self, def: StrTable, key: &str, value: &T) -> Result<(), StoreError> {
+        self.ops.push(Op::Put(def, key.to_string(), encode(value)?));
         Ok(())
     }
 
-    fn put<T: Serialize>(
-        &mut self,
-        def: TableDefinition<&str, &[u8]>,
-        key: &str,
-        value: &T,
-    ) -> Result<(), StoreError> {
-        let bytes = encode(value)?;
-        self.tx.open_table(def)?.insert(key, bytes.as_slice())?;
-        Ok(())
-    }
-
-    fn delete(&mut self, def: TableDefinition<&str, &[u8]>, key: &str) -> Result<(), StoreError> {
-        self.tx.open_table(def)?.remove(key)?;
+    fn delete(&mut self, def: StrTable, key: &str) -> Result<(), StoreError> {
+        self.ops.push(Op::Delete(def, key.to_string()));
         Ok(())
     }
 
@@ -96,36 +101,30 @@ impl<'a> Writer<'a> {
     }
 
     pub fn put_publication(&mut self, p: &Publication) -> Result<(), StoreError> {
-        let bytes = encode(p)?;
-        let target = path_key(&p.target_path)?;
-        self.tx
-            .open_table(PUBLICATIONS)?
-            .insert((p.volume_id.as_str(), target), bytes.as_slice())?;
+        self.ops.push(Op::PutPublication {
+            volume: p.volume_id.clone(),
+            target: path_key(&p.target_path)?.to_string(),
+            value: encode(p)?,
+        });
         Ok(())
     }
 
     pub fn delete_publication(&mut self, volume_id: &str, target: &Path) -> Result<(), StoreError> {
-        let target = path_key(target)?;
-        self.tx
-            .open_table(PUBLICATIONS)?
-            .remove((volume_id, target))?;
+        self.ops.push(Op::DeletePublication {
+            volume: volume_id.to_string(),
+            target: path_key(target)?.to_string(),
+        });
         Ok(())
     }
 
     /// Removes every record of a volume (DeleteVolume): format fact, staging, publications, journal.
     pub fn forget_volume(&mut self, volume_id: &str) -> Result<(), StoreError> {
-        self.delete_format(volume_id)?;
-        self.delete_staged(volume_id)?;
-        self.tx
-            .open_table(PUBLICATIONS)?
-            .retain(|(v, _), _| v != volume_id)?;
-        self.tx
-            .open_table(JOURNAL)?
-            .retain_in((volume_id, 0)..=(volume_id, u64::MAX), |_, _| false)?;
+        self.ops.push(Op::ForgetVolume(volume_id.to_string()));
         Ok(())
     }
 
-    /// Appends a journal line for a volume and trims the journal to its bounded length.
+    /// Appends a journal line for a volume; the journal is trimmed to its bounded length. The
+    /// line's number is given when it is applied.
     pub fn step(
         &mut self,
         volume_id: &str,
@@ -133,34 +132,78 @@ impl<'a> Writer<'a> {
         step: &str,
         phase: Phase,
         detail: BTreeMap<String, String>,
-    ) -> Result<StepRecord, StoreError> {
-        let mut table = self.tx.open_table(JOURNAL)?;
-        let mut seqs = Vec::new();
-        for row in table.range((volume_id, 0)..=(volume_id, u64::MAX))? {
-            seqs.push(row?.0.value().1);
-        }
-        let seq = seqs.last().map_or(1, |s| s + 1);
-        let record = StepRecord {
-            seq,
-            op: op.to_string(),
-            step: step.to_string(),
-            phase,
-            at_unix_ms: now_unix_ms(),
-            detail,
-        };
-        let bytes = encode(&record)?;
-        table.insert((volume_id, seq), bytes.as_slice())?;
-        let excess = (seqs.len() + 1).saturating_sub(JOURNAL_LINES_PER_VOLUME);
-        for old in seqs.into_iter().take(excess) {
-            table.remove((volume_id, old))?;
-        }
-        Ok(record)
+    ) -> Result<(), StoreError> {
+        self.ops.push(Op::Step {
+            volume: volume_id.to_string(),
+            line: StepRecord {
+                seq: 0,
+                op: op.to_string(),
+                step: step.to_string(),
+                phase,
+                at_unix_ms: now_unix_ms(),
+                detail,
+            },
+        });
+        Ok(())
     }
+}
 
-    /// Reads a staged record inside the transaction (read-modify-write without a race).
-    pub fn staged(&self, volume_id: &str) -> Result<Option<StagedVolume>, StoreError> {
-        let table = self.tx.open_table(STAGED)?;
-        let value = table.get(volume_id)?;
-        value.map(|v| decode(v.value())).transpose()
+/// Creates every table and records the schema version, directly in `tx`.
+pub(crate) fn init_schema(tx: &redb::WriteTransaction, version: u64) -> Result<(), StoreError> {
+    let mut t = tx.open_table(META)?;
+    t.insert("schema_version", version)?;
+    // Create every table up front so that read-only opens find them.
+    drop(tx.open_table(LOOP_VOLUMES)?);
+    drop(tx.open_table(FORMATS)?);
+    drop(tx.open_table(STAGED)?);
+    drop(tx.open_table(PUBLICATIONS)?);
+    drop(tx.open_table(JOURNAL)?);
+    Ok(())
+}
+
+/// Applies one change inside the batch's transaction.
+pub(crate) fn apply(tx: &redb::WriteTransaction, op: Op) -> Result<(), StoreError> {
+    match op {
+        Op::Put(def, key, value) => {
+            tx.open_table(def)?.insert(key.as_str(), value.as_slice())?;
+        }
+        Op::Delete(def, key) => {
+            tx.open_table(def)?.remove(key.as_str())?;
+        }
+        Op::PutPublication {
+            volume,
+            target,
+            value,
+        } => {
+            tx.open_table(PUBLICATIONS)?
+                .insert((volume.as_str(), target.as_str()), value.as_slice())?;
+        }
+        Op::DeletePublication { volume, target } => {
+            tx.open_table(PUBLICATIONS)?
+                .remove((volume.as_str(), target.as_str()))?;
+        }
+        Op::ForgetVolume(volume) => {
+            let id = volume.as_str();
+            tx.open_table(FORMATS)?.remove(id)?;
+            tx.open_table(STAGED)?.remove(id)?;
+            tx.open_table(PUBLICATIONS)?.retain(|(v, _), _| v != id)?;
+            tx.open_table(JOURNAL)?
+                .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+        }
+        Op::Step { volume, mut line } => {
+            let id = volume.as_str();
+            let mut table = tx.open_table(JOURNAL)?;
+            let mut seqs = Vec::new();
+            for row in table.range((id, 0)..=(id, u64::MAX))? {
+                seqs.push(row?.0.value().1);
+            }
+            line.seq = seqs.last().map_or(1, |s| s + 1);
+            table.insert((id, line.seq), encode(&line)?.as_slice())?;
+            let excess = (seqs.len() + 1).saturating_sub(JOURNAL_LINES_PER_VOLUME);
+            for old in seqs.into_iter().take(excess) {
+                table.remove((id, old))?;
+            }
+        }
     }
+    Ok(())
 }

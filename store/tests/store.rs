@@ -157,6 +157,48 @@ fn concurrent_immediate_writes_share_syncs_and_all_land() {
 }
 
 #[test]
+fn mixed_lazy_and_immediate_writers_see_their_writes_and_immediate_ones_last() {
+    let dir = TempDir::new("mixed");
+    let path = dir.0.join("state.redb");
+    {
+        let store = std::sync::Arc::new(Store::open(&path).unwrap());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = std::sync::Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for i in 0..20 {
+                        let id = format!("v{t}-{i}");
+                        let durability = if i % 2 == 0 {
+                            Durability::Immediate
+                        } else {
+                            Durability::Lazy
+                        };
+                        store
+                            .write(durability, |w| {
+                                w.put_staged(&staged(&id))?;
+                                w.step(&id, "stage", "mount", Phase::Intent, BTreeMap::new())
+                            })
+                            .unwrap();
+                        assert!(store.staged(&id).unwrap().is_some());
+                        assert_eq!(store.journal(&id).unwrap().len(), 1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(store.all_staged().unwrap().len(), 160);
+    }
+    let store = Store::open(&path).unwrap();
+    for t in 0..8 {
+        for i in (0..20).step_by(2) {
+            assert!(store.staged(&format!("v{t}-{i}")).unwrap().is_some());
+        }
+    }
+}
+
+#[test]
 fn publications_of_one_volume_do_not_leak_into_a_prefix_sibling() {
     let dir = TempDir::new("pubs");
     let store = Store::open(&dir.0.join("s.redb")).unwrap();

@@ -69,7 +69,7 @@ impl<'a> Journal<'a> {
         phase: Phase,
         detail: Detail,
         durability: Durability,
-        also: impl FnOnce(&mut Writer<'_>) -> std::result::Result<(), StoreError>,
+        also: impl FnOnce(&mut Writer) -> std::result::Result<(), StoreError>,
     ) -> Result<()> {
         let commit = Instant::now();
         let pending = std::mem::take(&mut *lock(&self.pending));
