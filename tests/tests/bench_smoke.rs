@@ -56,6 +56,13 @@ async fn bench_smoke_run() {
     assert!(v["ratios"]["wall"].is_number());
     assert!(v["memory"]["idle_kib"].as_u64().unwrap() > 0);
     assert!(v["memory"]["peak_kib"].as_u64().unwrap() > 0);
+    for key in ["agent", "agent_tools", "client", "floor", "floor_tools"] {
+        assert!(
+            v["cpu_per_cycle_ms"][key].is_number(),
+            "cpu_per_cycle_ms.{key}: {}",
+            v["cpu_per_cycle_ms"]
+        );
+    }
     assert_eq!(v["restart"]["volumes"], 3);
     assert!(v["restart"]["median_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(v["restart"]["cleanup_problems"], serde_json::json!([]));

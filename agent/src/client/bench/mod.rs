@@ -4,6 +4,7 @@
 //! optionally time a restart with many journaled volumes. Every figure is quoted against the
 //! floor of the same run, so the ratios mean the same on any machine.
 
+mod cpu;
 mod cycle;
 mod floor;
 mod probe;
@@ -248,11 +249,36 @@ async fn measure(
     for _ in 0..b.rounds.max(1) {
         let probe_channel = super::connect::channel(&report.endpoint).await?;
         let probes = probe::ProbeLoad::start(probe_channel, b.probe_interval, csi.timeout);
+        let (agent_cpu, client_cpu) = (b.pid.and_then(cpu::read), cpu::read_self());
         let cycle = cycle::measured(csi, &volumes, b.concurrency, fs_name, report.with_stats).await;
+        let (agent_cpu_after, client_cpu_after) = (b.pid.and_then(cpu::read), cpu::read_self());
         report.probe.merge(probes.finish().await);
         report.agent.merge(cycle);
+        report.cpu.cycles += volumes.len();
+        if let (Some(a), Some(b)) = (agent_cpu, agent_cpu_after) {
+            report
+                .cpu
+                .agent
+                .get_or_insert_default()
+                .add(cpu::spent(a, b));
+        }
+        if let (Some(a), Some(b)) = (client_cpu, client_cpu_after) {
+            report
+                .cpu
+                .client
+                .get_or_insert_default()
+                .add(cpu::spent(a, b));
+        }
+        let floor_cpu = cpu::read_self();
         if let Some(f) = floor_run(b, fs, &volumes, &mut report.notes).await {
             report.floor.get_or_insert_with(Default::default).merge(f);
+            if let (Some(a), Some(b)) = (floor_cpu, cpu::read_self()) {
+                report
+                    .cpu
+                    .floor
+                    .get_or_insert_default()
+                    .add(cpu::spent(a, b));
+            }
         }
     }
     report.notes.dedup();

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 use super::BenchArgs;
+use super::cpu::CpuSpent;
 use super::cycle::CycleResult;
 use super::floor::FloorResult;
 use super::restart::RestartReport;
@@ -21,6 +22,25 @@ pub struct MemoryReport {
     pub after_kib: u64,
 }
 
+/// CPU spent during the measured cycles and during the floor runs (see `cpu`).
+#[derive(Debug, Default)]
+pub struct CpuReport {
+    /// Volume cycles measured, over all rounds.
+    pub cycles: usize,
+    /// The agent's threads, and its tools (mkfs, fsck), during the cycles.
+    pub agent: Option<CpuSpent>,
+    /// This bench process during the cycles: gRPC client, Probe loop, RSS sampler.
+    pub client: Option<CpuSpent>,
+    /// This process during the floor runs: the floor's threads, and its tools.
+    pub floor: Option<CpuSpent>,
+}
+
+impl CpuReport {
+    fn per_cycle_ms(&self, d: std::time::Duration) -> f64 {
+        ms(d) / self.cycles.max(1) as f64
+    }
+}
+
 pub struct Report {
     pub endpoint: String,
     pub config: Value,
@@ -30,6 +50,7 @@ pub struct Report {
     pub floor: Option<FloorResult>,
     pub probe: Series,
     pub memory: Option<MemoryReport>,
+    pub cpu: CpuReport,
     pub restart: Option<RestartReport>,
     pub notes: Vec<String>,
     pub cleanup_problems: Vec<String>,
@@ -73,6 +94,7 @@ impl Report {
             floor: None,
             probe: Series::default(),
             memory: None,
+            cpu: CpuReport::default(),
             restart: None,
             notes,
             cleanup_problems: Vec::new(),
@@ -304,6 +326,20 @@ impl Report {
                 mib(m.after_kib)
             );
         }
+        if let (Some(a), Some(f)) = (self.cpu.agent, self.cpu.floor) {
+            let c = &self.cpu;
+            let client = c.client.unwrap_or_default();
+            let _ = writeln!(
+                o,
+                "CPU per volume cycle: agent {:.2} ms + its tools {:.2} ms, bench client {:.2} ms; \
+                 floor {:.2} ms + its tools {:.2} ms",
+                c.per_cycle_ms(a.own),
+                c.per_cycle_ms(a.children),
+                c.per_cycle_ms(client.own),
+                c.per_cycle_ms(f.own),
+                c.per_cycle_ms(f.children)
+            );
+        }
         if let Some(r) = &self.restart {
             let _ = writeln!(
                 o,
@@ -387,6 +423,13 @@ impl Report {
             "memory": self.memory.map(|m| json!({
                 "idle_kib": m.idle_kib, "peak_kib": m.peak_kib, "hwm_kib": m.hwm_kib, "after_kib": m.after_kib,
             })),
+            "cpu_per_cycle_ms": {
+                "agent": self.cpu.agent.map(|a| round(self.cpu.per_cycle_ms(a.own))),
+                "agent_tools": self.cpu.agent.map(|a| round(self.cpu.per_cycle_ms(a.children))),
+                "client": self.cpu.client.map(|c| round(self.cpu.per_cycle_ms(c.own))),
+                "floor": self.cpu.floor.map(|f| round(self.cpu.per_cycle_ms(f.own))),
+                "floor_tools": self.cpu.floor.map(|f| round(self.cpu.per_cycle_ms(f.children))),
+            },
             "restart": self.restart.as_ref().map(|r| json!({
                 "volumes": r.volumes,
                 "median_ms": round(r.median_ms()),
