@@ -131,4 +131,67 @@ else
   bad "hot-plug: rc=$(cat /tmp/rc3) after $took ms: $(tail -c 400 /tmp/out3)"
 fi
 step "unstage $V3" C node unstage --id "$V3" --staging-path "$S3"
+
+# Online grow of a mounted ext4 while a writer appends, on a loop device, through a second agent
+# with the loop backend. The kernel grows a mounted ext4 only for CAP_SYS_RESOURCE, which this
+# guest's root has (the CI host's capability bounding set lacks it).
+LS=/tmp/loop-agent
+LEP=unix:///run/loop.sock
+L() { "$A" client --endpoint "$LEP" "$@"; }
+if insmod /lib/loop.ko 2>/tmp/out || [ -e /dev/loop-control ]; then
+  "$A" serve --backend loop --endpoint "$LEP" --state-dir "$LS" --node-id i-lab \
+    --zone lab-zone-1a --imds-disabled >/tmp/loop-agent.log 2>&1 &
+  loop_pid=$!
+  t0=$(now_ms)
+  until L --json identity probe 2>/dev/null | grep -q '"ready":true'; do
+    [ $(($(now_ms) - t0)) -gt 90000 ] && break
+    sleep 0.05
+  done
+  GS=$LS/staging/grow
+  GT=$LS/pods/grow/mount
+  gid=$(L --json controller create-volume --name grow --size 64MiB 2>/tmp/out | sed -n 's/.*"volume_id": *"\([^"]*\)".*/\1/p')
+  total() { L --json node stats --id "$gid" --volume-path "$GT" | sed -n 's/.*"total": *\([0-9]*\),"unit":1.*/\1/p'; }
+  if [ -n "$gid" ] && L controller publish --id "$gid" --node-id i-lab >/tmp/out 2>&1 &&
+    L node stage --id "$gid" --staging-path "$GS" >>/tmp/out 2>&1 &&
+    L node publish --id "$gid" --staging-path "$GS" --target-path "$GT" >>/tmp/out 2>&1; then
+    dd if=/dev/urandom of="$GT/data" bs=64k count=160 2>/dev/null
+    sum1=$(md5sum <"$GT/data")
+    before=$(total)
+    : >"$GT/append"
+    touch /tmp/writing
+    (i=0; while [ -e /tmp/writing ]; do echo "$i" >>"$GT/append"; i=$((i + 1)); done) &
+    writer=$!
+    sleep 0.5
+    lines_before=$(wc -l <"$GT/append")
+    step "ControllerExpandVolume to 128 MiB" L controller expand --id "$gid" --size 128MiB
+    step "NodeExpandVolume (mounted ext4, writer running)" L --json node expand --id "$gid" --volume-path "$GT" --size 128MiB
+    cap1=$(sed -n 's/.*"capacity_bytes": *\([0-9]*\).*/\1/p' /tmp/out)
+    step "NodeExpandVolume again" L --json node expand --id "$gid" --volume-path "$GT" --size 128MiB
+    cap2=$(sed -n 's/.*"capacity_bytes": *\([0-9]*\).*/\1/p' /tmp/out)
+    sleep 0.5
+    rm -f /tmp/writing
+    wait "$writer"
+    after=$(total)
+    lines=$(wc -l <"$GT/append")
+    if [ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt 104857600 ] && [ "$before" -lt 67108864 ] &&
+      [ "$lines" -gt "$lines_before" ] && [ "$lines_before" -gt 0 ] &&
+      awk 'NR - 1 != $1 { bad = 1 } END { exit bad }' "$GT/append" &&
+      [ "$(md5sum <"$GT/data")" = "$sum1" ]; then
+      ok "mounted ext4 grown online: statvfs total $before -> $after bytes; the writer appended $lines lines without a gap ($lines_before before the expand); 10 MiB of data intact"
+    else
+      bad "online grow: total $before -> $after, lines $lines_before -> $lines, sums $sum1 / $(md5sum <"$GT/data"): $(tail -c 300 /tmp/loop-agent.log)"
+    fi
+    [ "$cap2" = 134217728 ] && ok "second NodeExpandVolume is a no-op success ($cap2 bytes)" ||
+      bad "second expand answered capacity '$cap2' (first '$cap1')"
+    grep ' expanded ' /tmp/loop-agent.log | sed 's/^.*INFO /LAB loop-agent /'
+    step "unpublish (loop)" L node unpublish --id "$gid" --target-path "$GT"
+    step "unstage (loop)" L node unstage --id "$gid" --staging-path "$GS"
+  else
+    bad "loop volume setup: $(tail -c 400 /tmp/out) $(tail -c 300 /tmp/loop-agent.log)"
+  fi
+  kill "$loop_pid" 2>/dev/null
+else
+  bad "insmod loop: $(cat /tmp/out)"
+fi
+
 grep 'device resolved' /tmp/agent.log | sed 's/^.*INFO //' | sed 's/^/LAB resolve /'

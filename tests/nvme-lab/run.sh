@@ -2,7 +2,9 @@
 # The NVMe lab: boots a throwaway QEMU guest (software emulation, KVM is not usable here) whose NVMe
 # disks carry EBS-style serials, runs ebs-node-agent with the ebs backend inside and drives
 # stage -> publish -> write -> unpublish -> unstage -> restage, a wrong-serial refusal, a missing
-# volume and a hot-plugged one through `ebs-node-agent client`. Prints the guest's LAB lines and
+# volume and a hot-plugged one through `ebs-node-agent client`; then, with a second agent on the
+# loop backend, grows a mounted ext4 online while a writer appends (the guest's root has
+# CAP_SYS_RESOURCE, which the host running the suite may lack). Prints the guest's LAB lines and
 # exits 0 only when every step passed (3: a prerequisite is missing).
 #
 # Usage: tests/nvme-lab/run.sh [AGENT_BINARY]   (default: target/debug/ebs-node-agent)
@@ -26,7 +28,7 @@ ldd "$busybox" >/dev/null 2>&1 && missing "$busybox is not static (apt-get insta
 
 # The guest kernel: the current Debian cloud image (NVMe and ext4 built in), fetched once.
 kernel=$(ls "$cache"/kernel/boot/vmlinuz-* 2>/dev/null | head -1 || true)
-if [[ -z $kernel ]]; then
+if [[ -z $kernel || ! -f $cache/kernel/loop.ko ]]; then
   pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
   [[ -n $pkg ]] || missing "cannot find the linux-image-cloud-amd64 package (apt-get update?)"
   dl=$(mktemp -d /tmp/ebs-nvme-kernel.XXXXXX)
@@ -34,7 +36,10 @@ if [[ -z $kernel ]]; then
   (cd "$dl" && apt-get download -q "$pkg" >/dev/null) || { rm -rf "$dl"; missing "apt-get download $pkg failed"; }
   rm -rf "$cache/kernel.tmp" && mkdir -p "$cache/kernel.tmp"
   dpkg -x "$dl"/*.deb "$cache/kernel.tmp"
-  rm -rf "$dl" "$cache/kernel.tmp/lib" "$cache/kernel.tmp/usr"   # modules: not needed, ~100 MB
+  # Modules are not needed (~100 MB), except loop, which the online-grow scenario uses.
+  cp "$cache"/kernel.tmp/lib/modules/*/kernel/drivers/block/loop.ko "$cache/kernel.tmp/loop.ko" ||
+    { rm -rf "$dl"; missing "no loop.ko in $pkg"; }
+  rm -rf "$dl" "$cache/kernel.tmp/lib" "$cache/kernel.tmp/usr"
   rm -rf "$cache/kernel" && mv "$cache/kernel.tmp" "$cache/kernel"
   kernel=$(ls "$cache"/kernel/boot/vmlinuz-* | head -1)
 fi
@@ -53,6 +58,8 @@ trap cleanup EXIT
 root=$work/root
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp}
 cp "$busybox" "$root/bin/busybox"
+mkdir -p "$root/lib"
+cp "$cache/kernel/loop.ko" "$root/lib/loop.ko"
 install -m 755 "$here/init.sh" "$root/init"
 copy_libs() {
   ldd "$1" | awk '/=> \// {print $3} /^[[:space:]]*\/lib/ {print $1}' | while read -r lib; do
