@@ -57,7 +57,8 @@ pub enum ModeArg {
     SingleNodeMultiWriter,
 }
 
-/// How a command names a volume capability.
+// How a command names a volume capability. (A plain comment: clap would show a doc comment as
+// the "about" line of every subcommand that flattens these arguments.)
 #[derive(Args, Debug, Clone)]
 pub struct CapArgs {
     /// Raw block access instead of a filesystem.
@@ -73,6 +74,7 @@ pub struct CapArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ControllerCall {
+    /// CreateVolume: make a volume (idempotent by name).
     CreateVolume {
         #[arg(long)]
         name: String,
@@ -84,10 +86,12 @@ pub enum ControllerCall {
         #[command(flatten)]
         cap: CapArgs,
     },
+    /// DeleteVolume.
     DeleteVolume {
         #[arg(long)]
         id: String,
     },
+    /// ControllerPublishVolume: attach a volume to a node.
     Publish {
         #[arg(long)]
         id: String,
@@ -98,30 +102,36 @@ pub enum ControllerCall {
         #[command(flatten)]
         cap: CapArgs,
     },
+    /// ControllerUnpublishVolume: detach a volume from a node.
     Unpublish {
         #[arg(long)]
         id: String,
         #[arg(long)]
         node_id: String,
     },
+    /// ControllerExpandVolume.
     Expand {
         #[arg(long)]
         id: String,
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },
+    /// ListVolumes.
     ListVolumes {
         #[arg(long, default_value_t = 0)]
         max_entries: i32,
         #[arg(long, default_value = "")]
         starting_token: String,
     },
+    /// GetCapacity.
     Capacity,
+    /// ControllerGetCapabilities.
     Capabilities,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum NodeCall {
+    /// NodeStageVolume: format if provably blank, check, mount at the staging path.
     Stage {
         #[arg(long)]
         id: String,
@@ -135,12 +145,14 @@ pub enum NodeCall {
         #[command(flatten)]
         cap: CapArgs,
     },
+    /// NodeUnstageVolume.
     Unstage {
         #[arg(long)]
         id: String,
         #[arg(long)]
         staging_path: String,
     },
+    /// NodePublishVolume: bind the staged volume into a target path.
     Publish {
         #[arg(long)]
         id: String,
@@ -153,18 +165,21 @@ pub enum NodeCall {
         #[command(flatten)]
         cap: CapArgs,
     },
+    /// NodeUnpublishVolume.
     Unpublish {
         #[arg(long)]
         id: String,
         #[arg(long)]
         target_path: String,
     },
+    /// NodeGetVolumeStats: usage and volume condition.
     Stats {
         #[arg(long)]
         id: String,
         #[arg(long)]
         volume_path: String,
     },
+    /// NodeExpandVolume: grow the filesystem to the device size.
     Expand {
         #[arg(long)]
         id: String,
@@ -173,7 +188,9 @@ pub enum NodeCall {
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },
+    /// NodeGetInfo.
     Info,
+    /// NodeGetCapabilities.
     Capabilities,
 }
 
