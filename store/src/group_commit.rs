@@ -4,7 +4,8 @@
 //! caller, 16 volumes staging at once queued one by one behind each other's fsyncs. Here callers
 //! only queue on a short mutex; the leader applies a whole batch at once, commits it without a
 //! sync (the lazy callers return), then, if anyone in the batch needs it, makes it durable with one
-//! fsync (the immediate callers return). Whoever arrives meanwhile forms the next batch.
+//! fsync (the immediate callers return). Whoever arrives meanwhile forms the next batch, led by
+//! one of them.
 //!
 //! The contract is unchanged: a write is visible when `write` returns, and on disk too if it was
 //! `Immediate`. redb makes a durable commit persist every non-durable commit before it.
@@ -74,7 +75,7 @@ impl GroupCommit {
             if !q.leading {
                 q.leading = true;
                 let guard = AbandonOnPanic(self);
-                q = self.lead(db, q);
+                q = self.lead_one_batch(db, q);
                 std::mem::forget(guard);
                 q.leading = false;
                 self.changed.notify_all();
@@ -87,13 +88,15 @@ impl GroupCommit {
         }
     }
 
-    /// Applies batches until nobody is waiting; returns with the queue locked again.
-    fn lead<'a>(
+    /// Applies everything waiting as one batch; returns with the queue locked again. The leader's
+    /// own request is in the batch, so it then hands leadership to a waiter and returns: under a
+    /// steady stream of writers no caller is kept leading for others.
+    fn lead_one_batch<'a>(
         &'a self,
         db: &redb::Database,
         mut q: MutexGuard<'a, Queue>,
     ) -> MutexGuard<'a, Queue> {
-        while !q.waiting.is_empty() {
+        if !q.waiting.is_empty() {
             let batch = std::mem::take(&mut q.waiting);
             q.in_flight = batch.iter().map(|r| r.ticket).collect();
             drop(q);
@@ -110,14 +113,13 @@ impl GroupCommit {
                     for (t, _) in tickets {
                         q.outcomes.insert(t, Err(msg.clone()));
                     }
-                    continue;
+                    return q;
                 }
                 Ok(()) if all_durable || !any_durable => {
                     for (t, _) in tickets {
                         q.outcomes.insert(t, Ok(()));
                     }
-                    self.changed.notify_all();
-                    continue;
+                    return q;
                 }
                 Ok(()) => {}
             }
@@ -135,7 +137,6 @@ impl GroupCommit {
                     q.outcomes.insert(t, synced.clone());
                 }
             }
-            self.changed.notify_all();
         }
         q
     }
