@@ -193,15 +193,22 @@ pub(crate) fn apply(tx: &redb::WriteTransaction, op: Op) -> Result<(), StoreErro
         Op::Step { volume, mut line } => {
             let id = volume.as_str();
             let mut table = tx.open_table(JOURNAL)?;
-            let mut seqs = Vec::new();
-            for row in table.range((id, 0)..=(id, u64::MAX))? {
-                seqs.push(row?.0.value().1);
-            }
-            line.seq = seqs.last().map_or(1, |s| s + 1);
+            // A volume's line numbers are contiguous (appended one past the last, trimmed from
+            // the oldest), so the first and last keys give the count without a scan.
+            let (first, last) = {
+                let mut lines = table.range((id, 0)..=(id, u64::MAX))?;
+                let first = lines.next().transpose()?.map(|(k, _)| k.value().1);
+                let last = lines.next_back().transpose()?.map(|(k, _)| k.value().1);
+                (first, last.or(first))
+            };
+            line.seq = last.map_or(1, |s| s + 1);
             table.insert((id, line.seq), encode(&line)?.as_slice())?;
-            let excess = (seqs.len() + 1).saturating_sub(JOURNAL_LINES_PER_VOLUME);
-            for old in seqs.into_iter().take(excess) {
-                table.remove((id, old))?;
+            if let Some(first) = first {
+                let count = line.seq - first + 1;
+                let excess = count.saturating_sub(JOURNAL_LINES_PER_VOLUME as u64);
+                for old in first..first + excess {
+                    table.remove((id, old))?;
+                }
             }
         }
     }

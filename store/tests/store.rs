@@ -79,6 +79,19 @@ fn journal_is_bounded_and_ordered() {
         j.last().unwrap().step,
         format!("s{}", JOURNAL_LINES_PER_VOLUME + 9)
     );
+    // Several lines in one write are numbered and trimmed the same way.
+    store
+        .write(Durability::Lazy, |w| {
+            for i in 0..10 {
+                w.step("v", "stage", &format!("t{i}"), Phase::Done, BTreeMap::new())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let j = store.journal("v").unwrap();
+    assert_eq!(j.len(), JOURNAL_LINES_PER_VOLUME);
+    assert!(j.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    assert_eq!(j.last().unwrap().step, "t9");
 }
 
 #[test]
