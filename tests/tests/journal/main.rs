@@ -1,0 +1,85 @@
+//! The crash-safe journal: kill the agent at every step boundary, restart it on the same state,
+//! retry, and check that nothing was formatted twice, no data was lost, no mount was stacked.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+fn crash_opts(point: Option<&str>) -> AgentOpts {
+    let mut o = AgentOpts::default();
+    if let Some(p) = point {
+        o.args.push("--crash-after".into());
+        o.args.push(p.into());
+    }
+    o
+}
+
+fn mount_count(path: &Path) -> usize {
+    mounts_below(path)
+        .iter()
+        .filter(|m| m.as_path() == path)
+        .count()
+}
+
+struct Cycle {
+    vol: Vol,
+    staging: PathBuf,
+    target: PathBuf,
+    cap: csi::VolumeCapability,
+}
+
+impl Cycle {
+    /// A volume's staging and target paths under the agent's state dir, mounted as `fs`.
+    fn new(agent: &Agent, vol: Vol, name: &str, fs: &str) -> Self {
+        Cycle {
+            vol,
+            staging: agent.state_dir.join(format!("staging/{name}")),
+            target: agent.state_dir.join(format!("pods/{name}/mount")),
+            cap: mount_cap(fs, Mode::SingleNodeWriter),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Op {
+    Stage,
+    Publish,
+    Unpublish,
+    Unstage,
+}
+
+async fn call(agent: &Agent, c: &Cycle, op: Op) -> Result<(), tonic::Status> {
+    let mut node = agent.node().await;
+    match op {
+        Op::Stage => node
+            .node_stage_volume(stage_req(&c.vol, &c.staging, c.cap.clone()))
+            .await
+            .map(drop),
+        Op::Publish => node
+            .node_publish_volume(publish_req(
+                &c.vol,
+                &c.staging,
+                &c.target,
+                c.cap.clone(),
+                false,
+            ))
+            .await
+            .map(drop),
+        Op::Unpublish => node
+            .node_unpublish_volume(unpublish_req(&c.vol, &c.target))
+            .await
+            .map(drop),
+        Op::Unstage => node
+            .node_unstage_volume(unstage_req(&c.vol, &c.staging))
+            .await
+            .map(drop),
+    }
+}
+
+mod crash_matrix;
+mod recovery;

@@ -1,0 +1,255 @@
+//! Recovery beyond a killed call: a reboot behind the agent's back, a swapped device, a corrupt
+//! state file, `status` with the agent stopped, and an interrupted mkfs.
+
+use super::*;
+
+#[tokio::test]
+async fn reboot_behind_the_agents_back() {
+    if !require_root("reboot_behind_the_agents_back") {
+        return;
+    }
+    let scratch = Scratch::new("reboot");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "reboot", 64 << 20).await;
+    let c = Cycle::new(&agent, vol.clone(), "r", "ext4");
+    call(&agent, &c, Op::Stage).await.unwrap();
+    call(&agent, &c, Op::Publish).await.unwrap();
+    std::fs::write(c.target.join("f"), b"kept").unwrap();
+    agent.kill();
+    // A reboot: every mount and the loop device are gone.
+    sh(&format!(
+        "umount {} && umount {}",
+        c.target.display(),
+        c.staging.display()
+    ));
+    sh(&format!("losetup -d {}", vol.device));
+    agent.spawn().await;
+    let log = agent.log_text();
+    assert!(log.contains("staging mount is gone"), "{log}");
+    // Unpublish and unstage of what is already gone answer OK.
+    call(&agent, &c, Op::Unpublish).await.unwrap();
+    call(&agent, &c, Op::Unstage).await.unwrap();
+    // A new cycle works: the controller re-attached the file at start; ask it for the device.
+    let vol = attach(&agent, &vol.id).await;
+    let c = Cycle { vol, ..c };
+    call(&agent, &c, Op::Stage).await.unwrap();
+    call(&agent, &c, Op::Publish).await.unwrap();
+    assert_eq!(std::fs::read(c.target.join("f")).unwrap(), b"kept");
+    call(&agent, &c, Op::Unpublish).await.unwrap();
+    call(&agent, &c, Op::Unstage).await.unwrap();
+    assert_eq!(agent.log_text().matches(" formatted").count(), 1);
+}
+
+#[tokio::test]
+async fn swapped_device_is_refused_and_nothing_is_formatted() {
+    if !require_root("swapped_device_is_refused_and_nothing_is_formatted") {
+        return;
+    }
+    let scratch = Scratch::new("swap-dev");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "swap", 64 << 20).await;
+    let c = Cycle::new(&agent, vol.clone(), "s", "ext4");
+    call(&agent, &c, Op::Stage).await.unwrap();
+    call(&agent, &c, Op::Unstage).await.unwrap();
+    // Swap the volume's backing file for a blank one under the same path.
+    let node = node_id(&agent).await;
+    agent
+        .controller()
+        .await
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: vol.id.clone(),
+            node_id: node,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let file = agent.state_dir.join(format!("volumes/{}.img", vol.id));
+    std::fs::remove_file(&file).unwrap();
+    let f = std::fs::File::create(&file).unwrap();
+    f.set_len(64 << 20).unwrap();
+    drop(f);
+    let vol = attach(&agent, &vol.id).await;
+    let c = Cycle {
+        vol: vol.clone(),
+        ..c
+    };
+    let e = call(&agent, &c, Op::Stage).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("wrong device") || e.message().contains("changed"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(fs_uuid(&vol.device), "", "nothing formatted");
+    assert_eq!(mount_count(&c.staging), 0);
+}
+
+#[tokio::test]
+async fn corrupt_state_file_is_refused_and_recover_rebuilds_it() {
+    if !require_root("corrupt_state_file_is_refused_and_recover_rebuilds_it") {
+        return;
+    }
+    let scratch = Scratch::new("corrupt");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "corrupt", 64 << 20).await;
+    let c = Cycle::new(&agent, vol.clone(), "c", "ext4");
+    call(&agent, &c, Op::Stage).await.unwrap();
+    call(&agent, &c, Op::Publish).await.unwrap();
+    agent.kill();
+    let state = agent.state_dir.join("state.redb");
+    std::fs::write(&state, vec![0x42u8; 64 * 1024]).unwrap();
+
+    let out = std::process::Command::new(agent_bin())
+        .args([
+            "serve",
+            "--backend",
+            "loop",
+            "--endpoint",
+            &agent.endpoint(),
+            "--state-dir",
+        ])
+        .arg(&agent.state_dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("corrupt") && err.contains("recover --from-mounts"),
+        "{err}"
+    );
+
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--from-mounts", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("1 staged volume(s) and 1 publication(s)"),
+        "{said}"
+    );
+
+    agent.spawn().await;
+    let (ok, status) = agent.client_json(&["node", "info"]);
+    assert!(ok, "{status}");
+    let st = std::process::Command::new(agent_bin())
+        .args([
+            "status",
+            "--json",
+            "--endpoint",
+            &agent.endpoint(),
+            "--state-dir",
+        ])
+        .arg(&agent.state_dir)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(v["volumes"][0]["volume_id"], vol.id.as_str(), "{v}");
+    // The CO's next calls work on the rebuilt state, without formatting anything.
+    call(&agent, &c, Op::Publish).await.unwrap();
+    call(&agent, &c, Op::Unpublish).await.unwrap();
+    call(&agent, &c, Op::Unstage).await.unwrap();
+    call(&agent, &c, Op::Stage).await.unwrap();
+    call(&agent, &c, Op::Unstage).await.unwrap();
+    let formats = agent.log_text().matches(" formatted").count();
+    assert_eq!(
+        formats, 1,
+        "recovery must not format (the one format is the first stage's)"
+    );
+}
+
+#[tokio::test]
+async fn status_reads_the_stopped_agents_file() {
+    if !require_root("status_reads_the_stopped_agents_file") {
+        return;
+    }
+    let scratch = Scratch::new("status");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "st", 64 << 20).await;
+    let c = Cycle::new(&agent, vol.clone(), "st", "ext4");
+    call(&agent, &c, Op::Stage).await.unwrap();
+    let running = std::process::Command::new(agent_bin())
+        .args(["status", "--endpoint", &agent.endpoint(), "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&running.stdout).contains("staged at"));
+    agent.terminate().await.unwrap();
+    let stopped = std::process::Command::new(agent_bin())
+        .args([
+            "status",
+            "--json",
+            "--endpoint",
+            &agent.endpoint(),
+            "--state-dir",
+        ])
+        .arg(&agent.state_dir)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&stopped.stdout).unwrap();
+    assert_eq!(v["volumes"][0]["last_step"]["step"], "staged");
+    // Clean up the mount the stopped agent left (the Scratch guard would too).
+    sh(&format!("umount {}", c.staging.display()));
+}
+
+/// mkfs killed half-way: the device shows our own half-written filesystem (or only mkfs's
+/// metadata, no superblock yet). The retry formats again with the UUID the journal chose; a
+/// device showing another filesystem is refused.
+#[tokio::test]
+async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
+    if !require_root("interrupted_mkfs_is_redone_only_over_its_own_work") {
+        return;
+    }
+    for leftover in ["own-superblock", "metadata-only", "foreign"] {
+        let scratch = Scratch::new(&format!("mkfs-{leftover}"));
+        let mut agent = Agent::start(&scratch, crash_opts(Some("stage.format.intent"))).await;
+        let vol = create_attached(&agent, "m", 64 << 20).await;
+        let c = Cycle::new(&agent, vol.clone(), "m", "ext4");
+        assert!(call(&agent, &c, Op::Stage).await.is_err());
+        agent
+            .wait_exit(Duration::from_secs(20))
+            .await
+            .expect("crashed");
+        let st = std::process::Command::new(agent_bin())
+            .args(["status", "--json", "--state-dir"])
+            .arg(&agent.state_dir)
+            .args(["--endpoint", &agent.endpoint()])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+        let intended = v["volumes"][0]["filesystem"]["uuid"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(v["volumes"][0]["filesystem"]["state"], "intent");
+        match leftover {
+            "own-superblock" => sh(&format!("mkfs.ext4 -q -F -U {intended} {}", vol.device)),
+            "metadata-only" => sh(&format!(
+                "head -c 262144 /dev/urandom | dd of={} bs=64k seek=2 conv=notrunc status=none",
+                vol.device
+            )),
+            _ => sh(&format!("mkfs.ext4 -q -F {}", vol.device)),
+        };
+        let foreign_uuid = fs_uuid(&vol.device);
+        agent.restart(Some(crash_opts(None))).await;
+        let r = call(&agent, &c, Op::Stage).await;
+        if leftover == "foreign" {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert_eq!(
+                fs_uuid(&vol.device),
+                foreign_uuid,
+                "the foreign filesystem is untouched"
+            );
+        } else {
+            r.unwrap_or_else(|e| panic!("{leftover}: {e:?}"));
+            assert_eq!(fs_uuid(&vol.device), intended, "{leftover}");
+            call(&agent, &c, Op::Unstage).await.unwrap();
+        }
+    }
+}
