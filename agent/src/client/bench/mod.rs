@@ -247,12 +247,12 @@ async fn measure(
     // devices, still attached; alternating for each round.
     let sampler = b.pid.map(rss::Sampler::start);
     for _ in 0..b.rounds.max(1) {
-        let probe_channel = super::connect::channel(&report.endpoint).await?;
-        let probes = probe::ProbeLoad::start(probe_channel, b.probe_interval, csi.timeout);
+        let probes =
+            probe::ProbeLoad::start(report.endpoint.clone(), b.probe_interval, csi.timeout);
         let (agent_cpu, client_cpu) = (b.pid.and_then(cpu::read), cpu::read_self());
         let cycle = cycle::measured(csi, &volumes, b.concurrency, fs_name, report.with_stats).await;
         let (agent_cpu_after, client_cpu_after) = (b.pid.and_then(cpu::read), cpu::read_self());
-        report.probe.merge(probes.finish().await);
+        report.probe.merge(probes.finish().await?);
         report.agent.merge(cycle);
         report.cpu.cycles += volumes.len();
         if let (Some(a), Some(b)) = (agent_cpu, agent_cpu_after) {
