@@ -85,11 +85,13 @@ struct Reader {
     done: Receiver<()>,
 }
 
-fn spawn_reader<R: Read + Send + 'static>(mut pipe: R) -> Reader {
+/// Drains `pipe` on a thread of its own. Failing to start the thread (a thread limit) is an
+/// error, not a panic: the caller kills the child, which could otherwise block on a full pipe.
+fn spawn_reader<R: Read + Send + 'static>(mut pipe: R) -> std::io::Result<Reader> {
     let buf = Arc::new(Mutex::new(Captured::default()));
     let (tx, done) = mpsc::channel();
     let shared = Arc::clone(&buf);
-    std::thread::spawn(move || {
+    std::thread::Builder::new().spawn(move || {
         let mut chunk = [0u8; 8192];
         // Keep draining past the limit so the child never blocks on a full pipe.
         while let Ok(n @ 1..) = pipe.read(&mut chunk) {
@@ -99,8 +101,8 @@ fn spawn_reader<R: Read + Send + 'static>(mut pipe: R) -> Reader {
                 .push(&chunk[..n]);
         }
         let _ = tx.send(());
-    });
-    Reader { buf, done }
+    })?;
+    Ok(Reader { buf, done })
 }
 
 impl Reader {
@@ -140,8 +142,22 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
                 source,
             },
         })?;
-    let stdout = child.stdout.take().map(spawn_reader::<ChildStdout>);
-    let stderr = child.stderr.take().map(spawn_reader::<ChildStderr>);
+    let mut start_readers = || -> std::io::Result<_> {
+        let out = child.stdout.take().map(spawn_reader::<ChildStdout>);
+        let err = child.stderr.take().map(spawn_reader::<ChildStderr>);
+        Ok((out.transpose()?, err.transpose()?))
+    };
+    let readers = start_readers();
+    let (stdout, stderr): (Option<Reader>, Option<Reader>) = match readers {
+        Ok(r) => r,
+        Err(source) => {
+            kill_and_reap(&mut child);
+            return Err(CommandError::Spawn {
+                program: program.clone().into_owned(),
+                source,
+            });
+        }
+    };
 
     let status = match wait_deadline(&mut child, start + timeout) {
         Ok(Some(status)) => status,
@@ -187,7 +203,7 @@ fn wait_deadline(child: &mut Child, deadline: Instant) -> std::io::Result<Option
     use nix::sys::wait::{Id, WaitPidFlag, waitid};
     let pid = i32::try_from(child.id()).map_err(std::io::Error::other)?;
     let (tx, exited) = mpsc::channel();
-    std::thread::spawn(move || {
+    std::thread::Builder::new().spawn(move || {
         let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
         let result = loop {
             match waitid(Id::Pid(Pid::from_raw(pid)), flags) {
@@ -196,7 +212,7 @@ fn wait_deadline(child: &mut Child, deadline: Instant) -> std::io::Result<Option
             }
         };
         let _ = tx.send(result.map(drop));
-    });
+    })?;
     match exited.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         Ok(Ok(())) => child.wait().map(Some),
         Ok(Err(e)) => Err(std::io::Error::from(e)),

@@ -219,17 +219,27 @@ fn check_existing(
     Ok(())
 }
 
-/// Runs `side` on a second thread while `main` runs here; both must succeed.
+/// Runs `side` on a second thread while `main` runs here; both must succeed. If no thread can be
+/// started (a thread limit), they run one after the other.
 fn alongside(
     side: impl FnOnce() -> Result<()> + Send,
     main: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
+    let side = std::sync::Mutex::new(Some(side));
+    let take = || side.lock().ok().and_then(|mut s| s.take());
     std::thread::scope(|s| {
-        let side = s.spawn(side);
+        let spawned =
+            std::thread::Builder::new().spawn_scoped(s, || take().map_or(Ok(()), |f| f()));
         let main = main();
-        let side = side
-            .join()
-            .unwrap_or_else(|_| Err(Error::Internal("the journal writer panicked".into())));
+        let side = match spawned {
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|_| Err(Error::Internal("the journal writer panicked".into()))),
+            Err(e) => {
+                tracing::debug!(error = %e, "no thread for the journal writer; writing in turn");
+                take().map_or(Ok(()), |f| f())
+            }
+        };
         main.and(side)
     })
 }
