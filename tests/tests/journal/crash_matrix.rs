@@ -7,11 +7,15 @@ use super::*;
 /// Runs the lifecycle up to `op`, crashing the agent right after `point` is journaled during
 /// `op`; then restarts, retries `op`, finishes the cycle and checks every invariant.
 async fn crash_at(fs: &str, op: Op, point: &str) {
-    let scratch = Scratch::new(&format!("crash-{fs}-{}", point.replace('.', "-")));
-    let mut agent = Agent::start(&scratch, crash_opts(None)).await;
     let size = if fs == "xfs" { 320 << 20 } else { 64 << 20 };
-    let vol = create_attached(&agent, "crash", size).await;
-    let c = Cycle::new(&agent, vol, "crash", fs);
+    let (_scratch, mut agent, c) = agent_with_volume(
+        &format!("crash-{fs}-{}", point.replace('.', "-")),
+        crash_opts(None),
+        "crash",
+        size,
+        fs,
+    )
+    .await;
     let order = [Op::Stage, Op::Publish, Op::Unpublish, Op::Unstage];
     let pos = order.iter().position(|o| *o == op).unwrap();
     let mut uuid = String::new();
@@ -144,10 +148,14 @@ async fn crash_matrix_publish_unpublish_unstage() {
 /// Stages a volume that is already formatted (the fsck path, where the mount intent is committed
 /// while e2fsck runs), crashing at `point`; then retries and checks data, UUID and mounts.
 async fn crash_restage_at(point: &str) {
-    let scratch = Scratch::new(&format!("crash-restage-{}", point.replace('.', "-")));
-    let mut agent = Agent::start(&scratch, crash_opts(None)).await;
-    let vol = create_attached(&agent, "restage", 64 << 20).await;
-    let c = Cycle::new(&agent, vol, "restage", "ext4");
+    let (_scratch, mut agent, c) = agent_with_volume(
+        &format!("crash-restage-{}", point.replace('.', "-")),
+        crash_opts(None),
+        "restage",
+        64 << 20,
+        "ext4",
+    )
+    .await;
     call(&agent, &c, Op::Stage).await.unwrap();
     let uuid = fs_uuid(&c.vol.device);
     std::fs::write(c.staging.join("before-crash"), b"survives").unwrap();
@@ -224,10 +232,15 @@ async fn crash_matrix_expand_xfs() {
         "expand.grow.done",
         "expand.expanded.done",
     ] {
-        let scratch = Scratch::new(&format!("crash-expand-{}", point.replace('.', "-")));
-        let mut agent = Agent::start(&scratch, crash_opts(None)).await;
-        let vol = create_attached(&agent, "exp", 320 << 20).await;
-        let c = Cycle::new(&agent, vol.clone(), "e", "xfs");
+        let (_scratch, mut agent, c) = agent_with_volume(
+            &format!("crash-expand-{}", point.replace('.', "-")),
+            crash_opts(None),
+            "exp",
+            320 << 20,
+            "xfs",
+        )
+        .await;
+        let vol = c.vol.clone();
         call(&agent, &c, Op::Stage).await.unwrap();
         call(&agent, &c, Op::Publish).await.unwrap();
         std::fs::write(c.target.join("before-crash"), b"survives").unwrap();

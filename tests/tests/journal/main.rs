@@ -45,6 +45,22 @@ impl Cycle {
     }
 }
 
+/// A fresh agent started with `opts` on a scratch directory of its own, and one attached volume
+/// of `bytes` with its staging and target paths, to be mounted as `fs`.
+async fn agent_with_volume(
+    scratch: &str,
+    opts: AgentOpts,
+    name: &str,
+    bytes: i64,
+    fs: &str,
+) -> (Scratch, Agent, Cycle) {
+    let scratch = Scratch::new(scratch);
+    let agent = Agent::start(&scratch, opts).await;
+    let vol = create_attached(&agent, name, bytes).await;
+    let c = Cycle::new(&agent, vol, name, fs);
+    (scratch, agent, c)
+}
+
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Op {
     Stage,

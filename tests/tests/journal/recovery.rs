@@ -8,10 +8,9 @@ async fn reboot_behind_the_agents_back() {
     if !require_root("reboot_behind_the_agents_back") {
         return;
     }
-    let scratch = Scratch::new("reboot");
-    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let vol = create_attached(&agent, "reboot", 64 << 20).await;
-    let c = Cycle::new(&agent, vol.clone(), "r", "ext4");
+    let (_scratch, mut agent, c) =
+        agent_with_volume("reboot", AgentOpts::default(), "reboot", 64 << 20, "ext4").await;
+    let vol = c.vol.clone();
     call(&agent, &c, Op::Stage).await.unwrap();
     call(&agent, &c, Op::Publish).await.unwrap();
     std::fs::write(c.target.join("f"), b"kept").unwrap();
@@ -45,10 +44,9 @@ async fn swapped_device_is_refused_and_nothing_is_formatted() {
     if !require_root("swapped_device_is_refused_and_nothing_is_formatted") {
         return;
     }
-    let scratch = Scratch::new("swap-dev");
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let vol = create_attached(&agent, "swap", 64 << 20).await;
-    let c = Cycle::new(&agent, vol.clone(), "s", "ext4");
+    let (_scratch, agent, c) =
+        agent_with_volume("swap-dev", AgentOpts::default(), "swap", 64 << 20, "ext4").await;
+    let vol = c.vol.clone();
     call(&agent, &c, Op::Stage).await.unwrap();
     call(&agent, &c, Op::Unstage).await.unwrap();
     // Swap the volume's backing file for a blank one under the same path.
@@ -89,10 +87,9 @@ async fn corrupt_state_file_is_refused_and_recover_rebuilds_it() {
     if !require_root("corrupt_state_file_is_refused_and_recover_rebuilds_it") {
         return;
     }
-    let scratch = Scratch::new("corrupt");
-    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let vol = create_attached(&agent, "corrupt", 64 << 20).await;
-    let c = Cycle::new(&agent, vol.clone(), "c", "ext4");
+    let (_scratch, mut agent, c) =
+        agent_with_volume("corrupt", AgentOpts::default(), "corrupt", 64 << 20, "ext4").await;
+    let vol = c.vol.clone();
     call(&agent, &c, Op::Stage).await.unwrap();
     call(&agent, &c, Op::Publish).await.unwrap();
     agent.kill();
@@ -168,10 +165,8 @@ async fn status_reads_the_stopped_agents_file() {
     if !require_root("status_reads_the_stopped_agents_file") {
         return;
     }
-    let scratch = Scratch::new("status");
-    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let vol = create_attached(&agent, "st", 64 << 20).await;
-    let c = Cycle::new(&agent, vol.clone(), "st", "ext4");
+    let (_scratch, mut agent, c) =
+        agent_with_volume("status", AgentOpts::default(), "st", 64 << 20, "ext4").await;
     call(&agent, &c, Op::Stage).await.unwrap();
     let running = std::process::Command::new(agent_bin())
         .args(["status", "--endpoint", &agent.endpoint(), "--state-dir"])
@@ -206,10 +201,15 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
         return;
     }
     for leftover in ["own-superblock", "metadata-only", "foreign"] {
-        let scratch = Scratch::new(&format!("mkfs-{leftover}"));
-        let mut agent = Agent::start(&scratch, crash_opts(Some("stage.format.intent"))).await;
-        let vol = create_attached(&agent, "m", 64 << 20).await;
-        let c = Cycle::new(&agent, vol.clone(), "m", "ext4");
+        let (_scratch, mut agent, c) = agent_with_volume(
+            &format!("mkfs-{leftover}"),
+            crash_opts(Some("stage.format.intent")),
+            "m",
+            64 << 20,
+            "ext4",
+        )
+        .await;
+        let vol = c.vol.clone();
         assert!(call(&agent, &c, Op::Stage).await.is_err());
         agent
             .wait_exit(Duration::from_secs(20))
