@@ -140,30 +140,32 @@ fn forget_volume_drops_everything() {
     assert!(store.staged("b").unwrap().is_some());
 }
 
+/// Runs `f(thread_number)` on 8 threads at once and waits for all of them.
+fn on_8_threads(f: impl Fn(usize) + Sync) {
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let f = &f;
+            s.spawn(move || f(t));
+        }
+    });
+}
+
 #[test]
 fn concurrent_immediate_writes_share_syncs_and_all_land() {
     let dir = TempDir::new("group");
     let path = dir.0.join("state.redb");
     {
-        let store = std::sync::Arc::new(Store::open(&path).unwrap());
-        let threads: Vec<_> = (0..8)
-            .map(|t| {
-                let store = std::sync::Arc::clone(&store);
-                std::thread::spawn(move || {
-                    for i in 0..10 {
-                        let id = format!("v{t}-{i}");
-                        store
-                            .write(Durability::Immediate, |w| w.put_staged(&staged(&id)))
-                            .unwrap();
-                        // Visible to this thread as soon as the write returns.
-                        assert!(store.staged(&id).unwrap().is_some());
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+        let store = Store::open(&path).unwrap();
+        on_8_threads(|t| {
+            for i in 0..10 {
+                let id = format!("v{t}-{i}");
+                store
+                    .write(Durability::Immediate, |w| w.put_staged(&staged(&id)))
+                    .unwrap();
+                // Visible to this thread as soon as the write returns.
+                assert!(store.staged(&id).unwrap().is_some());
+            }
+        });
     }
     let store = Store::open(&path).unwrap();
     assert_eq!(store.all_staged().unwrap().len(), 80);
@@ -174,33 +176,25 @@ fn mixed_lazy_and_immediate_writers_see_their_writes_and_immediate_ones_last() {
     let dir = TempDir::new("mixed");
     let path = dir.0.join("state.redb");
     {
-        let store = std::sync::Arc::new(Store::open(&path).unwrap());
-        let threads: Vec<_> = (0..8)
-            .map(|t| {
-                let store = std::sync::Arc::clone(&store);
-                std::thread::spawn(move || {
-                    for i in 0..20 {
-                        let id = format!("v{t}-{i}");
-                        let durability = if i % 2 == 0 {
-                            Durability::Immediate
-                        } else {
-                            Durability::Lazy
-                        };
-                        store
-                            .write(durability, |w| {
-                                w.put_staged(&staged(&id))?;
-                                w.step(&id, "stage", "mount", Phase::Intent, BTreeMap::new())
-                            })
-                            .unwrap();
-                        assert!(store.staged(&id).unwrap().is_some());
-                        assert_eq!(store.journal(&id).unwrap().len(), 1);
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+        let store = Store::open(&path).unwrap();
+        on_8_threads(|t| {
+            for i in 0..20 {
+                let id = format!("v{t}-{i}");
+                let durability = if i % 2 == 0 {
+                    Durability::Immediate
+                } else {
+                    Durability::Lazy
+                };
+                store
+                    .write(durability, |w| {
+                        w.put_staged(&staged(&id))?;
+                        w.step(&id, "stage", "mount", Phase::Intent, BTreeMap::new())
+                    })
+                    .unwrap();
+                assert!(store.staged(&id).unwrap().is_some());
+                assert_eq!(store.journal(&id).unwrap().len(), 1);
+            }
+        });
         assert_eq!(store.all_staged().unwrap().len(), 160);
     }
     let store = Store::open(&path).unwrap();
