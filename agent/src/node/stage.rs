@@ -220,16 +220,13 @@ fn check_existing(
 }
 
 /// Runs `side` on a second thread while `main` runs here; both must succeed. If no thread can be
-/// started (a thread limit), they run one after the other.
+/// started (a thread limit), `side` runs here afterwards.
 fn alongside(
-    side: impl FnOnce() -> Result<()> + Send,
+    side: impl Fn() -> Result<()> + Sync,
     main: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
-    let side = std::sync::Mutex::new(Some(side));
-    let take = || side.lock().ok().and_then(|mut s| s.take());
     std::thread::scope(|s| {
-        let spawned =
-            std::thread::Builder::new().spawn_scoped(s, || take().map_or(Ok(()), |f| f()));
+        let spawned = std::thread::Builder::new().spawn_scoped(s, &side);
         let main = main();
         let side = match spawned {
             Ok(handle) => handle
@@ -237,7 +234,7 @@ fn alongside(
                 .unwrap_or_else(|_| Err(Error::Internal("the journal writer panicked".into()))),
             Err(e) => {
                 tracing::debug!(error = %e, "no thread for the journal writer; writing in turn");
-                take().map_or(Ok(()), |f| f())
+                side()
             }
         };
         main.and(side)

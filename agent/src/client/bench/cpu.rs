@@ -62,6 +62,13 @@ pub fn spent(before: Ticks, after: Ticks) -> CpuSpent {
     }
 }
 
+/// Adds the CPU spent between two readings to `total`, when both readings were possible.
+pub fn add_spent(total: &mut Option<CpuSpent>, before: Option<Ticks>, after: Option<Ticks>) {
+    if let (Some(before), Some(after)) = (before, after) {
+        total.get_or_insert_default().add(spent(before, after));
+    }
+}
+
 fn clock_tick() -> Duration {
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()

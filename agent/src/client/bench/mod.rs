@@ -255,30 +255,12 @@ async fn measure(
         report.probe.merge(probes.finish().await?);
         report.agent.merge(cycle);
         report.cpu.cycles += volumes.len();
-        if let (Some(a), Some(b)) = (agent_cpu, agent_cpu_after) {
-            report
-                .cpu
-                .agent
-                .get_or_insert_default()
-                .add(cpu::spent(a, b));
-        }
-        if let (Some(a), Some(b)) = (client_cpu, client_cpu_after) {
-            report
-                .cpu
-                .client
-                .get_or_insert_default()
-                .add(cpu::spent(a, b));
-        }
+        cpu::add_spent(&mut report.cpu.agent, agent_cpu, agent_cpu_after);
+        cpu::add_spent(&mut report.cpu.client, client_cpu, client_cpu_after);
         let floor_cpu = cpu::read_self();
         if let Some(f) = floor_run(b, fs, &volumes, &mut report.notes).await {
             report.floor.get_or_insert_with(Default::default).merge(f);
-            if let (Some(a), Some(b)) = (floor_cpu, cpu::read_self()) {
-                report
-                    .cpu
-                    .floor
-                    .get_or_insert_default()
-                    .add(cpu::spent(a, b));
-            }
+            cpu::add_spent(&mut report.cpu.floor, floor_cpu, cpu::read_self());
         }
     }
     report.notes.dedup();
