@@ -38,17 +38,28 @@ impl Drop for TempFile {
 }
 
 /// A loop device detached on drop. Declare it after its `TempFile` so it
-/// is dropped first.
-pub struct Loop(pub PathBuf);
+/// is dropped first. It detaches only while the device is still bound to the
+/// file it attached: once detached, the device number is free, and a test
+/// running in parallel may already have attached its own file to it.
+pub struct Loop(pub PathBuf, Option<(u64, u64)>);
 
 impl Loop {
     pub fn attach(file: &Path) -> Loop {
-        Loop(super::attach(file).unwrap())
+        Loop::bound(super::attach(file).unwrap())
+    }
+
+    /// Guards a device that was just attached.
+    pub fn bound(device: PathBuf) -> Loop {
+        let backing = super::backing_inode(&device).ok().flatten();
+        Loop(device, backing)
     }
 }
 
 impl Drop for Loop {
     fn drop(&mut self) {
+        if self.1.is_none() || super::backing_inode(&self.0).ok().flatten() != self.1 {
+            return;
+        }
         if let Err(e) = super::detach(&self.0) {
             eprintln!("cleanup: detach {:?} failed: {e}", self.0);
         }
