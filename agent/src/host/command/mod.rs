@@ -1,25 +1,20 @@
 //! Running external tools (mkfs, e2fsck, resize2fs, xfs_growfs) with a
 //! deadline. Blocking: call it from `spawn_blocking`.
 
-use std::collections::VecDeque;
+mod supervise;
+
 use std::ffi::OsStr;
-use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-/// Per-stream capture limit; mkfs/e2fsck can be chatty on large devices.
-/// Half is spent on the head (what the tool was doing) and half on the tail
-/// (where errors are reported).
-const CAPTURE_LIMIT: usize = 64 * 1024;
-/// After the child exits, how long to wait for its pipes to reach EOF. A
-/// stray grandchild holding them open must not hang the caller.
-const DRAIN_GRACE: Duration = Duration::from_secs(1);
+#[cfg(test)]
+use supervise::{CAPTURE_LIMIT, Captured};
+use supervise::{Ended, supervise};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandOutput {
@@ -45,73 +40,6 @@ pub enum CommandError {
     Timeout { program: String, after: Duration },
     #[error("{program}: killed by signal {signal}")]
     Killed { program: String, signal: i32 },
-}
-
-/// Shared capture buffer, so the caller can take what was read so far even if
-/// the reader thread is still blocked on a pipe some grandchild holds.
-#[derive(Default)]
-struct Captured {
-    head: Vec<u8>,
-    tail: VecDeque<u8>,
-    dropped: usize,
-}
-
-impl Captured {
-    fn push(&mut self, mut data: &[u8]) {
-        let half = CAPTURE_LIMIT / 2;
-        let room = half.saturating_sub(self.head.len()).min(data.len());
-        self.head.extend_from_slice(&data[..room]);
-        data = &data[room..];
-        self.tail.extend(data);
-        let excess = self.tail.len().saturating_sub(half);
-        self.tail.drain(..excess);
-        self.dropped += excess;
-    }
-
-    fn text(&self) -> String {
-        let mut bytes = self.head.clone();
-        if self.dropped > 0 {
-            bytes.extend_from_slice(
-                format!("\n[... {} bytes omitted ...]\n", self.dropped).as_bytes(),
-            );
-        }
-        bytes.extend(&self.tail);
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-}
-
-struct Reader {
-    buf: Arc<Mutex<Captured>>,
-    done: Receiver<()>,
-}
-
-/// Drains `pipe` on a thread of its own. Failing to start the thread (a thread limit) is an
-/// error, not a panic: the caller kills the child, which could otherwise block on a full pipe.
-fn spawn_reader<R: Read + Send + 'static>(mut pipe: R) -> std::io::Result<Reader> {
-    let buf = Arc::new(Mutex::new(Captured::default()));
-    let (tx, done) = mpsc::channel();
-    let shared = Arc::clone(&buf);
-    std::thread::Builder::new().spawn(move || {
-        let mut chunk = [0u8; 8192];
-        // Keep draining past the limit so the child never blocks on a full pipe.
-        while let Ok(n @ 1..) = pipe.read(&mut chunk) {
-            shared
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(&chunk[..n]);
-        }
-        let _ = tx.send(());
-    })?;
-    Ok(Reader { buf, done })
-}
-
-impl Reader {
-    fn finish(self, deadline: Instant) -> String {
-        let _ = self
-            .done
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()));
-        self.buf.lock().unwrap_or_else(|p| p.into_inner()).text()
-    }
 }
 
 /// Runs `program` with `args`, `LC_ALL=C` (parsable messages) and stdin from
@@ -142,26 +70,17 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
                 source,
             },
         })?;
-    let mut start_readers = || -> std::io::Result<_> {
-        let out = child.stdout.take().map(spawn_reader::<ChildStdout>);
-        let err = child.stderr.take().map(spawn_reader::<ChildStderr>);
-        Ok((out.transpose()?, err.transpose()?))
-    };
-    let readers = start_readers();
-    let (stdout, stderr): (Option<Reader>, Option<Reader>) = match readers {
-        Ok(r) => r,
-        Err(source) => {
-            kill_and_reap(&mut child);
-            return Err(CommandError::Spawn {
-                program: program.clone().into_owned(),
-                source,
-            });
-        }
-    };
-
-    let status = match wait_deadline(&mut child, start + timeout) {
-        Ok(Some(status)) => status,
-        Ok(None) => {
+    let (stdout, stderr) = (
+        child.stdout.take().map(OwnedFd::from),
+        child.stderr.take().map(OwnedFd::from),
+    );
+    let (status, stdout, stderr) = match supervise(&mut child, stdout, stderr, start + timeout) {
+        Ok(Ended::Exited {
+            status,
+            stdout,
+            stderr,
+        }) => (status, stdout, stderr),
+        Ok(Ended::TimedOut) => {
             kill_and_reap(&mut child);
             return Err(CommandError::Timeout {
                 program: program.clone().into_owned(),
@@ -176,9 +95,6 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
             });
         }
     };
-    let drain_deadline = Instant::now() + DRAIN_GRACE;
-    let stdout = stdout.map(|r| r.finish(drain_deadline)).unwrap_or_default();
-    let stderr = stderr.map(|r| r.finish(drain_deadline)).unwrap_or_default();
     let elapsed = start.elapsed();
 
     match (status.code(), status.signal()) {
@@ -192,32 +108,6 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
             program: program.clone().into_owned(),
             signal: signal.unwrap_or(0),
         }),
-    }
-}
-
-/// Waits for the child to exit, or for the deadline. A helper thread blocks in
-/// `waitid(WNOWAIT)`, which sees the exit without reaping, so the pid stays
-/// valid for a kill until the caller reaps it. (Polling with a growing pause
-/// overshot short runs such as `e2fsck -p` by up to half their time.)
-fn wait_deadline(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
-    use nix::sys::wait::{Id, WaitPidFlag, waitid};
-    let pid = i32::try_from(child.id()).map_err(std::io::Error::other)?;
-    let (tx, exited) = mpsc::channel();
-    std::thread::Builder::new().spawn(move || {
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
-        let result = loop {
-            match waitid(Id::Pid(Pid::from_raw(pid)), flags) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other,
-            }
-        };
-        let _ = tx.send(result.map(drop));
-    })?;
-    match exited.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        Ok(Ok(())) => child.wait().map(Some),
-        Ok(Err(e)) => Err(std::io::Error::from(e)),
-        // Timed out: the child is still unreaped, so the caller may kill its group.
-        Err(_) => Ok(child.try_wait()?),
     }
 }
 
