@@ -8,4 +8,5 @@ pub mod loopdev;
 pub mod malloc;
 pub mod mounter;
 pub mod mountinfo;
+pub mod priority;
 pub mod trim;

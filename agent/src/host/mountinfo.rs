@@ -84,10 +84,18 @@ impl MountTable {
     }
 
     pub fn read() -> Result<Self, MountInfoError> {
-        let bytes = std::fs::read(MOUNTINFO).map_err(|source| MountInfoError::Read {
+        use std::io::Read;
+        let failed = |source| MountInfoError::Read {
             path: PathBuf::from(MOUNTINFO),
             source,
-        })?;
+        };
+        // /proc reports a size of 0, so `fs::read` starts at 32 bytes and doubles: eight
+        // reads for a host with 50 mounts, each resuming the kernel's walk of the table. Room
+        // for about 100 lines up front makes it one or two.
+        let mut bytes = Vec::with_capacity(16 * 1024);
+        std::fs::File::open(MOUNTINFO)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(failed)?;
         Self::parse_bytes(&bytes)
     }
 
