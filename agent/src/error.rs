@@ -91,10 +91,7 @@ where
     F: FnOnce() -> Result<T> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(move || {
-        crate::host::priority::lower_this_thread();
-        f()
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
 }

@@ -8,5 +8,4 @@ pub mod loopdev;
 pub mod malloc;
 pub mod mounter;
 pub mod mountinfo;
-pub mod priority;
 pub mod trim;
