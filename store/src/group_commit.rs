@@ -98,14 +98,15 @@ impl GroupCommit {
     ) -> MutexGuard<'a, Queue> {
         if !q.waiting.is_empty() {
             let batch = std::mem::take(&mut q.waiting);
-            q.in_flight = batch.iter().map(|r| r.ticket).collect();
+            // (ticket, wants durability) of each request in the batch.
+            let tickets: Vec<(u64, bool)> = batch.iter().map(|r| (r.ticket, r.durable)).collect();
+            q.in_flight = tickets.iter().map(|&(t, _)| t).collect();
             drop(q);
-            let any_durable = batch.iter().any(|r| r.durable);
-            let all_durable = batch.iter().all(|r| r.durable);
-            let mut tickets = Vec::with_capacity(batch.len());
+            let any_durable = tickets.iter().any(|&(_, d)| d);
+            let all_durable = tickets.iter().all(|&(_, d)| d);
             // A batch of immediate writes alone commits durably at once; a mixed one first
             // commits without a sync, so its lazy writers need not wait for the fsync.
-            let applied = apply_batch(db, batch, &mut tickets, all_durable);
+            let applied = apply_batch(db, batch, all_durable);
             q = self.lock();
             match applied {
                 Err(e) => {
@@ -164,16 +165,8 @@ impl Drop for AbandonOnPanic<'_> {
     }
 }
 
-/// One transaction for the whole batch; `tickets` gets (ticket, wants durability) of each request.
-fn apply_batch(
-    db: &redb::Database,
-    batch: Vec<Request>,
-    tickets: &mut Vec<(u64, bool)>,
-    durable: bool,
-) -> Result<(), StoreError> {
-    for r in &batch {
-        tickets.push((r.ticket, r.durable));
-    }
+/// One transaction for the whole batch.
+fn apply_batch(db: &redb::Database, batch: Vec<Request>, durable: bool) -> Result<(), StoreError> {
     let mut tx = db.begin_write()?;
     for request in batch {
         for op in request.ops {

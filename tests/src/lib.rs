@@ -328,6 +328,22 @@ impl Agent {
     }
 
     /// Runs `ebs-node-agent client --endpoint <ours> --json <args>` and parses its JSON.
+    /// `status --json` for this agent's state directory (read from the file when it is stopped).
+    pub fn status_json(&self) -> serde_json::Value {
+        let out = Command::new(agent_bin())
+            .args([
+                "status",
+                "--json",
+                "--endpoint",
+                &self.endpoint(),
+                "--state-dir",
+            ])
+            .arg(&self.state_dir)
+            .output()
+            .expect("status");
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    }
+
     pub fn client_json(&self, args: &[&str]) -> (bool, serde_json::Value) {
         let out = Command::new(agent_bin())
             .arg("client")

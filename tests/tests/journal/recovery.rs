@@ -134,18 +134,7 @@ async fn corrupt_state_file_is_refused_and_recover_rebuilds_it() {
     agent.spawn().await;
     let (ok, status) = agent.client_json(&["node", "info"]);
     assert!(ok, "{status}");
-    let st = std::process::Command::new(agent_bin())
-        .args([
-            "status",
-            "--json",
-            "--endpoint",
-            &agent.endpoint(),
-            "--state-dir",
-        ])
-        .arg(&agent.state_dir)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    let v = agent.status_json();
     assert_eq!(v["volumes"][0]["volume_id"], vol.id.as_str(), "{v}");
     // The CO's next calls work on the rebuilt state, without formatting anything.
     call(&agent, &c, Op::Publish).await.unwrap();
@@ -175,18 +164,7 @@ async fn status_reads_the_stopped_agents_file() {
         .unwrap();
     assert!(String::from_utf8_lossy(&running.stdout).contains("staged at"));
     agent.terminate().await.unwrap();
-    let stopped = std::process::Command::new(agent_bin())
-        .args([
-            "status",
-            "--json",
-            "--endpoint",
-            &agent.endpoint(),
-            "--state-dir",
-        ])
-        .arg(&agent.state_dir)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&stopped.stdout).unwrap();
+    let v = agent.status_json();
     assert_eq!(v["volumes"][0]["last_step"]["step"], "staged");
     // Clean up the mount the stopped agent left (the Scratch guard would too).
     sh(&format!("umount {}", c.staging.display()));
@@ -215,13 +193,7 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
             .wait_exit(Duration::from_secs(20))
             .await
             .expect("crashed");
-        let st = std::process::Command::new(agent_bin())
-            .args(["status", "--json", "--state-dir"])
-            .arg(&agent.state_dir)
-            .args(["--endpoint", &agent.endpoint()])
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+        let v = agent.status_json();
         let intended = v["volumes"][0]["filesystem"]["uuid"]
             .as_str()
             .unwrap()

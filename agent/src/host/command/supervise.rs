@@ -28,14 +28,14 @@ const MAX_PAUSE: Duration = Duration::from_millis(50);
 
 /// A capture buffer that keeps the head and the tail of a stream.
 #[derive(Default)]
-pub struct Captured {
-    pub head: Vec<u8>,
-    pub tail: VecDeque<u8>,
-    pub dropped: usize,
+struct Captured {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    dropped: usize,
 }
 
 impl Captured {
-    pub fn push(&mut self, mut data: &[u8]) {
+    fn push(&mut self, mut data: &[u8]) {
         let half = CAPTURE_LIMIT / 2;
         let room = half.saturating_sub(self.head.len()).min(data.len());
         self.head.extend_from_slice(&data[..room]);
@@ -46,7 +46,7 @@ impl Captured {
         self.dropped += excess;
     }
 
-    pub fn text(&self) -> String {
+    fn text(&self) -> String {
         let mut bytes = self.head.clone();
         if self.dropped > 0 {
             bytes.extend_from_slice(
@@ -108,9 +108,13 @@ pub fn supervise(
     deadline: Instant,
 ) -> std::io::Result<Ended> {
     // Readable once the child has exited; optional because old kernels lack pidfd_open.
-    let pidfd = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
-        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+    let pidfd = pidfd_of(child);
     supervise_with(child, stdout, stderr, deadline, pidfd)
+}
+
+fn pidfd_of(child: &Child) -> Option<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).ok()?)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
 
 fn supervise_with(
@@ -215,10 +219,7 @@ mod tests {
                 .unwrap();
             let out = child.stdout.take().map(OwnedFd::from);
             let err = child.stderr.take().map(OwnedFd::from);
-            let pidfd = with_pidfd.then(|| {
-                let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-                rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap()
-            });
+            let pidfd = with_pidfd.then(|| pidfd_of(&child).unwrap());
             let start = Instant::now();
             let deadline = start + Duration::from_secs(10);
             let Ended::Exited { status, stdout, .. } =
@@ -235,6 +236,22 @@ mod tests {
                 "{took:?}"
             );
         }
+    }
+
+    #[test]
+    fn capture_keeps_head_and_tail() {
+        let mut c = Captured::default();
+        c.push(b"hello");
+        assert_eq!(c.text(), "hello");
+        for _ in 0..20 {
+            c.push(&[b'x'; 4096]);
+        }
+        c.push(b"bye");
+        let text = c.text();
+        assert!(text.starts_with("hello"));
+        assert!(text.ends_with("xbye"));
+        assert_eq!(c.head.len() + c.tail.len(), CAPTURE_LIMIT);
+        assert_eq!(c.dropped, 5 + 20 * 4096 + 3 - CAPTURE_LIMIT);
     }
 
     #[test]
