@@ -22,6 +22,8 @@ pub use writer::{Durability, Writer};
 pub const SCHEMA_VERSION: u64 = 1;
 /// How many journal lines each volume keeps: enough to explain the last few operations.
 pub const JOURNAL_LINES_PER_VOLUME: usize = 48;
+/// How many lines past that a volume's journal may grow before its oldest are trimmed at once.
+pub(crate) const JOURNAL_TRIM_SLACK: usize = 16;
 
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub(crate) const LOOP_VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("loop_volumes");
@@ -285,11 +287,17 @@ impl Store {
         let Some(table) = open_table(&tx, JOURNAL)? else {
             return Ok(Vec::new());
         };
+        // Newest first, up to the kept length: lines past it wait for the next batch trim.
         let mut out = Vec::new();
-        for row in table.range((volume_id, 0)..=(volume_id, u64::MAX))? {
+        for row in table
+            .range((volume_id, 0)..=(volume_id, u64::MAX))?
+            .rev()
+            .take(JOURNAL_LINES_PER_VOLUME)
+        {
             let (_, v) = row?;
             out.push(decode(v.value())?);
         }
+        out.reverse();
         Ok(out)
     }
 

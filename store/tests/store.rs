@@ -92,6 +92,17 @@ fn journal_is_bounded_and_ordered() {
     assert_eq!(j.len(), JOURNAL_LINES_PER_VOLUME);
     assert!(j.windows(2).all(|w| w[1].seq == w[0].seq + 1));
     assert_eq!(j.last().unwrap().step, "t9");
+    // Trimming happens in batches, but readers always see the newest lines and no more.
+    for i in 0..(3 * JOURNAL_LINES_PER_VOLUME) {
+        store
+            .write(Durability::Lazy, |w| {
+                w.step("v", "stage", &format!("u{i}"), Phase::Done, BTreeMap::new())
+            })
+            .unwrap();
+        let j = store.journal("v").unwrap();
+        assert_eq!(j.len(), JOURNAL_LINES_PER_VOLUME);
+        assert_eq!(j.last().unwrap().step, format!("u{i}"));
+    }
 }
 
 #[test]

@@ -32,6 +32,7 @@ pub use unstage::{UnstageCommand, unstage};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::host::fstools::FsTools;
+use crate::host::mount_root::{MountRoot, mount_root};
 use crate::host::mountinfo::{MountEntry, MountTable};
 
 /// Everything a node operation needs, shared by all calls.
@@ -85,8 +86,12 @@ pub fn mount_table() -> Result<MountTable> {
     MountTable::read().map_err(|e| Error::Internal(format!("reading /proc/self/mountinfo: {e}")))
 }
 
-/// What is mounted exactly at `path`, if anything (the top-most mount).
+/// What is mounted exactly at `path`, if anything (the top-most mount). The mount table is read
+/// only when statx cannot rule a mount out.
 pub fn mounted_at(path: &Path) -> Result<Option<MountEntry>> {
+    if mount_root(path) == MountRoot::NotMounted {
+        return Ok(None);
+    }
     Ok(mount_table()?.at(path).cloned())
 }
 

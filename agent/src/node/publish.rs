@@ -105,24 +105,34 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             target.display()
         )));
     }
-    // One read of the mount table serves both checks below.
-    let table = super::mount_table()?;
-    if cmd.capability.mode.single_publication()
-        && let Some(other) = ctx
+    if cmd.capability.mode.single_publication() {
+        let others: Vec<Publication> = ctx
             .store
             .publications(vol)?
             .into_iter()
-            .find(|p| p.target_path != target && table.at(&p.target_path).is_some())
-    {
-        return Err(Error::Precondition(format!(
-            "volume {vol} is already published at {}; its access mode allows one publication \
-             on this node",
-            other.target_path.display()
-        )));
+            .filter(|p| p.target_path != target)
+            .collect();
+        // The mount table is read only when there is another publication to look for.
+        let table = if others.is_empty() {
+            None
+        } else {
+            Some(super::mount_table()?)
+        };
+        if let Some(other) = others.iter().find(|p| {
+            table
+                .as_ref()
+                .is_some_and(|t| t.at(&p.target_path).is_some())
+        }) {
+            return Err(Error::Precondition(format!(
+                "volume {vol} is already published at {}; its access mode allows one \
+                 publication on this node",
+                other.target_path.display()
+            )));
+        }
     }
 
     let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
-    match table.at(target).cloned() {
+    match mounted_at(target)? {
         Some(m) if is_ours(&staged, &m, target) => {
             if m.is_read_only() != readonly {
                 return Err(Error::AlreadyExists(format!(
@@ -223,8 +233,11 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
                 m.source
             )));
         }
-        // The intent is durable before the host is touched; the done line is lazy.
-        journal.step("unmount", facts.clone(), Durability::Immediate, || {
+        // Lazy, unlike the intents of publish and stage: nothing resumes from an unmount's
+        // intent. After a crash the host says whether the unmount happened (the mount is there
+        // or not), and recovery drops a record whose mount is gone; an fsync here would only
+        // make the explanation durable, at the cost of one fsync per unpublish.
+        journal.step("unmount", facts.clone(), Durability::Lazy, || {
             unmount_all(target)
         })?;
     }

@@ -64,8 +64,9 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     let journal = Journal::new(&ctx.store, vol, "unstage", ctx.crash_after());
     let facts = detail([("staging", path_string(staging))]);
     if at_staging.is_some() {
-        // The intent is durable before the host is touched; the done line is lazy.
-        journal.step("unmount", facts.clone(), Durability::Immediate, || {
+        // Lazy: as for unpublish, the host and not the journal says whether the unmount
+        // happened, so the intent's fsync would buy nothing a retry or recovery reads.
+        journal.step("unmount", facts.clone(), Durability::Lazy, || {
             unmount_all(staging)
         })?;
     }
