@@ -201,8 +201,12 @@ fn last_lines(text: &str) -> String {
 /// The size a filesystem believes it has, read from its superblock (ext and xfs), so a stage can
 /// tell whether the device grew under it (a snapshot restored into a larger volume).
 pub fn filesystem_bytes(fs: FsType, device: &Path) -> std::io::Result<u64> {
+    filesystem_bytes_of(fs, &std::fs::File::open(device)?)
+}
+
+/// As [`filesystem_bytes`], through a device that is already open.
+pub fn filesystem_bytes_of(fs: FsType, file: &std::fs::File) -> std::io::Result<u64> {
     use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(device)?;
     let mut sb = [0u8; 512];
     match fs {
         FsType::Xfs => {

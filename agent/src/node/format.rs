@@ -13,6 +13,7 @@ use super::stage::StageCommand;
 use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
 use crate::host::blkid::{self, ProbeOutcome, Signature};
+use crate::host::fstools::filesystem_bytes_of;
 use crate::host::{blank, loopdev};
 use crate::request::FsType;
 
@@ -24,6 +25,30 @@ pub enum Decision {
 
 pub fn probe(device: &Path) -> Result<ProbeOutcome> {
     blkid::probe(device).map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))
+}
+
+/// What the probe found, and the size the requested filesystem believes it has when that is
+/// what the device carries.
+pub struct Probed {
+    pub outcome: ProbeOutcome,
+    pub fs_bytes: Option<u64>,
+}
+
+/// Probes the device and reads the filesystem's size in the same visit. The device is held open
+/// across both, so the superblock is still in the device's page cache (the kernel drops it at the
+/// last close) and the size costs no second read through the device.
+pub fn probe_with_size(device: &Path, fs: FsType) -> Result<Probed> {
+    let held = std::fs::File::open(device)
+        .map_err(|e| Error::io(format!("opening {}", device.display()), e))?;
+    let outcome = probe(device)?;
+    let fs_bytes = match &outcome {
+        ProbeOutcome::Found(sig) if !sig.is_partition_table && sig.type_name == fs.name() => {
+            // Best effort: without it the grow check reads the superblock itself.
+            filesystem_bytes_of(fs, &held).ok()
+        }
+        _ => None,
+    };
+    Ok(Probed { outcome, fs_bytes })
 }
 
 fn describe(sig: &Signature) -> String {

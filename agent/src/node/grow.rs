@@ -33,18 +33,23 @@ pub fn grow_if_needed(
 }
 
 /// Grows an unmounted ext filesystem whose device is larger. resize2fs insists on a fresh forced
-/// check first, which the step runs.
+/// check first, which the step runs. `known_bytes` is the filesystem's size if the probe read it.
 pub fn grow_offline_if_needed(
     ctx: &NodeCtx,
     journal: &Journal<'_>,
     fs: FsType,
     device: &Path,
+    known_bytes: Option<u64>,
 ) -> Result<bool> {
     if !fs.is_ext() {
         return Ok(false);
     }
-    let fs_bytes = crate::host::fstools::filesystem_bytes(fs, device)
-        .map_err(|e| Error::io(format!("reading the superblock of {}", device.display()), e))?;
+    let fs_bytes = match known_bytes {
+        Some(b) => b,
+        None => crate::host::fstools::filesystem_bytes(fs, device).map_err(|e| {
+            Error::io(format!("reading the superblock of {}", device.display()), e)
+        })?,
+    };
     grow_when_larger(journal, device, fs_bytes, false, || {
         ctx.fstools.grow_offline(fs, device)
     })

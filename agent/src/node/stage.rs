@@ -10,7 +10,7 @@ use ebs_store::{
     AccessRecord, Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
 };
 
-use super::format::{Decision, decide, format_device, format_record, probe};
+use super::format::{Decision, Probed, decide, format_device, format_record, probe_with_size};
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
 use super::{NodeCtx, ensure_dir, mounted_at, path_string};
@@ -106,12 +106,15 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         None => false,
     };
 
+    // Whether this stage already knows the filesystem fills the device: mkfs made it so, or the
+    // offline check before the mount compared the two.
+    let mut size_settled = false;
     if !already {
-        let outcome = journal.step(
+        let Probed { outcome, fs_bytes } = journal.step(
             "probe",
             detail([("device", path_string(&device.path))]),
             Durability::Lazy,
-            || probe(&device.path),
+            || probe_with_size(&device.path, fs),
         )?;
         let mut data = flags.data().to_vec();
         if fs == FsType::Xfs {
@@ -137,12 +140,22 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             Decision::Format { uuid } => {
                 format_device(ctx, &journal, cmd, fs, &device, &uuid)?;
                 mount_intent()?;
+                size_settled = true;
             }
             // The intent must be on disk before mount(2), not before the fsck: committing it
             // while e2fsck runs takes its fsync off the stage's critical path.
-            Decision::Check { uuid, adopt } => alongside(mount_intent, || {
-                check_existing(ctx, &journal, fs, &device, uuid, adopt, readonly)
-            })?,
+            Decision::Check { uuid, adopt } => {
+                alongside(mount_intent, || {
+                    let found = Existing {
+                        uuid,
+                        adopt,
+                        fs_bytes,
+                    };
+                    check_existing(ctx, &journal, fs, &device, found, readonly)
+                })?;
+                // The offline check covers ext; xfs grows only mounted.
+                size_settled = fs.is_ext();
+            }
         }
         // xfs needs no fsck: its log is replayed by the kernel at mount.
         mounter::mount_device(
@@ -166,7 +179,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         journal.note("mount", Phase::Done, facts);
     }
 
-    if !readonly {
+    if !readonly && !size_settled {
         grow_if_needed(ctx, &journal, fs, &device.path, staging)?;
     }
     record.progress = Progress::Complete;
@@ -183,6 +196,15 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     )
 }
 
+/// A filesystem the probe found on the device, of the requested type.
+struct Existing {
+    uuid: String,
+    /// Made elsewhere: recorded as ours before it is used.
+    adopt: bool,
+    /// Its size, if the probe read it.
+    fs_bytes: Option<u64>,
+}
+
 /// Uses the filesystem already on the device: records it as ours if it was made elsewhere, checks
 /// it, and grows it offline when the device grew.
 fn check_existing(
@@ -190,10 +212,14 @@ fn check_existing(
     journal: &Journal<'_>,
     fs: FsType,
     device: &ResolvedDevice,
-    uuid: String,
-    adopt: bool,
+    found: Existing,
     readonly: bool,
 ) -> Result<()> {
+    let Existing {
+        uuid,
+        adopt,
+        fs_bytes,
+    } = found;
     if adopt {
         let fact = format_record(journal.volume(), fs, &uuid, device, FormatState::Done);
         ctx.store
@@ -215,7 +241,7 @@ fn check_existing(
             "e2fsck repaired the filesystem"
         );
     }
-    grow_offline_if_needed(ctx, journal, fs, &device.path)?;
+    grow_offline_if_needed(ctx, journal, fs, &device.path, fs_bytes)?;
     Ok(())
 }
 
