@@ -46,9 +46,8 @@ pub fn grow_offline_if_needed(
     }
     let fs_bytes = match known_bytes {
         Some(b) => b,
-        None => crate::host::fstools::filesystem_bytes(fs, device).map_err(|e| {
-            Error::io(format!("reading the superblock of {}", device.display()), e)
-        })?,
+        None => crate::host::fstools::filesystem_bytes(fs, device)
+            .map_err(|e| Error::io(format!("reading the superblock of {}", device.display()), e))?,
     };
     grow_when_larger(journal, device, fs_bytes, false, || {
         ctx.fstools.grow_offline(fs, device)

@@ -77,7 +77,11 @@ mod readers {
         reply: mpsc::Sender<io::Result<Vec<u8>>>,
     ) -> io::Result<()> {
         let mut job = (path, reply);
-        while let Some((_, reader)) = lock(idle()).pop() {
+        loop {
+            // The list's lock is released before the send.
+            let Some((_, reader)) = lock(idle()).pop() else {
+                break;
+            };
             match reader.send(job) {
                 Ok(()) => return Ok(()),
                 // That reader is gone (it cannot be: it leaves the list before it exits).
