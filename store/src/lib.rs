@@ -161,9 +161,6 @@ impl Store {
         })
     }
 
-    /// Runs `f` in one write transaction and commits it with the given durability. Commits that
-    /// guard data (format intent, mount, unmount) use `Durability::Immediate`, so that the record
-    /// is on disk before the host is touched.
     /// Records the changes `f` makes and commits them as one unit, batched with other callers'
     /// (see `group_commit`). When this returns they are visible, and on disk if `Immediate`.
     pub fn write<T>(

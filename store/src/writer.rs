@@ -21,15 +21,6 @@ pub enum Durability {
     Lazy,
 }
 
-impl From<Durability> for redb::Durability {
-    fn from(d: Durability) -> Self {
-        match d {
-            Durability::Immediate => redb::Durability::Immediate,
-            Durability::Lazy => redb::Durability::None,
-        }
-    }
-}
-
 /// Collects the changes of one `Store::write` call. Nothing touches the file while the caller
 /// builds them: the changes are applied later, together with other callers' changes, in one
 /// transaction (see `group_commit`), so that every change of one call commits together or not at

@@ -206,6 +206,19 @@ impl Agent {
         format!("unix://{}", self.socket.display())
     }
 
+    /// `serve` with this agent's endpoint, state directory and options.
+    pub fn serve_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "serve".into(),
+            "--endpoint".into(),
+            self.endpoint().into(),
+            "--state-dir".into(),
+            self.state_dir.clone().into(),
+        ];
+        args.extend(self.opts.args.iter().map(Into::into));
+        args
+    }
+
     pub async fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -213,12 +226,7 @@ impl Agent {
             .open(&self.log)
             .expect("log file");
         let mut cmd = Command::new(agent_bin());
-        cmd.arg("serve")
-            .arg("--endpoint")
-            .arg(self.endpoint())
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .args(&self.opts.args)
+        cmd.args(self.serve_args())
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -327,7 +335,28 @@ impl Agent {
         csi::controller_client::ControllerClient::new(self.channel().await)
     }
 
-    /// Runs `ebs-node-agent client --endpoint <ours> --json <args>` and parses its JSON.
+    /// ControllerExpandVolume to `bytes`, with the capability if one is given.
+    pub async fn expand_on_controller(
+        &self,
+        volume_id: &str,
+        bytes: i64,
+        capability: Option<csi::VolumeCapability>,
+    ) -> Result<csi::ControllerExpandVolumeResponse, tonic::Status> {
+        self.controller()
+            .await
+            .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                volume_id: volume_id.to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                volume_capability: capability,
+                ..Default::default()
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     /// `status --json` for this agent's state directory (read from the file when it is stopped).
     pub fn status_json(&self) -> serde_json::Value {
         let out = Command::new(agent_bin())
@@ -344,6 +373,7 @@ impl Agent {
         serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
     }
 
+    /// Runs `ebs-node-agent client --endpoint <ours> --json <args>` and parses its JSON.
     pub fn client_json(&self, args: &[&str]) -> (bool, serde_json::Value) {
         let out = Command::new(agent_bin())
             .arg("client")

@@ -468,15 +468,7 @@ async fn the_units_capability_set_is_enough_for_the_volume_lifecycle() {
         ])
         .arg(format!("--bounding-set={bounding}"))
         .arg(agent_bin())
-        .args([
-            "serve",
-            "--backend",
-            "loop",
-            "--endpoint",
-            &agent.endpoint(),
-        ])
-        .arg("--state-dir")
-        .arg(&agent.state_dir)
+        .args(agent.serve_args())
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())

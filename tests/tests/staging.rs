@@ -360,16 +360,7 @@ async fn stage_grows_an_ext4_volume_offline() {
         .await
         .unwrap();
     agent
-        .controller()
-        .await
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: vol.id.clone(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 256 << 20,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
+        .expand_on_controller(&vol.id, 256 << 20, None)
         .await
         .unwrap();
     node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))

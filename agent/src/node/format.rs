@@ -20,11 +20,21 @@ use crate::request::FsType;
 /// What the probe allows us to do with the device.
 pub enum Decision {
     Format { uuid: String },
-    Check { uuid: String, adopt: bool },
+    Check(Existing),
 }
 
-pub fn probe(device: &Path) -> Result<ProbeOutcome> {
-    blkid::probe(device).map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))
+/// A filesystem of the requested type that the probe found on the device.
+pub struct Existing {
+    pub uuid: String,
+    /// Made elsewhere: recorded as ours before it is used.
+    pub adopt: bool,
+    /// Its size, if the probe read it.
+    pub fs_bytes: Option<u64>,
+}
+
+/// Whether a signature is the requested filesystem itself.
+fn is_requested(sig: &Signature, fs: FsType) -> bool {
+    !sig.is_partition_table && sig.type_name == fs.name()
 }
 
 /// What the probe found, and the size the requested filesystem believes it has when that is
@@ -40,9 +50,10 @@ pub struct Probed {
 pub fn probe_with_size(device: &Path, fs: FsType) -> Result<Probed> {
     let held = std::fs::File::open(device)
         .map_err(|e| Error::io(format!("opening {}", device.display()), e))?;
-    let outcome = probe(device)?;
+    let outcome = blkid::probe(device)
+        .map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))?;
     let fs_bytes = match &outcome {
-        ProbeOutcome::Found(sig) if !sig.is_partition_table && sig.type_name == fs.name() => {
+        ProbeOutcome::Found(sig) if is_requested(sig, fs) => {
             // Best effort: without it the grow check reads the superblock itself.
             filesystem_bytes_of(fs, &held).ok()
         }
@@ -76,9 +87,10 @@ pub fn decide(
     fs: FsType,
     device: &ResolvedDevice,
     format: Option<&FormatRecord>,
-    outcome: ProbeOutcome,
+    probed: Probed,
     readonly: bool,
 ) -> Result<Decision> {
+    let Probed { outcome, fs_bytes } = probed;
     let wrong = |reason: String| Error::WrongDevice {
         volume: vol.to_string(),
         device: device.path.clone(),
@@ -89,8 +101,15 @@ pub fn decide(
             device: device.path.clone(),
             found: "several conflicting signatures (ambivalent probe)".into(),
         }),
-        ProbeOutcome::Found(sig) if !sig.is_partition_table && sig.type_name == fs.name() => {
+        ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
             let found = sig.uuid.clone().unwrap_or_default();
+            let existing = |adopt| {
+                Ok(Decision::Check(Existing {
+                    uuid: found.clone(),
+                    adopt,
+                    fs_bytes,
+                }))
+            };
             match format {
                 Some(f) if f.uuid != found => Err(wrong(format!(
                     "it carries {fs} UUID {found}, but the volume was formatted with UUID {}",
@@ -101,14 +120,8 @@ pub fn decide(
                 Some(f) if f.state == FormatState::Intent && !readonly => Ok(Decision::Format {
                     uuid: f.uuid.clone(),
                 }),
-                Some(_) => Ok(Decision::Check {
-                    uuid: found,
-                    adopt: false,
-                }),
-                None => Ok(Decision::Check {
-                    uuid: found,
-                    adopt: true,
-                }),
+                Some(_) => existing(false),
+                None => existing(true),
             }
         }
         ProbeOutcome::Found(sig) => Err(Error::NotBlank {

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use ebs_store::{Durability, Phase, Store, StoreError, Writer};
 
+use super::lock;
 use crate::error::Result;
 
 /// Extra facts for one journal line (device, UUID, paths, options).
@@ -72,11 +73,8 @@ impl<'a> Journal<'a> {
         also: impl FnOnce(&mut Writer) -> std::result::Result<(), StoreError>,
     ) -> Result<()> {
         let commit = Instant::now();
-        let pending = std::mem::take(&mut *lock(&self.pending));
         self.store.write(durability, |w| {
-            for (step, phase, detail) in pending {
-                w.step(self.volume, self.op, &step, phase, detail)?;
-            }
+            self.write_pending(w)?;
             also(w)?;
             w.step(self.volume, self.op, step, phase, detail)?;
             Ok(())
@@ -116,6 +114,14 @@ impl<'a> Journal<'a> {
                 Err(e)
             }
         }
+    }
+
+    /// Moves the lines held so far into `w`.
+    fn write_pending(&self, w: &mut Writer) -> std::result::Result<(), StoreError> {
+        for (step, phase, detail) in std::mem::take(&mut *lock(&self.pending)) {
+            w.step(self.volume, self.op, &step, phase, detail)?;
+        }
+        Ok(())
     }
 
     fn observe_step(&self, step: &str, phase: Phase) {
@@ -162,22 +168,14 @@ impl Drop for Journal<'_> {
     /// Writes the lines still held, lazily and best effort: they explain, nothing resumes from
     /// them.
     fn drop(&mut self) {
-        let pending = std::mem::take(&mut *lock(&self.pending));
-        if pending.is_empty() {
+        if lock(&self.pending).is_empty() {
             return;
         }
-        let result = self.store.write(Durability::Lazy, |w| {
-            for (step, phase, detail) in pending {
-                w.step(self.volume, self.op, &step, phase, detail)?;
-            }
-            Ok(())
-        });
+        let result = self
+            .store
+            .write(Durability::Lazy, |w| self.write_pending(w));
         if let Err(e) = result {
             tracing::warn!(volume = self.volume, op = self.op, error = %e, "journal lines not written");
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

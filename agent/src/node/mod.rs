@@ -82,6 +82,12 @@ where
     .await
 }
 
+/// Locks a mutex whose data stays consistent even if a holder panicked (plain lists and maps,
+/// changed in one step).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub fn mount_table() -> Result<MountTable> {
     MountTable::read().map_err(|e| Error::Internal(format!("reading /proc/self/mountinfo: {e}")))
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
+use super::lock;
 use crate::host::direct_read;
 
 /// How long a stats call waits for the read: a healthy device answers 4 KiB in milliseconds.
@@ -46,10 +47,6 @@ pub fn probe(device: &Path, wait: Duration) -> ReadOutcome {
         Ok(Err(e)) => ReadOutcome::Failed(e),
         Err(_) => ReadOutcome::Hanging(wait),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reader threads, kept for a while once idle: kubelet asks every volume's stats every minute,

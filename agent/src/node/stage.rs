@@ -10,7 +10,7 @@ use ebs_store::{
     AccessRecord, Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
 };
 
-use super::format::{Decision, Probed, decide, format_device, format_record, probe_with_size};
+use super::format::{Decision, Existing, decide, format_device, format_record, probe_with_size};
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
 use super::{NodeCtx, ensure_dir, mounted_at, path_string};
@@ -110,7 +110,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     // offline check before the mount compared the two.
     let mut size_settled = false;
     if !already {
-        let Probed { outcome, fs_bytes } = journal.step(
+        let probed = journal.step(
             "probe",
             detail([("device", path_string(&device.path))]),
             Durability::Lazy,
@@ -136,7 +136,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
                 |w| w.put_staged(&record),
             )
         };
-        match decide(vol, fs, &device, format.as_ref(), outcome, readonly)? {
+        match decide(vol, fs, &device, format.as_ref(), probed, readonly)? {
             Decision::Format { uuid } => {
                 format_device(ctx, &journal, cmd, fs, &device, &uuid)?;
                 mount_intent()?;
@@ -144,13 +144,8 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             }
             // The intent must be on disk before mount(2), not before the fsck: committing it
             // while e2fsck runs takes its fsync off the stage's critical path.
-            Decision::Check { uuid, adopt } => {
+            Decision::Check(found) => {
                 alongside(mount_intent, || {
-                    let found = Existing {
-                        uuid,
-                        adopt,
-                        fs_bytes,
-                    };
                     check_existing(ctx, &journal, fs, &device, found, readonly)
                 })?;
                 // The offline check covers ext; xfs grows only mounted.
@@ -194,15 +189,6 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         Durability::Lazy,
         |w| w.put_staged(&record),
     )
-}
-
-/// A filesystem the probe found on the device, of the requested type.
-struct Existing {
-    uuid: String,
-    /// Made elsewhere: recorded as ours before it is used.
-    adopt: bool,
-    /// Its size, if the probe read it.
-    fs_bytes: Option<u64>,
 }
 
 /// Uses the filesystem already on the device: records it as ours if it was made elsewhere, checks

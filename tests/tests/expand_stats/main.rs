@@ -50,20 +50,9 @@ pub async fn controller_expand(
     bytes: i64,
 ) -> csi::ControllerExpandVolumeResponse {
     agent
-        .controller()
-        .await
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: p.vol.id.clone(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: bytes,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(p.cap.clone()),
-            ..Default::default()
-        })
+        .expand_on_controller(&p.vol.id, bytes, Some(p.cap.clone()))
         .await
         .expect("controller expand")
-        .into_inner()
 }
 
 pub fn node_expand_req(

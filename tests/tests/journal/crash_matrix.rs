@@ -246,19 +246,7 @@ async fn crash_matrix_expand_xfs() {
         std::fs::write(c.target.join("before-crash"), b"survives").unwrap();
         let uuid = fs_uuid(&vol.device);
         let to: i64 = 512 << 20;
-        agent
-            .controller()
-            .await
-            .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                volume_id: vol.id.clone(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: to,
-                    limit_bytes: 0,
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        agent.expand_on_controller(&vol.id, to, None).await.unwrap();
         let expand = csi::NodeExpandVolumeRequest {
             volume_id: vol.id.clone(),
             volume_path: c.target.display().to_string(),

@@ -97,15 +97,7 @@ async fn corrupt_state_file_is_refused_and_recover_rebuilds_it() {
     std::fs::write(&state, vec![0x42u8; 64 * 1024]).unwrap();
 
     let out = std::process::Command::new(agent_bin())
-        .args([
-            "serve",
-            "--backend",
-            "loop",
-            "--endpoint",
-            &agent.endpoint(),
-            "--state-dir",
-        ])
-        .arg(&agent.state_dir)
+        .args(agent.serve_args())
         .output()
         .unwrap();
     assert!(!out.status.success());
