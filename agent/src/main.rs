@@ -8,12 +8,16 @@ fn main() {
     if matches!(cli.command, Command::Serve(_)) {
         ebs_node_agent::host::malloc::tune();
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(64)
-        .enable_all()
-        .build()
-    {
+    // The client's calls are light and mostly wait on the agent; one thread drives them without
+    // waking a second runtime thread at every reply (under the bench that costs the agent CPU).
+    let mut builder = if matches!(cli.command, Command::Client(_)) {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    };
+    let runtime = match builder.max_blocking_threads(64).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
