@@ -187,8 +187,19 @@ impl Report {
         t.push(Target {
             name: "Probe p99 under load",
             limit: "<= 5 ms".into(),
-            measured: (p.count > 0)
-                .then(|| format!("{:.2} ms (p50 {:.2} ms, {} errors)", p.p99, p.p50, p.errors)),
+            // Under 100 calls the nearest-rank p99 is the slowest call: one scheduling hiccup
+            // decides it, so the count and p95 are shown with it.
+            measured: (p.count > 0).then(|| {
+                let slowest = if p.count < 100 {
+                    ": p99 is the slowest"
+                } else {
+                    ""
+                };
+                format!(
+                    "{:.2} ms (p95 {:.2}, p50 {:.2} ms; {} calls{slowest}; {} errors)",
+                    p.p99, p.p95, p.p50, p.count, p.errors
+                )
+            }),
             pass: (p.count > 0).then_some(p.p99 <= 5.0 && p.errors == 0),
         });
         let mem = self.memory;
