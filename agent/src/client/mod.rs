@@ -35,7 +35,7 @@ pub enum Call {
     Controller(ControllerCall),
     #[command(subcommand)]
     Node(NodeCall),
-    /// Time the node cycle against the same host work done directly (see README.performance.md).
+    /// Time the node cycle against the same host work done directly (see "Performance" in README.md).
     Bench(Box<bench::BenchArgs>),
 }
 
