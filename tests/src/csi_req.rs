@@ -42,6 +42,14 @@ impl Vol {
     }
 }
 
+/// A capacity range asking for at least `bytes`, with no upper limit.
+pub fn at_least(bytes: i64) -> Option<csi::CapacityRange> {
+    Some(csi::CapacityRange {
+        required_bytes: bytes,
+        limit_bytes: 0,
+    })
+}
+
 pub async fn create_volume(
     agent: &Agent,
     name: &str,
@@ -53,10 +61,7 @@ pub async fn create_volume(
         .await
         .create_volume(csi::CreateVolumeRequest {
             name: name.into(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: bytes,
-                limit_bytes: 0,
-            }),
+            capacity_range: at_least(bytes),
             volume_capabilities: vec![mount_cap("ext4", Mode::SingleNodeWriter)],
             parameters: params
                 .iter()

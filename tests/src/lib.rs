@@ -346,10 +346,7 @@ impl Agent {
             .await
             .controller_expand_volume(csi::ControllerExpandVolumeRequest {
                 volume_id: volume_id.to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: bytes,
-                    limit_bytes: 0,
-                }),
+                capacity_range: csi_req::at_least(bytes),
                 volume_capability: capability,
                 ..Default::default()
             })

@@ -221,12 +221,12 @@ pub fn filesystem_bytes_of(fs: FsType, file: &std::fs::File) -> std::io::Result<
             let lo = u32::from_le_bytes([sb[4], sb[5], sb[6], sb[7]]) as u64;
             let log = u32::from_le_bytes([sb[24], sb[25], sb[26], sb[27]]);
             let mut blocks = lo;
-            // 64bit feature: the high half of the block count lives at 0x150.
+            // 64bit feature: the high half of the block count lives at 0x150, inside the 512
+            // bytes already read.
             let incompat = u32::from_le_bytes([sb[96], sb[97], sb[98], sb[99]]);
             if incompat & 0x80 != 0 {
-                let mut hi = [0u8; 4];
-                file.read_exact_at(&mut hi, 1024 + 0x150)?;
-                blocks |= (u32::from_le_bytes(hi) as u64) << 32;
+                let hi = u32::from_le_bytes([sb[0x150], sb[0x151], sb[0x152], sb[0x153]]);
+                blocks |= (hi as u64) << 32;
             }
             Ok(blocks << (10 + log.min(6)))
         }

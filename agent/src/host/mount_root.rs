@@ -41,33 +41,17 @@ pub fn mount_root(path: &Path) -> MountRoot {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A directory of its own under the temp dir, removed on drop.
-    struct Dir(std::path::PathBuf);
-
-    impl Dir {
-        fn new(tag: &str) -> Dir {
-            let p = std::env::temp_dir().join(format!("mount-root-{tag}-{}", std::process::id()));
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::host::loopdev::test_support::TempDir;
 
     #[test]
     fn a_missing_path_has_nothing_mounted() {
-        let dir = Dir::new("missing");
+        let dir = TempDir::new("missing");
         assert_eq!(mount_root(&dir.0.join("not-there")), MountRoot::NotMounted);
     }
 
     #[test]
     fn a_plain_directory_is_not_a_mount_root_but_the_root_is() {
-        let dir = Dir::new("plain");
+        let dir = TempDir::new("plain");
         // Kernels before 5.8 cannot say; then both are Unknown and callers read the table.
         match mount_root(Path::new("/")) {
             MountRoot::Mounted => assert_eq!(mount_root(&dir.0), MountRoot::NotMounted),

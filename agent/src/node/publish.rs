@@ -106,28 +106,15 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         )));
     }
     if cmd.capability.mode.single_publication() {
-        let others: Vec<Publication> = ctx
-            .store
-            .publications(vol)?
-            .into_iter()
-            .filter(|p| p.target_path != target)
-            .collect();
-        // The mount table is read only when there is another publication to look for.
-        let table = if others.is_empty() {
-            None
-        } else {
-            Some(super::mount_table()?)
-        };
-        if let Some(other) = others.iter().find(|p| {
-            table
-                .as_ref()
-                .is_some_and(|t| t.at(&p.target_path).is_some())
-        }) {
-            return Err(Error::Precondition(format!(
-                "volume {vol} is already published at {}; its access mode allows one \
-                 publication on this node",
-                other.target_path.display()
-            )));
+        for other in ctx.store.publications(vol)? {
+            // statx rules most paths out before the mount table is read.
+            if other.target_path != target && mounted_at(&other.target_path)?.is_some() {
+                return Err(Error::Precondition(format!(
+                    "volume {vol} is already published at {}; its access mode allows one \
+                     publication on this node",
+                    other.target_path.display()
+                )));
+            }
         }
     }
 

@@ -4,18 +4,25 @@
 
 use super::*;
 
+/// An agent ready to crash (`crash_opts`), on a scratch directory named after `prefix` and the
+/// crash point, with one attached volume.
+async fn crash_agent_with_volume(
+    prefix: &str,
+    point: &str,
+    name: &str,
+    bytes: i64,
+    fs: &str,
+) -> (Scratch, Agent, Cycle) {
+    let scratch = format!("{prefix}-{}", point.replace('.', "-"));
+    agent_with_volume(&scratch, crash_opts(None), name, bytes, fs).await
+}
+
 /// Runs the lifecycle up to `op`, crashing the agent right after `point` is journaled during
 /// `op`; then restarts, retries `op`, finishes the cycle and checks every invariant.
 async fn crash_at(fs: &str, op: Op, point: &str) {
     let size = if fs == "xfs" { 320 << 20 } else { 64 << 20 };
-    let (_scratch, mut agent, c) = agent_with_volume(
-        &format!("crash-{fs}-{}", point.replace('.', "-")),
-        crash_opts(None),
-        "crash",
-        size,
-        fs,
-    )
-    .await;
+    let (_scratch, mut agent, c) =
+        crash_agent_with_volume(&format!("crash-{fs}"), point, "crash", size, fs).await;
     let order = [Op::Stage, Op::Publish, Op::Unpublish, Op::Unstage];
     let pos = order.iter().position(|o| *o == op).unwrap();
     let mut uuid = String::new();
@@ -148,14 +155,8 @@ async fn crash_matrix_publish_unpublish_unstage() {
 /// Stages a volume that is already formatted (the fsck path, where the mount intent is committed
 /// while e2fsck runs), crashing at `point`; then retries and checks data, UUID and mounts.
 async fn crash_restage_at(point: &str) {
-    let (_scratch, mut agent, c) = agent_with_volume(
-        &format!("crash-restage-{}", point.replace('.', "-")),
-        crash_opts(None),
-        "restage",
-        64 << 20,
-        "ext4",
-    )
-    .await;
+    let (_scratch, mut agent, c) =
+        crash_agent_with_volume("crash-restage", point, "restage", 64 << 20, "ext4").await;
     call(&agent, &c, Op::Stage).await.unwrap();
     let uuid = fs_uuid(&c.vol.device);
     std::fs::write(c.staging.join("before-crash"), b"survives").unwrap();
@@ -232,14 +233,8 @@ async fn crash_matrix_expand_xfs() {
         "expand.grow.done",
         "expand.expanded.done",
     ] {
-        let (_scratch, mut agent, c) = agent_with_volume(
-            &format!("crash-expand-{}", point.replace('.', "-")),
-            crash_opts(None),
-            "exp",
-            320 << 20,
-            "xfs",
-        )
-        .await;
+        let (_scratch, mut agent, c) =
+            crash_agent_with_volume("crash-expand", point, "exp", 320 << 20, "xfs").await;
         let vol = c.vol.clone();
         call(&agent, &c, Op::Stage).await.unwrap();
         call(&agent, &c, Op::Publish).await.unwrap();

@@ -37,6 +37,28 @@ impl Drop for TempFile {
     }
 }
 
+/// A directory removed (with its contents) on drop, even when the test panics.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "hosttest-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A loop device detached on drop. Declare it after its `TempFile` so it
 /// is dropped first. It detaches only while the device is still bound to the
 /// file it attached: once detached, the device number is free, and a test
