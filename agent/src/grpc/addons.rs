@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::health::Health;
 use crate::node::NodeCtx;
 use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
-use crate::request::{ConfinedPath, Secrets, VolumeId};
+use crate::request::{RequestPath, Secrets, VolumeId};
 
 pub struct AddonsIdentity {
     pub driver_name: String,
@@ -95,17 +95,19 @@ pub struct ReclaimSpaceNodeService {
 }
 
 impl ReclaimSpaceNodeService {
-    fn command(&self, r: &rs::NodeReclaimSpaceRequest) -> Result<ReclaimCommand> {
+    /// The checks that need no host access; the path walk runs with the reclaim, off the
+    /// executor.
+    fn command(&self, r: &rs::NodeReclaimSpaceRequest) -> Result<(VolumeId, GivenPath)> {
         let volume = VolumeId::parse(&r.volume_id)?;
         let path = if !r.staging_target_path.is_empty() {
-            ReclaimPath::Staging(ConfinedPath::parse(
+            GivenPath::Staging(RequestPath::parse(
                 "staging_target_path",
                 &r.staging_target_path,
                 &self.allowed,
             )?)
         } else {
             // Missing both: report the field the sidecar is expected to send.
-            ReclaimPath::Published(ConfinedPath::parse(
+            GivenPath::Published(RequestPath::parse(
                 if r.volume_path.is_empty() {
                     "staging_target_path"
                 } else {
@@ -115,15 +117,31 @@ impl ReclaimSpaceNodeService {
                 &self.allowed,
             )?)
         };
-        Ok(ReclaimCommand { volume, path })
+        Ok((volume, path))
     }
 
     /// The same guard as stage and publish: a reclaim clashes with any other operation on the
     /// volume (ABORTED), and the guard lives in the blocking task until the ioctl returns.
-    async fn locked(&self, cmd: ReclaimCommand) -> Result<crate::node::reclaim::Reclaimed> {
-        let volume = cmd.volume.clone();
-        crate::node::run_locked(&self.ctx, volume.as_str(), move |ctx| reclaim(ctx, &cmd)).await
+    async fn locked(
+        &self,
+        volume: VolumeId,
+        given: GivenPath,
+    ) -> Result<crate::node::reclaim::Reclaimed> {
+        let id = volume.clone();
+        crate::node::run_locked(&self.ctx, id.as_str(), move |ctx| {
+            let path = match given {
+                GivenPath::Staging(p) => ReclaimPath::Staging(p.confine()?),
+                GivenPath::Published(p) => ReclaimPath::Published(p.confine()?),
+            };
+            reclaim(ctx, &ReclaimCommand { volume, path })
+        })
+        .await
     }
+}
+
+enum GivenPath {
+    Staging(RequestPath),
+    Published(RequestPath),
 }
 
 fn consumption(bytes: u64) -> Option<rs::StorageConsumption> {
@@ -141,8 +159,8 @@ impl rs::reclaim_space_node_server::ReclaimSpaceNode for ReclaimSpaceNodeService
         let mut r = req.into_inner();
         let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
         let done = logged("NodeReclaimSpace", &r.volume_id.clone(), async {
-            let cmd = self.command(&r)?;
-            let done = self.locked(cmd).await?;
+            let (volume, given) = self.command(&r)?;
+            let done = self.locked(volume, given).await?;
             tracing::info!(volume = %r.volume_id, pre_bytes = done.pre_bytes,
                 post_bytes = done.post_bytes, trimmed_bytes = done.trimmed_bytes,
                 measure = ?done.measure, "space reclaimed");

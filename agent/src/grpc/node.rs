@@ -15,7 +15,7 @@ use crate::error::{Error, Result, blocking};
 use crate::node::{self, NodeCtx};
 use crate::nodeinfo::NodeInfoSource;
 use crate::request::{
-    AccessType, Capability, ConfinedPath, FormatOptions, Secrets, VolumeId, check_map,
+    AccessType, Capability, FormatOptions, RequestPath, Secrets, VolumeId, check_map,
 };
 
 pub struct NodeService {
@@ -34,23 +34,23 @@ impl NodeService {
         node::run_locked(&self.ctx, volume.as_str(), f).await
     }
 
-    fn path(&self, field: &'static str, raw: &str) -> Result<ConfinedPath> {
-        Ok(ConfinedPath::parse(field, raw, &self.allowed)?)
+    /// The path checks that need no host access; the rest (`confine`) runs with the host work,
+    /// off the executor.
+    fn path(&self, field: &'static str, raw: &str) -> Result<RequestPath> {
+        Ok(RequestPath::parse(field, raw, &self.allowed)?)
     }
 
-    fn optional_path(&self, field: &'static str, raw: &str) -> Result<Option<ConfinedPath>> {
+    fn optional_path(&self, field: &'static str, raw: &str) -> Result<Option<RequestPath>> {
         if raw.is_empty() {
             return Ok(None);
         }
         self.path(field, raw).map(Some)
     }
 
-    /// The checks of NodePublishVolume, before any host work (v0.1's publish runs them before
-    /// its internal stage, so a bad request changes nothing).
-    pub fn publish_command(
-        &self,
-        r: &csi::NodePublishVolumeRequest,
-    ) -> Result<node::PublishCommand> {
+    /// The checks of NodePublishVolume that need no host access, before any host work (v0.1's
+    /// publish runs them and `confine` before its internal stage, so a bad request changes
+    /// nothing).
+    pub fn publish_command(&self, r: &csi::NodePublishVolumeRequest) -> Result<CheckedPublish> {
         let volume = VolumeId::parse(&r.volume_id)?;
         if r.staging_target_path.is_empty() {
             return Err(Error::Precondition(
@@ -64,7 +64,7 @@ impl NodeService {
         let capability = Capability::from_proto(r.volume_capability.as_ref())?;
         check_map("publish_context", &r.publish_context)?;
         check_map("volume_context", &r.volume_context)?;
-        Ok(node::PublishCommand {
+        Ok(CheckedPublish {
             volume,
             staging,
             target,
@@ -83,6 +83,32 @@ impl NodeService {
         };
         Instant::now() + wait
     }
+}
+
+/// NodePublishVolume after the checks that need no host access.
+pub struct CheckedPublish {
+    pub volume: VolumeId,
+    staging: RequestPath,
+    target: RequestPath,
+    capability: Capability,
+    readonly: bool,
+}
+
+impl CheckedPublish {
+    /// The path walks (blocking: run it off the executor).
+    pub fn confine(self) -> Result<node::PublishCommand> {
+        Ok(node::PublishCommand {
+            volume: self.volume,
+            staging: self.staging.confine()?,
+            target: self.target.confine()?,
+            capability: self.capability,
+            readonly: self.readonly,
+        })
+    }
+}
+
+fn confine_optional(path: Option<RequestPath>) -> Result<Option<crate::request::ConfinedPath>> {
+    Ok(path.map(RequestPath::confine).transpose()?)
 }
 
 #[tonic::async_trait]
@@ -104,17 +130,20 @@ impl Node for NodeService {
                 AccessType::Mount { fs, .. } => FormatOptions::parse(*fs, &r.volume_context)?,
                 AccessType::Block => FormatOptions::default(),
             };
-            let cmd = node::StageCommand {
-                volume: volume.clone(),
-                staging,
-                capability,
-                publish_context: r.publish_context,
-                volume_context: r.volume_context,
-                format,
-                deadline,
-            };
-            self.locked(&volume, move |ctx| node::stage(ctx, &cmd))
-                .await
+            let id = volume.clone();
+            self.locked(&id, move |ctx| {
+                let cmd = node::StageCommand {
+                    volume,
+                    staging: staging.confine()?,
+                    capability,
+                    publish_context: r.publish_context,
+                    volume_context: r.volume_context,
+                    format,
+                    deadline,
+                };
+                node::stage(ctx, &cmd)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
@@ -128,12 +157,15 @@ impl Node for NodeService {
         logged("NodeUnstageVolume", &r.volume_id.clone(), async {
             let volume = VolumeId::parse(&r.volume_id)?;
             let staging = self.path("staging_target_path", &r.staging_target_path)?;
-            let cmd = node::UnstageCommand {
-                volume: volume.clone(),
-                staging,
-            };
-            self.locked(&volume, move |ctx| node::unstage(ctx, &cmd))
-                .await
+            let id = volume.clone();
+            self.locked(&id, move |ctx| {
+                let cmd = node::UnstageCommand {
+                    volume,
+                    staging: staging.confine()?,
+                };
+                node::unstage(ctx, &cmd)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
@@ -146,9 +178,9 @@ impl Node for NodeService {
         let mut r = req.into_inner();
         let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
         logged("NodePublishVolume", &r.volume_id.clone(), async {
-            let cmd = self.publish_command(&r)?;
-            let volume = cmd.volume.clone();
-            self.locked(&volume, move |ctx| node::publish(ctx, &cmd))
+            let checked = self.publish_command(&r)?;
+            let volume = checked.volume.clone();
+            self.locked(&volume, move |ctx| node::publish(ctx, &checked.confine()?))
                 .await
         })
         .await?;
@@ -163,12 +195,15 @@ impl Node for NodeService {
         logged("NodeUnpublishVolume", &r.volume_id.clone(), async {
             let volume = VolumeId::parse(&r.volume_id)?;
             let target = self.path("target_path", &r.target_path)?;
-            let cmd = node::UnpublishCommand {
-                volume: volume.clone(),
-                target,
-            };
-            self.locked(&volume, move |ctx| node::unpublish(ctx, &cmd))
-                .await
+            let id = volume.clone();
+            self.locked(&id, move |ctx| {
+                let cmd = node::UnpublishCommand {
+                    volume,
+                    target: target.confine()?,
+                };
+                node::unpublish(ctx, &cmd)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
@@ -180,15 +215,21 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         let r = req.into_inner();
         let stats = logged("NodeGetVolumeStats", &r.volume_id.clone(), async {
-            let cmd = node::StatsCommand {
-                volume: VolumeId::parse(&r.volume_id)?,
-                volume_path: self.path("volume_path", &r.volume_path)?,
-                staging: self.optional_path("staging_target_path", &r.staging_target_path)?,
-            };
+            let volume = VolumeId::parse(&r.volume_id)?;
+            let volume_path = self.path("volume_path", &r.volume_path)?;
+            let staging = self.optional_path("staging_target_path", &r.staging_target_path)?;
             // No volume guard: stats are read-only (see node::stats).
             self.ctx.ready()?;
             let ctx = Arc::clone(&self.ctx);
-            blocking(move || node::volume_stats(&ctx, &cmd)).await
+            blocking(move || {
+                let cmd = node::StatsCommand {
+                    volume,
+                    volume_path: volume_path.confine()?,
+                    staging: confine_optional(staging)?,
+                };
+                node::volume_stats(&ctx, &cmd)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(super::node_stats::response(stats)))
@@ -204,19 +245,25 @@ impl Node for NodeService {
             let volume = VolumeId::parse(&r.volume_id)?;
             let (required_bytes, limit_bytes) =
                 super::node_stats::capacity_range(r.capacity_range.as_ref())?;
-            let cmd = node::ExpandCommand {
-                volume: volume.clone(),
-                volume_path: self.path("volume_path", &r.volume_path)?,
-                staging: self.optional_path("staging_target_path", &r.staging_target_path)?,
-                required_bytes,
-                limit_bytes,
-                capability: match r.volume_capability.as_ref() {
-                    Some(c) => Some(Capability::from_proto(Some(c))?),
-                    None => None,
-                },
+            let volume_path = self.path("volume_path", &r.volume_path)?;
+            let staging = self.optional_path("staging_target_path", &r.staging_target_path)?;
+            let capability = match r.volume_capability.as_ref() {
+                Some(c) => Some(Capability::from_proto(Some(c))?),
+                None => None,
             };
-            self.locked(&volume, move |ctx| node::expand(ctx, &cmd))
-                .await
+            let id = volume.clone();
+            self.locked(&id, move |ctx| {
+                let cmd = node::ExpandCommand {
+                    volume,
+                    volume_path: volume_path.confine()?,
+                    staging: confine_optional(staging)?,
+                    required_bytes,
+                    limit_bytes,
+                    capability,
+                };
+                node::expand(ctx, &cmd)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::NodeExpandVolumeResponse {

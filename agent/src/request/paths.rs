@@ -1,6 +1,7 @@
-//! Paths handed to us by the CO. They become `ConfinedPath` at the door: absolute, normalised,
-//! inside an allowed prefix, with no symlink below the prefix, so nothing downstream can be led
-//! outside the roots the operator allowed.
+//! Paths handed to us by the CO. At the door they become `RequestPath` (absolute, normalised,
+//! inside an allowed prefix: no host access), and with the host work, off the async executor,
+//! `ConfinedPath` (no symlink below the prefix), so nothing downstream can be led outside the
+//! roots the operator allowed, and a lookup hanging below a dead mount never stalls Probe.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -17,7 +18,24 @@ impl ConfinedPath {
         &self.0
     }
 
-    /// Checks a raw request path against the allowed prefixes and the host's file tree.
+    /// A path the agent builds itself under a prefix it owns (v0.1 internal staging).
+    pub fn trusted(path: PathBuf) -> Self {
+        ConfinedPath(path)
+    }
+}
+
+/// A request path that passed the checks which need no host access: absolute, normalised,
+/// inside an allowed prefix. Only `confine` makes a `ConfinedPath` of it: that walk asks the
+/// host's file tree, and an lstat below a hung mount can block for minutes, so it runs on a
+/// blocking thread and never on the async executor that answers Probe.
+#[derive(Clone, Debug)]
+pub struct RequestPath {
+    field: &'static str,
+    path: PathBuf,
+    prefix: PathBuf,
+}
+
+impl RequestPath {
     pub fn parse(
         field: &'static str,
         raw: &str,
@@ -31,14 +49,19 @@ impl ConfinedPath {
             .ok_or_else(|| ValidationError::OutsideAllowedRoots {
                 field,
                 path: path.clone(),
-            })?;
-        reject_symlinks_below(field, prefix, &path)?;
-        Ok(ConfinedPath(path))
+            })?
+            .clone();
+        Ok(RequestPath {
+            field,
+            path,
+            prefix,
+        })
     }
 
-    /// A path the agent builds itself under a prefix it owns (v0.1 internal staging).
-    pub fn trusted(path: PathBuf) -> Self {
-        ConfinedPath(path)
+    /// No symlink below the prefix (blocking: see the type's comment).
+    pub fn confine(self) -> Result<ConfinedPath, ValidationError> {
+        reject_symlinks_below(self.field, &self.prefix, &self.path)?;
+        Ok(ConfinedPath(self.path))
     }
 }
 
@@ -153,13 +176,21 @@ pub fn parse_prefix(raw: &str) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
 
+    fn confined(
+        field: &'static str,
+        raw: &str,
+        allowed: &[PathBuf],
+    ) -> Result<ConfinedPath, ValidationError> {
+        RequestPath::parse(field, raw, allowed)?.confine()
+    }
+
     fn allowed() -> Vec<PathBuf> {
         vec![PathBuf::from("/var/lib/kubelet"), PathBuf::from("/csi")]
     }
 
     #[test]
     fn accepts_and_folds() {
-        let p = ConfinedPath::parse("p", "/var/lib/kubelet//pods/x/", &allowed()).unwrap();
+        let p = confined("p", "/var/lib/kubelet//pods/x/", &allowed()).unwrap();
         assert_eq!(p.as_path(), Path::new("/var/lib/kubelet/pods/x"));
     }
 
@@ -174,14 +205,11 @@ mod tests {
             "/etc/passwd",
             "/csi\0x",
         ] {
-            assert!(
-                ConfinedPath::parse("p", raw, &allowed()).is_err(),
-                "{raw:?}"
-            );
+            assert!(confined("p", raw, &allowed()).is_err(), "{raw:?}");
         }
-        assert!(ConfinedPath::parse("p", "/csix/a", &allowed()).is_err());
+        assert!(confined("p", "/csix/a", &allowed()).is_err());
         let long = format!("/csi/{}", "a".repeat(MAX_PATH_BYTES));
-        assert!(ConfinedPath::parse("p", &long, &allowed()).is_err());
+        assert!(confined("p", &long, &allowed()).is_err());
     }
 
     #[test]
@@ -191,8 +219,8 @@ mod tests {
         std::fs::create_dir_all(base.join("real")).unwrap();
         std::os::unix::fs::symlink("/etc", base.join("link")).unwrap();
         let allowed = vec![base.clone()];
-        let ok = ConfinedPath::parse("p", base.join("real/x").to_str().unwrap(), &allowed);
-        let bad = ConfinedPath::parse("p", base.join("link/x").to_str().unwrap(), &allowed);
+        let ok = confined("p", base.join("real/x").to_str().unwrap(), &allowed);
+        let bad = confined("p", base.join("link/x").to_str().unwrap(), &allowed);
         std::fs::remove_dir_all(&base).unwrap();
         assert!(ok.is_ok());
         assert!(bad.is_err());
