@@ -221,6 +221,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 allowed: Arc::new(allowed),
                 info,
                 device_wait: args.device_wait,
+                stats_in_flight: Default::default(),
             })
         }),
         loop_controller: loop_controller

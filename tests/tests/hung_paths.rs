@@ -1,6 +1,7 @@
 //! A request path below a dead mount (a hung NFS or FUSE server under kubelet's directory) makes
 //! the agent's path checks hang in the kernel. Those checks run on blocking threads, so Probe and
-//! every other volume keep their answers, and the hung calls end when the mount's server does.
+//! every other volume keep their answers, a hung volume holds at most one thread per kind of call,
+//! and the hung calls end when the mount's server does.
 //! Its own test binary: nothing else may walk into the hung mount meanwhile.
 
 use std::time::Duration;
@@ -83,6 +84,28 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     )
     .await;
     assert!(matches!(unpublish, Ok(Ok(_))), "{unpublish:?}");
+    // A second stats call for a volume whose first one hangs is turned away instead of taking
+    // another thread (kubelet asks every minute; the pool would run dry).
+    let again = timeout(
+        quick,
+        agent
+            .node()
+            .await
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: "hung-0".into(),
+                volume_path: hung
+                    .path()
+                    .join("pod-0/volumes/mount")
+                    .display()
+                    .to_string(),
+                staging_target_path: String::new(),
+            }),
+    )
+    .await;
+    match again {
+        Ok(Err(status)) => assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}"),
+        other => panic!("a second stats call should be ABORTED at once: {other:?}"),
+    }
 
     // The server goes away: the waiting calls end (with an error or not), none is left behind.
     hung.release();

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::logged;
 use crate::error::{Error, Result, blocking};
-use crate::node::{self, NodeCtx};
+use crate::node::{self, NodeCtx, VolumeGuard, VolumeLocks};
 use crate::nodeinfo::NodeInfoSource;
 use crate::request::{
     AccessType, Capability, FormatOptions, RequestPath, Secrets, VolumeId, check_map,
@@ -23,6 +23,8 @@ pub struct NodeService {
     pub allowed: Arc<Vec<PathBuf>>,
     pub info: Arc<NodeInfoSource>,
     pub device_wait: Duration,
+    /// Volume paths with a NodeGetVolumeStats call running (see `stats_slot`).
+    pub stats_in_flight: VolumeLocks,
 }
 
 impl NodeService {
@@ -45,6 +47,22 @@ impl NodeService {
             return Ok(None);
         }
         self.path(field, raw).map(Some)
+    }
+
+    /// One stats call per volume path at a time (kubelet asks for each pod's path of a volume,
+    /// maybe at once). A path below a dead mount, or a device that stopped answering, keeps its
+    /// blocking thread until the kernel lets go, and kubelet asks again every minute: unbounded,
+    /// one hung volume would take a thread a minute until the pool ran dry for every volume.
+    fn stats_slot(&self, volume: &VolumeId, path: &RequestPath) -> Result<VolumeGuard> {
+        let path = path.as_path().display();
+        self.stats_in_flight
+            .try_lock(&format!("{volume}\0{path}"))
+            .ok_or_else(|| {
+                Error::Aborted(format!(
+                    "a NodeGetVolumeStats call for volume {volume} at {path} is still running \
+                     (the path or the device may be hanging); retry later"
+                ))
+            })
     }
 
     /// The checks of NodePublishVolume that need no host access, before any host work (v0.1's
@@ -220,8 +238,10 @@ impl Node for NodeService {
             let staging = self.optional_path("staging_target_path", &r.staging_target_path)?;
             // No volume guard: stats are read-only (see node::stats).
             self.ctx.ready()?;
+            let running = self.stats_slot(&volume, &volume_path)?;
             let ctx = Arc::clone(&self.ctx);
             blocking(move || {
+                let _running = running;
                 let cmd = node::StatsCommand {
                     volume,
                     volume_path: volume_path.confine()?,

@@ -58,6 +58,10 @@ impl RequestPath {
         })
     }
 
+    pub fn as_path(&self) -> &Path {
+        &self.path
+    }
+
     /// No symlink below the prefix (blocking: see the type's comment).
     pub fn confine(self) -> Result<ConfinedPath, ValidationError> {
         reject_symlinks_below(self.field, &self.prefix, &self.path)?;
