@@ -151,9 +151,22 @@ pub fn publish_req(
 }
 
 pub fn unpublish_req(vol: &Vol, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+    unpublish_by_id(&vol.id, target)
+}
+
+/// For a volume id the test never created (refusals, paths that hang).
+pub fn unpublish_by_id(volume_id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
     csi::NodeUnpublishVolumeRequest {
-        volume_id: vol.id.clone(),
+        volume_id: volume_id.into(),
         target_path: target.display().to_string(),
+    }
+}
+
+pub fn stats_req(volume_id: &str, volume_path: &Path) -> csi::NodeGetVolumeStatsRequest {
+    csi::NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: volume_path.display().to_string(),
+        staging_target_path: String::new(),
     }
 }
 

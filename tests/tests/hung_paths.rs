@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use ebs_tests::csi_req::{stats_req, unpublish_by_id};
 use ebs_tests::hung_mount::HungMount;
 use ebs_tests::*;
 
@@ -34,30 +35,20 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
 
     // More hung calls than the agent has async workers, of both kinds: guarded (unpublish) and
     // lock-free (stats).
+    let below = |i: usize| hung.path().join(format!("pod-{i}/volumes/mount"));
     let mut calls = Vec::new();
     for i in 0..4 {
         let mut node = agent.node().await;
-        let target = hung.path().join(format!("pod-{i}/volumes/mount"));
+        let req = unpublish_by_id(&format!("hung-{i}"), &below(i));
         calls.push(tokio::spawn(async move {
-            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: format!("hung-{i}"),
-                target_path: target.display().to_string(),
-            })
-            .await
-            .map(drop)
+            node.node_unpublish_volume(req).await.map(drop)
         }));
     }
     for i in 0..2 {
         let mut node = agent.node().await;
-        let path = hung.path().join(format!("pod-{i}/volumes/mount"));
+        let req = stats_req(&format!("hung-{i}"), &below(i));
         calls.push(tokio::spawn(async move {
-            node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-                volume_id: format!("hung-{i}"),
-                volume_path: path.display().to_string(),
-                staging_target_path: String::new(),
-            })
-            .await
-            .map(drop)
+            node.node_get_volume_stats(req).await.map(drop)
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -72,12 +63,10 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
         matches!(probe, Ok(Ok(_))),
         "Probe must answer while path checks hang: {probe:?}"
     );
+    let mut node = agent.node().await;
     let caps = timeout(
         quick,
-        agent
-            .node()
-            .await
-            .node_get_capabilities(csi::NodeGetCapabilitiesRequest {}),
+        node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}),
     )
     .await;
     assert!(matches!(caps, Ok(Ok(_))), "{caps:?}");
@@ -85,13 +74,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     let other = agent.state_dir.join("elsewhere/mount");
     let unpublish = timeout(
         quick,
-        agent
-            .node()
-            .await
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: "not-hung".into(),
-                target_path: other.display().to_string(),
-            }),
+        node.node_unpublish_volume(unpublish_by_id("not-hung", &other)),
     )
     .await;
     assert!(matches!(unpublish, Ok(Ok(_))), "{unpublish:?}");
@@ -99,18 +82,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     // another thread (kubelet asks every minute; the pool would run dry).
     let again = timeout(
         quick,
-        agent
-            .node()
-            .await
-            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-                volume_id: "hung-0".into(),
-                volume_path: hung
-                    .path()
-                    .join("pod-0/volumes/mount")
-                    .display()
-                    .to_string(),
-                staging_target_path: String::new(),
-            }),
+        node.node_get_volume_stats(stats_req("hung-0", &below(0))),
     )
     .await;
     match again {

@@ -28,12 +28,14 @@ pub struct NodeService {
 }
 
 impl NodeService {
-    async fn locked<T, F>(&self, volume: &VolumeId, f: F) -> Result<T>
+    /// Runs `f` off the executor under the volume's guard; the command it builds owns the id.
+    async fn locked<T, F>(&self, volume: VolumeId, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&NodeCtx) -> Result<T> + Send + 'static,
+        F: FnOnce(&NodeCtx, VolumeId) -> Result<T> + Send + 'static,
     {
-        node::run_locked(&self.ctx, volume.as_str(), f).await
+        let key = volume.as_str().to_string();
+        node::run_locked(&self.ctx, &key, move |ctx| f(ctx, volume)).await
     }
 
     /// The path checks that need no host access; the rest (`confine`) runs with the host work,
@@ -68,7 +70,10 @@ impl NodeService {
     /// The checks of NodePublishVolume that need no host access, before any host work (v0.1's
     /// publish runs them and `confine` before its internal stage, so a bad request changes
     /// nothing).
-    pub fn publish_command(&self, r: &csi::NodePublishVolumeRequest) -> Result<CheckedPublish> {
+    pub fn publish_command(
+        &self,
+        r: &csi::NodePublishVolumeRequest,
+    ) -> Result<(VolumeId, CheckedPublish)> {
         let volume = VolumeId::parse(&r.volume_id)?;
         if r.staging_target_path.is_empty() {
             return Err(Error::Precondition(
@@ -82,13 +87,13 @@ impl NodeService {
         let capability = Capability::from_proto(r.volume_capability.as_ref())?;
         check_map("publish_context", &r.publish_context)?;
         check_map("volume_context", &r.volume_context)?;
-        Ok(CheckedPublish {
-            volume,
+        let checked = CheckedPublish {
             staging,
             target,
             capability,
             readonly: r.readonly,
-        })
+        };
+        Ok((volume, checked))
     }
 
     fn deadline<T>(&self, req: &Request<T>) -> Instant {
@@ -105,7 +110,6 @@ impl NodeService {
 
 /// NodePublishVolume after the checks that need no host access.
 pub struct CheckedPublish {
-    pub volume: VolumeId,
     staging: RequestPath,
     target: RequestPath,
     capability: Capability,
@@ -114,9 +118,9 @@ pub struct CheckedPublish {
 
 impl CheckedPublish {
     /// The path walks (blocking: run it off the executor).
-    pub fn confine(self) -> Result<node::PublishCommand> {
+    pub fn confine(self, volume: VolumeId) -> Result<node::PublishCommand> {
         Ok(node::PublishCommand {
-            volume: self.volume,
+            volume,
             staging: self.staging.confine()?,
             target: self.target.confine()?,
             capability: self.capability,
@@ -148,8 +152,7 @@ impl Node for NodeService {
                 AccessType::Mount { fs, .. } => FormatOptions::parse(*fs, &r.volume_context)?,
                 AccessType::Block => FormatOptions::default(),
             };
-            let id = volume.clone();
-            self.locked(&id, move |ctx| {
+            self.locked(volume, move |ctx, volume| {
                 let cmd = node::StageCommand {
                     volume,
                     staging: staging.confine()?,
@@ -175,8 +178,7 @@ impl Node for NodeService {
         logged("NodeUnstageVolume", &r.volume_id.clone(), async {
             let volume = VolumeId::parse(&r.volume_id)?;
             let staging = self.path("staging_target_path", &r.staging_target_path)?;
-            let id = volume.clone();
-            self.locked(&id, move |ctx| {
+            self.locked(volume, move |ctx, volume| {
                 let cmd = node::UnstageCommand {
                     volume,
                     staging: staging.confine()?,
@@ -196,10 +198,11 @@ impl Node for NodeService {
         let mut r = req.into_inner();
         let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
         logged("NodePublishVolume", &r.volume_id.clone(), async {
-            let checked = self.publish_command(&r)?;
-            let volume = checked.volume.clone();
-            self.locked(&volume, move |ctx| node::publish(ctx, &checked.confine()?))
-                .await
+            let (volume, checked) = self.publish_command(&r)?;
+            self.locked(volume, move |ctx, volume| {
+                node::publish(ctx, &checked.confine(volume)?)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
@@ -213,8 +216,7 @@ impl Node for NodeService {
         logged("NodeUnpublishVolume", &r.volume_id.clone(), async {
             let volume = VolumeId::parse(&r.volume_id)?;
             let target = self.path("target_path", &r.target_path)?;
-            let id = volume.clone();
-            self.locked(&id, move |ctx| {
+            self.locked(volume, move |ctx, volume| {
                 let cmd = node::UnpublishCommand {
                     volume,
                     target: target.confine()?,
@@ -271,8 +273,7 @@ impl Node for NodeService {
                 Some(c) => Some(Capability::from_proto(Some(c))?),
                 None => None,
             };
-            let id = volume.clone();
-            self.locked(&id, move |ctx| {
+            self.locked(volume, move |ctx, volume| {
                 let cmd = node::ExpandCommand {
                     volume,
                     volume_path: volume_path.confine()?,

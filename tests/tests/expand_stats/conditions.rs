@@ -179,11 +179,7 @@ async fn stats_do_not_wait_for_the_volume_guard() {
     let mut calls = 0;
     while !expand.is_finished() || calls == 0 {
         let r = node
-            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-                volume_id: p.vol.id.clone(),
-                volume_path: p.target.display().to_string(),
-                staging_target_path: String::new(),
-            })
+            .node_get_volume_stats(stats_req(&p.vol.id, &p.target))
             .await;
         assert!(r.is_ok(), "{r:?}");
         calls += 1;

@@ -82,11 +82,7 @@ pub async fn stats(
     agent
         .node()
         .await
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: id.into(),
-            volume_path: path.display().to_string(),
-            staging_target_path: String::new(),
-        })
+        .node_get_volume_stats(stats_req(id, path))
         .await
         .map(|r| r.into_inner())
 }

@@ -113,8 +113,8 @@ impl Node for V01Node {
         };
         // The publish half is checked before the stage half runs: a bad target must not leave
         // a staged volume behind.
-        let checked = self.v1.publish_command(&publish)?;
-        blocking(move || checked.confine().map(drop)).await?;
+        let (volume, checked) = self.v1.publish_command(&publish)?;
+        blocking(move || checked.confine(volume).map(drop)).await?;
         let stage = v1::NodeStageVolumeRequest {
             volume_id: r.volume_id.clone(),
             publish_context: r.publish_volume_info,
