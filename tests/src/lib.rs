@@ -185,6 +185,9 @@ pub struct Agent {
     pub child: Option<Child>,
     pub socket: PathBuf,
     pub state_dir: PathBuf,
+    /// Where tests put staging and target paths: an allowed path prefix of its own, apart from
+    /// the state directory (which holds the agent's files and is no place for mounts).
+    pub work: PathBuf,
     pub log: PathBuf,
     pub opts: AgentOpts,
 }
@@ -196,6 +199,7 @@ impl Agent {
             child: None,
             socket: scratch.join("run/csi.sock"),
             state_dir: scratch.join("state"),
+            work: scratch.join("w"),
             log: scratch.join("agent.log"),
             opts,
         };
@@ -216,6 +220,22 @@ impl Agent {
             "--state-dir".into(),
             self.state_dir.clone().into(),
         ];
+        // The work dir is the allowed prefix unless the test chose its own prefixes.
+        let chosen = self
+            .opts
+            .args
+            .iter()
+            .any(|a| a.starts_with("--allowed-path-prefix"))
+            || self
+                .opts
+                .env
+                .iter()
+                .any(|(k, _)| k == "EBS_AGENT_ALLOWED_PATH_PREFIXES");
+        if !chosen {
+            let _ = std::fs::create_dir_all(&self.work);
+            args.push("--allowed-path-prefix".into());
+            args.push(self.work.clone().into());
+        }
         args.extend(self.opts.args.iter().map(Into::into));
         args
     }

@@ -11,7 +11,7 @@ async fn bench_smoke_run() {
     }
     let scratch = Scratch::new("bench");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let work_dir = agent.state_dir.join("bench");
+    let work_dir = agent.work.join("bench");
     let pid = agent.pid().to_string();
     let (ok, v) = agent.client_json(&[
         "bench",

@@ -25,8 +25,8 @@ fn is_mounted(path: &Path) -> bool {
 }
 
 async fn v1_lifecycle(agent: &Agent, vol: &Vol) {
-    let staging = agent.state_dir.join("v1/staging");
-    let target = agent.state_dir.join("v1/pods/p/mount");
+    let staging = agent.work.join("v1/staging");
+    let target = agent.work.join("v1/pods/p/mount");
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(vol, &staging, cap.clone()))
@@ -45,8 +45,8 @@ async fn v1_lifecycle(agent: &Agent, vol: &Vol) {
 }
 
 async fn v0_lifecycle(agent: &Agent, id: &str, info: &HashMap<String, String>) {
-    let staging = agent.state_dir.join("v0/staging");
-    let target = agent.state_dir.join("v0/pods/p/mount");
+    let staging = agent.work.join("v0/staging");
+    let target = agent.work.join("v0/pods/p/mount");
     let mut node = v0_node(agent).await;
     for _ in 0..2 {
         node.node_stage_volume(v0_stage(id, info, &staging, "ext4"))
@@ -89,11 +89,11 @@ async fn v0_lifecycle(agent: &Agent, id: &str, info: &HashMap<String, String>) {
 }
 
 async fn v01_lifecycle(agent: &Agent, id: &str, info: &HashMap<String, String>) {
-    let target = agent.state_dir.join("v01/pods/p/mount");
+    let target = agent.work.join("v01/pods/p/mount");
     let staging = agent.state_dir.join("v01-staging").join(id);
     let mut node = v01_node(agent).await;
     // A publish that fails after its internal stage unwinds the stage.
-    let file = agent.state_dir.join("v01/not-a-dir");
+    let file = agent.work.join("v01/not-a-dir");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     std::fs::write(&file, b"").unwrap();
     let e = node
@@ -290,8 +290,8 @@ async fn volume_staged_through_v1_seen_through_v0() {
     let scratch = Scratch::new("csi-v0-view");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "view", SIZE).await;
-    let staging = agent.state_dir.join("staging/view");
-    let target = agent.state_dir.join("pods/view/mount");
+    let staging = agent.work.join("staging/view");
+    let target = agent.work.join("pods/view/mount");
     agent
         .node()
         .await
@@ -338,7 +338,7 @@ async fn volume_staged_through_v1_seen_through_v0() {
     n0.node_stage_volume(v0_stage(&vol.id, &info, &staging, "ext4"))
         .await
         .unwrap();
-    let other = agent.state_dir.join("staging/elsewhere");
+    let other = agent.work.join("staging/elsewhere");
     let e = n0
         .node_stage_volume(v0_stage(&vol.id, &info, &other, "ext4"))
         .await

@@ -49,7 +49,7 @@ async fn legacy_error_codes() {
     assert_eq!(info.name, "ebs.csi.aws.com");
 
     let mut n01 = v01_node(&agent).await;
-    let target = agent.state_dir.join("pods/bad/mount");
+    let target = agent.work.join("pods/bad/mount");
     let info = HashMap::new();
     let mut wrong = v01_publish("vol-x", &info, &target, "ext4");
     wrong.version = Some(bad);
@@ -147,7 +147,7 @@ async fn legacy_error_codes() {
         .capabilities;
     assert_eq!(caps.len(), 2, "controller service, accessibility: {caps:?}");
     let mut n0 = v0_node(&agent).await;
-    let staging = agent.state_dir.join("staging/bad");
+    let staging = agent.work.join("staging/bad");
     let e = n0
         .node_stage_volume(v0_stage("", &info, &staging, "ext4"))
         .await

@@ -31,7 +31,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     let scratch = Scratch::new("hung-paths");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     // Declared after the agent and the scratch directory, so dropped (aborted) before either.
-    let mut hung = HungMount::new(&agent.state_dir.join("hung")).expect("mount a FUSE stand-in");
+    let mut hung = HungMount::new(&agent.work.join("hung")).expect("mount a FUSE stand-in");
 
     // More hung calls than the agent has async workers, of both kinds: guarded (unpublish) and
     // lock-free (stats).
@@ -71,7 +71,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     .await;
     assert!(matches!(caps, Ok(Ok(_))), "{caps:?}");
     // Host work for another volume, on another path, still runs.
-    let other = agent.state_dir.join("elsewhere/mount");
+    let other = agent.work.join("elsewhere/mount");
     let unpublish = timeout(
         quick,
         node.node_unpublish_volume(unpublish_by_id("not-hung", &other)),

@@ -14,8 +14,8 @@ use csi::volume_capability::access_mode::Mode;
 /// A staged and published ext4 volume under the agent's state dir (an allowed prefix).
 async fn stage_and_publish(agent: &Agent, name: &str) -> (Vol, PathBuf, PathBuf) {
     let vol = create_attached(agent, name, 64 << 20).await;
-    let staging = agent.state_dir.join(format!("stage-{name}"));
-    let target = agent.state_dir.join(format!("target-{name}"));
+    let staging = agent.work.join(format!("stage-{name}"));
+    let target = agent.work.join(format!("target-{name}"));
     std::fs::create_dir_all(&staging).unwrap();
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     agent
@@ -328,8 +328,8 @@ async fn secrets_never_reach_the_logs_and_json_logs_have_one_line_per_call() {
         .unwrap()
         .into_inner();
     let vol = attach(&agent, &created.volume.unwrap().volume_id).await;
-    let staging = agent.state_dir.join("stage-sec1");
-    let target = agent.state_dir.join("target-sec1");
+    let staging = agent.work.join("stage-sec1");
+    let target = agent.work.join("target-sec1");
     std::fs::create_dir_all(&staging).unwrap();
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     let mut stage = stage_req(&vol, &staging, cap.clone());
@@ -444,6 +444,7 @@ async fn the_units_capability_set_is_enough_for_the_volume_lifecycle() {
         child: None,
         socket: scratch.join("run/csi.sock"),
         state_dir: scratch.join("state"),
+        work: scratch.join("w"),
         log: scratch.join("agent.log"),
         opts: AgentOpts::default(),
     };
@@ -498,8 +499,8 @@ async fn the_units_capability_set_is_enough_for_the_volume_lifecycle() {
 
     for fs in ["ext4", "xfs"] {
         let vol = create_attached(&agent, &format!("caps-{fs}"), 320 << 20).await;
-        let staging = agent.state_dir.join(format!("stage-{fs}"));
-        let target = agent.state_dir.join(format!("target-{fs}"));
+        let staging = agent.work.join(format!("stage-{fs}"));
+        let target = agent.work.join(format!("target-{fs}"));
         std::fs::create_dir_all(&staging).unwrap();
         let cap = mount_cap(fs, Mode::SingleNodeWriter);
         let mut node = agent.node().await;

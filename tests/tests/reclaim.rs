@@ -119,8 +119,8 @@ async fn reclaim_returns_space(fs: &str) {
     let scratch = Scratch::new(&format!("reclaim-{fs}"));
     let agent = Agent::start(&scratch, opts(&scratch, &[])).await;
     let vol = create_attached(&agent, &format!("reclaim-{fs}"), 1 << 30).await;
-    let staging = agent.state_dir.join("staging/r");
-    let target = agent.state_dir.join("pods/p1/mount");
+    let staging = agent.work.join("staging/r");
+    let target = agent.work.join("pods/p1/mount");
     let cap = mount_cap(fs, Mode::SingleNodeWriter);
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
@@ -208,7 +208,7 @@ async fn block_volume_reclaim_is_unimplemented() {
     let scratch = Scratch::new("reclaim-block");
     let agent = Agent::start(&scratch, opts(&scratch, &[])).await;
     let vol = create_attached(&agent, "reclaim-block", 64 << 20).await;
-    let staging = agent.state_dir.join("staging/b");
+    let staging = agent.work.join("staging/b");
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(&vol, &staging, block_cap(Mode::SingleNodeWriter)))
         .await
@@ -233,7 +233,7 @@ async fn unknown_volumes_and_paths_are_not_found() {
     let scratch = Scratch::new("reclaim-nf");
     let agent = Agent::start(&scratch, opts(&scratch, &[])).await;
     let vol = create_attached(&agent, "reclaim-nf", 64 << 20).await;
-    let staging = agent.state_dir.join("staging/nf");
+    let staging = agent.work.join("staging/nf");
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     let mut node = agent.node().await;
     let mut rc = reclaimer(&scratch).await;
@@ -253,7 +253,7 @@ async fn unknown_volumes_and_paths_are_not_found() {
         .await
         .unwrap();
     let before = mounts_below(&scratch.path);
-    let elsewhere = agent.state_dir.join("staging/other");
+    let elsewhere = agent.work.join("staging/other");
     let r = rc
         .node_reclaim_space(reclaim_req(&vol.id, &elsewhere))
         .await;
@@ -261,11 +261,7 @@ async fn unknown_volumes_and_paths_are_not_found() {
     let r = rc
         .node_reclaim_space(rs::NodeReclaimSpaceRequest {
             volume_id: vol.id.clone(),
-            volume_path: agent
-                .state_dir
-                .join("pods/none/mount")
-                .display()
-                .to_string(),
+            volume_path: agent.work.join("pods/none/mount").display().to_string(),
             ..Default::default()
         })
         .await;
@@ -314,7 +310,7 @@ async fn device_without_discard_is_unimplemented() {
         0,
         "precondition: no discard"
     );
-    let staging = agent.state_dir.join("staging/nd");
+    let staging = agent.work.join("staging/nd");
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(
         &vol,
@@ -360,7 +356,7 @@ async fn concurrent_reclaims_of_one_volume_one_is_aborted() {
     ));
     let agent = Agent::start(&scratch, opts(&scratch, &[])).await;
     let vol = create_attached(&agent, "conc", 256 << 20).await;
-    let staging = agent.state_dir.join("staging/conc");
+    let staging = agent.work.join("staging/conc");
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(
         &vol,

@@ -21,7 +21,7 @@ async fn refuse_seeded(agent: &Agent, name: &str, requested_fs: &str, seed: &str
     sh(&seed.replace("DEV", &vol.device));
     sh("sync");
     let before = checksum(std::path::Path::new(&vol.device));
-    let staging = agent.state_dir.join(format!("staging/{name}"));
+    let staging = agent.work.join(format!("staging/{name}"));
     let e = agent
         .node()
         .await
@@ -34,7 +34,7 @@ async fn refuse_seeded(agent: &Agent, name: &str, requested_fs: &str, seed: &str
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{name}: {e:?}");
     assert!(
-        mounts_below(&agent.state_dir.join("staging")).is_empty(),
+        mounts_below(&agent.work.join("staging")).is_empty(),
         "{name}: nothing mounted"
     );
     let after = checksum(std::path::Path::new(&vol.device));
@@ -98,7 +98,7 @@ async fn read_only_capability_on_blank_device_is_refused() {
     let scratch = Scratch::new("ro-blank");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "ro", 64 << 20).await;
-    let staging = agent.state_dir.join("staging/ro");
+    let staging = agent.work.join("staging/ro");
     let e = agent
         .node()
         .await
@@ -121,7 +121,7 @@ async fn bad_input_matrix() {
     let scratch = Scratch::new("bad-input");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "bad", 64 << 20).await;
-    let base = agent.state_dir.join("staging");
+    let base = agent.work.join("staging");
     std::fs::create_dir_all(&base).unwrap();
     let elsewhere = scratch.join("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();

@@ -22,8 +22,8 @@ async fn lifecycle(fs: &str) {
     let scratch = Scratch::new(&format!("life-{fs}"));
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, &format!("life-{fs}"), 512 << 20).await;
-    let staging = agent.state_dir.join("staging/life");
-    let target = agent.state_dir.join("pods/p1/mount");
+    let staging = agent.work.join("staging/life");
+    let target = agent.work.join("pods/p1/mount");
     let cap = mount_cap(fs, Mode::SingleNodeWriter);
     let mut node = agent.node().await;
 
@@ -95,8 +95,8 @@ async fn block_publish_reads_and_writes_raw_bytes() {
     let scratch = Scratch::new("block");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "blk", 16 << 20).await;
-    let staging = agent.state_dir.join("staging/blk");
-    let target = agent.state_dir.join("pods/p1/dev");
+    let staging = agent.work.join("staging/blk");
+    let target = agent.work.join("pods/p1/dev");
     std::fs::create_dir_all(target.parent().unwrap()).unwrap();
     let cap = block_cap(Mode::SingleNodeWriter);
     let mut node = agent.node().await;
@@ -146,9 +146,9 @@ async fn every_node_call_twice_gives_the_same_answer_and_mounts() {
     let scratch = Scratch::new("twice");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "twice", 64 << 20).await;
-    let staging = agent.state_dir.join("staging/twice");
-    let t1 = agent.state_dir.join("pods/a/mount");
-    let t2 = agent.state_dir.join("pods/b/mount");
+    let staging = agent.work.join("staging/twice");
+    let t1 = agent.work.join("pods/a/mount");
+    let t2 = agent.work.join("pods/b/mount");
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     let multi = mount_cap("ext4", Mode::SingleNodeMultiWriter);
     let mut node = agent.node().await;
@@ -239,7 +239,7 @@ async fn concurrent_stages_of_one_volume_one_is_aborted() {
     let scratch = Scratch::new("concurrent");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "conc", 1 << 30).await;
-    let staging = agent.state_dir.join("staging/conc");
+    let staging = agent.work.join("staging/conc");
     let cap = mount_cap("xfs", Mode::SingleNodeWriter);
     let mut a = agent.node().await;
     let mut b = agent.node().await;
@@ -266,7 +266,7 @@ async fn foreign_mount_at_staging_path_is_refused_not_stacked() {
     let scratch = Scratch::new("foreign");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "foreign", 64 << 20).await;
-    let staging = agent.state_dir.join("staging/foreign");
+    let staging = agent.work.join("staging/foreign");
     std::fs::create_dir_all(&staging).unwrap();
     sh(&format!(
         "mount -t tmpfs foreign-tmpfs {}",
@@ -299,7 +299,7 @@ async fn format_options_and_mount_flags_reach_mkfs_and_mount() {
     let scratch = Scratch::new("options");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "opts", 64 << 20).await;
-    let staging = agent.state_dir.join("staging/opts");
+    let staging = agent.work.join("staging/opts");
     let mut req = stage_req(
         &vol,
         &staging,
@@ -348,7 +348,7 @@ async fn stage_grows_an_ext4_volume_offline() {
     let scratch = Scratch::new("grow-offline");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let vol = create_attached(&agent, "grow", 64 << 20).await;
-    let staging = agent.state_dir.join("staging/grow");
+    let staging = agent.work.join("staging/grow");
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))

@@ -235,7 +235,7 @@ async fn expand_and_stats_refuse_bad_requests() {
     let mut unknown = node_expand_req(&p, &p.target, 0, 0);
     unknown.volume_id = "lv-unknown".into();
     assert_eq!(code(node.node_expand_volume(unknown).await), Code::NotFound);
-    let elsewhere = agent.state_dir.join("k/pods/other/mount");
+    let elsewhere = agent.work.join("k/pods/other/mount");
     assert_eq!(
         code(
             node.node_expand_volume(node_expand_req(&p, &elsewhere, 0, 0))

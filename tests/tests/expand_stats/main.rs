@@ -26,8 +26,8 @@ pub struct Placed {
 /// (always an allowed prefix).
 pub async fn placed(agent: &Agent, name: &str, bytes: i64, cap: csi::VolumeCapability) -> Placed {
     let vol = create_attached(agent, name, bytes).await;
-    let staging = agent.state_dir.join(format!("k/staging/{name}"));
-    let target = agent.state_dir.join(format!("k/pods/{name}/mount"));
+    let staging = agent.work.join(format!("k/staging/{name}"));
+    let target = agent.work.join(format!("k/pods/{name}/mount"));
     std::fs::create_dir_all(target.parent().unwrap()).unwrap();
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))

@@ -38,8 +38,8 @@ impl Cycle {
     fn new(agent: &Agent, vol: Vol, name: &str, fs: &str) -> Self {
         Cycle {
             vol,
-            staging: agent.state_dir.join(format!("staging/{name}")),
-            target: agent.state_dir.join(format!("pods/{name}/mount")),
+            staging: agent.work.join(format!("staging/{name}")),
+            target: agent.work.join(format!("pods/{name}/mount")),
             cap: mount_cap(fs, Mode::SingleNodeWriter),
         }
     }
