@@ -27,6 +27,7 @@ fn median_resolve(disks: u32, device_path: bool) -> Duration {
         sys_root: f.sys_root(),
         dev_root: f.dev_root(),
         model: EBS_MODEL.into(),
+        allow_unverified: false,
     });
     let mut times: Vec<Duration> = (0..200)
         .map(|_| {

@@ -167,6 +167,10 @@ pub struct ServeArgs {
     /// ebs: where device nodes are (a fixture tree in tests).
     #[arg(long, env = "EBS_AGENT_DEV_ROOT", default_value = "/dev")]
     pub dev_root: PathBuf,
+    /// ebs: on hosts whose disks carry no serial (Xen), use the CO's devicePath as given, its
+    /// identity unverified. Off by default: a disk without a serial is never taken for a volume.
+    #[arg(long, env = "EBS_AGENT_ALLOW_UNVERIFIED_DEVICES")]
+    pub allow_unverified_devices: bool,
     /// ebs: the NVMe controller model that marks an EBS volume (the QEMU lab: "QEMU NVMe Ctrl").
     #[arg(long, env = "EBS_AGENT_EBS_MODEL", default_value = crate::backend::ebs::EBS_MODEL)]
     pub ebs_model: String,

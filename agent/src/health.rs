@@ -1,11 +1,16 @@
 //! Readiness and hard dependencies, checked once and cached: Probe answers from memory.
 
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
+
+use ebs_store::Store;
 
 #[derive(Default)]
 pub struct Health {
     ready: AtomicBool,
+    /// The state file: a failed commit makes Probe answer FAILED_PRECONDITION until one succeeds.
+    store: OnceLock<Arc<Store>>,
     /// Hard problems (missing CAP_SYS_ADMIN, missing ext4 tools): Probe answers FAILED_PRECONDITION.
     problems: RwLock<Vec<String>>,
     /// Node identity (ebs backend), kept apart from `problems` so it clears on its own once the
@@ -33,6 +38,22 @@ impl Health {
         self.ready.load(Ordering::Acquire)
     }
 
+    /// Watches the state file's commits from now on, and retries a failed one in the background
+    /// so that readiness comes back by itself once the disk has room again.
+    pub fn watch_store(&self, store: Arc<Store>) {
+        let _ = self.store.set(Arc::clone(&store));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if store.write_failure().is_none() {
+                    continue;
+                }
+                let store = Arc::clone(&store);
+                let _ = tokio::task::spawn_blocking(move || store.try_heal()).await;
+            }
+        });
+    }
+
     pub fn set_problems(&self, problems: Vec<String>) {
         *self.problems.write().unwrap_or_else(|p| p.into_inner()) = problems;
     }
@@ -51,6 +72,12 @@ impl Health {
         let identity = self.identity.read().unwrap_or_else(|p| p.into_inner());
         if let IdentityState::Missing(hint) = &*identity {
             problems.push(hint.clone());
+        }
+        if let Some(why) = self.store.get().and_then(|s| s.write_failure()) {
+            problems.push(format!(
+                "the state file cannot be written ({why}); node operations fail until it can \
+                 (a full state disk? free space under the state directory)"
+            ));
         }
         if problems.is_empty() {
             Ok(self.is_ready() && *identity == IdentityState::Known)

@@ -197,6 +197,7 @@ fn rebuild_mounts(
                 volume_id: vol.to_string(),
                 staging_path: staging_path.clone(),
                 device: k.device.clone(),
+                devnum: block_dev_numbers(&k.device).ok(),
                 identity: k.identity.clone(),
                 access,
                 access_mode: 0,

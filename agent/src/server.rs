@@ -18,7 +18,7 @@ use crate::health::{self, Health};
 use crate::host::fstools::FsTools;
 use crate::node::{self, NodeCtx, VolumeLocks};
 use crate::nodeinfo::{self, NodeInfo, NodeInfoSource};
-use crate::request::FsType;
+use crate::request::{FsType, Roots};
 
 /// Start-up failures: the message is printed and the agent exits with this code.
 pub struct Fatal {
@@ -33,11 +33,12 @@ fn fatal(message: impl Into<String>) -> Fatal {
     }
 }
 
+/// Where orchestrators put staging and target paths. (`/csi` is not one: Kubernetes and Nomad
+/// mount the plugin's socket directory there.)
 pub const DEFAULT_PREFIXES: &[&str] = &[
     "/var/lib/kubelet",
     "/var/lib/nomad",
     "/var/lib/mesos",
-    "/csi",
     "/local/csi",
 ];
 
@@ -63,23 +64,41 @@ pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
     Store::open(&state_dir.join(STATE_FILE)).map_err(|e| fatal(e.to_string()))
 }
 
-/// Where staging and target paths may lie: the flag's list or the orchestrators' defaults, plus
-/// the state directory (the loop backend's own files).
+/// Where staging and target paths may lie: the flag's list or the orchestrators' defaults. The
+/// state directory is none of them; only v0.1's internal staging directory inside it is.
 pub fn allowed_prefixes(args: &ServeArgs) -> Vec<PathBuf> {
     let mut allowed: Vec<PathBuf> = if args.allowed_path_prefixes.is_empty() {
         DEFAULT_PREFIXES.iter().map(PathBuf::from).collect()
     } else {
         args.allowed_path_prefixes.clone()
     };
-    allowed.push(args.state_dir.clone());
+    if args.csi_versions.contains(&crate::cli::CsiVersion::V01) {
+        allowed.push(absolute(&args.state_dir).join(grpc::v01::node::STAGING_DIR));
+    }
     allowed
+}
+
+/// The agent's own directories, never staging or target paths: the state directory and the
+/// sockets' directories.
+pub fn reserved_dirs(args: &ServeArgs) -> Vec<PathBuf> {
+    let mut reserved = vec![absolute(&args.state_dir)];
+    for ep in std::iter::once(&args.endpoint).chain(args.csi_addons_endpoint.iter()) {
+        if let Some(dir) = ep.path().parent() {
+            reserved.push(absolute(dir));
+        }
+    }
+    reserved
+}
+
+fn absolute(p: &std::path::Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let upstream =
         crate::upstream::from_args(&args).map_err(|message| Fatal { code: 2, message })?;
     grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
-    let allowed = allowed_prefixes(&args);
+    let roots = Arc::new(Roots::new(allowed_prefixes(&args), reserved_dirs(&args)));
     let store = Arc::new(open_state(&args.state_dir)?);
     if args.bench_lazy_journal {
         tracing::warn!("--bench-lazy-journal: commits are not fsynced; crash safety is off");
@@ -92,6 +111,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }
     }
     let health = Arc::new(Health::default());
+    health.watch_store(Arc::clone(&store));
     if args.mode.serves_node() {
         health.set_problems(health::node_problems(&fstools));
     }
@@ -113,7 +133,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 node_id,
             ));
             (
-                Arc::new(LoopBackend::new(Arc::clone(&store))) as Arc<dyn Backend>,
+                Arc::new(LoopBackend::new(Arc::clone(&store), &args.state_dir)) as Arc<dyn Backend>,
                 Some(controller),
                 info,
             )
@@ -132,6 +152,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 sys_root: args.sysfs_root.clone(),
                 dev_root: args.dev_root.clone(),
                 model: args.ebs_model.clone(),
+                allow_unverified: args.allow_unverified_devices,
             });
             (Arc::new(backend) as Arc<dyn Backend>, None, info)
         }
@@ -142,6 +163,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         backend: Arc::clone(&backend),
         fstools,
         locks: VolumeLocks::default(),
+        device_locks: VolumeLocks::default(),
+        claims: Default::default(),
+        roots: (*roots).clone(),
         crash_after: args.crash_after.clone(),
         health: Arc::clone(&health),
     });
@@ -194,7 +218,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 .serves_node()
                 .then(|| grpc::addons::ReclaimSpaceNodeService {
                     ctx: Arc::clone(&ctx),
-                    allowed: Arc::new(allowed.clone()),
+                    roots: Arc::clone(&roots),
                 });
             let spawned = if ep == &args.endpoint {
                 Err("--csi-addons-endpoint must differ from --endpoint".to_string())
@@ -218,7 +242,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         node: args.mode.serves_node().then(|| {
             Arc::new(grpc::node::NodeService {
                 ctx: Arc::clone(&ctx),
-                allowed: Arc::new(allowed),
+                roots: Arc::clone(&roots),
                 info,
                 device_wait: args.device_wait,
                 stats_in_flight: Default::default(),
@@ -250,14 +274,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     // Start-up recovery runs while Probe already answers ready=false.
     let started = std::time::Instant::now();
     let recovery = {
-        let store = Arc::clone(&store);
-        let backend = Arc::clone(&backend);
+        let ctx = Arc::clone(&ctx);
         let controller = loop_controller.clone();
         tokio::task::spawn_blocking(move || {
             if let Some(c) = controller {
                 c.reattach_all()?;
             }
-            node::recovery::recover(&store, backend.as_ref())
+            node::recovery::recover(&ctx)
         })
         .await
     };

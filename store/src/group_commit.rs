@@ -110,7 +110,7 @@ impl GroupCommit {
             q = self.lock();
             match applied {
                 Err(e) => {
-                    let msg = e.to_string();
+                    let msg = message(&e);
                     for (t, _) in tickets {
                         q.outcomes.insert(t, Err(msg.clone()));
                     }
@@ -131,7 +131,7 @@ impl GroupCommit {
             }
             self.changed.notify_all();
             drop(q);
-            let synced = sync(db).map_err(|e| e.to_string());
+            let synced = sync(db).map_err(|e| message(&e));
             q = self.lock();
             for (t, durable) in tickets {
                 if durable {
@@ -162,6 +162,14 @@ impl Drop for AbandonOnPanic<'_> {
         }
         q.leading = false;
         self.0.changed.notify_all();
+    }
+}
+
+/// An error's text without the "state store error" prefix, which the caller's error adds again.
+fn message(e: &StoreError) -> String {
+    match e {
+        StoreError::Internal(m) => m.clone(),
+        other => other.to_string(),
     }
 }
 

@@ -3,6 +3,7 @@
 //! blocking, so async callers wrap it in `spawn_blocking`.
 
 mod error;
+mod live;
 mod records;
 mod writer;
 
@@ -34,7 +35,7 @@ pub(crate) const PUBLICATIONS: TableDefinition<(&str, &str), &[u8]> =
 pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
 
 enum Db {
-    ReadWrite(redb::Database),
+    ReadWrite(live::LiveDb),
     ReadOnly(redb::ReadOnlyDatabase),
     /// A repaired private copy of a file a crashed agent left: readable, never written.
     RepairedCopy(redb::Database),
@@ -58,12 +59,9 @@ impl Drop for Store {
 impl Store {
     /// Opens (or creates) the state file for the one agent that owns it.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = redb::Database::builder()
-            .set_check_integrity_on_open(true)
-            .create(path)
-            .map_err(|e| StoreError::open(path, e))?;
+        let db = live::open_database(path)?;
         let store = Store {
-            db: Db::ReadWrite(db),
+            db: Db::ReadWrite(live::LiveDb::new(path, db)),
             path: path.to_path_buf(),
             scratch_copy: None,
             group: Default::default(),
@@ -125,10 +123,10 @@ impl Store {
     }
 
     fn init_schema(&self) -> Result<(), StoreError> {
-        let Db::ReadWrite(db) = &self.db else {
+        let Db::ReadWrite(live) = &self.db else {
             return Err(StoreError::ReadOnly);
         };
-        let tx = db.begin_write()?;
+        let tx = live.get()?.begin_write()?;
         writer::init_schema(&tx, SCHEMA_VERSION)?;
         tx.commit()?;
         Ok(())
@@ -155,7 +153,7 @@ impl Store {
 
     fn read_tx(&self) -> Result<redb::ReadTransaction, StoreError> {
         Ok(match &self.db {
-            Db::ReadWrite(db) => db.begin_read()?,
+            Db::ReadWrite(live) => live.get()?.begin_read()?,
             Db::ReadOnly(db) => db.begin_read()?,
             Db::RepairedCopy(db) => db.begin_read()?,
         })
@@ -168,16 +166,45 @@ impl Store {
         durability: Durability,
         f: impl FnOnce(&mut Writer) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let Db::ReadWrite(db) = &self.db else {
+        let Db::ReadWrite(live) = &self.db else {
             return Err(StoreError::ReadOnly);
         };
         let mut w = Writer::default();
         let out = f(&mut w)?;
         if !w.ops.is_empty() {
-            self.group
-                .commit(db, w.ops, durability == Durability::Immediate)?;
+            self.commit(live, w.ops, durability == Durability::Immediate)?;
         }
         Ok(out)
+    }
+
+    fn commit(
+        &self,
+        live: &live::LiveDb,
+        ops: Vec<writer::Op>,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let db = live.get()?;
+        let outcome = self.group.commit(&db, ops, durable);
+        live.committed(&outcome.as_ref().map(drop).map_err(|e| e.to_string()));
+        outcome
+    }
+
+    /// Why the last commit failed, while no commit has succeeded since (a full or failing
+    /// state disk): the agent reports it as not ready.
+    pub fn write_failure(&self) -> Option<String> {
+        match &self.db {
+            Db::ReadWrite(live) => live.failure(),
+            _ => None,
+        }
+    }
+
+    /// After a failed commit: reopens the file and tries an empty durable commit, so the failure
+    /// clears as soon as the disk has room again, even if no call comes.
+    pub fn try_heal(&self) -> Result<(), StoreError> {
+        let Db::ReadWrite(live) = &self.db else {
+            return Err(StoreError::ReadOnly);
+        };
+        self.commit(live, Vec::new(), true)
     }
 
     fn get<T: DeserializeOwned>(

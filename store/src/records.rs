@@ -93,6 +93,10 @@ pub struct StagedVolume {
     pub volume_id: String,
     pub staging_path: PathBuf,
     pub device: PathBuf,
+    /// The device's numbers when it was staged: a device that vanished since can no longer be
+    /// asked its identity, and its path may be gone too.
+    #[serde(default)]
+    pub devnum: Option<(u32, u32)>,
     pub identity: DeviceIdentity,
     pub access: AccessRecord,
     pub access_mode: i32,

@@ -23,6 +23,7 @@ fn staged(id: &str) -> StagedVolume {
         volume_id: id.into(),
         staging_path: "/csi/s".into(),
         device: "/dev/loop3".into(),
+        devnum: Some((7, 3)),
         identity: DeviceIdentity::Unverified,
         access: AccessRecord::Mount {
             fs_type: "ext4".into(),

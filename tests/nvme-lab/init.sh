@@ -140,6 +140,7 @@ LEP=unix:///run/loop.sock
 L() { "$A" client --endpoint "$LEP" "$@"; }
 if insmod /lib/loop.ko 2>/tmp/out || [ -e /dev/loop-control ]; then
   "$A" serve --backend loop --endpoint "$LEP" --state-dir "$LS" --node-id i-lab \
+    --allowed-path-prefix /var/lib/loop-mounts \
     --zone lab-zone-1a --imds-disabled >/tmp/loop-agent.log 2>&1 &
   loop_pid=$!
   t0=$(now_ms)
@@ -147,8 +148,8 @@ if insmod /lib/loop.ko 2>/tmp/out || [ -e /dev/loop-control ]; then
     [ $(($(now_ms) - t0)) -gt 90000 ] && break
     sleep 0.05
   done
-  GS=$LS/staging/grow
-  GT=$LS/pods/grow/mount
+  GS=/var/lib/loop-mounts/staging/grow
+  GT=/var/lib/loop-mounts/pods/grow/mount
   gid=$(L --json controller create-volume --name grow --size 64MiB 2>/tmp/out | sed -n 's/.*"volume_id": *"\([^"]*\)".*/\1/p')
   total() { L --json node stats --id "$gid" --volume-path "$GT" | sed -n 's/.*"total": *\([0-9]*\),"unit":1.*/\1/p'; }
   if [ -n "$gid" ] && L controller publish --id "$gid" --node-id i-lab >/tmp/out 2>&1 &&

@@ -13,6 +13,7 @@ pub struct HungMount {
     path: PathBuf,
     /// The connection's only file: closing it aborts the connection.
     device: Option<File>,
+    mounted: bool,
 }
 
 impl HungMount {
@@ -36,6 +37,7 @@ impl HungMount {
         Ok(HungMount {
             path: path.to_path_buf(),
             device: Some(device),
+            mounted: true,
         })
     }
 
@@ -43,10 +45,16 @@ impl HungMount {
         &self.path
     }
 
+    /// Aborts the connection: waiting calls fail, and every later lookup below the mount fails
+    /// with ENOTCONN (a dead NFS server's ESTALE, a crashed FUSE daemon), while it stays mounted.
+    pub fn abort(&mut self) {
+        drop(self.device.take());
+    }
+
     /// Aborts the connection (the waiting calls fail) and detaches the mount.
     pub fn release(&mut self) {
-        if let Some(device) = self.device.take() {
-            drop(device);
+        self.abort();
+        if std::mem::take(&mut self.mounted) {
             let _ = umount2(&self.path, MntFlags::MNT_DETACH);
         }
     }

@@ -1,12 +1,14 @@
 //! A request path below a dead mount (a hung NFS or FUSE server under kubelet's directory) makes
-//! the agent's path checks hang in the kernel. Those checks run on blocking threads, so Probe and
+//! the agent's path resolution hang in the kernel. It runs on blocking threads, so Probe and
 //! every other volume keep their answers, a hung volume holds at most one thread per kind of call,
-//! and the hung calls end when the mount's server does.
+//! and the hung calls end when the mount's server does. (Stats consult the records before any
+//! path: only a volume whose own recorded path went below the dead mount can hang them.)
 //! Its own test binary: nothing else may walk into the hung mount meanwhile.
 
 use std::time::Duration;
 
-use ebs_tests::csi_req::{stats_req, unpublish_by_id};
+use csi::volume_capability::access_mode::Mode;
+use ebs_tests::csi_req::*;
 use ebs_tests::hung_mount::HungMount;
 use ebs_tests::*;
 
@@ -30,6 +32,19 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     }
     let scratch = Scratch::new("hung-paths");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    // A volume published below the directory the dead mount will cover.
+    let vol = create_attached(&agent, "v", 16 << 20).await;
+    let cap = block_cap(Mode::SingleNodeWriter);
+    let staging = agent.work.join("staging/v");
+    let published = agent.work.join("hung/pod-v/dev");
+    std::fs::create_dir_all(published.parent().unwrap()).unwrap();
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+        .await
+        .unwrap();
+    node.node_publish_volume(publish_req(&vol, &staging, &published, cap, false))
+        .await
+        .unwrap();
     // Declared after the agent and the scratch directory, so dropped (aborted) before either.
     let mut hung = HungMount::new(&agent.work.join("hung")).expect("mount a FUSE stand-in");
 
@@ -44,9 +59,9 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
             node.node_unpublish_volume(req).await.map(drop)
         }));
     }
-    for i in 0..2 {
+    for _ in 0..1 {
         let mut node = agent.node().await;
-        let req = stats_req(&format!("hung-{i}"), &below(i));
+        let req = stats_req(&vol.id, &published);
         calls.push(tokio::spawn(async move {
             node.node_get_volume_stats(req).await.map(drop)
         }));
@@ -82,7 +97,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     // another thread (kubelet asks every minute; the pool would run dry).
     let again = timeout(
         quick,
-        node.node_get_volume_stats(stats_req("hung-0", &below(0))),
+        node.node_get_volume_stats(stats_req(&vol.id, &published)),
     )
     .await;
     match again {

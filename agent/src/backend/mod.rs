@@ -31,9 +31,46 @@ pub trait Backend: Send + Sync {
         deadline: Instant,
     ) -> Result<ResolvedDevice>;
 
-    /// Whether `device` still carries `identity` (stats, health, resume). `Err` says why not.
-    fn still_is(&self, device: &Path, identity: &DeviceIdentity)
-    -> std::result::Result<(), String>;
+    /// The identity of the device with these numbers as the host shows it now (loop: the
+    /// backing file's inode; NVMe: the controller serial). `Err` says why it cannot be told.
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String>;
+
+    /// What the volume's device must show, when the backend can tell without any record of the
+    /// agent's (loop: its file; EBS: the serial its id gives): lost records must still let the
+    /// agent prove a mount is the volume's.
+    fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity>;
+
+    /// Whether `device` (a path) still carries `identity` (stats, health, expand). `Err` says
+    /// why not.
+    fn still_is(
+        &self,
+        device: &Path,
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        let devnum = crate::host::device::block_devnum(device)
+            .map_err(|e| format!("{}: {e}", device.display()))?;
+        self.is_at(devnum, identity)
+    }
+
+    /// Whether the device with these numbers carries `identity`.
+    fn is_at(
+        &self,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        let found = self.identify(devnum)?;
+        if proves(identity, &found) {
+            Ok(())
+        } else {
+            Err(format!(
+                "device {}:{} is {}, not {}",
+                devnum.0,
+                devnum.1,
+                describe_identity(&found),
+                describe_identity(identity)
+            ))
+        }
+    }
 
     /// Makes the kernel see a device's new size after the volume grew (loop: set capacity;
     /// NVMe: rescan the controller).
@@ -49,17 +86,38 @@ pub trait Backend: Send + Sync {
 
 /// Reads the major:minor of a block device node.
 pub fn block_dev_numbers(device: &Path) -> std::io::Result<(u32, u32)> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let meta = std::fs::metadata(device)?;
-    if !meta.file_type().is_block_device() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{} is not a block device", device.display()),
-        ));
+    crate::host::device::block_devnum(device)
+}
+
+/// Whether what the host shows (`found`) proves the identity a volume must have (`expected`).
+/// An unverified identity proves nothing: hosts without serials rest on the agent's records
+/// (see the `--allow-unverified-devices` flag).
+pub fn proves(expected: &DeviceIdentity, found: &DeviceIdentity) -> bool {
+    match (expected, found) {
+        (
+            DeviceIdentity::LoopFile {
+                st_dev: d1,
+                st_ino: i1,
+                ..
+            },
+            DeviceIdentity::LoopFile {
+                st_dev: d2,
+                st_ino: i2,
+                ..
+            },
+        ) => d1 == d2 && i1 == i2,
+        (DeviceIdentity::NvmeSerial { serial: a }, DeviceIdentity::NvmeSerial { serial: b }) => {
+            a == b
+        }
+        _ => false,
     }
-    let rdev = meta.rdev();
-    Ok((
-        nix::sys::stat::major(rdev) as u32,
-        nix::sys::stat::minor(rdev) as u32,
-    ))
+}
+
+/// An identity in words, for messages.
+pub fn describe_identity(identity: &DeviceIdentity) -> String {
+    match identity {
+        DeviceIdentity::LoopFile { file, .. } => format!("loop volume file {}", file.display()),
+        DeviceIdentity::NvmeSerial { serial } => format!("NVMe serial {serial}"),
+        DeviceIdentity::Unverified => "a device without a readable identity".into(),
+    }
 }

@@ -4,7 +4,6 @@
 //! and the capabilities never advertise OFFLINE reclaim.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use crate::error::Result;
 use crate::health::Health;
 use crate::node::NodeCtx;
 use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
-use crate::request::{RequestPath, Secrets, VolumeId};
+use crate::request::{RequestPath, Roots, Secrets, VolumeId};
 
 pub struct AddonsIdentity {
     pub driver_name: String,
@@ -91,11 +90,11 @@ impl addons_id::identity_server::Identity for AddonsIdentity {
 
 pub struct ReclaimSpaceNodeService {
     pub ctx: Arc<NodeCtx>,
-    pub allowed: Arc<Vec<PathBuf>>,
+    pub roots: Arc<Roots>,
 }
 
 impl ReclaimSpaceNodeService {
-    /// The checks that need no host access; the path walk runs with the reclaim, off the
+    /// The checks that need no host access; resolving the path runs with the reclaim, off the
     /// executor.
     fn command(&self, r: &rs::NodeReclaimSpaceRequest) -> Result<(VolumeId, GivenPath)> {
         let volume = VolumeId::parse(&r.volume_id)?;
@@ -103,7 +102,7 @@ impl ReclaimSpaceNodeService {
             GivenPath::Staging(RequestPath::parse(
                 "staging_target_path",
                 &r.staging_target_path,
-                &self.allowed,
+                &self.roots,
             )?)
         } else {
             // Missing both: report the field the sidecar is expected to send.
@@ -114,7 +113,7 @@ impl ReclaimSpaceNodeService {
                     "volume_path"
                 },
                 &r.volume_path,
-                &self.allowed,
+                &self.roots,
             )?)
         };
         Ok((volume, path))
@@ -130,8 +129,8 @@ impl ReclaimSpaceNodeService {
         let id = volume.clone();
         crate::node::run_locked(&self.ctx, id.as_str(), move |ctx| {
             let path = match given {
-                GivenPath::Staging(p) => ReclaimPath::Staging(p.confine()?),
-                GivenPath::Published(p) => ReclaimPath::Published(p.confine()?),
+                GivenPath::Staging(p) => ReclaimPath::Staging(p),
+                GivenPath::Published(p) => ReclaimPath::Published(p),
             };
             reclaim(ctx, &ReclaimCommand { volume, path })
         })

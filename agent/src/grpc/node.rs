@@ -1,7 +1,6 @@
 //! The Node service: validate, take the volume's guard, run the domain step pipeline off the
 //! executor, map the result.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,12 +14,12 @@ use crate::error::{Error, Result, blocking};
 use crate::node::{self, NodeCtx, VolumeGuard, VolumeLocks};
 use crate::nodeinfo::NodeInfoSource;
 use crate::request::{
-    AccessType, Capability, FormatOptions, RequestPath, Secrets, VolumeId, check_map,
+    AccessType, Capability, FormatOptions, RequestPath, Roots, Secrets, VolumeId, check_map,
 };
 
 pub struct NodeService {
     pub ctx: Arc<NodeCtx>,
-    pub allowed: Arc<Vec<PathBuf>>,
+    pub roots: Arc<Roots>,
     pub info: Arc<NodeInfoSource>,
     pub device_wait: Duration,
     /// Volume paths with a NodeGetVolumeStats call running (see `stats_slot`).
@@ -38,10 +37,10 @@ impl NodeService {
         node::run_locked(&self.ctx, &key, move |ctx| f(ctx, volume)).await
     }
 
-    /// The path checks that need no host access; the rest (`confine`) runs with the host work,
-    /// off the executor.
+    /// The path checks that need no host access; the rest (resolving it through file
+    /// descriptors) runs with the host work, off the executor.
     fn path(&self, field: &'static str, raw: &str) -> Result<RequestPath> {
-        Ok(RequestPath::parse(field, raw, &self.allowed)?)
+        Ok(RequestPath::parse(field, raw, &self.roots)?)
     }
 
     fn optional_path(&self, field: &'static str, raw: &str) -> Result<Option<RequestPath>> {
@@ -68,8 +67,7 @@ impl NodeService {
     }
 
     /// The checks of NodePublishVolume that need no host access, before any host work (v0.1's
-    /// publish runs them and `confine` before its internal stage, so a bad request changes
-    /// nothing).
+    /// publish runs them before its internal stage, so a bad request changes nothing).
     pub fn publish_command(
         &self,
         r: &csi::NodePublishVolumeRequest,
@@ -117,20 +115,15 @@ pub struct CheckedPublish {
 }
 
 impl CheckedPublish {
-    /// The path walks (blocking: run it off the executor).
-    pub fn confine(self, volume: VolumeId) -> Result<node::PublishCommand> {
-        Ok(node::PublishCommand {
+    pub fn command(self, volume: VolumeId) -> node::PublishCommand {
+        node::PublishCommand {
             volume,
-            staging: self.staging.confine()?,
-            target: self.target.confine()?,
+            staging: self.staging,
+            target: self.target,
             capability: self.capability,
             readonly: self.readonly,
-        })
+        }
     }
-}
-
-fn confine_optional(path: Option<RequestPath>) -> Result<Option<crate::request::ConfinedPath>> {
-    Ok(path.map(RequestPath::confine).transpose()?)
 }
 
 #[tonic::async_trait]
@@ -155,7 +148,7 @@ impl Node for NodeService {
             self.locked(volume, move |ctx, volume| {
                 let cmd = node::StageCommand {
                     volume,
-                    staging: staging.confine()?,
+                    staging,
                     capability,
                     publish_context: r.publish_context,
                     volume_context: r.volume_context,
@@ -179,10 +172,7 @@ impl Node for NodeService {
             let volume = VolumeId::parse(&r.volume_id)?;
             let staging = self.path("staging_target_path", &r.staging_target_path)?;
             self.locked(volume, move |ctx, volume| {
-                let cmd = node::UnstageCommand {
-                    volume,
-                    staging: staging.confine()?,
-                };
+                let cmd = node::UnstageCommand { volume, staging };
                 node::unstage(ctx, &cmd)
             })
             .await
@@ -200,7 +190,7 @@ impl Node for NodeService {
         logged("NodePublishVolume", &r.volume_id.clone(), async {
             let (volume, checked) = self.publish_command(&r)?;
             self.locked(volume, move |ctx, volume| {
-                node::publish(ctx, &checked.confine(volume)?)
+                node::publish(ctx, &checked.command(volume))
             })
             .await
         })
@@ -217,10 +207,7 @@ impl Node for NodeService {
             let volume = VolumeId::parse(&r.volume_id)?;
             let target = self.path("target_path", &r.target_path)?;
             self.locked(volume, move |ctx, volume| {
-                let cmd = node::UnpublishCommand {
-                    volume,
-                    target: target.confine()?,
-                };
+                let cmd = node::UnpublishCommand { volume, target };
                 node::unpublish(ctx, &cmd)
             })
             .await
@@ -246,8 +233,8 @@ impl Node for NodeService {
                 let _running = running;
                 let cmd = node::StatsCommand {
                     volume,
-                    volume_path: volume_path.confine()?,
-                    staging: confine_optional(staging)?,
+                    volume_path,
+                    staging,
                 };
                 node::volume_stats(&ctx, &cmd)
             })
@@ -276,8 +263,8 @@ impl Node for NodeService {
             self.locked(volume, move |ctx, volume| {
                 let cmd = node::ExpandCommand {
                     volume,
-                    volume_path: volume_path.confine()?,
-                    staging: confine_optional(staging)?,
+                    volume_path,
+                    staging,
                     required_bytes,
                     limit_bytes,
                     capability,

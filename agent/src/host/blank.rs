@@ -35,6 +35,35 @@ pub fn first_nonzero_region(device: &Path, size: u64) -> io::Result<Option<u64>>
     Ok(None)
 }
 
+/// Whether the device carries a superblock (even one libblkid rejects: a checksum not yet
+/// written by an interrupted mkfs) with exactly this UUID: ext's at byte 1024, xfs's at 0.
+pub fn carries_uuid(device: &Path, uuid: &str) -> io::Result<bool> {
+    let Some(want) = parse_uuid(uuid) else {
+        return Ok(false);
+    };
+    let file = File::open(device)?;
+    let mut sb = [0u8; 1024];
+    file.read_exact_at(&mut sb, 1024)?;
+    if sb[0x38..0x3a] == [0x53, 0xef] && sb[0x68..0x78] == want {
+        return Ok(true);
+    }
+    let mut xfs = [0u8; 64];
+    file.read_exact_at(&mut xfs, 0)?;
+    Ok(&xfs[0..4] == b"XFSB" && xfs[32..48] == want)
+}
+
+fn parse_uuid(uuid: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = uuid.bytes().filter(|&b| b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// Sorted, non-overlapping (start, len) regions to check, each <= 1 MiB.
 fn regions(size: u64) -> Vec<(u64, u64)> {
     // Collected as [start, end) pairs first; converted to lengths at the end.
@@ -106,6 +135,25 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
         }
+    }
+
+    #[test]
+    fn a_superblock_carrying_the_uuid_is_recognised() {
+        let uuid = "01234567-89ab-cdef-0123-456789abcdef";
+        let bytes: Vec<u8> = (0..16u8)
+            .map(|i| [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef][i as usize % 8])
+            .collect();
+        let ext = Tmp::new("uuid-ext", MIB);
+        assert!(!carries_uuid(&ext.0, uuid).unwrap());
+        ext.poke(1024 + 0x38, &[0x53, 0xef]);
+        ext.poke(1024 + 0x68, &bytes);
+        assert!(carries_uuid(&ext.0, uuid).unwrap());
+        assert!(!carries_uuid(&ext.0, "ffffffff-89ab-cdef-0123-456789abcdef").unwrap());
+        let xfs = Tmp::new("uuid-xfs", MIB);
+        xfs.poke(0, b"XFSB");
+        xfs.poke(32, &bytes);
+        assert!(carries_uuid(&xfs.0, uuid).unwrap());
+        assert!(!carries_uuid(&xfs.0, "not-a-uuid").unwrap());
     }
 
     #[test]

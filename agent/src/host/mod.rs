@@ -1,6 +1,8 @@
+pub mod anchor;
 pub mod blank;
 pub mod blkid;
 pub mod command;
+pub mod device;
 pub mod direct_read;
 pub mod fs_size;
 pub mod fstools;
@@ -9,4 +11,6 @@ pub mod malloc;
 pub mod mount_root;
 pub mod mounter;
 pub mod mountinfo;
+pub mod mounts;
+pub mod statmount;
 pub mod trim;

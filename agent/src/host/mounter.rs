@@ -1,16 +1,23 @@
-//! mount(2) and umount(2), through sys-mount. No `mount` binary: its helpers and fstab lookups are
-//! exactly the surprises a node plugin must not have.
+//! mount(2) and umount(2), through sys-mount and nix. No `mount` binary: its helpers and fstab
+//! lookups are exactly the surprises a node plugin must not have.
+//!
+//! Targets are never paths the kernel resolves anew: a mount goes onto the entry fd that was
+//! checked (/proc/self/fd/N), and an unmount names the entry through its held parent directory
+//! with UMOUNT_NOFOLLOW, so a component swapped for a symlink in between redirects nothing.
 
 use std::io;
 use std::path::Path;
 
-use sys_mount::{Mount, MountFlags as MsFlags, UnmountFlags};
+use nix::mount::{MntFlags, umount2};
+use sys_mount::{Mount, MountFlags as MsFlags};
 
-/// Mounts a filesystem from a block device. `vfs_bits` are validated `MS_*` bits; `data` holds
-/// validated filesystem options only.
+use super::anchor::{Anchored, EntryFd};
+
+/// Mounts a filesystem from a block device onto `target`. `vfs_bits` are validated `MS_*` bits;
+/// `data` holds validated filesystem options only.
 pub fn mount_device(
     device: &Path,
-    target: &Path,
+    target: &EntryFd,
     fs_type: &str,
     vfs_bits: u64,
     data: &[String],
@@ -25,31 +32,47 @@ pub fn mount_device(
     if !data.is_empty() {
         builder = builder.data(&data);
     }
-    builder.mount(device, target).map(drop)
+    builder.mount(device, target.proc_path()).map(drop)
 }
 
-/// Bind-mounts `source` onto `target`; a read-only bind needs a second, remount step, because
-/// the kernel ignores MS_RDONLY on the first MS_BIND call.
-pub fn bind(source: &Path, target: &Path, read_only: bool, vfs_bits: u64) -> io::Result<()> {
+/// Bind-mounts `source` (a /proc/self/fd path of a checked mount root or device node) onto the
+/// entry. A read-only bind needs a second, remount step, because the kernel ignores MS_RDONLY on
+/// the first MS_BIND call; that step names the new mount through a fresh fd of the entry, and the
+/// bind is taken away again if it fails, so a writable bind never outlives a read-only request.
+pub fn bind(source: &Path, entry: &Anchored, read_only: bool, vfs_bits: u64) -> io::Result<()> {
+    let target = entry.open_entry()?;
+    let before = target.stat()?.mnt_id;
     Mount::builder()
         .fstype("none")
         .flags(MsFlags::BIND)
-        .mount(source, target)?;
+        .mount(source, target.proc_path())?;
     let extra = MsFlags::from_bits_retain(vfs_bits) & !MsFlags::RDONLY;
-    if read_only || !extra.is_empty() {
+    if !read_only && extra.is_empty() {
+        return Ok(());
+    }
+    let remount = || -> io::Result<()> {
+        let bound = entry.open_entry()?;
+        if before.is_some() && bound.stat()?.mnt_id == before {
+            return Err(io::Error::other(
+                "the new bind mount is not at the entry any more",
+            ));
+        }
         let mut flags = MsFlags::BIND | MsFlags::REMOUNT | extra;
         if read_only {
             flags |= MsFlags::RDONLY;
         }
-        if let Err(e) = Mount::builder()
+        Mount::builder()
             .fstype("none")
             .flags(flags)
-            .mount("none", target)
-        {
-            // Never leave a writable bind behind a failed read-only request.
-            let _ = sys_mount::unmount(target, UnmountFlags::DETACH);
-            return Err(e);
-        }
+            .mount("none", bound.proc_path())
+            .map(drop)
+    };
+    if let Err(e) = remount() {
+        let _ = umount2(
+            &entry.unmount_path(),
+            MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW,
+        );
+        return Err(e);
     }
     Ok(())
 }
@@ -59,21 +82,22 @@ pub enum Unmounted {
     Done,
     /// Nothing was mounted there (or the path is gone): success for an idempotent call.
     NotMounted,
-    /// A dead mount (ENOTCONN/ESTALE) that could only be detached lazily.
+    /// A dead mount (ENOTCONN/ESTALE/EIO) that could only be detached lazily.
     Detached,
 }
 
-/// Unmounts `target`. A path that is not a mount point, or does not exist, is not an error.
-pub fn unmount(target: &Path) -> io::Result<Unmounted> {
-    match sys_mount::unmount(target, UnmountFlags::empty()) {
+/// Unmounts the top-most mount at the entry.
+pub fn unmount(entry: &Anchored) -> io::Result<Unmounted> {
+    let path = entry.unmount_path();
+    match umount2(&path, MntFlags::UMOUNT_NOFOLLOW) {
         Ok(()) => Ok(Unmounted::Done),
-        Err(e) => match e.raw_os_error() {
-            Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(Unmounted::NotMounted),
-            Some(libc::ENOTCONN) | Some(libc::ESTALE) | Some(libc::EIO) => {
-                sys_mount::unmount(target, UnmountFlags::DETACH)?;
+        Err(e) => match e {
+            nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT => Ok(Unmounted::NotMounted),
+            nix::errno::Errno::ENOTCONN | nix::errno::Errno::ESTALE | nix::errno::Errno::EIO => {
+                umount2(&path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)?;
                 Ok(Unmounted::Detached)
             }
-            _ => Err(e),
+            other => Err(other.into()),
         },
     }
 }

@@ -5,25 +5,25 @@
 //! the CO accounts capacity as volume size. statvfs totals leave out filesystem metadata, so they
 //! never equal what the CO asked for and would read as an incomplete expansion.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 
+use super::device::VolumeDevice;
 use super::grow::grow_if_needed;
 use super::journal::{Journal, detail};
-use super::{NodeCtx, mount_table, path_string};
-use crate::backend::block_dev_numbers;
+use super::ownership::{Expected, Holder, holder, holder_of};
+use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
+use crate::host::anchor::EntryFd;
 use crate::host::loopdev;
-use crate::host::mountinfo::MountTable;
-use crate::request::{Capability, ConfinedPath, FsType, ValidationError, VolumeId};
+use crate::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
 
 pub struct ExpandCommand {
     pub volume: VolumeId,
     /// The staging path or one of the volume's publication targets: the CO may send either.
-    pub volume_path: ConfinedPath,
-    pub staging: Option<ConfinedPath>,
+    pub volume_path: RequestPath,
+    pub staging: Option<RequestPath>,
     /// 0 = not set.
     pub required_bytes: u64,
     /// 0 = not set.
@@ -51,24 +51,19 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     check_paths(ctx, cmd, &staged)?;
     check_capability(cmd.capability.as_ref(), &staged)?;
 
-    let device = staged.device.as_path();
-    let numbers = block_dev_numbers(device).map_err(|e| {
-        Error::Precondition(format!(
-            "the device {} of volume {vol} is gone ({e}); it cannot be expanded",
-            device.display()
-        ))
+    let held = VolumeDevice::hold_recorded(ctx, &staged).map_err(|e| match e {
+        Error::WrongDevice { reason, .. } => Error::Precondition(format!(
+            "the device {} of volume {vol} is not the volume any more ({reason}); it cannot be \
+             expanded",
+            staged.device.display()
+        )),
+        other => other,
     })?;
-    ctx.backend
-        .still_is(device, &staged.identity)
-        .map_err(|reason| Error::WrongDevice {
-            volume: vol.to_string(),
-            device: device.to_path_buf(),
-            reason,
-        })?;
-    let table = mount_table()?;
-    let fs = check_mounts(cmd, &staged, &table, numbers)?;
+    let device = held.path();
+    let mounted = check_mounts(ctx, cmd, &staged)?;
 
     let journal = Journal::new(&ctx.store, vol, "expand", ctx.crash_after());
+    held.reverify(ctx)?;
     journal.step(
         "refresh_size",
         detail([("device", path_string(device))]),
@@ -91,9 +86,12 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
             device.display()
         )));
     }
-    let grown = match fs {
-        Some(fs) => grow_if_needed(ctx, &journal, fs, device, &staged.staging_path)
-            .map_err(|e| explain_grow_failure(fs, e))?,
+    let grown = match mounted {
+        Some((fs, root)) => {
+            held.reverify(ctx)?;
+            grow_if_needed(ctx, &journal, fs, device, &root.path_for_tools())
+                .map_err(|e| explain_grow_failure(fs, e))?
+        }
         None => false,
     };
     tracing::info!(volume = vol, bytes = size, grown, "expanded");
@@ -169,13 +167,13 @@ fn check_capability(cap: Option<&Capability>, staged: &StagedVolume) -> Result<(
 }
 
 /// A filesystem volume must be mounted at its staging path (the grow runs there) and, when the
-/// CO named a publication, there too. Returns the filesystem to grow, None for block access.
+/// CO named a publication, there too. Returns the filesystem to grow with the staging mount's
+/// root held open, None for block access.
 fn check_mounts(
+    ctx: &NodeCtx,
     cmd: &ExpandCommand,
     staged: &StagedVolume,
-    table: &MountTable,
-    (major, minor): (u32, u32),
-) -> Result<Option<FsType>> {
+) -> Result<Option<(FsType, EntryFd)>> {
     let vol = cmd.volume.as_str();
     let path = cmd.volume_path.as_path();
     let is_target = path != staged.staging_path;
@@ -183,48 +181,42 @@ fn check_mounts(
         volume: vol.to_string(),
         path: path.to_path_buf(),
     };
-    let AccessRecord::Mount { fs_type, .. } = &staged.access else {
-        // A block publication is the device node bind-mounted onto a file.
-        if is_target {
-            let ours = table.at(path).is_some()
-                && std::fs::metadata(path).is_ok_and(|m| {
-                    (
-                        nix::sys::stat::major(m.rdev()) as u32,
-                        nix::sys::stat::minor(m.rdev()) as u32,
-                    ) == (major, minor)
-                });
-            if !ours {
-                return Err(not_found());
-            }
+    let expected = Expected::of(ctx, vol, Some(staged));
+    if is_target {
+        let published = match paths::lookup(&cmd.volume_path)? {
+            Some(entry) => holder(ctx, &entry, &expected)?.is_volume(),
+            None => false,
+        };
+        if !published {
+            return Err(not_found());
         }
+    }
+    let AccessRecord::Mount { fs_type, .. } = &staged.access else {
         return Ok(None);
     };
     let fs = FsType::parse(fs_type)
         .map_err(|e| Error::Internal(format!("the staged record of {vol} is damaged: {e}")))?;
-    let staging = table
-        .at(&staged.staging_path)
-        .filter(|m| (m.major, m.minor) == (major, minor));
-    let Some(staging) = staging else {
-        return Err(Error::Precondition(format!(
+    let not_mounted = || {
+        Error::Precondition(format!(
             "volume {vol} is recorded as staged at {}, but its filesystem is not mounted there \
              (the node rebooted, or it was unmounted behind the agent's back); stage it again \
              before expanding",
             staged.staging_path.display()
-        )));
+        ))
     };
-    if is_target
-        && table
-            .at(path)
-            .is_none_or(|m| (m.major, m.minor) != (major, minor))
-    {
-        return Err(not_found());
-    }
-    if staged.readonly || staging.super_read_only() {
+    let staging = paths::lookup_recorded(ctx, &staged.staging_path)?.ok_or_else(not_mounted)?;
+    let root = staging
+        .open_entry()
+        .map_err(|e| Error::io(format!("opening {}", staged.staging_path.display()), e))?;
+    let Holder::Volume(m) = holder_of(ctx, &root, &staging, &expected)? else {
+        return Err(not_mounted());
+    };
+    if staged.readonly || m.super_read_only {
         return Err(Error::Precondition(format!(
             "the filesystem of volume {vol} is mounted read-only at {}; it cannot be grown \
              online",
             staged.staging_path.display()
         )));
     }
-    Ok(Some(fs))
+    Ok(Some((fs, root)))
 }

@@ -7,15 +7,14 @@ use std::time::Instant;
 use ebs_store::{Durability, FormatRecord, FormatState, Phase, now_unix_ms};
 
 use super::NodeCtx;
+use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
 use super::path_string;
-use super::stage::StageCommand;
-use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
 use crate::host::blkid::{self, ProbeOutcome, Signature};
 use crate::host::fstools::filesystem_bytes_of;
 use crate::host::{blank, loopdev};
-use crate::request::FsType;
+use crate::request::{FormatOptions, FsType};
 
 /// What the probe allows us to do with the device.
 pub enum Decision {
@@ -85,7 +84,7 @@ fn describe(sig: &Signature) -> String {
 pub fn decide(
     vol: &str,
     fs: FsType,
-    device: &ResolvedDevice,
+    device: &Path,
     format: Option<&FormatRecord>,
     probed: Probed,
     readonly: bool,
@@ -93,12 +92,12 @@ pub fn decide(
     let Probed { outcome, fs_bytes } = probed;
     let wrong = |reason: String| Error::WrongDevice {
         volume: vol.to_string(),
-        device: device.path.clone(),
+        device: device.to_path_buf(),
         reason,
     };
     match outcome {
         ProbeOutcome::Ambivalent => Err(Error::NotBlank {
-            device: device.path.clone(),
+            device: device.to_path_buf(),
             found: "several conflicting signatures (ambivalent probe)".into(),
         }),
         ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
@@ -125,7 +124,7 @@ pub fn decide(
             }
         }
         ProbeOutcome::Found(sig) => Err(Error::NotBlank {
-            device: device.path.clone(),
+            device: device.to_path_buf(),
             found: format!("it carries a {}, not the requested {fs}", describe(&sig)),
         }),
         ProbeOutcome::Blank => match format {
@@ -137,39 +136,65 @@ pub fn decide(
             _ if readonly => Err(Error::Precondition(format!(
                 "volume {vol} has no filesystem and the capability is read-only: nothing to mount"
             ))),
-            Some(f) => Ok(Decision::Format {
-                uuid: f.uuid.clone(),
-            }),
-            None => {
-                let size = loopdev::device_size(&device.path)
-                    .map_err(|e| Error::io(format!("sizing {}", device.path.display()), e))?;
-                if size == 0 {
-                    return Err(Error::Precondition(format!(
-                        "{} has a size of 0 bytes (a detached loop device?)",
-                        device.path.display()
-                    )));
-                }
-                match blank::first_nonzero_region(&device.path, size)
-                    .map_err(|e| Error::io(format!("reading {}", device.path.display()), e))?
-                {
-                    Some(offset) => Err(Error::NotBlank {
-                        device: device.path.clone(),
-                        found: format!("unrecognised data at byte {offset}"),
-                    }),
-                    None => Ok(Decision::Format {
-                        uuid: random_uuid()?,
-                    }),
-                }
-            }
+            // Never format unless provably blank, an earlier attempt of ours included: a failed
+            // or interrupted mkfs licenses a redo only while the signature regions are still
+            // zero, or carry exactly the UUID that attempt chose.
+            intent => blank_or_ours(vol, device, intent),
         },
     }
+}
+
+fn blank_or_ours(vol: &str, device: &Path, intent: Option<&FormatRecord>) -> Result<Decision> {
+    let size = loopdev::device_size(device)
+        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    if size == 0 {
+        return Err(Error::Precondition(format!(
+            "{} has a size of 0 bytes (a detached loop device?)",
+            device.display()
+        )));
+    }
+    let offset = match blank::first_nonzero_region(device, size)
+        .map_err(|e| Error::io(format!("reading {}", device.display()), e))?
+    {
+        None => {
+            let uuid = match intent {
+                Some(f) => f.uuid.clone(),
+                None => random_uuid()?,
+            };
+            return Ok(Decision::Format { uuid });
+        }
+        Some(offset) => offset,
+    };
+    let Some(f) = intent else {
+        return Err(Error::NotBlank {
+            device: device.to_path_buf(),
+            found: format!("unrecognised data at byte {offset}"),
+        });
+    };
+    if blank::carries_uuid(device, &f.uuid)
+        .map_err(|e| Error::io(format!("reading {}", device.display()), e))?
+    {
+        return Ok(Decision::Format {
+            uuid: f.uuid.clone(),
+        });
+    }
+    Err(Error::NotBlank {
+        device: device.to_path_buf(),
+        found: format!(
+            "unrecognised data at byte {offset}; an earlier mkfs of volume {vol} (UUID {}) \
+             failed or was interrupted, and since then the device was written by someone \
+             else. If that data is not wanted, wipe the device (wipefs -a, or zero its first \
+             and last MiB) and stage again",
+            f.uuid
+        ),
+    })
 }
 
 pub fn format_record(
     vol: &str,
     fs: FsType,
     uuid: &str,
-    dev: &ResolvedDevice,
+    dev: &VolumeDevice,
     state: FormatState,
 ) -> FormatRecord {
     FormatRecord {
@@ -182,22 +207,24 @@ pub fn format_record(
     }
 }
 
+/// mkfs with the UUID chosen and journaled first; a failure is journaled durably too, so the
+/// record of the attempt never reads as an interruption.
 pub fn format_device(
     ctx: &NodeCtx,
     journal: &Journal<'_>,
-    cmd: &StageCommand,
     fs: FsType,
-    device: &ResolvedDevice,
+    device: &mut VolumeDevice,
     uuid: &str,
+    options: &FormatOptions,
 ) -> Result<()> {
-    let vol = cmd.volume.as_str();
+    let vol = journal.volume().to_string();
     let facts = detail([
-        ("device", path_string(&device.path)),
+        ("device", path_string(device.path())),
         ("fs_type", fs.name().to_string()),
         ("uuid", uuid.to_string()),
-        ("options", cmd.format.mkfs_args(fs).join(" ")),
+        ("options", options.mkfs_args(fs).join(" ")),
     ]);
-    let intent = format_record(vol, fs, uuid, device, FormatState::Intent);
+    let intent = format_record(&vol, fs, uuid, device, FormatState::Intent);
     journal.record(
         "format",
         Phase::Intent,
@@ -206,15 +233,28 @@ pub fn format_device(
         |w| w.put_format(&intent),
     )?;
     let started = Instant::now();
-    if let Err(e) = ctx.fstools.mkfs(fs, &device.path, uuid, &cmd.format) {
+    // mkfs claims the device exclusively itself.
+    device.held.release_exclusive();
+    let made = device
+        .reverify(ctx)
+        .and_then(|()| ctx.fstools.mkfs(fs, device.path(), uuid, options));
+    if let Err(e) = made {
         let mut failed = facts;
         failed.insert("error".into(), e.to_string());
-        journal.note("format", Phase::Failed, failed);
+        if let Err(j) = journal.record(
+            "format",
+            Phase::Failed,
+            failed,
+            Durability::Immediate,
+            |_| Ok(()),
+        ) {
+            tracing::warn!(volume = %vol, error = %j, "the failed mkfs could not be journaled");
+        }
         return Err(e);
     }
-    tracing::info!(volume = vol, device = %device.path.display(), %fs, uuid,
+    tracing::info!(volume = %vol, device = %device.path().display(), %fs, uuid,
         ms = started.elapsed().as_millis() as u64, "formatted");
-    let done = format_record(vol, fs, uuid, device, FormatState::Done);
+    let done = format_record(&vol, fs, uuid, device, FormatState::Done);
     journal.record("format", Phase::Done, facts, Durability::Immediate, |w| {
         w.put_format(&done)
     })

@@ -1,17 +1,20 @@
 //! Volume condition: is what the agent set up still there and still the volume? Every check is
-//! cheap (mount table, stat, one ioctl, one 4 KiB read) and runs no external command, because
-//! kubelet asks for stats of every volume every minute.
+//! cheap (a statx and a statmount per path, one ioctl, one 4 KiB read) and runs no external
+//! command and no read of the mount table, because kubelet asks for stats of every volume every
+//! minute.
 
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use ebs_store::{AccessRecord, StagedVolume};
 
+use super::NodeCtx;
+use super::ownership::{Expected, Holder, holder};
+use super::paths;
 use super::read_probe::{self, ReadOutcome};
 use crate::backend::{Backend, block_dev_numbers};
 use crate::host::loopdev;
-use crate::host::mountinfo::{MountEntry, MountTable};
+use crate::host::mounts::MountFacts;
 
 /// What NodeGetVolumeStats reports as VolumeCondition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,32 +47,30 @@ pub struct Findings {
     pub device_ok: bool,
 }
 
-pub fn examine(
-    backend: &dyn Backend,
-    staged: &StagedVolume,
-    table: &MountTable,
-    volume_path: &Path,
-) -> Findings {
+pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Findings {
     let mut problems = Vec::new();
     let device = staged.device.as_path();
-    let numbers = match block_dev_numbers(device) {
-        Ok(n) => Some(n),
+    let present = match block_dev_numbers(device) {
+        Ok(_) => true,
         Err(e) => {
             problems.push(format!(
                 "the device {} has disappeared ({e}); the volume was detached or the device \
                  failed: check the attachment, then unstage and stage the volume again",
                 device.display()
             ));
-            None
+            false
         }
     };
-    let device_ok = numbers.is_some() && check_device(backend, staged, &mut problems);
+    let device_ok = present && check_device(ctx.backend.as_ref(), staged, &mut problems);
+    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
     let fs_mounted = match &staged.access {
         AccessRecord::Mount { .. } => {
-            check_fs_mounts(staged, table, volume_path, numbers, &mut problems)
+            check_fs_mounts(ctx, staged, &expected, volume_path, &mut problems)
         }
         AccessRecord::Block => {
-            check_block_publication(staged, table, volume_path, numbers, &mut problems);
+            if volume_path != staged.staging_path {
+                check_path(ctx, staged, &expected, volume_path, &mut problems);
+            }
             false
         }
     };
@@ -151,58 +152,66 @@ fn describe(e: &io::Error) -> String {
 /// The staging mount carries every publication: check it, and `volume_path` when it is a
 /// publication. Returns whether `volume_path` holds the volume's filesystem.
 fn check_fs_mounts(
+    ctx: &NodeCtx,
     staged: &StagedVolume,
-    table: &MountTable,
+    expected: &Expected,
     volume_path: &Path,
-    numbers: Option<(u32, u32)>,
     problems: &mut Vec<String>,
 ) -> bool {
     let staging = staged.staging_path.as_path();
-    let mut paths = vec![staging];
-    if volume_path != staging {
-        paths.push(volume_path);
+    let at_staging = check_path(ctx, staged, expected, staging, problems);
+    if let Some(m) = &at_staging
+        && read_only_after_errors(staged, m)
+    {
+        problems.push(format!(
+            "the filesystem on {} is read-only although it was mounted read-write: the kernel \
+             remounted it after errors (see the kernel log); writes fail: unpublish and \
+             unstage the volume, repair the filesystem, and stage it again",
+            staged.device.display()
+        ));
     }
-    let mut at_volume_path = false;
-    for path in paths {
-        let Some(entry) = table.at(path) else {
-            problems.push(gone_message(staged, path));
-            continue;
-        };
-        if let Some((major, minor)) = numbers
-            && (entry.major, entry.minor) != (major, minor)
-        {
-            problems.push(format!(
-                "{} holds {} ({} {}:{}), not the volume's device {}; something was mounted over \
-                 it behind the agent's back",
-                path.display(),
-                entry.source,
-                entry.fs_type,
-                entry.major,
-                entry.minor,
-                staged.device.display()
-            ));
-            continue;
-        }
-        if path == volume_path {
-            at_volume_path = true;
-        }
-        if path == staging && read_only_after_errors(staged, entry) {
-            problems.push(format!(
-                "the filesystem on {} is read-only although it was mounted read-write: the kernel \
-                 remounted it after errors (see the kernel log); writes fail: unpublish and \
-                 unstage the volume, repair the filesystem, and stage it again",
-                staged.device.display()
-            ));
-        }
+    if volume_path == staging {
+        return at_staging.is_some();
     }
-    at_volume_path
+    check_path(ctx, staged, expected, volume_path, problems).is_some()
 }
 
-/// Older kernels set the superblock read-only ("ro"); ext4 since Linux 6.x keeps it "rw" and
-/// adds "emergency_ro" after an error under errors=remount-ro.
-fn read_only_after_errors(staged: &StagedVolume, entry: &MountEntry) -> bool {
-    let emergency = entry.super_options.split(',').any(|o| o == "emergency_ro");
-    !staged.readonly && (entry.super_read_only() || emergency)
+/// What holds one of the volume's paths; a problem when it is not the volume.
+fn check_path(
+    ctx: &NodeCtx,
+    staged: &StagedVolume,
+    expected: &Expected,
+    path: &Path,
+    problems: &mut Vec<String>,
+) -> Option<MountFacts> {
+    let found = paths::lookup_recorded(ctx, path).and_then(|entry| match entry {
+        Some(entry) => holder(ctx, &entry, expected),
+        None => Ok(Holder::Nothing),
+    });
+    match found {
+        Ok(Holder::Volume(m)) => Some(m),
+        Ok(Holder::Nothing) => {
+            problems.push(gone_message(staged, path));
+            None
+        }
+        Ok(Holder::Foreign(what)) => {
+            problems.push(format!(
+                "{} holds {what}, not the volume's device {}; something was mounted over it \
+                 behind the agent's back",
+                path.display(),
+                staged.device.display()
+            ));
+            None
+        }
+        Err(e) => {
+            problems.push(format!("{} cannot be inspected: {e}", path.display()));
+            None
+        }
+    }
+}
+
+fn read_only_after_errors(staged: &StagedVolume, m: &MountFacts) -> bool {
+    !staged.readonly && m.super_read_only
 }
 
 fn gone_message(staged: &StagedVolume, path: &Path) -> String {
@@ -218,97 +227,5 @@ fn gone_message(staged: &StagedVolume, path: &Path) -> String {
              workload sees an empty directory: restart it so that the volume is published again",
             path.display()
         )
-    }
-}
-
-/// A block publication is the device node bind-mounted onto a file; the staging path of a block
-/// volume holds nothing.
-fn check_block_publication(
-    staged: &StagedVolume,
-    table: &MountTable,
-    volume_path: &Path,
-    numbers: Option<(u32, u32)>,
-    problems: &mut Vec<String>,
-) {
-    if volume_path == staged.staging_path {
-        return;
-    }
-    if table.at(volume_path).is_none() {
-        problems.push(gone_message(staged, volume_path));
-        return;
-    }
-    let Some((major, minor)) = numbers else {
-        return;
-    };
-    match std::fs::metadata(volume_path) {
-        Ok(m)
-            if (
-                nix::sys::stat::major(m.rdev()) as u32,
-                nix::sys::stat::minor(m.rdev()) as u32,
-            ) == (major, minor) => {}
-        Ok(_) => problems.push(format!(
-            "{} is not the volume's device {} any more",
-            volume_path.display(),
-            staged.device.display()
-        )),
-        Err(e) => problems.push(format!(
-            "{} cannot be inspected: {e}",
-            volume_path.display()
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn staged(readonly: bool) -> StagedVolume {
-        StagedVolume {
-            volume_id: "v".into(),
-            staging_path: "/s".into(),
-            device: "/dev/loop9".into(),
-            identity: ebs_store::DeviceIdentity::Unverified,
-            access: AccessRecord::Mount {
-                fs_type: "ext4".into(),
-                mount_flags: vec![],
-            },
-            access_mode: 1,
-            readonly,
-            progress: ebs_store::Progress::Complete,
-            at_unix_ms: 0,
-        }
-    }
-
-    fn entry(super_options: &str) -> MountEntry {
-        MountEntry {
-            mount_id: 1,
-            parent_id: 0,
-            major: 7,
-            minor: 9,
-            root: "/".into(),
-            mount_point: "/s".into(),
-            mount_options: "rw,relatime".into(),
-            fs_type: "ext4".into(),
-            source: "/dev/loop9".into(),
-            super_options: super_options.into(),
-        }
-    }
-
-    #[test]
-    fn read_only_after_errors_old_and_new_kernels() {
-        assert!(!read_only_after_errors(
-            &staged(false),
-            &entry("rw,errors=remount-ro")
-        ));
-        assert!(read_only_after_errors(
-            &staged(false),
-            &entry("ro,errors=remount-ro")
-        ));
-        assert!(read_only_after_errors(
-            &staged(false),
-            &entry("rw,errors=remount-ro,emergency_ro")
-        ));
-        // Staged read-only on purpose: not a condition.
-        assert!(!read_only_after_errors(&staged(true), &entry("ro")));
     }
 }

@@ -1,6 +1,8 @@
-//! The node domain: stage, publish, unpublish, unstage (and later expand and stats) as explicit
-//! step pipelines over the host, journaled through the store. No gRPC here.
+//! The node domain: stage, publish, unpublish, unstage, expand and stats as explicit step
+//! pipelines over the host, journaled through the store. No gRPC here.
 
+mod claims;
+mod device;
 mod expand;
 mod format;
 mod grow;
@@ -8,12 +10,15 @@ mod health_check;
 pub mod identity;
 pub mod journal;
 mod locks;
+pub mod ownership;
+mod paths;
 mod publish;
 mod read_probe;
 pub mod reclaim;
 pub mod recovery;
 mod stage;
 mod stats;
+mod unpublish;
 mod unstage;
 
 use std::path::{Path, PathBuf};
@@ -21,26 +26,35 @@ use std::sync::Arc;
 
 use ebs_store::Store;
 
+pub use claims::{PathClaims, Use};
 pub use expand::{ExpandCommand, expand};
 pub use health_check::Condition;
 pub use locks::{VolumeGuard, VolumeLocks};
-pub use publish::{PublishCommand, UnpublishCommand, publish, unpublish};
+pub use publish::{PublishCommand, check_publish_paths, publish};
 pub use stage::{StageCommand, stage};
 pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
+pub use unpublish::{UnpublishCommand, unpublish};
 pub use unstage::{UnstageCommand, unstage};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::host::fstools::FsTools;
-use crate::host::mount_root::{MountRoot, mount_root};
-use crate::host::mountinfo::{MountEntry, MountTable};
+use crate::request::Roots;
 
 /// Everything a node operation needs, shared by all calls.
 pub struct NodeCtx {
     pub store: Arc<Store>,
     pub backend: Arc<dyn Backend>,
     pub fstools: FsTools,
+    /// One operation per volume at a time.
     pub locks: VolumeLocks,
+    /// One operation per device at a time: two volume ids that resolve to one device (a
+    /// careless CO) never run mkfs or fsck on it together.
+    pub device_locks: VolumeLocks,
+    /// Which volume each staging and target path belongs to, and the paths in use.
+    pub claims: PathClaims,
+    /// Where request paths may lie (recorded paths are resolved below the same prefixes).
+    pub roots: Roots,
     pub crash_after: Option<String>,
     pub health: Arc<crate::health::Health>,
 }
@@ -86,33 +100,6 @@ where
 /// changed in one step).
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub fn mount_table() -> Result<MountTable> {
-    MountTable::read().map_err(|e| Error::Internal(format!("reading /proc/self/mountinfo: {e}")))
-}
-
-/// What is mounted exactly at `path`, if anything (the top-most mount). The mount table is read
-/// only when statx cannot rule a mount out.
-pub fn mounted_at(path: &Path) -> Result<Option<MountEntry>> {
-    if mount_root(path) == MountRoot::NotMounted {
-        return Ok(None);
-    }
-    Ok(mount_table()?.at(path).cloned())
-}
-
-/// Creates a directory (and parents) for a staging or target path the CO handed us.
-pub fn ensure_dir(path: &Path) -> Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(Error::Precondition(format!(
-            "{} exists and is not a directory",
-            path.display()
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(path)
-            .map_err(|e| Error::io(format!("creating {}", path.display()), e)),
-        Err(e) => Err(Error::io(format!("inspecting {}", path.display()), e)),
-    }
 }
 
 pub fn path_string(p: &Path) -> String {

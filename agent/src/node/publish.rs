@@ -1,81 +1,50 @@
-//! NodePublishVolume and NodeUnpublishVolume: bind the staged volume into a workload's target
-//! path, and take it away again.
+//! NodePublishVolume: bind the staged volume into a workload's target path, from a staging mount
+//! (or device) proven to be the volume on the very fd that is bound.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::PathBuf;
 
 use ebs_store::{Durability, Phase, Progress, Publication, StagedVolume, now_unix_ms};
 
+use super::claims::Use;
+use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
-use super::{NodeCtx, ensure_dir, mounted_at, path_string};
-use crate::backend::block_dev_numbers;
+use super::ownership::{Expected, Holder, holder, holder_of};
+use super::stage::{access_record, same_kind, staged_mount_present};
+use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
-use crate::host::mounter::{self, Unmounted};
-use crate::host::mountinfo::MountEntry;
-use crate::node::stage::access_record;
-use crate::request::{AccessType, Capability, ConfinedPath, VolumeId};
+use crate::host::anchor::{Anchored, EntryFd};
+use crate::host::mounter;
+use crate::request::{AccessType, Capability, RequestPath, VolumeId};
 
 pub struct PublishCommand {
     pub volume: VolumeId,
-    pub staging: ConfinedPath,
-    pub target: ConfinedPath,
+    pub staging: RequestPath,
+    pub target: RequestPath,
     pub capability: Capability,
     pub readonly: bool,
 }
 
-pub struct UnpublishCommand {
-    pub volume: VolumeId,
-    pub target: ConfinedPath,
+/// What is bound: kept open until the bind is done, so it cannot change after it was proven.
+enum Source {
+    StagingMount(EntryFd),
+    Device(VolumeDevice),
 }
 
-/// Whether the mount at `target` is this staged volume: a filesystem bind carries the device's
-/// numbers; a block bind is a device node whose rdev is the device.
-pub fn is_ours(staged: &StagedVolume, entry: &MountEntry, target: &Path) -> bool {
-    let Ok((major, minor)) = block_dev_numbers(&staged.device) else {
-        return false;
-    };
-    match staged.access {
-        ebs_store::AccessRecord::Block => std::fs::metadata(target).is_ok_and(|m| {
-            nix::sys::stat::major(m.rdev()) as u32 == major
-                && nix::sys::stat::minor(m.rdev()) as u32 == minor
-        }),
-        ebs_store::AccessRecord::Mount { .. } => entry.major == major && entry.minor == minor,
+impl Source {
+    fn proc_path(&self) -> PathBuf {
+        match self {
+            Source::StagingMount(fd) => fd.proc_path(),
+            Source::Device(d) => d.held.proc_path(),
+        }
     }
 }
 
 pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let vol = cmd.volume.as_str();
-    let target = cmd.target.as_path();
-    let staged = ctx
-        .store
-        .staged(vol)?
-        .filter(|s| s.progress == Progress::Complete)
-        .ok_or_else(|| {
-            Error::Precondition(format!(
-                "volume {vol} is not staged on this node; call NodeStageVolume first"
-            ))
-        })?;
-    if staged.staging_path != cmd.staging.as_path() && !staged.staging_path.as_os_str().is_empty() {
-        return Err(Error::Precondition(format!(
-            "volume {vol} is staged at {}, not at {}",
-            staged.staging_path.display(),
-            cmd.staging
-        )));
-    }
-    let wanted = access_record(&cmd.capability);
-    let same_kind = match (&staged.access, &wanted) {
-        (ebs_store::AccessRecord::Block, ebs_store::AccessRecord::Block) => true,
-        (
-            ebs_store::AccessRecord::Mount { fs_type: a, .. },
-            ebs_store::AccessRecord::Mount { fs_type: b, .. },
-        ) => a == b,
-        _ => false,
-    };
-    if !same_kind {
-        return Err(Error::Precondition(format!(
-            "volume {vol} was staged for another access type than this publish asks for"
-        )));
-    }
+    let target_path = cmd.target.as_path();
+    // A path that leads through a symlink is a bad request whatever the volume's state.
+    check_publish_paths(cmd)?;
+    let staged = staged_here(ctx, cmd)?;
     let block = cmd.capability.is_block();
     let readonly = cmd.readonly || cmd.capability.mode.is_read_only() || staged.readonly;
     let (flags_raw, vfs_bits) = match &cmd.capability.access {
@@ -84,7 +53,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     };
     let mut record = Publication {
         volume_id: vol.to_string(),
-        target_path: target.to_path_buf(),
+        target_path: target_path.to_path_buf(),
         staging_path: staged.staging_path.clone(),
         block,
         readonly,
@@ -93,8 +62,14 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         progress: Progress::InProgress,
         at_unix_ms: now_unix_ms(),
     };
-    if let Some(existing) = ctx.store.publication(vol, target)?
+    let expected = Expected::of(ctx, vol, Some(&staged));
+    let prior = ctx.store.publication(vol, target_path)?;
+    let _turn = ctx.claims.take(vol, target_path, Use::Target, true)?;
+    let target = paths::prepare(&cmd.target)?;
+    let published_here = holder(ctx, &target, &expected)?;
+    if let Some(existing) = &prior
         && existing.access_mode != 0
+        && published_here.is_volume()
         && (existing.readonly != record.readonly
             || existing.block != record.block
             || existing.mount_flags != record.mount_flags
@@ -102,55 +77,39 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     {
         return Err(Error::AlreadyExists(format!(
             "volume {vol} is already published at {} with other arguments",
-            target.display()
+            target_path.display()
         )));
     }
     if cmd.capability.mode.single_publication() {
-        for other in ctx.store.publications(vol)? {
-            // statx rules most paths out before the mount table is read.
-            if other.target_path != target && mounted_at(&other.target_path)?.is_some() {
-                return Err(Error::Precondition(format!(
-                    "volume {vol} is already published at {}; its access mode allows one \
-                     publication on this node",
-                    other.target_path.display()
-                )));
-            }
-        }
+        check_single_publication(ctx, &staged, &expected, cmd)?;
     }
 
-    let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
-    match mounted_at(target)? {
-        Some(m) if is_ours(&staged, &m, target) => {
-            if m.is_read_only() != readonly {
+    match published_here {
+        Holder::Volume(m) => {
+            if m.read_only != readonly {
                 return Err(Error::AlreadyExists(format!(
                     "volume {vol} is already mounted at {} with readonly={}",
-                    target.display(),
-                    m.is_read_only()
+                    target_path.display(),
+                    m.read_only
                 )));
             }
         }
-        Some(m) => {
+        Holder::Foreign(what) => {
             return Err(Error::Precondition(format!(
-                "{} already has a mount of {} ({}) that is not volume {vol}; refusing to stack \
-                 another mount on it",
-                target.display(),
-                m.source,
-                m.fs_type
+                "{} already holds {what}, which is not volume {vol}; refusing to stack another \
+                 mount on it",
+                target_path.display()
             )));
         }
-        None => {
-            let source = if block {
-                create_block_target(target)?;
-                staged.device.clone()
-            } else {
-                ensure_dir(target)?;
-                staged.staging_path.clone()
-            };
+        Holder::Nothing => {
+            let source = source(ctx, &staged, &expected, block)?;
+            let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
             let facts = detail([
-                ("source", path_string(&source)),
-                ("target", path_string(target)),
+                ("source", path_string(&source_of(&staged, block))),
+                ("target", path_string(target_path)),
                 ("readonly", readonly.to_string()),
             ]);
+            check_target_is_ours_to_use(&target, block, prior.is_some())?;
             journal.record(
                 "bind",
                 Phase::Intent,
@@ -158,9 +117,19 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 Durability::Immediate,
                 |w| w.put_publication(&record),
             )?;
-            mounter::bind(&source, target, readonly, vfs_bits).map_err(|e| {
+            if let Err(e) = create_target(&target, block, prior.is_some()) {
+                // Someone made the path in between: the intent must not vouch for their file.
+                journal.record("bind", Phase::Failed, facts, Durability::Immediate, |w| {
+                    w.delete_publication(vol, target_path)
+                })?;
+                return Err(e);
+            }
+            if let Source::Device(d) = &source {
+                d.reverify(ctx)?;
+            }
+            mounter::bind(&source.proc_path(), &target, readonly, vfs_bits).map_err(|e| {
                 Error::io(
-                    format!("bind-mounting {} on {}", source.display(), target.display()),
+                    format!("bind-mounting volume {vol} on {}", target_path.display()),
                     e,
                 )
             })?;
@@ -169,118 +138,167 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     }
     record.progress = Progress::Complete;
     // Lazy: the bind intent (with the record) is already durable; if this line is lost, recovery
-    // finds the bind mount and keeps the publication, which behaves the same.
+    // finds the bind mount and completes the publication.
+    let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
     journal.record(
         "published",
         Phase::Done,
-        detail([("target", path_string(target))]),
+        detail([("target", path_string(target_path))]),
         Durability::Lazy,
         |w| w.put_publication(&record),
-    )
+    )?;
+    ctx.claims.record(vol, target_path, Use::Target);
+    Ok(())
 }
 
-/// A block volume is published as a file that the device node is bind-mounted onto.
-fn create_block_target(target: &Path) -> Result<()> {
-    match std::fs::symlink_metadata(target) {
-        Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(Error::Precondition(format!(
-            "{} exists and is not a regular file; a block volume is published onto a file",
-            target.display()
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(target)
-            .map(drop)
-            .map_err(|e| Error::io(format!("creating {}", target.display()), e)),
-        Err(e) => Err(Error::io(format!("inspecting {}", target.display()), e)),
-    }
+/// The path checks of a publish that ask the host, without changing anything: v0.1 runs them
+/// before its internal stage, so a target below a symlink leaves no staged volume behind.
+pub fn check_publish_paths(cmd: &PublishCommand) -> Result<()> {
+    paths::lookup(&cmd.target).map(drop)
 }
 
-pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
+/// The staged record, checked against the request: staged (or its in-progress stage mounted
+/// the volume, which completes it), at this staging path, for this kind of access.
+fn staged_here(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<StagedVolume> {
     let vol = cmd.volume.as_str();
-    let target = cmd.target.as_path();
-    let staged = ctx.store.staged(vol)?;
-    let journal = Journal::new(&ctx.store, vol, "unpublish", ctx.crash_after());
-    let facts = detail([("target", path_string(target))]);
-    if let Some(m) = mounted_at(target)? {
-        // A device that vanished (force-detached) cannot be compared any more: our own
-        // publication record then vouches for the mount, so a pod is never stuck on it.
-        let device_gone = staged
-            .as_ref()
-            .is_some_and(|s| block_dev_numbers(&s.device).is_err());
-        let vouched = device_gone && ctx.store.publication(vol, target)?.is_some();
-        if let Some(s) = &staged
-            && !vouched
-            && !is_ours(s, &m, target)
-        {
+    let not_staged = || {
+        Error::Precondition(format!(
+            "volume {vol} is not staged on this node; call NodeStageVolume first"
+        ))
+    };
+    let staged = ctx.store.staged(vol)?.ok_or_else(not_staged)?;
+    if staged.progress != Progress::Complete && !staged_mount_present(ctx, &staged)? {
+        return Err(not_staged());
+    }
+    if staged.staging_path != cmd.staging.as_path() && !staged.staging_path.as_os_str().is_empty() {
+        return Err(Error::Precondition(format!(
+            "volume {vol} is staged at {}, not at {}",
+            staged.staging_path.display(),
+            cmd.staging
+        )));
+    }
+    if !same_kind(&staged.access, &access_record(&cmd.capability)) {
+        return Err(Error::Precondition(format!(
+            "volume {vol} was staged for another access type than this publish asks for"
+        )));
+    }
+    Ok(staged)
+}
+
+fn check_single_publication(
+    ctx: &NodeCtx,
+    staged: &StagedVolume,
+    expected: &Expected,
+    cmd: &PublishCommand,
+) -> Result<()> {
+    for other in ctx.store.publications(&staged.volume_id)? {
+        if other.target_path == cmd.target.as_path() {
+            continue;
+        }
+        let Some(entry) = paths::lookup_recorded(ctx, &other.target_path)? else {
+            continue;
+        };
+        if holder(ctx, &entry, expected)?.is_volume() {
             return Err(Error::Precondition(format!(
-                "{} holds a mount of {} that is not volume {vol}; not unmounting it",
-                target.display(),
-                m.source
+                "volume {} is already published at {}; its access mode allows one publication \
+                 on this node",
+                staged.volume_id,
+                other.target_path.display()
             )));
         }
-        // Lazy, unlike the intents of publish and stage: nothing resumes from an unmount's
-        // intent. After a crash the host says whether the unmount happened (the mount is there
-        // or not), and recovery drops a record whose mount is gone; an fsync here would only
-        // make the explanation durable, at the cost of one fsync per unpublish.
-        journal.step("unmount", facts.clone(), Durability::Lazy, || {
-            unmount_all(target)
-        })?;
     }
-    remove_target(target)?;
-    // Lazy: if this line is lost, recovery finds the mount gone and drops the record itself.
-    journal.record("unpublished", Phase::Done, facts, Durability::Lazy, |w| {
-        w.delete_publication(vol, target)
-    })
+    Ok(())
 }
 
-/// Unmounts until nothing is left at `path` (a crashed earlier call may have stacked mounts).
-/// umount(2) itself says when nothing is left (EINVAL: not a mount point), which is far cheaper
-/// than reading the mount table again with hundreds of volumes mounted.
-pub fn unmount_all(path: &Path) -> Result<()> {
-    for _ in 0..8 {
-        match mounter::unmount(path)
-            .map_err(|e| Error::io(format!("unmounting {}", path.display()), e))?
-        {
-            Unmounted::NotMounted => return Ok(()),
-            Unmounted::Detached => {
-                tracing::warn!(path = %path.display(), "mount was dead (ENOTCONN/ESTALE); detached lazily");
-            }
-            Unmounted::Done => {}
-        }
+/// The volume as it is bound: the staging mount, proven on the fd that is bound (publishing from
+/// an empty staging directory would hand the pod the host's root filesystem), or for block access
+/// the device, held and proven (a detach and a new attach reuse device numbers).
+fn source(
+    ctx: &NodeCtx,
+    staged: &StagedVolume,
+    expected: &Expected,
+    block: bool,
+) -> Result<Source> {
+    if block {
+        return Ok(Source::Device(
+            VolumeDevice::hold_recorded(ctx, staged).map_err(|e| match e {
+                Error::WrongDevice { reason, .. } => Error::Precondition(format!(
+                    "volume {} is no longer the device {} it was staged on: {reason}; unstage \
+                     and stage it again",
+                    staged.volume_id,
+                    staged.device.display()
+                )),
+                other => other,
+            })?,
+        ));
     }
-    if mounted_at(path)?.is_none() {
-        return Ok(());
-    }
-    Err(Error::Internal(format!(
-        "{} is still mounted after repeated unmounts",
-        path.display()
-    )))
-}
-
-/// Removes the directory or file that publish created. A non-empty directory is left alone:
-/// it is not ours to delete.
-fn remove_target(target: &Path) -> Result<()> {
-    let meta = match std::fs::symlink_metadata(target) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format!("inspecting {}", target.display()), e)),
+    let staging = paths::lookup_recorded(ctx, &staged.staging_path)?;
+    let nothing = || {
+        Error::Precondition(format!(
+            "nothing is mounted at the staging path {}: the volume's filesystem is not there \
+             (unmounted behind the agent's back?); stage the volume again",
+            staged.staging_path.display()
+        ))
     };
-    let result = if meta.is_dir() {
-        std::fs::remove_dir(target)
-    } else if meta.is_file() && meta.len() == 0 {
-        std::fs::remove_file(target)
+    let staging = staging.ok_or_else(nothing)?;
+    let fd = staging
+        .open_entry()
+        .map_err(|e| Error::io(format!("opening {}", staged.staging_path.display()), e))?;
+    match holder_of(ctx, &fd, &staging, expected)? {
+        Holder::Volume(_) => Ok(Source::StagingMount(fd)),
+        Holder::Nothing => Err(nothing()),
+        Holder::Foreign(what) => Err(Error::Precondition(format!(
+            "the staging path {} holds {what}, not volume {}; refusing to publish it",
+            staged.staging_path.display(),
+            staged.volume_id
+        ))),
+    }
+}
+
+fn source_of(staged: &StagedVolume, block: bool) -> PathBuf {
+    if block {
+        staged.device.clone()
     } else {
-        return Ok(());
-    };
-    match result {
-        Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-            tracing::warn!(target = %target.display(), "target directory is not empty; left in place");
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(format!("removing {}", target.display()), e)),
+        staged.staging_path.clone()
     }
+}
+
+/// An existing file at a block target is used only when an earlier attempt of this publication
+/// (its durable intent) made it: anything else may be a host file (kubelet's config, the agent's
+/// own state) that a bind would cover and a later unpublish would delete.
+fn check_target_is_ours_to_use(target: &Anchored, block: bool, recorded: bool) -> Result<()> {
+    let st = target
+        .stat()
+        .map_err(|e| Error::io(format!("inspecting {}", target.path().display()), e))?;
+    let Some(st) = st else { return Ok(()) };
+    use rustix::fs::FileType;
+    match (block, st.kind) {
+        (false, FileType::Directory) => Ok(()),
+        (true, FileType::RegularFile) if recorded => Ok(()),
+        (true, FileType::RegularFile) => Err(Error::Precondition(format!(
+            "{} already exists and the agent did not create it; a block volume is published \
+             onto a file the agent creates itself",
+            target.path().display()
+        ))),
+        (true, _) => Err(Error::Precondition(format!(
+            "{} exists and is not a regular file; a block volume is published onto a file",
+            target.path().display()
+        ))),
+        (false, _) => Err(Error::Precondition(format!(
+            "{} exists and is not a directory",
+            target.path().display()
+        ))),
+    }
+}
+
+fn create_target(target: &Anchored, block: bool, recorded: bool) -> Result<()> {
+    let made = if block {
+        match target.create_file() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && recorded => Ok(()),
+            other => other,
+        }
+    } else {
+        target.mkdir()
+    };
+    made.map_err(|e| Error::Precondition(format!("creating {}: {e}", target.path().display())))
 }

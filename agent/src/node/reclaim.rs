@@ -7,26 +7,24 @@
 //! allocation to the node) it is the filesystem's used bytes, which a trim does not change: an
 //! honest "unchanged" rather than an invented saving.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, open};
-use nix::sys::stat::Mode;
 
 use super::journal::{Journal, detail};
-use super::{NodeCtx, mounted_at, path_string};
-use crate::backend::block_dev_numbers;
+use super::ownership::{Expected, Holder, holder_of};
+use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
 use crate::host::trim::trim_free_space;
-use crate::request::{ConfinedPath, VolumeId};
+use crate::request::{RequestPath, VolumeId};
 
 /// Where the caller says the volume is: the CSI-Addons sidecar sends the staging path; a caller
 /// that knows only a workload's mount sends that publication's target path.
 pub enum ReclaimPath {
-    Staging(ConfinedPath),
-    Published(ConfinedPath),
+    Staging(RequestPath),
+    Published(RequestPath),
 }
 
 pub struct ReclaimCommand {
@@ -68,7 +66,8 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         .staged(vol)?
         .filter(|s| s.progress == Progress::Complete)
         .ok_or_else(|| Error::NotFound(format!("volume {vol} is not staged on this node")))?;
-    let path = known_path(ctx, &staged, &cmd.path)?;
+    let given = known_path(ctx, &staged, &cmd.path)?;
+    let path = given.as_path();
     let not_here = || Error::PathNotFound {
         volume: vol.to_string(),
         path: path.to_path_buf(),
@@ -79,27 +78,17 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
              filesystem it mounted (discard a raw device from the workload itself); do not retry"
         )));
     }
-    ctx.backend
-        .still_is(&staged.device, &staged.identity)
-        .map_err(|reason| Error::WrongDevice {
-            volume: vol.to_string(),
-            device: staged.device.clone(),
-            reason,
-        })?;
-    let (major, minor) = block_dev_numbers(&staged.device)
-        .map_err(|e| Error::io(format!("device {}", staged.device.display()), e))?;
-    let mount = mounted_at(path)?
-        .filter(|m| m.major == major && m.minor == minor)
-        .ok_or_else(not_here)?;
-    let dir = open_mount_root(path)?;
-    // The descriptor, not the path, is what gets trimmed: make sure it is the volume's filesystem
-    // even if the path changed since the mount table was read.
-    let st_dev = nix::sys::stat::fstat(&dir)
-        .map_err(|e| Error::io(format!("stat {}", path.display()), e.into()))?
-        .st_dev;
-    if st_dev != nix::sys::stat::makedev(u64::from(major), u64::from(minor)) {
+    // The descriptor, not the path, is what gets trimmed: it is proven to be the volume's
+    // filesystem root (its device asked for its identity right now).
+    let entry = paths::lookup(given)?.ok_or_else(not_here)?;
+    let dir = entry.open_dir().map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) => not_here(),
+        _ => Error::io(format!("opening {}", path.display()), e),
+    })?;
+    let expected = Expected::of(ctx, vol, Some(&staged));
+    let Holder::Volume(mount) = holder_of(ctx, &dir, &entry, &expected)? else {
         return Err(not_here());
-    }
+    };
 
     let journal = Journal::new(&ctx.store, vol, "reclaim", ctx.crash_after());
     let facts = detail([
@@ -154,16 +143,16 @@ fn known_path<'a>(
     ctx: &NodeCtx,
     staged: &StagedVolume,
     given: &'a ReclaimPath,
-) -> Result<&'a Path> {
+) -> Result<&'a RequestPath> {
     let vol = &staged.volume_id;
     let (path, known) = match given {
         ReclaimPath::Staging(p) => (
-            p.as_path(),
+            p,
             // Records rebuilt from the mount table may lack the path; the mount check decides.
             staged.staging_path == p.as_path() || staged.staging_path.as_os_str().is_empty(),
         ),
         ReclaimPath::Published(p) => (
-            p.as_path(),
+            p,
             ctx.store
                 .publications(vol)?
                 .iter()
@@ -175,23 +164,12 @@ fn known_path<'a>(
     } else {
         Err(Error::PathNotFound {
             volume: vol.clone(),
-            path: path.to_path_buf(),
+            path: path.as_path().to_path_buf(),
         })
     }
 }
 
-fn open_mount_root(path: &Path) -> Result<OwnedFd> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    open(path, flags, Mode::empty()).map_err(|e| match e {
-        Errno::ENOENT | Errno::ENOTDIR => Error::NotFound(format!(
-            "{} does not exist or is not a directory",
-            path.display()
-        )),
-        e => Error::io(format!("opening {}", path.display()), e.into()),
-    })
-}
-
-fn filesystem_used(dir: &OwnedFd, path: &Path) -> Result<u64> {
+fn filesystem_used(dir: impl AsFd, path: &Path) -> Result<u64> {
     let st = nix::sys::statvfs::fstatvfs(dir)
         .map_err(|e| Error::io(format!("statvfs {}", path.display()), e.into()))?;
     Ok((st.blocks().saturating_sub(st.blocks_free()) as u64).saturating_mul(st.fragment_size()))
@@ -242,7 +220,7 @@ mod tests {
 
     #[test]
     fn filesystem_used_is_within_the_filesystem() {
-        let dir = open_mount_root(Path::new("/")).unwrap();
+        let dir = std::fs::File::open("/").unwrap();
         let st = nix::sys::statvfs::fstatvfs(&dir).unwrap();
         let used = filesystem_used(&dir, Path::new("/")).unwrap();
         assert!(used <= st.blocks() as u64 * st.fragment_size());

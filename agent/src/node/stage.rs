@@ -3,27 +3,32 @@
 //! a retry after a crash re-derives every decision from the journal's facts and the host.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Instant;
 
 use ebs_store::{
     AccessRecord, Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
 };
 
+use super::claims::Use;
+use super::device::VolumeDevice;
 use super::format::{Decision, Existing, decide, format_device, format_record, probe_with_size};
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
-use super::{NodeCtx, ensure_dir, mounted_at, path_string};
-use crate::backend::{ResolvedDevice, block_dev_numbers};
+use super::ownership::{Expected, Holder, holder};
+use super::{NodeCtx, path_string, paths};
+use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
+use crate::host::anchor::Anchored;
 use crate::host::fstools::FsckOutcome;
 use crate::host::mounter;
 use crate::node::identity::same_identity;
-use crate::request::{AccessType, Capability, ConfinedPath, FormatOptions, FsType, VolumeId};
+use crate::request::{
+    AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, VolumeId,
+};
 
 pub struct StageCommand {
     pub volume: VolumeId,
-    pub staging: ConfinedPath,
+    pub staging: RequestPath,
     pub capability: Capability,
     pub publish_context: HashMap<String, String>,
     pub volume_context: HashMap<String, String>,
@@ -40,11 +45,12 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             .supports(fs)
             .map_err(|why| Error::FsUnavailable(fs.name().into(), why))?;
     }
-    let staging = cmd.staging.as_path();
+    let staging_path = cmd.staging.as_path();
+    let _turn = ctx.claims.take(vol, staging_path, Use::Staging, true)?;
 
-    let device = journal.step(
+    let resolved = journal.step(
         "resolve_device",
-        detail([("staging", path_string(staging))]),
+        detail([("staging", path_string(staging_path))]),
         Durability::Lazy,
         || {
             ctx.backend.resolve(
@@ -56,19 +62,23 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         },
     )?;
     let format = ctx.store.format(vol)?;
-    journal.step(
+    let mut device = journal.step(
         "verify_identity",
-        detail([("device", path_string(&device.path))]),
+        detail([("device", path_string(&resolved.path))]),
         Durability::Lazy,
-        || verify_identity(&cmd.volume, &device, format.as_ref()),
+        || {
+            verify_identity(&cmd.volume, &resolved, format.as_ref())?;
+            VolumeDevice::hold(ctx, vol, &resolved)
+        },
     )?;
 
     let readonly = cmd.capability.mode.is_read_only();
     let mut record = StagedVolume {
         volume_id: vol.to_string(),
-        staging_path: staging.to_path_buf(),
-        device: device.path.clone(),
-        identity: device.identity.clone(),
+        staging_path: staging_path.to_path_buf(),
+        device: resolved.path.clone(),
+        devnum: Some(device.devnum()),
+        identity: resolved.identity.clone(),
         access: access_record(&cmd.capability),
         access_mode: cmd.capability.mode.to_proto() as i32,
         readonly,
@@ -78,54 +88,118 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let AccessType::Mount { fs, flags } = &cmd.capability.access else {
         // Block access: the device is verified and recorded; nothing is mounted.
         record.progress = Progress::Complete;
-        return journal.record(
+        journal.record(
             "staged",
             Phase::Done,
-            detail([("device", path_string(&device.path))]),
+            detail([("device", path_string(&resolved.path))]),
             Durability::Immediate,
             |w| w.put_staged(&record),
-        );
+        )?;
+        ctx.claims.record(vol, staging_path, Use::Staging);
+        return Ok(());
     };
     let fs = *fs;
     let readonly = readonly || flags.wants_read_only();
-    ensure_dir(staging)?;
-
-    let (major, minor) = block_dev_numbers(&device.path)
-        .map_err(|e| Error::io(format!("inspecting {}", device.path.display()), e))?;
-    let already = match mounted_at(staging)? {
-        Some(m) if m.major == major && m.minor == minor && m.root == Path::new("/") => true,
-        Some(m) => {
+    let staging = paths::prepare(&cmd.staging)?;
+    staging
+        .mkdir()
+        .map_err(|e| Error::Precondition(format!("staging path {staging_path:?}: {e}")))?;
+    let expected = Expected::resolved(vol, device.identity.clone(), device.devnum());
+    let already = match holder(ctx, &staging, &expected)? {
+        Holder::Volume(_) => true,
+        Holder::Foreign(what) => {
             return Err(Error::Precondition(format!(
-                "{} already has a mount of {} ({}) that is not volume {vol}; refusing to stack \
+                "{} already holds {what}, which is not volume {vol}; refusing to stack \
                  another mount on it",
-                staging.display(),
-                m.source,
-                m.fs_type
+                staging_path.display()
             )));
         }
-        None => false,
+        Holder::Nothing => false,
     };
 
     // Whether this stage already knows the filesystem fills the device: mkfs made it so, or the
     // offline check before the mount compared the two.
     let mut size_settled = false;
     if !already {
+        let steps = MountSteps {
+            ctx,
+            journal: &journal,
+            cmd,
+            fs,
+            flags,
+            readonly,
+            format: format.as_ref(),
+        };
+        size_settled = steps.run(&mut device, &staging, &mut record)?;
+    }
+
+    if !readonly && !size_settled {
+        device.reverify(ctx)?;
+        grow_if_needed(ctx, &journal, fs, device.path(), staging_path)?;
+    }
+    record.progress = Progress::Complete;
+    record.at_unix_ms = now_unix_ms();
+    // Lazy: the durable mount intent already holds this record (in progress), and both recovery
+    // and the next call complete an in-progress record whose staging mount is the volume's, so a
+    // lost completion costs nothing; it saves one fsync per stage.
+    journal.record(
+        "staged",
+        Phase::Done,
+        detail([("staging", path_string(staging_path))]),
+        Durability::Lazy,
+        |w| w.put_staged(&record),
+    )?;
+    ctx.claims.record(vol, staging_path, Use::Staging);
+    Ok(())
+}
+
+/// Probe, format or check, mount: the steps of a stage that finds nothing mounted yet.
+struct MountSteps<'a> {
+    ctx: &'a NodeCtx,
+    journal: &'a Journal<'a>,
+    cmd: &'a StageCommand,
+    fs: FsType,
+    flags: &'a MountFlags,
+    readonly: bool,
+    format: Option<&'a FormatRecord>,
+}
+
+impl MountSteps<'_> {
+    /// Returns whether the filesystem is known to fill the device.
+    fn run(
+        &self,
+        device: &mut VolumeDevice,
+        staging: &Anchored,
+        record: &mut StagedVolume,
+    ) -> Result<bool> {
+        let (ctx, journal, fs) = (self.ctx, self.journal, self.fs);
+        let vol = journal.volume();
+        // Held exclusively while it is probed and judged: a concurrent mkfs, or a mount of the
+        // device elsewhere, fails here instead of racing with us.
+        device.held.claim_exclusive().map_err(|e| {
+            Error::Precondition(format!(
+                "{} is in use ({e}): mounted elsewhere, or claimed by another process (a mkfs \
+                 still running?); nothing was formatted or mounted",
+                device.path().display()
+            ))
+        })?;
         let probed = journal.step(
             "probe",
-            detail([("device", path_string(&device.path))]),
+            detail([("device", path_string(device.path()))]),
             Durability::Lazy,
-            || probe_with_size(&device.path, fs),
+            || probe_with_size(device.path(), fs),
         )?;
-        let mut data = flags.data().to_vec();
+        let mut data = self.flags.data().to_vec();
         if fs == FsType::Xfs {
             // A volume and its snapshot clone share a UUID; xfs refuses the second without this.
             data.push("nouuid".into());
         }
+        let staging_path = self.cmd.staging.as_path();
         let facts = detail([
-            ("device", path_string(&device.path)),
-            ("staging", path_string(staging)),
+            ("device", path_string(device.path())),
+            ("staging", path_string(staging_path)),
             ("options", data.join(",")),
-            ("readonly", readonly.to_string()),
+            ("readonly", self.readonly.to_string()),
         ]);
         let mount_intent = || {
             journal.record(
@@ -133,102 +207,97 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
                 Phase::Intent,
                 facts.clone(),
                 Durability::Immediate,
-                |w| w.put_staged(&record),
+                |w| w.put_staged(record),
             )
         };
-        match decide(vol, fs, &device, format.as_ref(), probed, readonly)? {
+        let size_settled = match decide(vol, fs, device.path(), self.format, probed, self.readonly)?
+        {
             Decision::Format { uuid } => {
-                format_device(ctx, &journal, cmd, fs, &device, &uuid)?;
+                format_device(ctx, journal, fs, device, &uuid, &self.cmd.format)?;
                 mount_intent()?;
-                size_settled = true;
+                true
             }
             // The intent must be on disk before mount(2), not before the fsck: committing it
             // while e2fsck runs takes its fsync off the stage's critical path.
             Decision::Check(found) => {
-                alongside(mount_intent, || {
-                    check_existing(ctx, &journal, fs, &device, found, readonly)
-                })?;
+                device.held.release_exclusive();
+                alongside(mount_intent, || self.check_existing(device, found))?;
                 // The offline check covers ext; xfs grows only mounted.
-                size_settled = fs.is_ext();
+                fs.is_ext()
             }
-        }
+        };
         // xfs needs no fsck: its log is replayed by the kernel at mount.
-        mounter::mount_device(
-            &device.path,
-            staging,
-            fs.name(),
-            flags.vfs_bits(),
-            &data,
-            readonly,
-        )
-        .map_err(|e| {
-            Error::io(
-                format!(
-                    "mounting {} on {}",
-                    device.path.display(),
-                    staging.display()
-                ),
-                e,
+        let mounted = device.reverify(ctx).and_then(|()| {
+            let target = staging
+                .open_entry()
+                .map_err(|e| Error::io(format!("opening {}", staging_path.display()), e))?;
+            mounter::mount_device(
+                device.path(),
+                &target,
+                fs.name(),
+                self.flags.vfs_bits(),
+                &data,
+                self.readonly,
             )
-        })?;
+            .map_err(|e| {
+                Error::io(
+                    format!(
+                        "mounting {} on {}",
+                        device.path().display(),
+                        staging_path.display()
+                    ),
+                    e,
+                )
+            })
+        });
+        if let Err(e) = mounted {
+            // Nothing was mounted: the record goes, so that a corrected retry (other options,
+            // another path) is not held to this one.
+            let mut failed = facts;
+            failed.insert("error".into(), e.to_string());
+            let _ = journal.record("mount", Phase::Failed, failed, Durability::Lazy, |w| {
+                w.delete_staged(vol)
+            });
+            return Err(e);
+        }
         journal.note("mount", Phase::Done, facts);
+        Ok(size_settled)
     }
 
-    if !readonly && !size_settled {
-        grow_if_needed(ctx, &journal, fs, &device.path, staging)?;
+    /// Uses the filesystem already on the device: records it as ours if it was made elsewhere,
+    /// checks it, and grows it offline when the device grew.
+    fn check_existing(&self, device: &VolumeDevice, found: Existing) -> Result<()> {
+        let (ctx, journal, fs) = (self.ctx, self.journal, self.fs);
+        let Existing {
+            uuid,
+            adopt,
+            fs_bytes,
+        } = found;
+        if adopt {
+            let fact = format_record(journal.volume(), fs, &uuid, device, FormatState::Done);
+            ctx.store
+                .write(Durability::Immediate, |w| w.put_format(&fact))?;
+        }
+        if self.readonly {
+            return Ok(());
+        }
+        device.reverify(ctx)?;
+        let outcome = journal.step(
+            "check",
+            detail([("device", path_string(device.path())), ("uuid", uuid)]),
+            Durability::Lazy,
+            || ctx.fstools.check(fs, device.path()),
+        )?;
+        if let FsckOutcome::Repaired(code) = outcome {
+            tracing::warn!(
+                volume = journal.volume(),
+                code,
+                "e2fsck repaired the filesystem"
+            );
+        }
+        grow_offline_if_needed(ctx, journal, fs, device.path(), fs_bytes)?;
+        Ok(())
     }
-    record.progress = Progress::Complete;
-    record.at_unix_ms = now_unix_ms();
-    // Lazy: the durable mount intent already holds this record (in progress), and start-up
-    // recovery completes an in-progress record whose staging mount is there, so a lost
-    // completion costs nothing; it saves one fsync per stage.
-    journal.record(
-        "staged",
-        Phase::Done,
-        detail([("staging", path_string(staging))]),
-        Durability::Lazy,
-        |w| w.put_staged(&record),
-    )
-}
-
-/// Uses the filesystem already on the device: records it as ours if it was made elsewhere, checks
-/// it, and grows it offline when the device grew.
-fn check_existing(
-    ctx: &NodeCtx,
-    journal: &Journal<'_>,
-    fs: FsType,
-    device: &ResolvedDevice,
-    found: Existing,
-    readonly: bool,
-) -> Result<()> {
-    let Existing {
-        uuid,
-        adopt,
-        fs_bytes,
-    } = found;
-    if adopt {
-        let fact = format_record(journal.volume(), fs, &uuid, device, FormatState::Done);
-        ctx.store
-            .write(Durability::Immediate, |w| w.put_format(&fact))?;
-    }
-    if readonly {
-        return Ok(());
-    }
-    let outcome = journal.step(
-        "check",
-        detail([("device", path_string(&device.path)), ("uuid", uuid)]),
-        Durability::Lazy,
-        || ctx.fstools.check(fs, &device.path),
-    )?;
-    if let FsckOutcome::Repaired(code) = outcome {
-        tracing::warn!(
-            volume = journal.volume(),
-            code,
-            "e2fsck repaired the filesystem"
-        );
-    }
-    grow_offline_if_needed(ctx, journal, fs, &device.path, fs_bytes)?;
-    Ok(())
 }
 
 /// Runs `side` on a second thread while `main` runs here; both must succeed. If no thread can be
@@ -253,11 +322,16 @@ fn alongside(
     })
 }
 
-/// A volume is staged at one path with one capability; anything else is ALREADY_EXISTS.
+/// A volume is staged at one path with one capability; anything else is ALREADY_EXISTS. A
+/// stage that failed or was interrupted before its mount never holds a corrected retry to its
+/// arguments: only a record whose staging mount the host shows counts.
 fn check_compatible(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let Some(existing) = ctx.store.staged(cmd.volume.as_str())? else {
         return Ok(());
     };
+    if existing.progress == Progress::InProgress && !staged_mount_present(ctx, &existing)? {
+        return Ok(());
+    }
     // Access mode 0: a record rebuilt by `recover --from-mounts`, which cannot know what the CO
     // asked for; the CO's request is taken as the truth.
     let recovered = existing.access_mode == 0;
@@ -270,13 +344,8 @@ fn check_compatible(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             existing.staging_path.display()
         )));
     }
-    let same_kind = match (&existing.access, &access_record(&cmd.capability)) {
-        (AccessRecord::Block, AccessRecord::Block) => true,
-        (AccessRecord::Mount { fs_type: a, .. }, AccessRecord::Mount { fs_type: b, .. }) => a == b,
-        _ => false,
-    };
     let compatible = if recovered {
-        same_kind
+        same_kind(&existing.access, &access_record(&cmd.capability))
     } else {
         existing.access == access_record(&cmd.capability)
             && existing.access_mode == cmd.capability.mode.to_proto() as i32
@@ -289,6 +358,27 @@ fn check_compatible(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the host shows a staged record's filesystem at its staging path.
+pub fn staged_mount_present(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool> {
+    if matches!(staged.access, AccessRecord::Block) {
+        return Ok(true);
+    }
+    let Some(entry) = paths::lookup_recorded(ctx, &staged.staging_path)? else {
+        return Ok(false);
+    };
+    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
+    Ok(holder(ctx, &entry, &expected)?.is_volume())
+}
+
+/// Block with block, or the same filesystem type (mount flags aside).
+pub fn same_kind(a: &AccessRecord, b: &AccessRecord) -> bool {
+    match (a, b) {
+        (AccessRecord::Block, AccessRecord::Block) => true,
+        (AccessRecord::Mount { fs_type: a, .. }, AccessRecord::Mount { fs_type: b, .. }) => a == b,
+        _ => false,
+    }
 }
 
 pub fn access_record(cap: &Capability) -> AccessRecord {

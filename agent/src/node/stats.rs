@@ -9,16 +9,16 @@ use std::path::Path;
 
 use ebs_store::{AccessRecord, Progress, StagedVolume};
 
+use super::NodeCtx;
 use super::health_check::{self, Condition};
-use super::{NodeCtx, mount_table};
 use crate::error::{Error, Result};
 use crate::host::loopdev;
-use crate::request::{ConfinedPath, VolumeId};
+use crate::request::{RequestPath, VolumeId};
 
 pub struct StatsCommand {
     pub volume: VolumeId,
-    pub volume_path: ConfinedPath,
-    pub staging: Option<ConfinedPath>,
+    pub volume_path: RequestPath,
+    pub staging: Option<RequestPath>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,8 +80,7 @@ pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
             },
         });
     }
-    let table = mount_table()?;
-    let findings = health_check::examine(ctx.backend.as_ref(), &staged, &table, path);
+    let findings = health_check::examine(ctx, &staged, path);
     let usage = match staged.access {
         AccessRecord::Mount { .. } if findings.fs_mounted => Some(filesystem_usage(path)?),
         AccessRecord::Block if findings.device_ok => Some(block_usage(&staged)?),

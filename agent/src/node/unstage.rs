@@ -1,80 +1,83 @@
-//! NodeUnstageVolume: refuse while any publication is still mounted, unmount the staging path,
-//! forget the staging. The staging directory itself belongs to the CO; the format fact stays.
+//! NodeUnstageVolume: refuse while the volume is still published, take the volume's own mount
+//! away from the staging path (and nothing else), forget the staging. The staging directory
+//! itself belongs to the CO; the format fact stays.
 
-use ebs_store::{Durability, Phase};
+use ebs_store::{AccessRecord, Durability, Phase};
 
+use super::claims::Use;
 use super::journal::{Journal, detail};
-use super::publish::unmount_all;
-use super::{NodeCtx, mount_table, path_string};
-use crate::backend::block_dev_numbers;
+use super::ownership::{Expected, holder};
+use super::unpublish::take_down;
+use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
-use crate::request::{ConfinedPath, VolumeId};
+use crate::host::device::still_claimed;
+use crate::request::{RequestPath, VolumeId};
 
 pub struct UnstageCommand {
     pub volume: VolumeId,
-    pub staging: ConfinedPath,
+    pub staging: RequestPath,
 }
 
 pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     let vol = cmd.volume.as_str();
-    let staging = cmd.staging.as_path();
+    let staging_path = cmd.staging.as_path();
+    let _turn = ctx.claims.take(vol, staging_path, Use::Staging, false)?;
     let staged = ctx.store.staged(vol)?;
-    let table = mount_table()?;
+    let recorded = staged
+        .as_ref()
+        .is_some_and(|s| s.staging_path == staging_path);
+    let expected = Expected::of(ctx, vol, staged.as_ref());
 
-    let published: Vec<String> = ctx
-        .store
-        .publications(vol)?
-        .into_iter()
-        .filter(|p| table.at(&p.target_path).is_some())
-        .map(|p| p.target_path.display().to_string())
-        .collect();
+    // Each recorded publication, asked of the host: a workload still using the volume keeps it.
+    let mut published = Vec::new();
+    for p in ctx.store.publications(vol)? {
+        if let Some(entry) = paths::lookup_recorded(ctx, &p.target_path)?
+            && holder(ctx, &entry, &expected)?.is_volume()
+        {
+            published.push(p.target_path.display().to_string());
+        }
+    }
     if !published.is_empty() {
         return Err(Error::Precondition(format!(
             "volume {vol} is still published at {}; unpublish it first",
             published.join(", ")
         )));
     }
-    let at_staging = table.at(staging).cloned();
-    if let Some(s) = &staged
-        && let Ok((major, minor)) = block_dev_numbers(&s.device)
-    {
-        // A lost publication record must not let us pull the filesystem from under a workload.
-        let elsewhere: Vec<String> = table
-            .mounts_of_device(major, minor)
-            .filter(|m| m.mount_point != staging)
-            .map(|m| m.mount_point.display().to_string())
-            .collect();
-        if matches!(s.access, ebs_store::AccessRecord::Mount { .. }) && !elsewhere.is_empty() {
-            return Err(Error::Precondition(format!(
-                "volume {vol} is still mounted at {}; unpublish it first",
-                elsewhere.join(", ")
-            )));
-        }
-        if let Some(m) = &at_staging
-            && (m.major, m.minor) != (major, minor)
-        {
-            return Err(Error::Precondition(format!(
-                "{} holds a mount of {} that is not volume {vol}; not unmounting it",
-                staging.display(),
-                m.source
-            )));
-        }
-    }
 
     let journal = Journal::new(&ctx.store, vol, "unstage", ctx.crash_after());
-    let facts = detail([("staging", path_string(staging))]);
-    if at_staging.is_some() {
-        // Lazy: as for unpublish, the host and not the journal says whether the unmount
-        // happened, so the intent's fsync would buy nothing a retry or recovery reads.
-        journal.step("unmount", facts.clone(), Durability::Lazy, || {
-            unmount_all(staging)
-        })?;
+    let facts = detail([("staging", path_string(staging_path))]);
+    let mut device = expected.recorded_devnum();
+    if let Some(entry) = paths::lookup(&cmd.staging)? {
+        if let super::ownership::Holder::Volume(m) = holder(ctx, &entry, &expected)? {
+            device = Some(m.dev);
+        }
+        take_down(ctx, &journal, &entry, &expected, recorded, "staging mount")?;
     }
-    if staged.is_none() && at_staging.is_none() {
+    let is_fs = staged
+        .as_ref()
+        .is_none_or(|s| matches!(s.access, AccessRecord::Mount { .. }));
+    // A publication the agent has no record of (records lost, or a bind made behind its back)
+    // still holds the filesystem: the kernel still claims the device. The staging mount is gone
+    // by now, which no workload notices; the record stays until the filesystem is free, so the
+    // CO does not detach a volume in use.
+    if is_fs
+        && let Some(dev) = device
+        && expected.is_device(ctx, dev)
+        && still_claimed(dev)
+    {
+        return Err(Error::Precondition(format!(
+            "the filesystem of volume {vol} is still mounted elsewhere (a publication the agent \
+             has no record of?); its staging mount was removed, the volume stays staged until \
+             nothing else uses it: unpublish it first"
+        )));
+    }
+    if !recorded {
         return Ok(());
     }
     // Lazy: if this line is lost, recovery finds the staging mount gone and drops the record.
     journal.record("unstaged", Phase::Done, facts, Durability::Lazy, |w| {
         w.delete_staged(vol)
-    })
+    })?;
+    ctx.claims.forget(vol, staging_path);
+    Ok(())
 }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 pub use capability::{AccessMode, AccessType, Capability, FsType};
 pub use format_options::FormatOptions;
 pub use mount_flags::MountFlags;
-pub use paths::{ConfinedPath, MAX_PATH_BYTES, RequestPath, parse_prefix};
+pub use paths::{MAX_PATH_BYTES, RequestPath, Roots, parse_prefix};
 
 /// CSI's limit for string fields.
 pub const MAX_STRING_BYTES: usize = 128;

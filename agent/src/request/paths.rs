@@ -1,7 +1,8 @@
-//! Paths handed to us by the CO. At the door they become `RequestPath` (absolute, normalised,
-//! inside an allowed prefix: no host access), and with the host work, off the async executor,
-//! `ConfinedPath` (no symlink below the prefix), so nothing downstream can be led outside the
-//! roots the operator allowed, and a lookup hanging below a dead mount never stalls Probe.
+//! Paths handed to us by the CO. At the door they become `RequestPath`: absolute, normalised,
+//! strictly below an allowed prefix, never a prefix itself nor an ancestor of one, and clear of
+//! the agent's own directories. Those checks need no host access; the rest (no symlink on the
+//! way, nothing swapped between check and use) happens when the host work resolves the path
+//! through file descriptors (`host::anchor`), off the async executor.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -10,25 +11,24 @@ use super::ValidationError;
 /// Linux PATH_MAX: the spec asks us to accept the OS maximum.
 pub const MAX_PATH_BYTES: usize = 4096;
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConfinedPath(PathBuf);
+/// Where request paths may lie, and the agent's own directories, where they may not.
+#[derive(Clone, Debug, Default)]
+pub struct Roots {
+    /// Staging and target paths lie strictly below one of these.
+    pub allowed: Vec<PathBuf>,
+    /// The state directory and the sockets' directories: never a staging or target path, nor
+    /// inside or above one of them.
+    pub reserved: Vec<PathBuf>,
+}
 
-impl ConfinedPath {
-    pub fn as_path(&self) -> &Path {
-        &self.0
-    }
-
-    /// A path the agent builds itself under a prefix it owns (v0.1 internal staging).
-    pub fn trusted(path: PathBuf) -> Self {
-        ConfinedPath(path)
+impl Roots {
+    pub fn new(allowed: Vec<PathBuf>, reserved: Vec<PathBuf>) -> Self {
+        Roots { allowed, reserved }
     }
 }
 
-/// A request path that passed the checks which need no host access: absolute, normalised,
-/// inside an allowed prefix. Only `confine` makes a `ConfinedPath` of it: that walk asks the
-/// host's file tree, and an lstat below a hung mount can block for minutes, so it runs on a
-/// blocking thread and never on the async executor that answers Probe.
-#[derive(Clone, Debug)]
+/// A request path that passed the lexical checks, with the allowed prefix it lies below.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestPath {
     field: &'static str,
     path: PathBuf,
@@ -36,13 +36,38 @@ pub struct RequestPath {
 }
 
 impl RequestPath {
-    pub fn parse(
-        field: &'static str,
-        raw: &str,
-        allowed: &[PathBuf],
-    ) -> Result<Self, ValidationError> {
+    pub fn parse(field: &'static str, raw: &str, roots: &Roots) -> Result<Self, ValidationError> {
         let path = normalise(field, raw)?;
-        let prefix = allowed
+        let refuse = |why: &'static str| ValidationError::BadPath {
+            field,
+            path: path.clone(),
+            why,
+        };
+        if roots.allowed.iter().any(|p| p.starts_with(&path)) {
+            return Err(refuse(
+                "it is an allowed path prefix itself, or lies above one: a volume mounted there \
+                 would cover every path below it",
+            ));
+        }
+        // Inside a reserved directory only below an allowed prefix that lies inside it: the
+        // agent's own v0.1 staging directory within the state directory.
+        let carved_out = |r: &PathBuf| {
+            roots
+                .allowed
+                .iter()
+                .any(|p| p.starts_with(r) && p != r && path.starts_with(p))
+        };
+        if roots
+            .reserved
+            .iter()
+            .any(|r| r.starts_with(&path) || (path.starts_with(r) && !carved_out(r)))
+        {
+            return Err(refuse(
+                "it is, holds, or lies inside the agent's own state or socket directory",
+            ));
+        }
+        let prefix = roots
+            .allowed
             .iter()
             .filter(|p| path.starts_with(p))
             .max_by_key(|p| p.as_os_str().len())
@@ -58,26 +83,37 @@ impl RequestPath {
         })
     }
 
+    /// A path the agent chose itself below a directory it owns (v0.1's internal staging).
+    pub fn internal(field: &'static str, prefix: PathBuf, path: PathBuf) -> Self {
+        RequestPath {
+            field,
+            path,
+            prefix,
+        }
+    }
+
     pub fn as_path(&self) -> &Path {
         &self.path
     }
 
-    /// No symlink below the prefix (blocking: see the type's comment).
-    pub fn confine(self) -> Result<ConfinedPath, ValidationError> {
-        reject_symlinks_below(self.field, &self.prefix, &self.path)?;
-        Ok(ConfinedPath(self.path))
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    pub fn field(&self) -> &'static str {
+        self.field
     }
 }
 
-impl AsRef<Path> for ConfinedPath {
+impl AsRef<Path> for RequestPath {
     fn as_ref(&self) -> &Path {
-        &self.0
+        &self.path
     }
 }
 
-impl std::fmt::Display for ConfinedPath {
+impl std::fmt::Display for RequestPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.display().fmt(f)
+        self.path.display().fmt(f)
     }
 }
 
@@ -139,38 +175,6 @@ fn normalise(field: &'static str, raw: &str) -> Result<PathBuf, ValidationError>
     Ok(out)
 }
 
-/// Every existing component strictly below the allowed prefix must be a real directory or file,
-/// never a symlink: a symlink could send a mount or an unlink anywhere on the host. The prefix
-/// itself is the operator's choice and may be a symlink (some hosts link /var/lib/kubelet).
-fn reject_symlinks_below(
-    field: &'static str,
-    prefix: &Path,
-    path: &Path,
-) -> Result<(), ValidationError> {
-    let rest = path.strip_prefix(prefix).unwrap_or(path);
-    let mut current = prefix.to_path_buf();
-    for part in rest.components() {
-        current.push(part);
-        match std::fs::symlink_metadata(&current) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(ValidationError::BadPath {
-                    field,
-                    path: path.into(),
-                    why: "a component of it is a symbolic link",
-                });
-            }
-            Ok(_) => {}
-            // Not there yet: the rest cannot be a symlink either.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(_) => {
-                // Not a directory, permission trouble: the later syscall reports it precisely.
-                return Ok(());
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Parses the operator's `--allowed-path-prefix` values (absolute, normalised).
 pub fn parse_prefix(raw: &str) -> Result<PathBuf, String> {
     normalise("allowed-path-prefix", raw).map_err(|e| e.to_string())
@@ -180,22 +184,28 @@ pub fn parse_prefix(raw: &str) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
 
-    fn confined(
-        field: &'static str,
-        raw: &str,
-        allowed: &[PathBuf],
-    ) -> Result<ConfinedPath, ValidationError> {
-        RequestPath::parse(field, raw, allowed)?.confine()
+    fn roots() -> Roots {
+        Roots::new(
+            vec![
+                PathBuf::from("/var/lib/kubelet"),
+                PathBuf::from("/csi"),
+                PathBuf::from("/a"),
+                PathBuf::from("/a/b"),
+            ],
+            vec![PathBuf::from("/var/lib/kubelet/ebs-state")],
+        )
     }
 
-    fn allowed() -> Vec<PathBuf> {
-        vec![PathBuf::from("/var/lib/kubelet"), PathBuf::from("/csi")]
+    fn parse(raw: &str) -> Result<RequestPath, ValidationError> {
+        RequestPath::parse("p", raw, &roots())
     }
 
     #[test]
     fn accepts_and_folds() {
-        let p = confined("p", "/var/lib/kubelet//pods/x/", &allowed()).unwrap();
+        let p = parse("/var/lib/kubelet//pods/x/").unwrap();
         assert_eq!(p.as_path(), Path::new("/var/lib/kubelet/pods/x"));
+        assert_eq!(p.prefix(), Path::new("/var/lib/kubelet"));
+        assert_eq!(parse("/a/b/c").unwrap().prefix(), Path::new("/a/b"));
     }
 
     #[test]
@@ -208,25 +218,44 @@ mod tests {
             "/",
             "/etc/passwd",
             "/csi\0x",
+            "/csix/a",
         ] {
-            assert!(confined("p", raw, &allowed()).is_err(), "{raw:?}");
+            assert!(parse(raw).is_err(), "{raw:?}");
         }
-        assert!(confined("p", "/csix/a", &allowed()).is_err());
         let long = format!("/csi/{}", "a".repeat(MAX_PATH_BYTES));
-        assert!(confined("p", &long, &allowed()).is_err());
+        assert!(parse(&long).is_err());
     }
 
     #[test]
-    fn refuses_symlink_below_prefix() {
-        let base = std::env::temp_dir().join(format!("confined-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        std::fs::create_dir_all(base.join("real")).unwrap();
-        std::os::unix::fs::symlink("/etc", base.join("link")).unwrap();
-        let allowed = vec![base.clone()];
-        let ok = confined("p", base.join("real/x").to_str().unwrap(), &allowed);
-        let bad = confined("p", base.join("link/x").to_str().unwrap(), &allowed);
-        std::fs::remove_dir_all(&base).unwrap();
-        assert!(ok.is_ok());
-        assert!(bad.is_err());
+    fn a_prefix_or_an_ancestor_of_one_is_never_a_path() {
+        for raw in ["/var/lib/kubelet", "/csi", "/a", "/a/b", "/var/lib", "/var"] {
+            let e = parse(raw).unwrap_err();
+            assert!(
+                matches!(e, ValidationError::BadPath { .. }),
+                "{raw:?}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_allowed_prefix_inside_the_state_directory_is_carved_out() {
+        let roots = Roots::new(
+            vec![PathBuf::from("/csi"), PathBuf::from("/state/v01-staging")],
+            vec![PathBuf::from("/state")],
+        );
+        assert!(RequestPath::parse("p", "/state/v01-staging/vol-1", &roots).is_ok());
+        assert!(RequestPath::parse("p", "/state/state.redb", &roots).is_err());
+        assert!(RequestPath::parse("p", "/state/v01-staging", &roots).is_err());
+    }
+
+    #[test]
+    fn the_agents_own_directories_are_never_paths() {
+        for raw in [
+            "/var/lib/kubelet/ebs-state",
+            "/var/lib/kubelet/ebs-state/volumes/x",
+        ] {
+            assert!(parse(raw).is_err(), "{raw:?}");
+        }
+        assert!(parse("/var/lib/kubelet/ebs-state-not").is_ok());
     }
 }

@@ -162,9 +162,10 @@ async fn status_reads_the_stopped_agents_file() {
     sh(&format!("umount {}", c.staging.display()));
 }
 
-/// mkfs killed half-way: the device shows our own half-written filesystem (or only mkfs's
-/// metadata, no superblock yet). The retry formats again with the UUID the journal chose; a
-/// device showing another filesystem is refused.
+/// mkfs killed half-way: the device shows our own filesystem (the UUID the journal chose): the
+/// retry formats again with that UUID. A device showing anything else is refused, also bytes
+/// without a superblock: mkfs's own metadata cannot be told from data someone wrote since, and a
+/// format intent never licenses formatting over data (the operator wipes the device instead).
 #[tokio::test]
 async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
     if !require_root("interrupted_mkfs_is_redone_only_over_its_own_work") {
@@ -200,15 +201,21 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
             _ => sh(&format!("mkfs.ext4 -q -F {}", vol.device)),
         };
         let foreign_uuid = fs_uuid(&vol.device);
+        let before = checksum(std::path::Path::new(&vol.device));
         agent.restart(Some(crash_opts(None))).await;
         let r = call(&agent, &c, Op::Stage).await;
-        if leftover == "foreign" {
+        if leftover != "own-superblock" {
             let e = r.unwrap_err();
-            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert_eq!(e.code(), Code::FailedPrecondition, "{leftover}: {e:?}");
             assert_eq!(
                 fs_uuid(&vol.device),
                 foreign_uuid,
-                "the foreign filesystem is untouched"
+                "{leftover}: whatever is there is untouched"
+            );
+            assert_eq!(
+                checksum(std::path::Path::new(&vol.device)),
+                before,
+                "{leftover}: not a byte changed"
             );
         } else {
             r.unwrap_or_else(|e| panic!("{leftover}: {e:?}"));

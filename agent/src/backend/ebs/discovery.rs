@@ -174,6 +174,84 @@ pub fn disk_of<'a>(disks: &'a [Disk], dev_root: &Path, node: &Path) -> Option<&'
     })
 }
 
+/// The disk a device number belongs to (a partition's number gives its disk). On the real
+/// /sys one symlink says it; a fixture tree is scanned.
+pub fn disk_by_devnum(devices: &dyn BlockDevices, devnum: (u32, u32)) -> io::Result<Disk> {
+    let link = devices
+        .sys_root()
+        .join(format!("dev/block/{}:{}", devnum.0, devnum.1));
+    if let Ok(real) = std::fs::canonicalize(&link) {
+        let disk_dir = if real.join("partition").exists() {
+            real.parent().map(Path::to_path_buf).unwrap_or(real)
+        } else {
+            real
+        };
+        let name = disk_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        return Ok(disk_from_sysfs(&name, &disk_dir));
+    }
+    let disks = devices.disks()?;
+    disks
+        .iter()
+        .find(|d| d.dev == Some(devnum))
+        .or_else(|| {
+            disks.iter().find(|d| {
+                children(&d.sys_path)
+                    .any(|p| read_attr(&p.join("dev")).and_then(|v| parse_dev(&v)) == Some(devnum))
+            })
+        })
+        .cloned()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no disk has this number"))
+}
+
+/// The numbers of a disk and of each of its partitions.
+pub fn devnums_of_disk(disk: &Disk) -> Vec<(u32, u32)> {
+    disk.dev
+        .into_iter()
+        .chain(children(&disk.sys_path).filter_map(|p| {
+            p.join("partition")
+                .exists()
+                .then(|| read_attr(&p.join("dev")).and_then(|v| parse_dev(&v)))
+                .flatten()
+        }))
+        .collect()
+}
+
+/// Whether anything holds a disk: one of its partitions (or itself) is mounted, or a device
+/// mapper or RAID sits on it.
+pub fn disk_in_use(disk: &Disk) -> io::Result<Option<String>> {
+    if children(&disk.sys_path.join("holders")).next().is_some() {
+        return Ok(Some(format!(
+            "{} is held by a device mapper or RAID",
+            disk.name
+        )));
+    }
+    for part in children(&disk.sys_path).filter(|p| p.join("partition").exists()) {
+        if children(&part.join("holders")).next().is_some() {
+            return Ok(Some(format!(
+                "a partition of {} is held by a device mapper or RAID",
+                disk.name
+            )));
+        }
+    }
+    let numbers = devnums_of_disk(disk);
+    let table = crate::host::mounts::read_table()?;
+    Ok(table
+        .entries()
+        .iter()
+        .find(|m| numbers.contains(&(m.major, m.minor)))
+        .map(|m| {
+            format!(
+                "{} holds the host's mounted filesystem at {}",
+                disk.name,
+                m.mount_point.display()
+            )
+        }))
+}
+
 fn children(dir: &Path) -> impl Iterator<Item = PathBuf> {
     std::fs::read_dir(dir)
         .into_iter()

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use ebs_store::DeviceIdentity;
 
-use super::discovery::{BlockDevices, Disk, disk_of, partition_node};
+use super::discovery::{BlockDevices, Disk, disk_in_use, disk_of, partition_node};
 use super::wait::Look;
 use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
@@ -52,6 +52,8 @@ pub struct Wanted<'a> {
     pub model: &'a str,
     pub device_path: Option<&'a Path>,
     pub partition: Option<u32>,
+    /// The operator's explicit choice for hosts without serials (`--allow-unverified-devices`).
+    pub allow_unverified: bool,
 }
 
 /// What a look saw, for the error at the deadline.
@@ -60,6 +62,18 @@ pub struct Seen {
     pub disks: Vec<String>,
     pub device_path: Option<String>,
     pub partition_missing: Option<String>,
+    /// Why a serial-less devicePath was not used.
+    pub unverified: Option<String>,
+}
+
+/// Whether a by-id link name carries exactly `serial` (never as a substring of a longer one):
+/// `nvme-<model>_<serial>`, optionally with `_<nsid>` and `-part<N>`.
+pub fn link_names_serial(name: &str, serial: &str) -> bool {
+    let name = match name.rsplit_once("-part") {
+        Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => head,
+        _ => name,
+    };
+    name.split('_').any(|token| token == serial)
 }
 
 /// Links that claim to be the volume: the given devicePath and by-id names carrying the serial.
@@ -72,7 +86,7 @@ fn claiming_links(devices: &dyn BlockDevices, want: &Wanted<'_>) -> Vec<PathBuf>
     let by_id = devices.dev_root().join("disk/by-id");
     if let Ok(entries) = std::fs::read_dir(&by_id) {
         for e in entries.flatten() {
-            if e.file_name().to_string_lossy().contains(want.serial) {
+            if link_names_serial(&e.file_name().to_string_lossy(), want.serial) {
                 links.push(e.path());
             }
         }
@@ -188,11 +202,29 @@ pub fn look(devices: &dyn BlockDevices, want: &Wanted<'_>) -> Result<Look<Resolv
     }
 
     // Xen: no EBS NVMe controller anywhere, and the given path is a disk without a serial. Only
-    // the attach order vouches for it.
+    // the attach order vouches for it, so only by the operator's explicit choice, and never a
+    // disk that holds the host's own filesystems.
     let any_ebs = disks.iter().any(|d| d.model.as_deref() == Some(want.model));
     if let (Some(path), Some(g), false) = (want.device_path, given_disk, any_ebs)
         && g.serial.is_none()
     {
+        if !want.allow_unverified {
+            seen.unverified = Some(format!(
+                "{} has no serial to verify; start the agent with --allow-unverified-devices to \
+                 use such devices as given (hosts without NVMe serials, e.g. Xen)",
+                path.display()
+            ));
+            return Ok(Look::NotYet(seen));
+        }
+        if let Some(why) = disk_in_use(g)
+            .map_err(|e| Error::io(format!("checking whether {} is in use", g.name), e))?
+        {
+            return Err(Error::WrongDevice {
+                volume: want.volume.to_string(),
+                device: path.to_path_buf(),
+                reason: format!("{why}: it is not a volume attached for this call"),
+            });
+        }
         let device = match want.partition {
             None => path.to_path_buf(),
             Some(n) => match partition_node(g, dev_root, n) {
@@ -234,6 +266,9 @@ pub fn not_found(want: &Wanted<'_>, waited: std::time::Duration, seen: Seen) -> 
     }
     if let Some(p) = seen.partition_missing {
         msg.push_str(&format!("; {p}"));
+    }
+    if let Some(u) = seen.unverified {
+        msg.push_str(&format!("; {u}"));
     }
     msg.push_str(
         ". Check that ControllerPublishVolume attached the volume to this instance (the volume's \

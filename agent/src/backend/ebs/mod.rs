@@ -31,11 +31,14 @@ pub struct EbsConfig {
     pub sys_root: PathBuf,
     pub dev_root: PathBuf,
     pub model: String,
+    /// Hosts whose disks carry no serial (Xen): accept the CO's devicePath unverified.
+    pub allow_unverified: bool,
 }
 
 pub struct EbsBackend {
     devices: Box<dyn BlockDevices>,
     model: String,
+    allow_unverified: bool,
 }
 
 impl EbsBackend {
@@ -47,13 +50,22 @@ impl EbsBackend {
         } else {
             Box::new(SysfsDisks::new(&config.sys_root, &config.dev_root))
         };
-        Self::with_devices(devices, &config.model)
+        if config.allow_unverified {
+            tracing::warn!(
+                "--allow-unverified-devices: on a host without EBS NVMe controllers a devicePath \
+                 without a serial is used as given, its identity unverified"
+            );
+        }
+        let mut backend = Self::with_devices(devices, &config.model);
+        backend.allow_unverified = config.allow_unverified;
+        backend
     }
 
     pub fn with_devices(devices: Box<dyn BlockDevices>, model: &str) -> Self {
         EbsBackend {
             devices,
             model: model.to_string(),
+            allow_unverified: false,
         }
     }
 
@@ -84,6 +96,7 @@ impl Backend for EbsBackend {
             model: &self.model,
             device_path: device_path.as_deref(),
             partition,
+            allow_unverified: self.allow_unverified,
         };
         let started = Instant::now();
         let mut stats = wait::WaitStats::default();
@@ -125,6 +138,29 @@ impl Backend for EbsBackend {
                 .map_err(|e| format!("{}: {e}", device.display())),
             other => Err(format!("unexpected identity {other:?} for an EBS volume")),
         }
+    }
+
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
+        let disk = discovery::disk_by_devnum(self.devices.as_ref(), devnum)
+            .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))?;
+        match (&disk.model, &disk.serial) {
+            (Some(m), Some(serial)) if *m == self.model => Ok(DeviceIdentity::NvmeSerial {
+                serial: serial.clone(),
+            }),
+            (_, None) => Ok(DeviceIdentity::Unverified),
+            _ => Err(format!(
+                "device {}:{} is {}",
+                devnum.0,
+                devnum.1,
+                disk.describe()
+            )),
+        }
+    }
+
+    fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
+        lookup::expected_serial(volume)
+            .ok()
+            .map(|serial| DeviceIdentity::NvmeSerial { serial })
     }
 
     fn refresh_size(&self, device: &Path) -> Result<()> {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use ebs_store::{Durability, LoopAttachment, LoopVolume, Store, now_unix_ms};
 
 use crate::error::{Error, Result};
-use crate::host::{loopdev, mountinfo::MountTable};
+use crate::host::loopdev;
 
 pub const DEFAULT_CAPACITY: u64 = 1 << 30;
 const ALIGN: u64 = 1 << 20;
@@ -211,17 +211,12 @@ impl LoopController {
             return Ok(());
         }
         if let Some(att) = &volume.attachment {
-            if let Ok((major, minor)) = crate::backend::block_dev_numbers(&att.device)
-                && loopdev::backing_file(&att.device).ok().flatten().is_some()
-            {
-                let table = MountTable::read()
-                    .map_err(|e| Error::Internal(format!("reading the mount table: {e}")))?;
-                if let Some(m) = table.mounts_of_device(major, minor).next() {
-                    return Err(Error::Precondition(format!(
-                        "volume {id} is still mounted at {}; unstage it first",
-                        m.mount_point.display()
-                    )));
-                }
+            // Only the device still backed by this volume's file is ours to detach.
+            let ours = super::file_inode(&volume.file).is_ok_and(|inode| {
+                loopdev::backing_inode(&att.device).ok().flatten() == Some(inode)
+            });
+            if ours {
+                super::in_use::refuse_if_in_use(&self.store, id, &att.device)?;
                 loopdev::detach(&att.device).map_err(|e| {
                     Error::Internal(format!("detaching {}: {e}", att.device.display()))
                 })?;

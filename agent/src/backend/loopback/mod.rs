@@ -3,6 +3,7 @@
 //! Linux machine with real block devices.
 
 mod controller;
+mod in_use;
 mod resize;
 
 use std::collections::HashMap;
@@ -25,11 +26,16 @@ pub const TOPOLOGY_KEY: &str = "loop.ebs-node-agent.io/node";
 
 pub struct LoopBackend {
     store: Arc<Store>,
+    /// Where volume files live: `<state>/volumes/<id>.img`, also when the records are lost.
+    volumes_dir: PathBuf,
 }
 
 impl LoopBackend {
-    pub fn new(store: Arc<Store>) -> Self {
-        LoopBackend { store }
+    pub fn new(store: Arc<Store>, state_dir: &Path) -> Self {
+        LoopBackend {
+            store,
+            volumes_dir: state_dir.join("volumes"),
+        }
     }
 
     fn volume(&self, id: &VolumeId) -> Result<LoopVolume> {
@@ -116,17 +122,41 @@ impl Backend for LoopBackend {
         }
     }
 
-    fn still_is(
-        &self,
-        device: &Path,
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        match identity {
-            DeviceIdentity::LoopFile { st_dev, st_ino, .. } => {
-                backing_matches(device, *st_dev, *st_ino)
-            }
-            other => Err(format!("unexpected identity {other:?} for a loop volume")),
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
+        if devnum.0 != loopdev::LOOP_MAJOR {
+            return Err(format!(
+                "device {}:{} is not a loop device",
+                devnum.0, devnum.1
+            ));
         }
+        let dev = crate::host::device::open_devnum(devnum)
+            .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))?;
+        match loopdev::backing_inode_of(&dev) {
+            Ok(Some((st_dev, st_ino))) => {
+                let file = loopdev::backing_file_by_devnum(devnum).unwrap_or_default();
+                Ok(DeviceIdentity::LoopFile {
+                    file,
+                    st_dev,
+                    st_ino,
+                })
+            }
+            Ok(None) => Err(format!(
+                "loop device {}:{} is not attached to any file",
+                devnum.0, devnum.1
+            )),
+            Err(e) => Err(format!(
+                "cannot read the backing file of loop device {}:{}: {e}",
+                devnum.0, devnum.1
+            )),
+        }
+    }
+
+    fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
+        let file = match self.store.loop_volume(volume.as_str()) {
+            Ok(Some(v)) => v.file,
+            _ => self.volumes_dir.join(format!("{volume}.img")),
+        };
+        file_identity(&file).ok()
     }
 
     fn refresh_size(&self, device: &Path) -> Result<()> {

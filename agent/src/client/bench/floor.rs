@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use crate::host::blkid;
 use crate::host::fstools::FsTools;
-use crate::host::mounter;
 use crate::request::FsType;
 
 use super::stats::Series;
@@ -126,7 +125,10 @@ fn cycle(tools: &FsTools, fs: FsType, v: &FloorVolume, r: &mut FloorResult) -> R
             tools.check(fs, dev).map_err(|e| e.to_string())
         })?;
         let (_, c) = timed(&mut r.mount, || {
-            mounter::mount_device(dev, &v.staging, fs.name(), 0, &[], false)
+            sys_mount::Mount::builder()
+                .fstype(fs.name())
+                .mount(dev, &v.staging)
+                .map(drop)
                 .map_err(|e| format!("mount: {e}"))
         })?;
         Ok::<_, String>(a + b + c)
@@ -134,19 +136,24 @@ fn cycle(tools: &FsTools, fs: FsType, v: &FloorVolume, r: &mut FloorResult) -> R
     record(&mut r.stage, stage)?;
     let publish = timed(&mut Series::default(), || {
         std::fs::create_dir_all(&v.target).map_err(|e| format!("mkdir: {e}"))?;
-        mounter::bind(&v.staging, &v.target, false, 0).map_err(|e| format!("bind: {e}"))
+        sys_mount::Mount::builder()
+            .fstype("none")
+            .flags(sys_mount::MountFlags::BIND)
+            .mount(&v.staging, &v.target)
+            .map(drop)
+            .map_err(|e| format!("bind: {e}"))
     });
     record(&mut r.publish, publish.map(|(_, d)| d))?;
     timed(&mut r.stats, || {
         nix::sys::statvfs::statvfs(&v.target).map_err(|e| format!("statvfs: {e}"))
     })?;
     let unpublish = timed(&mut Series::default(), || {
-        mounter::unmount(&v.target).map_err(|e| format!("unmount: {e}"))?;
+        unmount(&v.target).map_err(|e| format!("unmount: {e}"))?;
         std::fs::remove_dir(&v.target).map_err(|e| format!("rmdir: {e}"))
     });
     record(&mut r.unpublish, unpublish.map(|(_, d)| d))?;
     let unstage = timed(&mut Series::default(), || {
-        mounter::unmount(&v.staging).map_err(|e| format!("unmount: {e}"))
+        unmount(&v.staging).map_err(|e| format!("unmount: {e}"))
     });
     record(&mut r.unstage, unstage.map(|(_, d)| d))?;
     Ok(())
@@ -165,11 +172,16 @@ fn record(series: &mut Series, outcome: Result<Duration, String>) -> Result<(), 
     }
 }
 
+/// The bare host work: umount(2) by path, as a script would.
+fn unmount(path: &Path) -> std::io::Result<()> {
+    sys_mount::unmount(path, sys_mount::UnmountFlags::empty())
+}
+
 /// Best-effort: leave nothing mounted after a failed floor cycle.
 fn undo(v: &FloorVolume) {
-    let _ = mounter::unmount(&v.target);
+    let _ = unmount(&v.target);
     let _ = std::fs::remove_dir(&v.target);
-    let _ = mounter::unmount(&v.staging);
+    let _ = unmount(&v.staging);
 }
 
 /// The block device mounted at `path`, as the mount table names it (or by its numbers).

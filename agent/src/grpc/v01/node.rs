@@ -26,7 +26,8 @@ pub const STAGING_DIR: &str = "v01-staging";
 pub struct V01Node {
     pub v1: Arc<NodeService>,
     pub identity: Arc<IdentityService>,
-    /// `<state-dir>/v01-staging`, absolute (the state directory is an allowed path prefix).
+    /// `<state-dir>/v01-staging`, absolute: the one directory inside the state directory that
+    /// is an allowed path prefix (the agent's own staging paths for v0.1).
     pub staging_root: PathBuf,
 }
 
@@ -114,7 +115,8 @@ impl Node for V01Node {
         // The publish half is checked before the stage half runs: a bad target must not leave
         // a staged volume behind.
         let (volume, checked) = self.v1.publish_command(&publish)?;
-        blocking(move || checked.confine(volume).map(drop)).await?;
+        let cmd = checked.command(volume);
+        blocking(move || crate::node::check_publish_paths(&cmd)).await?;
         let stage = v1::NodeStageVolumeRequest {
             volume_id: r.volume_id.clone(),
             publish_context: r.publish_volume_info,

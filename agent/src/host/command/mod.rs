@@ -1,6 +1,7 @@
 //! Running external tools (mkfs, e2fsck, resize2fs, xfs_growfs) with a
 //! deadline. Blocking: call it from `spawn_blocking`.
 
+mod pdeathsig;
 mod supervise;
 
 use std::ffi::OsStr;
@@ -50,7 +51,9 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
     let start = Instant::now();
     let program_os = program.as_ref();
     let program = program_os.to_string_lossy();
-    let mut child = Command::new(program_os)
+    let mut command = Command::new(program_os);
+    pdeathsig::die_with_parent(&mut command);
+    let mut child = command
         .args(args)
         .env("LC_ALL", "C")
         .stdin(Stdio::null())
@@ -181,6 +184,52 @@ mod tests {
         let out = run("sh", &["-c", "sleep 3 & echo started"], LONG).unwrap();
         assert_eq!(out.stdout, "started\n");
         assert!(start.elapsed() < Duration::from_secs(3));
+    }
+
+    /// The agent dies (SIGKILL) while a tool runs: the tool dies with it.
+    #[test]
+    fn tools_die_with_the_agent() {
+        if let Ok(marker) = std::env::var("EBS_TEST_PDEATH_CHILD") {
+            let _ = run("sleep", &[marker.as_str()], Duration::from_secs(120));
+            return;
+        }
+        let marker = format!("300.{}", std::process::id());
+        let running = |m: &str| {
+            std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+                std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                    c.starts_with(b"sleep\0") && c.ends_with(format!("{m}\0").as_bytes())
+                })
+            })
+        };
+        let mut agent = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "host::command::tests::tools_die_with_the_agent",
+                "--test-threads=1",
+            ])
+            .env("EBS_TEST_PDEATH_CHILD", &marker)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !running(&marker) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the tool never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent.kill().unwrap();
+        agent.wait().unwrap();
+        let start = Instant::now();
+        while running(&marker) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the tool outlived the agent that started it"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]

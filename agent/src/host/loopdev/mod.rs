@@ -16,7 +16,7 @@ use nix::errno::Errno;
 
 const LO_NAME_SIZE: usize = 64;
 const LO_KEY_SIZE: usize = 32;
-const LOOP_MAJOR: u64 = 7;
+pub const LOOP_MAJOR: u32 = 7;
 const ATTACH_ATTEMPTS: u32 = 8;
 
 /// Mirror of the kernel's `struct loop_info64` (include/uapi/linux/loop.h).
@@ -158,7 +158,7 @@ fn ensure_node(index: u32) -> Result<PathBuf, LoopError> {
             let (ma, mi) = s.trim().split_once(':')?;
             Some((ma.parse().ok()?, mi.parse().ok()?))
         })
-        .unwrap_or((LOOP_MAJOR, u64::from(index)));
+        .unwrap_or((u64::from(LOOP_MAJOR), u64::from(index)));
     use nix::sys::stat::{Mode, SFlag, makedev, mknod};
     match mknod(
         &path,
@@ -298,6 +298,33 @@ pub fn backing_inode(device: &Path) -> Result<Option<(u64, u64)>, LoopError> {
         Err(Errno::ENXIO) => Ok(None),
         Err(e) => Err(ioctl_err("LOOP_GET_STATUS64", device)(e)),
     }
+}
+
+/// (st_dev, st_ino) of the backing file of the loop device open as `dev`: asked of the very
+/// device the caller holds, not of whatever a path names now.
+pub fn backing_inode_of(dev: &File) -> io::Result<Option<(u64, u64)>> {
+    let mut info = LoopInfo64::zeroed();
+    // SAFETY: dev is an open fd; &mut info is a valid, writable loop_info64 that outlives the
+    // call.
+    match unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) } {
+        Ok(_) => Ok(Some((info.lo_device, info.lo_inode))),
+        Err(Errno::ENXIO) => Ok(None),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// The backing file's path as sysfs shows it for a device number (for messages only: the inode
+/// from `backing_inode_of` is what identifies).
+pub fn backing_file_by_devnum(devnum: (u32, u32)) -> Option<PathBuf> {
+    let mut bytes = std::fs::read(format!(
+        "/sys/dev/block/{}:{}/loop/backing_file",
+        devnum.0, devnum.1
+    ))
+    .ok()?;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+    }
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
 }
 
 /// Finds the loop device backed by the given inode, e.g. to re-adopt a device

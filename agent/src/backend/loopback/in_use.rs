@@ -1,0 +1,52 @@
+//! Whether the node still uses a loop volume's device: the loop controller never detaches one
+//! that is staged or published (a detach, then an attach of another file, would reuse the
+//! device's number under the node's mounts and records).
+
+use std::path::Path;
+
+use ebs_store::Store;
+
+use crate::error::{Error, Result};
+use crate::host::device::{block_devnum, still_claimed};
+use crate::host::mounts::read_table;
+
+/// `Err(FAILED_PRECONDITION)` naming the use, when the node still uses `device` for volume `id`.
+pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
+    let busy = |why: String| {
+        Err(Error::Precondition(format!(
+            "volume {id} is still in use on this node ({why}); NodeUnpublishVolume and \
+             NodeUnstageVolume first"
+        )))
+    };
+    if let Some(staged) = store.staged(id)? {
+        return busy(format!("staged at {}", staged.staging_path.display()));
+    }
+    if let Some(p) = store.publications(id)?.first() {
+        return busy(format!("published at {}", p.target_path.display()));
+    }
+    let Ok(devnum) = block_devnum(device) else {
+        return Ok(());
+    };
+    // A mounted filesystem (in any mount namespace) claims its device.
+    if still_claimed(devnum) {
+        return busy(format!("{} is mounted or claimed", device.display()));
+    }
+    // A device node bound onto a file (a block publication the records lost) claims nothing;
+    // only the mount table shows it, as a bind of the device filesystem's node.
+    let name = device
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let table = read_table().map_err(|e| Error::io("reading the mount table", e))?;
+    if let Some(m) = table
+        .entries()
+        .iter()
+        .find(|m| m.fs_type == "devtmpfs" && m.root == Path::new("/").join(name))
+    {
+        return busy(format!(
+            "its device node is bound at {}",
+            m.mount_point.display()
+        ));
+    }
+    Ok(())
+}

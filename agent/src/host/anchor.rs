@@ -1,0 +1,405 @@
+//! Staging and target paths as handles, not strings. A path the CO hands over is resolved once,
+//! below an open directory of its allowed prefix, with no symlink followed anywhere on the way;
+//! every later step (stat, mkdir, mount, unmount, remove) acts through the directory fd it holds,
+//! so nothing can be swapped between the check and the use.
+//!
+//! Resolution uses openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) (Linux
+//! 5.6+). On older kernels (ENOSYS) it walks one component at a time with
+//! openat(O_NOFOLLOW | O_DIRECTORY): slower, equally race-free, since each step starts from the
+//! fd of the directory checked just before. Any error other than "does not exist" refuses the
+//! path: below a dead NFS or FUSE mount an lstat fails with EIO or ENOTCONN, and a path that
+//! cannot be examined cannot be proven safe.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, mkdirat, openat, openat2,
+    statx, unlinkat,
+};
+
+/// Directories the agent creates: owner only, like kubelet's.
+const DIR_MODE: u32 = 0o750;
+
+/// STATX_MNT_ID_UNIQUE (Linux 6.8): the 64-bit mount id statmount(2) takes.
+pub const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
+
+/// One entry (the last component of a path) in a directory held open.
+#[derive(Debug)]
+pub struct Anchored {
+    dir: OwnedFd,
+    name: OsString,
+    path: PathBuf,
+}
+
+/// What sits at an entry, without following a final symlink (mounts are crossed, as the kernel
+/// does for a mount point).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryStat {
+    pub kind: FileType,
+    /// st_dev: the filesystem the entry is on (for a mount point: the mounted one).
+    pub dev: (u32, u32),
+    /// st_rdev: the device a device node stands for.
+    pub rdev: (u32, u32),
+    pub ino: u64,
+    /// Whether the entry is the root of a mount; `None` when the kernel cannot say (before 5.8).
+    pub mount_root: Option<bool>,
+    /// The mount's id (the unique one where the kernel gives it), when `mount_root` is known.
+    pub mnt_id: Option<u64>,
+    pub mnt_id_unique: bool,
+}
+
+fn beneath() -> ResolveFlags {
+    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+/// Opens `prefix` (which the operator chose and may be a symlink) as the root of a resolution.
+fn open_prefix(prefix: &Path, create: bool) -> io::Result<OwnedFd> {
+    let open = || {
+        openat(
+            rustix::fs::CWD,
+            prefix,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    match open() {
+        Err(e) if create && e == rustix::io::Errno::NOENT => {
+            std::fs::create_dir_all(prefix)?;
+            Ok(open()?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// The components of `path` below `prefix`; `None` when it is not strictly below.
+fn below<'a>(prefix: &Path, path: &'a Path) -> Option<Vec<&'a OsStr>> {
+    let rest = path.strip_prefix(prefix).ok()?;
+    let parts: Vec<&OsStr> = rest
+        .components()
+        .map(|c| match c {
+            Component::Normal(p) => Some(p),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    (!parts.is_empty()).then_some(parts)
+}
+
+/// Opens the directory `parts` names below `root`, one component at a time, creating missing
+/// ones when asked. `Ok(None)`: a component does not exist and `create` is off.
+fn walk(root: OwnedFd, parts: &[&OsStr], create: bool) -> io::Result<Option<OwnedFd>> {
+    if parts.is_empty() {
+        return Ok(Some(root));
+    }
+    let joined: PathBuf = parts.iter().collect();
+    match openat2(&root, &joined, dir_flags(), Mode::empty(), beneath()) {
+        Ok(fd) => return Ok(Some(fd)),
+        Err(e) if e == rustix::io::Errno::NOSYS => {}
+        Err(e) if e == rustix::io::Errno::NOENT && create => {}
+        Err(e) if e == rustix::io::Errno::NOENT => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let mut dir = root;
+    for part in parts {
+        let next = match openat(&dir, *part, dir_flags(), Mode::empty()) {
+            Err(e) if e == rustix::io::Errno::NOENT && create => {
+                match mkdirat(&dir, *part, Mode::from_raw_mode(DIR_MODE)) {
+                    Ok(()) => {}
+                    Err(e) if e == rustix::io::Errno::EXIST => {}
+                    Err(e) => return Err(e.into()),
+                }
+                openat(&dir, *part, dir_flags(), Mode::empty())?
+            }
+            Err(e) if e == rustix::io::Errno::NOENT => return Ok(None),
+            other => other?,
+        };
+        dir = next;
+    }
+    Ok(Some(dir))
+}
+
+impl Anchored {
+    /// Resolves the directory that holds `path` (strictly below `prefix`), creating missing
+    /// directories on the way: for stage and publish, which create their paths.
+    pub fn prepare(prefix: &Path, path: &Path) -> io::Result<Anchored> {
+        Self::resolve(prefix, path, true)?.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    /// Resolves without creating anything: `None` when a directory above the entry is missing
+    /// (then nothing can be mounted at it either).
+    pub fn lookup(prefix: &Path, path: &Path) -> io::Result<Option<Anchored>> {
+        Self::resolve(prefix, path, false)
+    }
+
+    fn resolve(prefix: &Path, path: &Path, create: bool) -> io::Result<Option<Anchored>> {
+        let parts = below(prefix, path).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not below {}", path.display(), prefix.display()),
+            )
+        })?;
+        let (name, parents) = parts
+            .split_last()
+            .expect("below() returns at least one part");
+        let root = open_prefix(prefix, create)?;
+        Ok(walk(root, parents, create)?.map(|dir| Anchored {
+            dir,
+            name: name.to_os_string(),
+            path: path.to_path_buf(),
+        }))
+    }
+
+    /// A path the agent itself chose below a directory it owns (v0.1's internal staging).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What is at the entry now; `None` when nothing is.
+    pub fn stat(&self) -> io::Result<Option<EntryStat>> {
+        let want =
+            StatxFlags::TYPE | StatxFlags::INO | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
+        match statx(
+            &self.dir,
+            &self.name,
+            AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
+            want,
+        ) {
+            Ok(st) => Ok(Some(entry_stat(&st))),
+            Err(e) if e == rustix::io::Errno::NOENT => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates the entry as a directory (an existing directory is fine).
+    pub fn mkdir(&self) -> io::Result<()> {
+        match mkdirat(&self.dir, &self.name, Mode::from_raw_mode(DIR_MODE)) {
+            Ok(()) => Ok(()),
+            Err(e) if e == rustix::io::Errno::EXIST => match self.stat()? {
+                Some(st) if st.kind == FileType::Directory => Ok(()),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a directory", self.path.display()),
+                )),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates the entry as an empty regular file that must not exist yet (O_CREAT | O_EXCL).
+    pub fn create_file(&self) -> io::Result<()> {
+        let flags =
+            OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::WRONLY | OFlags::CLOEXEC;
+        openat(&self.dir, &self.name, flags, Mode::from_raw_mode(0o640)).map(drop)?;
+        Ok(())
+    }
+
+    /// An fd of the entry itself (never a symlink), for mount(2) to use as its target or source
+    /// through /proc/self/fd: the mount lands exactly on what was checked.
+    pub fn open_entry(&self) -> io::Result<EntryFd> {
+        let fd = openat(
+            &self.dir,
+            &self.name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = rustix::fs::fstat(&fd)?;
+        let kind = FileType::from_raw_mode(st.st_mode);
+        if kind != FileType::Directory
+            && kind != FileType::RegularFile
+            && kind != FileType::BlockDevice
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a {kind:?}, neither a directory nor a file",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(EntryFd(fd))
+    }
+
+    /// The entry opened for reading as a directory (FITRIM and syncfs need a real fd), never
+    /// through a symlink.
+    pub fn open_dir(&self) -> io::Result<EntryFd> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        Ok(EntryFd(openat(
+            &self.dir,
+            &self.name,
+            flags,
+            Mode::empty(),
+        )?))
+    }
+
+    /// The entry's path through its held directory, for umount2(UMOUNT_NOFOLLOW): the directory
+    /// cannot be swapped, and a final symlink is not followed.
+    pub fn unmount_path(&self) -> PathBuf {
+        let mut p = PathBuf::from(format!("/proc/self/fd/{}", self.dir.as_raw_fd()));
+        p.push(&self.name);
+        p
+    }
+
+    /// Removes the entry if it is a directory (empty) or an empty regular file.
+    pub fn remove(&self) -> io::Result<Removed> {
+        let Some(st) = self.stat()? else {
+            return Ok(Removed::Absent);
+        };
+        let result = match st.kind {
+            FileType::Directory => unlinkat(&self.dir, &self.name, AtFlags::REMOVEDIR),
+            FileType::RegularFile if self.file_len()? == 0 => {
+                unlinkat(&self.dir, &self.name, AtFlags::empty())
+            }
+            _ => return Ok(Removed::Kept),
+        };
+        match result {
+            Ok(()) => Ok(Removed::Removed),
+            Err(e) if e == rustix::io::Errno::NOTEMPTY || e == rustix::io::Errno::BUSY => {
+                Ok(Removed::Kept)
+            }
+            Err(e) if e == rustix::io::Errno::NOENT => Ok(Removed::Absent),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn file_len(&self) -> io::Result<u64> {
+        let st = statx(
+            &self.dir,
+            &self.name,
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::SIZE,
+        )?;
+        Ok(st.stx_size)
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Removed {
+    Removed,
+    Absent,
+    /// Not empty, or not a directory or file: not ours to delete.
+    Kept,
+}
+
+/// An O_PATH fd of one entry; `proc_path` names exactly it.
+#[derive(Debug)]
+pub struct EntryFd(OwnedFd);
+
+impl EntryFd {
+    pub fn proc_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.0.as_raw_fd()))
+    }
+
+    /// The same entry through this process's pid, for a tool the agent runs (xfs_growfs takes
+    /// a mount point): the child reaches exactly the checked mount, not whatever the original
+    /// path names by the time it looks.
+    pub fn path_for_tools(&self) -> PathBuf {
+        PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            self.0.as_raw_fd()
+        ))
+    }
+
+    pub fn stat(&self) -> io::Result<EntryStat> {
+        let want =
+            StatxFlags::TYPE | StatxFlags::INO | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
+        let st = statx(
+            &self.0,
+            "",
+            AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+            want,
+        )?;
+        Ok(entry_stat(&st))
+    }
+}
+
+impl AsFd for EntryFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+pub fn entry_stat(st: &Statx) -> EntryStat {
+    use rustix::fs::StatxAttributes;
+    let knows_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT);
+    let mask = StatxFlags::from_bits_retain(st.stx_mask);
+    let unique = mask.contains(StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE));
+    let has_id = unique || mask.contains(StatxFlags::MNT_ID);
+    EntryStat {
+        kind: FileType::from_raw_mode(st.stx_mode as u32),
+        dev: (st.stx_dev_major, st.stx_dev_minor),
+        rdev: (st.stx_rdev_major, st.stx_rdev_minor),
+        ino: st.stx_ino,
+        mount_root: knows_root.then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)),
+        mnt_id: has_id.then_some(st.stx_mnt_id),
+        mnt_id_unique: unique,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::loopdev::test_support::TempDir;
+
+    #[test]
+    fn prepare_creates_parents_and_lookup_does_not() {
+        let dir = TempDir::new("anchor-create");
+        let target = dir.0.join("a/b/c");
+        assert!(Anchored::lookup(&dir.0, &target).unwrap().is_none());
+        let a = Anchored::prepare(&dir.0, &target).unwrap();
+        assert!(dir.0.join("a/b").is_dir());
+        assert!(a.stat().unwrap().is_none());
+        a.mkdir().unwrap();
+        a.mkdir().unwrap();
+        assert_eq!(a.stat().unwrap().unwrap().kind, FileType::Directory);
+        assert_eq!(a.remove().unwrap(), Removed::Removed);
+        assert_eq!(a.remove().unwrap(), Removed::Absent);
+    }
+
+    #[test]
+    fn symlinks_anywhere_below_the_prefix_are_refused() {
+        let dir = TempDir::new("anchor-links");
+        let decoy = TempDir::new("anchor-decoy");
+        std::os::unix::fs::symlink(&decoy.0, dir.0.join("link")).unwrap();
+        assert!(Anchored::lookup(&dir.0, &dir.0.join("link/x")).is_err());
+        assert!(Anchored::prepare(&dir.0, &dir.0.join("link/x/y")).is_err());
+        // The final component as a symlink: its entry is never opened through it.
+        let a = Anchored::lookup(&dir.0, &dir.0.join("link"))
+            .unwrap()
+            .unwrap();
+        assert!(a.mkdir().is_err());
+        assert!(a.open_entry().is_err());
+        assert!(a.create_file().is_err());
+        assert_eq!(a.stat().unwrap().unwrap().kind, FileType::Symlink);
+        assert!(
+            std::fs::read_dir(&decoy.0).unwrap().next().is_none(),
+            "nothing created in the decoy"
+        );
+    }
+
+    #[test]
+    fn files_are_created_exclusively() {
+        let dir = TempDir::new("anchor-file");
+        let a = Anchored::prepare(&dir.0, &dir.0.join("dev")).unwrap();
+        a.create_file().unwrap();
+        assert_eq!(
+            a.create_file().unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        assert!(a.open_entry().is_ok());
+        assert_eq!(a.remove().unwrap(), Removed::Removed);
+    }
+
+    #[test]
+    fn paths_not_strictly_below_are_refused() {
+        let dir = TempDir::new("anchor-below");
+        assert!(Anchored::lookup(&dir.0, &dir.0).is_err());
+        assert!(Anchored::lookup(&dir.0, Path::new("/etc/x")).is_err());
+    }
+}

@@ -1,0 +1,162 @@
+//! What is mounted at one staging or target path, asked of the kernel about that path alone:
+//! statx says whether the entry is a mount root and which mount (its unique id, 6.8+), and
+//! statmount(2) gives that mount's device, root and flags. No call on the normal path reads
+//! /proc/self/mountinfo, whose size grows with every pod on the node.
+//!
+//! Which kernel gets which path:
+//! - 6.8 and later: statx(STATX_MNT_ID_UNIQUE) + statmount; the mount table is never read.
+//! - 5.8 to 6.7: statx rules a mount out (STATX_ATTR_MOUNT_ROOT); when the entry is a mount
+//!   root, its line is found in the mount table by the mount id statx gave.
+//! - before 5.8: the mount table, by mount point.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::anchor::{Anchored, EntryFd, EntryStat};
+use super::mountinfo::{MountEntry, MountTable};
+use super::statmount::statmount;
+
+/// How often this process read the whole mount table (a metric, and a test's witness that the
+/// per-path calls do not).
+static TABLE_READS: AtomicU64 = AtomicU64::new(0);
+
+pub fn mount_table_reads() -> u64 {
+    TABLE_READS.load(Ordering::Relaxed)
+}
+
+/// Reads the whole mount table: start-up recovery, the loop controller's detach check, and the
+/// fallback for kernels without the per-mount calls.
+pub fn read_table() -> io::Result<MountTable> {
+    TABLE_READS.fetch_add(1, Ordering::Relaxed);
+    MountTable::read().map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// The mount whose root an entry is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountFacts {
+    /// The mounted filesystem's device (for a bind of a device node: the device filesystem's).
+    pub dev: (u32, u32),
+    pub fs_type: String,
+    /// The path inside the filesystem that is mounted: "/" unless a bind of a subdirectory.
+    pub root: PathBuf,
+    pub read_only: bool,
+    /// The filesystem itself is read-only (remounted so, or after errors), for every mount of it.
+    pub super_read_only: bool,
+    /// The entry as the mount shows it: for a block publication a device node, whose `rdev` is
+    /// the block device bound there.
+    pub node: EntryStat,
+}
+
+impl MountFacts {
+    pub fn describe(&self) -> String {
+        let root = if self.root == std::path::Path::new("/") {
+            String::new()
+        } else {
+            format!(" (a bind of {})", self.root.display())
+        };
+        format!(
+            "a {} mount of device {}:{}{root}",
+            self.fs_type, self.dev.0, self.dev.1
+        )
+    }
+}
+
+/// The top-most mount at `entry`, if the entry is a mount root.
+pub fn mounted_at(entry: &Anchored) -> io::Result<Option<MountFacts>> {
+    match entry.stat()? {
+        Some(node) => facts(node, entry.path()),
+        None => Ok(None),
+    }
+}
+
+/// The mount whose root an opened entry is (the fd pins it: what is checked is what is used).
+pub fn mount_of(fd: &EntryFd, path: &std::path::Path) -> io::Result<Option<MountFacts>> {
+    facts(fd.stat()?, path)
+}
+
+fn facts(node: EntryStat, path: &std::path::Path) -> io::Result<Option<MountFacts>> {
+    if node.mount_root == Some(false) {
+        return Ok(None);
+    }
+    if let (Some(id), true) = (node.mnt_id, node.mnt_id_unique)
+        && let Some(m) = statmount(id)?
+    {
+        let emergency = m.options.as_deref().is_some_and(emergency_ro);
+        return Ok(Some(MountFacts {
+            dev: m.dev,
+            fs_type: m.fs_type,
+            root: m.root,
+            read_only: m.read_only,
+            super_read_only: m.super_read_only || emergency,
+            node,
+        }));
+    }
+    let table = read_table()?;
+    let line = match node.mnt_id {
+        Some(id) if !node.mnt_id_unique => table
+            .entries()
+            .iter()
+            .rev()
+            .find(|e| u64::from(e.mount_id) == id && e.mount_point == path),
+        _ => table.at(path),
+    };
+    Ok(line.map(|e| facts_of(e, node)))
+}
+
+fn facts_of(e: &MountEntry, node: EntryStat) -> MountFacts {
+    MountFacts {
+        dev: (e.major, e.minor),
+        fs_type: e.fs_type.clone(),
+        root: e.root.clone(),
+        read_only: e.is_read_only(),
+        super_read_only: e.super_read_only() || emergency_ro(&e.super_options),
+        node,
+    }
+}
+
+/// ext4 since Linux 6.x keeps its superblock "rw" after an error under errors=remount-ro and
+/// adds "emergency_ro" instead; older kernels set the superblock read-only.
+fn emergency_ro(options: &str) -> bool {
+    options.split(',').any(|o| o == "emergency_ro")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::loopdev::test_support::TempDir;
+
+    #[test]
+    fn a_plain_directory_is_no_mount_and_costs_no_table_read() {
+        let dir = TempDir::new("mounts-plain");
+        let entry = Anchored::prepare(&dir.0, &dir.0.join("x")).unwrap();
+        entry.mkdir().unwrap();
+        let before = mount_table_reads();
+        assert_eq!(mounted_at(&entry).unwrap(), None);
+        assert_eq!(mount_table_reads(), before);
+    }
+
+    #[test]
+    fn a_tmpfs_mount_is_seen_with_its_facts() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let dir = TempDir::new("mounts-tmpfs");
+        let entry = Anchored::prepare(&dir.0, &dir.0.join("m")).unwrap();
+        entry.mkdir().unwrap();
+        nix::mount::mount(
+            Some("facts"),
+            &dir.0.join("m"),
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .unwrap();
+        let facts = mounted_at(&entry);
+        let _ = nix::mount::umount2(&dir.0.join("m"), nix::mount::MntFlags::MNT_DETACH);
+        let facts = facts.unwrap().expect("a mount");
+        assert_eq!(facts.fs_type, "tmpfs");
+        assert_eq!(facts.root, PathBuf::from("/"));
+        assert!(facts.read_only);
+    }
+}

@@ -1,0 +1,223 @@
+//! Which volume each staging and target path belongs to, and which paths an operation is using
+//! right now. The volume guard orders calls on one volume; this orders calls on one path, whatever
+//! volume they name, and keeps volumes' paths apart: no staging or target path is the same as,
+//! inside, or above another record's path (a target inside another volume's staging path would
+//! write into that volume; one above it would cover it).
+//!
+//! Loaded from the store at start-up, then kept in step by the operations that write the
+//! records, right after each commit.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ebs_store::Store;
+
+use super::lock;
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    Staging,
+    Target,
+}
+
+impl Use {
+    fn word(self) -> &'static str {
+        match self {
+            Use::Staging => "staging path",
+            Use::Target => "publication target",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Claim {
+    volume: String,
+    usage: Use,
+}
+
+#[derive(Default)]
+struct State {
+    recorded: BTreeMap<PathBuf, Claim>,
+    busy: BTreeMap<PathBuf, Claim>,
+}
+
+#[derive(Clone, Default)]
+pub struct PathClaims {
+    state: Arc<Mutex<State>>,
+}
+
+/// A path held for one operation; released on drop.
+pub struct PathTurn {
+    state: Arc<Mutex<State>>,
+    path: PathBuf,
+}
+
+impl Drop for PathTurn {
+    fn drop(&mut self) {
+        lock(&self.state).busy.remove(&self.path);
+    }
+}
+
+fn nested(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+impl PathClaims {
+    /// Replaces the recorded paths with every staging path and publication target the store
+    /// records (at start-up, after recovery).
+    pub fn reload(&self, store: &Store) -> Result<()> {
+        let mut recorded = BTreeMap::new();
+        {
+            let s = &mut recorded;
+            for v in store.all_staged()? {
+                if !v.staging_path.as_os_str().is_empty() {
+                    s.insert(
+                        v.staging_path,
+                        Claim {
+                            volume: v.volume_id,
+                            usage: Use::Staging,
+                        },
+                    );
+                }
+            }
+            for p in store.all_publications()? {
+                s.insert(
+                    p.target_path,
+                    Claim {
+                        volume: p.volume_id,
+                        usage: Use::Target,
+                    },
+                );
+            }
+        }
+        lock(&self.state).recorded = recorded;
+        Ok(())
+    }
+
+    /// Takes `path` for an operation on `volume`. ABORTED while another operation uses the path;
+    /// with `claim` (stage, publish), FAILED_PRECONDITION when the path is, lies inside, or lies
+    /// above another volume's path, or one of this volume's used otherwise.
+    pub fn take(&self, volume: &str, path: &Path, usage: Use, claim: bool) -> Result<PathTurn> {
+        let mut s = lock(&self.state);
+        if let Some(other) = s.busy.get(path) {
+            return Err(Error::Aborted(format!(
+                "another operation (volume {}) is using {} right now; retry later",
+                other.volume,
+                path.display()
+            )));
+        }
+        let me = Claim {
+            volume: volume.to_string(),
+            usage,
+        };
+        if claim {
+            let clash = s
+                .recorded
+                .iter()
+                .chain(s.busy.iter())
+                .find(|(p, c)| nested(p, path) && !(p.as_path() == path && **c == me));
+            if let Some((p, c)) = clash {
+                let how = if p.as_path() == path {
+                    "is"
+                } else if path.starts_with(p) {
+                    "lies inside"
+                } else {
+                    "lies above"
+                };
+                return Err(Error::Precondition(format!(
+                    "{} {how} the {} of volume {} ({}); a volume's paths never overlap another's",
+                    path.display(),
+                    c.usage.word(),
+                    c.volume,
+                    p.display()
+                )));
+            }
+        }
+        s.busy.insert(path.to_path_buf(), me);
+        Ok(PathTurn {
+            state: Arc::clone(&self.state),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The store now records `path` as `volume`'s.
+    pub fn record(&self, volume: &str, path: &Path, usage: Use) {
+        lock(&self.state).recorded.insert(
+            path.to_path_buf(),
+            Claim {
+                volume: volume.to_string(),
+                usage,
+            },
+        );
+    }
+
+    /// The store no longer records `path` for `volume`.
+    pub fn forget(&self, volume: &str, path: &Path) {
+        let mut s = lock(&self.state);
+        if s.recorded.get(path).is_some_and(|c| c.volume == volume) {
+            s.recorded.remove(path);
+        }
+    }
+
+    /// Drops every path of a volume (DeleteVolume forgot its records).
+    pub fn forget_volume(&self, volume: &str) {
+        lock(&self.state).recorded.retain(|_, c| c.volume != volume);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_of_volumes_never_nest() {
+        let c = PathClaims::default();
+        c.record("a", Path::new("/k/staging/a"), Use::Staging);
+        c.record("a", Path::new("/k/pods/1/a"), Use::Target);
+        assert!(
+            c.take("a", Path::new("/k/staging/a"), Use::Staging, true)
+                .is_ok()
+        );
+        assert!(
+            c.take("a", Path::new("/k/pods/1/a"), Use::Target, true)
+                .is_ok()
+        );
+        for (vol, p, u) in [
+            ("b", "/k/staging/a", Use::Staging),
+            ("b", "/k/staging/a/x", Use::Target),
+            ("b", "/k/staging", Use::Staging),
+            ("a", "/k/staging/a/inside", Use::Target),
+            ("a", "/k/staging/a", Use::Target),
+        ] {
+            let e = c.take(vol, Path::new(p), u, true).err().expect(p);
+            assert!(matches!(e, Error::Precondition(_)), "{p}: {e}");
+        }
+        assert!(
+            c.take("b", Path::new("/k/staging/b"), Use::Staging, true)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn one_operation_per_path_whatever_the_volume() {
+        let c = PathClaims::default();
+        let turn = c.take("a", Path::new("/k/x"), Use::Staging, true).unwrap();
+        let e = c
+            .take("b", Path::new("/k/x"), Use::Staging, false)
+            .err()
+            .unwrap();
+        assert!(matches!(e, Error::Aborted(_)));
+        let e = c
+            .take("b", Path::new("/k/x/y"), Use::Target, true)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, Error::Precondition(_)),
+            "an in-flight claim counts too"
+        );
+        drop(turn);
+        assert!(c.take("b", Path::new("/k/x"), Use::Staging, false).is_ok());
+    }
+}

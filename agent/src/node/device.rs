@@ -1,0 +1,100 @@
+//! The volume's device as the node steps use it: held open from the moment its identity is
+//! proven (so its number cannot pass to another disk), one operation per device, and proven again
+//! right before every host mutation that names it (mkfs, e2fsck, mount, bind, resize, trim).
+
+use std::path::Path;
+
+use ebs_store::{DeviceIdentity, StagedVolume};
+
+use super::{NodeCtx, VolumeGuard};
+use crate::backend::ResolvedDevice;
+use crate::error::{Error, Result};
+use crate::host::device::HeldDevice;
+
+pub struct VolumeDevice {
+    pub held: HeldDevice,
+    pub identity: DeviceIdentity,
+    volume: String,
+    _turn: VolumeGuard,
+}
+
+impl VolumeDevice {
+    /// Holds a device the backend just resolved for `volume`, and proves it on the held fd.
+    pub fn hold(ctx: &NodeCtx, volume: &str, resolved: &ResolvedDevice) -> Result<VolumeDevice> {
+        Self::hold_path(ctx, volume, &resolved.path, &resolved.identity)
+    }
+
+    /// Holds the device a staged record names, proven to still be the volume: a detach and a new
+    /// attach reuse device numbers, so the recorded path alone proves nothing.
+    pub fn hold_recorded(ctx: &NodeCtx, staged: &StagedVolume) -> Result<VolumeDevice> {
+        Self::hold_path(ctx, &staged.volume_id, &staged.device, &staged.identity)
+    }
+
+    fn hold_path(
+        ctx: &NodeCtx,
+        volume: &str,
+        path: &Path,
+        identity: &DeviceIdentity,
+    ) -> Result<VolumeDevice> {
+        let held = HeldDevice::open(path).map_err(|e| Error::WrongDevice {
+            volume: volume.to_string(),
+            device: path.to_path_buf(),
+            reason: format!("it cannot be opened ({e}); the volume is not attached there"),
+        })?;
+        let (major, minor) = held.devnum();
+        let turn = ctx
+            .device_locks
+            .try_lock(&format!("{major}:{minor}"))
+            .ok_or_else(|| {
+                Error::Aborted(format!(
+                    "another operation is using device {} ({major}:{minor}) right now; retry \
+                     later",
+                    path.display()
+                ))
+            })?;
+        let device = VolumeDevice {
+            held,
+            identity: identity.clone(),
+            volume: volume.to_string(),
+            _turn: turn,
+        };
+        device.prove(ctx)?;
+        Ok(device)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.held.path()
+    }
+
+    pub fn devnum(&self) -> (u32, u32) {
+        self.held.devnum()
+    }
+
+    /// The held device carries the volume's identity (an unverified one, by explicit choice,
+    /// only needs the device to be the one held).
+    fn prove(&self, ctx: &NodeCtx) -> Result<()> {
+        if self.identity == DeviceIdentity::Unverified {
+            return Ok(());
+        }
+        ctx.backend
+            .is_at(self.devnum(), &self.identity)
+            .map_err(|reason| self.wrong(reason))
+    }
+
+    /// Right before a host mutation: the path still names the held device, and the device still
+    /// carries the volume.
+    pub fn reverify(&self, ctx: &NodeCtx) -> Result<()> {
+        self.held
+            .still_at_path()
+            .map_err(|e| self.wrong(e.to_string()))?;
+        self.prove(ctx)
+    }
+
+    fn wrong(&self, reason: String) -> Error {
+        Error::WrongDevice {
+            volume: self.volume.clone(),
+            device: self.path().to_path_buf(),
+            reason,
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! "Is this mount the volume's?" — one question, asked of the host, for unstage, unpublish,
+//! publish, stage, recovery, stats and reclaim. Records only say where to look.
+//!
+//! A mount at a staging or target path is the volume's only if its source is the volume's
+//! device, proven by what the device shows now (loop: the backing file's inode; EBS: the NVMe
+//! serial), and it is the filesystem's root (a staging mount, or a bind of it); for block access,
+//! the device node bound onto a file is the volume's device.
+
+use ebs_store::{DeviceIdentity, StagedVolume};
+
+use super::NodeCtx;
+use crate::backend::describe_identity;
+use crate::error::{Error, Result};
+use crate::host::anchor::{Anchored, EntryFd};
+use crate::host::device::block_devnum;
+use crate::host::mounts::{self, MountFacts};
+use crate::request::VolumeId;
+
+/// What a volume's device must show, from the record or, without one, from the backend.
+#[derive(Clone, Debug)]
+pub struct Expected {
+    pub volume: String,
+    identity: Option<DeviceIdentity>,
+    /// The recorded device's numbers: all an unverified identity can be checked against.
+    recorded: Option<(u32, u32)>,
+}
+
+impl Expected {
+    pub fn of(ctx: &NodeCtx, volume: &str, staged: Option<&StagedVolume>) -> Expected {
+        let identity = match staged {
+            Some(s) => Some(s.identity.clone()),
+            None => VolumeId::parse(volume)
+                .ok()
+                .and_then(|id| ctx.backend.expected_identity(&id)),
+        };
+        Expected {
+            volume: volume.to_string(),
+            identity,
+            recorded: staged.and_then(recorded_devnum),
+        }
+    }
+
+    /// For a device just resolved and held.
+    pub fn resolved(volume: &str, identity: DeviceIdentity, devnum: (u32, u32)) -> Expected {
+        Expected {
+            volume: volume.to_string(),
+            identity: Some(identity),
+            recorded: Some(devnum),
+        }
+    }
+
+    /// Whether the device with these numbers is the volume's. A device that is gone (detached
+    /// under a mount) can no longer be asked; then the record vouches for the numbers it noted,
+    /// so a workload's mount of a vanished volume can still be taken down.
+    pub fn is_device(&self, ctx: &NodeCtx, devnum: (u32, u32)) -> bool {
+        let vouched = self.recorded == Some(devnum);
+        match &self.identity {
+            Some(DeviceIdentity::Unverified) => vouched,
+            Some(identity) => match ctx.backend.is_at(devnum, identity) {
+                Ok(()) => true,
+                Err(_) => vouched && !device_exists(devnum),
+            },
+            None => false,
+        }
+    }
+
+    /// The recorded device's numbers.
+    pub fn recorded_devnum(&self) -> Option<(u32, u32)> {
+        self.recorded
+    }
+
+    pub fn describe(&self) -> String {
+        match &self.identity {
+            Some(i) => format!("volume {} ({})", self.volume, describe_identity(i)),
+            None => format!("volume {}", self.volume),
+        }
+    }
+}
+
+/// What holds a staging or target path.
+#[derive(Debug)]
+pub enum Holder {
+    Nothing,
+    /// The volume's filesystem root, or its device node for block access.
+    Volume(MountFacts),
+    /// Something else, described for the logs and errors.
+    Foreign(String),
+}
+
+impl Holder {
+    pub fn is_volume(&self) -> bool {
+        matches!(self, Holder::Volume(_))
+    }
+}
+
+/// What holds `entry`, judged against `expected`.
+pub fn holder(ctx: &NodeCtx, entry: &Anchored, expected: &Expected) -> Result<Holder> {
+    let facts = mounts::mounted_at(entry).map_err(|e| examine_error(entry, e))?;
+    Ok(judge(ctx, facts, expected))
+}
+
+/// The same question about an opened entry: the answer holds for the fd that is then used.
+pub fn holder_of(
+    ctx: &NodeCtx,
+    fd: &EntryFd,
+    entry: &Anchored,
+    expected: &Expected,
+) -> Result<Holder> {
+    let facts = mounts::mount_of(fd, entry.path()).map_err(|e| examine_error(entry, e))?;
+    Ok(judge(ctx, facts, expected))
+}
+
+fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holder {
+    let Some(facts) = facts else {
+        return Holder::Nothing;
+    };
+    if facts.node.kind == rustix::fs::FileType::BlockDevice {
+        let dev = facts.node.rdev;
+        return if expected.is_device(ctx, dev) {
+            Holder::Volume(facts)
+        } else {
+            Holder::Foreign(format!("a bind of block device {}:{}", dev.0, dev.1))
+        };
+    }
+    if facts.root != std::path::Path::new("/") || !expected.is_device(ctx, facts.dev) {
+        return Holder::Foreign(facts.describe());
+    }
+    Holder::Volume(facts)
+}
+
+/// The numbers a staged record noted, or (older records) its device's numbers now.
+pub fn recorded_devnum(staged: &StagedVolume) -> Option<(u32, u32)> {
+    staged.devnum.or_else(|| block_devnum(&staged.device).ok())
+}
+
+fn device_exists(devnum: (u32, u32)) -> bool {
+    std::path::Path::new(&format!("/sys/dev/block/{}:{}", devnum.0, devnum.1)).exists()
+}
+
+fn examine_error(entry: &Anchored, e: std::io::Error) -> Error {
+    Error::Precondition(format!(
+        "cannot tell what is mounted at {} ({e}); refusing to act on it",
+        entry.path().display()
+    ))
+}

@@ -1,0 +1,121 @@
+//! NodeUnpublishVolume: take the volume's bind away from a target path, and nothing else. A mount
+//! there that the host does not show to be the volume's is left alone, whatever the records say.
+
+use ebs_store::{Durability, Phase};
+
+use super::claims::Use;
+use super::journal::{Journal, detail};
+use super::ownership::{Expected, Holder, holder};
+use super::{NodeCtx, path_string, paths};
+use crate::error::{Error, Result};
+use crate::host::anchor::{Anchored, Removed};
+use crate::host::mounter::{self, Unmounted};
+use crate::request::{RequestPath, VolumeId};
+
+pub struct UnpublishCommand {
+    pub volume: VolumeId,
+    pub target: RequestPath,
+}
+
+pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
+    let vol = cmd.volume.as_str();
+    let target_path = cmd.target.as_path();
+    let _turn = ctx.claims.take(vol, target_path, Use::Target, false)?;
+    let recorded = ctx.store.publication(vol, target_path)?.is_some();
+    let journal = Journal::new(&ctx.store, vol, "unpublish", ctx.crash_after());
+    let facts = detail([("target", path_string(target_path))]);
+    let Some(target) = paths::lookup(&cmd.target)? else {
+        return forget(ctx, &journal, vol, cmd, recorded, facts);
+    };
+    let staged = ctx.store.staged(vol)?;
+    let expected = Expected::of(ctx, vol, staged.as_ref());
+    let unmounted = take_down(ctx, &journal, &target, &expected, recorded, "publication")?;
+    if recorded || unmounted {
+        // What publish created; a directory that is not empty is not ours to delete.
+        match target
+            .remove()
+            .map_err(|e| Error::io(format!("removing {}", target_path.display()), e))?
+        {
+            Removed::Kept => {
+                tracing::warn!(target = %target_path.display(), "target is not empty; left in place")
+            }
+            Removed::Removed | Removed::Absent => {}
+        }
+    }
+    forget(ctx, &journal, vol, cmd, recorded, facts)
+}
+
+fn forget(
+    ctx: &NodeCtx,
+    journal: &Journal<'_>,
+    vol: &str,
+    cmd: &UnpublishCommand,
+    recorded: bool,
+    facts: super::journal::Detail,
+) -> Result<()> {
+    if !recorded {
+        return Ok(());
+    }
+    // Lazy: if this line is lost, recovery finds the mount gone and drops the record itself.
+    journal.record("unpublished", Phase::Done, facts, Durability::Lazy, |w| {
+        w.delete_publication(vol, cmd.target.as_path())
+    })?;
+    ctx.claims.forget(vol, cmd.target.as_path());
+    Ok(())
+}
+
+/// Unmounts the volume's mounts at `entry` (a crashed earlier call may have stacked two) and
+/// stops at anything else. Returns whether it unmounted something. A foreign mount over a path
+/// the records give the volume is an error: the volume's own mount may lie beneath it.
+pub fn take_down(
+    ctx: &NodeCtx,
+    journal: &Journal<'_>,
+    entry: &Anchored,
+    expected: &Expected,
+    recorded: bool,
+    what: &str,
+) -> Result<bool> {
+    let path = entry.path();
+    let mut unmounted = false;
+    for _ in 0..8 {
+        match holder(ctx, entry, expected)? {
+            Holder::Nothing => return Ok(unmounted),
+            Holder::Foreign(found) if recorded && !unmounted => {
+                return Err(Error::Precondition(format!(
+                    "{} holds {found}, which is not {}: it covers or replaced the volume's {what}; \
+                     not unmounting it",
+                    path.display(),
+                    expected.describe()
+                )));
+            }
+            Holder::Foreign(found) => {
+                tracing::info!(volume = %expected.volume, path = %path.display(), %found,
+                    "left alone: the mount there is not the volume's");
+                return Ok(unmounted);
+            }
+            Holder::Volume(_) => {
+                // Lazy, unlike the intents of publish and stage: nothing resumes from an
+                // unmount's intent. After a crash the host says whether the unmount happened.
+                let done = journal.step(
+                    "unmount",
+                    detail([("path", path_string(path))]),
+                    Durability::Lazy,
+                    || {
+                        mounter::unmount(entry)
+                            .map_err(|e| Error::io(format!("unmounting {}", path.display()), e))
+                    },
+                )?;
+                match done {
+                    Unmounted::Detached => tracing::warn!(path = %path.display(),
+                        "mount was dead (ENOTCONN/ESTALE); detached lazily"),
+                    Unmounted::Done | Unmounted::NotMounted => {}
+                }
+                unmounted = true;
+            }
+        }
+    }
+    Err(Error::Internal(format!(
+        "{} is still mounted after repeated unmounts",
+        path.display()
+    )))
+}

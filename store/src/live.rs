@@ -1,0 +1,108 @@
+//! The agent's own, writable state file, able to come back after a failed commit.
+//!
+//! redb refuses every later transaction once a commit failed on I/O (a full disk: "Previous I/O
+//! error occurred. Please close and re-open the database"). A node plugin cannot wait for a
+//! restart to write again: the failure is remembered (Probe reports it), and the next read or
+//! write reopens the file, which makes redb repair it back to its last durable commit. Lazy
+//! records committed since that commit are lost, as in a crash; everything the agent decides
+//! from is durable or re-derived from the host.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
+
+use crate::StoreError;
+
+pub(crate) struct LiveDb {
+    path: PathBuf,
+    db: RwLock<Option<redb::Database>>,
+    needs_reopen: AtomicBool,
+    /// Why the last commit failed, until one succeeds again.
+    failure: Mutex<Option<String>>,
+}
+
+pub(crate) fn open_database(path: &Path) -> Result<redb::Database, StoreError> {
+    redb::Database::builder()
+        .set_check_integrity_on_open(true)
+        .create(path)
+        .map_err(|e| StoreError::open(path, e))
+}
+
+impl LiveDb {
+    pub(crate) fn new(path: &Path, db: redb::Database) -> Self {
+        LiveDb {
+            path: path.to_path_buf(),
+            db: RwLock::new(Some(db)),
+            needs_reopen: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// The database, reopened first if a commit failed since it was last opened.
+    pub(crate) fn get(&self) -> Result<DbGuard<'_>, StoreError> {
+        if self.needs_reopen.load(Ordering::Acquire) {
+            self.reopen();
+        }
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            return Err(StoreError::Internal(format!(
+                "the state file {} could not be reopened after a failed commit: {}",
+                self.path.display(),
+                self.failure().unwrap_or_default()
+            )));
+        }
+        Ok(DbGuard(guard))
+    }
+
+    fn reopen(&self) {
+        let mut slot = self.db.write().unwrap_or_else(|p| p.into_inner());
+        if !self.needs_reopen.load(Ordering::Acquire) {
+            return;
+        }
+        // The old handle goes first: it holds the file's lock.
+        *slot = None;
+        match open_database(&self.path) {
+            Ok(db) => {
+                *slot = Some(db);
+                self.needs_reopen.store(false, Ordering::Release);
+                tracing::warn!(path = %self.path.display(), "state file reopened after a failed commit");
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "state file not reopened yet");
+            }
+        }
+    }
+
+    /// Called with every commit's outcome.
+    pub(crate) fn committed(&self, outcome: &Result<(), String>) {
+        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        match outcome {
+            Ok(()) => {
+                if failure.take().is_some() {
+                    tracing::info!(path = %self.path.display(), "state file writable again");
+                }
+            }
+            Err(e) => {
+                *failure = Some(e.clone());
+                self.needs_reopen.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+pub(crate) struct DbGuard<'a>(RwLockReadGuard<'a, Option<redb::Database>>);
+
+impl std::ops::Deref for DbGuard<'_> {
+    type Target = redb::Database;
+
+    fn deref(&self) -> &redb::Database {
+        self.0.as_ref().expect("checked in LiveDb::get")
+    }
+}
