@@ -116,11 +116,8 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             Durability::Lazy,
             || probe_with_size(&device.path, fs),
         )?;
-        let mut data = flags.data().to_vec();
-        if fs == FsType::Xfs {
-            // A volume and its snapshot clone share a UUID; xfs refuses the second without this.
-            data.push("nouuid".into());
-        }
+        // Validated options; for xfs they include `nouuid` (see request::mount_flags).
+        let data = flags.data().to_vec();
         let facts = detail([
             ("device", path_string(&device.path)),
             ("staging", path_string(staging)),
@@ -164,9 +161,10 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         .map_err(|e| {
             Error::io(
                 format!(
-                    "mounting {} on {}",
+                    "mounting {} on {} (options {:?})",
                     device.path.display(),
-                    staging.display()
+                    staging.display(),
+                    data.join(",")
                 ),
                 e,
             )
