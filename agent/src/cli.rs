@@ -133,7 +133,10 @@ pub const DEFAULT_ENDPOINT: &str = "unix:///run/ebs-node-agent/csi.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ebs-node-agent";
 pub const DEFAULT_DRIVER_NAME: &str = "ebs.csi.aws.com";
 
+/// A flag given twice takes its last value, as Go's flag parsing does (the chart's
+/// `node.additionalArgs` may repeat one it renders, `--v` say).
 #[derive(clap::Args, Debug, Clone)]
+#[command(args_override_self = true)]
 pub struct ServeArgs {
     /// The CSI socket: unix:///path/name.sock (or unix:/path/name.sock).
     #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT, value_parser = Endpoint::parse_arg)]

@@ -136,12 +136,13 @@ pub fn apply_env(args: &mut ServeArgs, env: impl Fn(&str) -> Option<String>) {
 }
 
 /// klog's `-v` level as a tracing filter: up to 3 is info (the chart's default is 2), 4 and 5
-/// are debug (where upstream logs each call), 6 and above trace.
+/// are the agent's debug lines (where upstream logs each call), 6 and above its trace lines.
+/// Libraries (gRPC, HTTP/2) stay at info: their debug output is not what `-v` asks for.
 pub fn log_level(verbosity: Option<u8>) -> &'static str {
     match verbosity {
         None | Some(0..=3) => "info",
-        Some(4..=5) => "debug",
-        Some(_) => "trace",
+        Some(4..=5) => "info,ebs_node_agent=debug,ebs_store=debug",
+        Some(_) => "info,ebs_node_agent=trace,ebs_store=trace",
     }
 }
 
@@ -188,7 +189,7 @@ mod tests {
     fn levels() {
         assert_eq!(log_level(None), "info");
         assert_eq!(log_level(Some(2)), "info");
-        assert_eq!(log_level(Some(4)), "debug");
-        assert_eq!(log_level(Some(7)), "trace");
+        assert!(log_level(Some(4)).contains("ebs_node_agent=debug"));
+        assert!(log_level(Some(7)).contains("ebs_node_agent=trace"));
     }
 }
