@@ -161,7 +161,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         .map_err(|e| {
             Error::io(
                 format!(
-                    "mounting {} on {} (options {:?})",
+                    "mounting {} on {} with options {}",
                     device.path.display(),
                     staging.display(),
                     data.join(",")
