@@ -1,5 +1,6 @@
 //! The command line. Every `serve` flag can also come from an environment variable, so the same
-//! binary is configured the same way by systemd, a DaemonSet, Nomad or Mesos.
+//! binary is configured the same way by systemd, a DaemonSet, Nomad or Mesos. The upstream EBS
+//! driver's node command line (`node --endpoint=… --v=2`) is accepted too: see `upstream_cli`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,15 +10,34 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::client::ClientArgs;
 use crate::endpoint::Endpoint;
 
+/// The parsed command line (see `Cli::parse_args`).
+#[derive(Debug)]
+pub struct Cli {
+    pub command: Command,
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ebs-node-agent",
     version,
     about = "A crash-safe CSI node plugin for EBS and block devices"
 )]
-pub struct Cli {
+struct Parsed {
     #[command(subcommand)]
-    pub command: Command,
+    command: ParsedCommand,
+}
+
+/// Ours, plus the upstream driver's first words, which stand for `serve --mode <word>`.
+#[derive(Subcommand, Debug)]
+enum ParsedCommand {
+    #[command(flatten)]
+    Ours(Command),
+    #[command(hide = true)]
+    Node(Box<ServeArgs>),
+    #[command(hide = true)]
+    Controller(Box<ServeArgs>),
+    #[command(hide = true)]
+    All(Box<ServeArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -30,6 +50,41 @@ pub enum Command {
     Status(StatusArgs),
     /// Rebuild or reset a state file that the agent refuses to open.
     Recover(RecoverArgs),
+}
+
+impl Cli {
+    /// Parses the command line. The upstream driver's first word (`node`, `controller`, `all`)
+    /// becomes `serve` with that mode (the word wins over --mode), and the upstream chart's
+    /// environment variables fill in what flags left open. Errors exit with code 2, as clap's do.
+    pub fn parse_args() -> Cli {
+        Cli::from_parsed(Parsed::parse())
+    }
+
+    /// As `parse_args`, from given words (the first is the program name).
+    pub fn try_parse_from<I, T>(words: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Parsed::try_parse_from(words).map(Cli::from_parsed)
+    }
+
+    fn from_parsed(parsed: Parsed) -> Cli {
+        let upstream = |mut args: Box<ServeArgs>, mode| {
+            args.mode = mode;
+            Command::Serve(args)
+        };
+        let mut command = match parsed.command {
+            ParsedCommand::Ours(c) => c,
+            ParsedCommand::Node(a) => upstream(a, Mode::Node),
+            ParsedCommand::Controller(a) => upstream(a, Mode::Controller),
+            ParsedCommand::All(a) => upstream(a, Mode::All),
+        };
+        if let Command::Serve(args) = &mut command {
+            crate::upstream_cli::apply_env(args, |k| std::env::var(k).ok());
+        }
+        Cli { command }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,9 +133,12 @@ pub const DEFAULT_ENDPOINT: &str = "unix:///run/ebs-node-agent/csi.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ebs-node-agent";
 pub const DEFAULT_DRIVER_NAME: &str = "ebs.csi.aws.com";
 
+/// A flag given twice takes its last value, as Go's flag parsing does (the chart's
+/// `node.additionalArgs` may repeat one it renders, `--v` say).
 #[derive(clap::Args, Debug, Clone)]
+#[command(args_override_self = true)]
 pub struct ServeArgs {
-    /// The CSI socket: unix:///path/name.sock.
+    /// The CSI socket: unix:///path/name.sock (or unix:/path/name.sock).
     #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT, value_parser = Endpoint::parse_arg)]
     pub endpoint: Endpoint,
     /// A second socket for the CSI-Addons sidecar (identity, online space reclaim); off when unset.
@@ -114,17 +172,44 @@ pub struct ServeArgs {
     /// Staging and target paths must lie under one of these (repeatable; env: comma-separated).
     #[arg(long = "allowed-path-prefix", env = "EBS_AGENT_ALLOWED_PATH_PREFIXES", value_delimiter = ',', value_parser = crate::request::parse_prefix)]
     pub allowed_path_prefixes: Vec<PathBuf>,
-    #[arg(long, env = "EBS_AGENT_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(
+        long,
+        alias = "logging-format",
+        env = "EBS_AGENT_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
+    /// Log verbosity as klog counts it (upstream's `--v`): up to 3 info, 4-5 debug, 6+ trace.
+    /// RUST_LOG, when set, wins.
+    #[arg(
+        short = 'v',
+        long = "v",
+        env = "EBS_AGENT_LOG_VERBOSITY",
+        value_name = "LEVEL"
+    )]
+    pub verbosity: Option<u8>,
     /// How long in-flight calls may run after SIGTERM before the agent exits anyway.
     #[arg(long, env = "EBS_AGENT_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
     /// How long a stage waits for the volume's device to appear (never past the call's deadline).
     #[arg(long, env = "EBS_AGENT_DEVICE_WAIT", default_value = "30s", value_parser = parse_duration)]
     pub device_wait: Duration,
-    /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9809); off when unset.
-    #[arg(long, env = "EBS_AGENT_METRICS_ADDRESS")]
+    /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9809, or :9809 for
+    /// every address); off when unset. Upstream's `--http-endpoint` is the same flag.
+    #[arg(long, alias = "http-endpoint", env = "EBS_AGENT_METRICS_ADDRESS",
+          value_parser = crate::upstream_cli::parse_listen_addr)]
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// Per-volume metrics cover only volumes mounted under this path (upstream's flag of the
+    /// same name; the chart gives `<kubelet>/plugins/kubernetes.io/csi/ebs.csi.aws.com/`).
+    #[arg(long, env = "EBS_AGENT_CSI_MOUNT_POINT_PREFIX", value_parser = parse_absolute)]
+    pub csi_mount_point_prefix: Option<PathBuf>,
+    /// Format xfs without bigtime, inobtcount and reflink, for nodes on Linux 5.4 or older
+    /// (upstream's flag of the same name). Such volumes keep timestamps only until 2038.
+    #[arg(long, env = "EBS_AGENT_LEGACY_XFS", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", default_value = "false",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub legacy_xfs: bool,
     /// Print the effective settings as JSON and exit, touching nothing (checks a deployment's flags).
     #[arg(long)]
     pub print_config: bool,
@@ -149,21 +234,24 @@ pub struct ServeArgs {
     /// Where sysfs is mounted (DMI asset tag, NVMe disks, network devices).
     #[arg(long, env = "EBS_AGENT_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// ebs: max_volumes_per_node, instead of the limit computed from the instance type.
-    #[arg(long, env = "EBS_AGENT_VOLUME_ATTACH_LIMIT")]
-    pub volume_attach_limit: Option<u32>,
-    /// ebs: attachment slots to keep free beyond those the agent counts on the host.
-    #[arg(
-        long,
-        env = "EBS_AGENT_RESERVED_VOLUME_ATTACHMENTS",
-        default_value_t = 0
-    )]
-    pub reserved_volume_attachments: u32,
+    /// ebs: max_volumes_per_node, instead of the limit computed from the instance type; -1:
+    /// unset. Same meaning as upstream's flag.
+    #[arg(long, env = "EBS_AGENT_VOLUME_ATTACH_LIMIT", default_value = "-1",
+          allow_negative_numbers = true, value_parser = crate::upstream_cli::parse_count_or_unset)]
+    pub volume_attach_limit: i64,
+    /// ebs: attachment slots used by other disks than the agent's volumes, replacing the live
+    /// count of attached EBS volumes the agent did not stage (root included); -1: that count.
+    /// Same meaning as upstream's flag. Not used with --volume-attach-limit.
+    #[arg(long, env = "EBS_AGENT_RESERVED_VOLUME_ATTACHMENTS", default_value = "-1",
+          allow_negative_numbers = true, value_parser = crate::upstream_cli::parse_count_or_unset)]
+    pub reserved_volume_attachments: i64,
     /// ebs: the longest pause between identity lookups while the identity is missing.
     #[arg(long, env = "EBS_AGENT_IDENTITY_RETRY_MAX", default_value = "60s", value_parser = parse_duration, hide = true)]
     pub identity_retry_max: Duration,
     #[command(flatten)]
     pub upstream: crate::upstream::UpstreamArgs,
+    #[command(flatten)]
+    pub upstream_flags: crate::upstream_cli::IgnoredFlags,
     /// ebs: where device nodes are (a fixture tree in tests).
     #[arg(long, env = "EBS_AGENT_DEV_ROOT", default_value = "/dev")]
     pub dev_root: PathBuf,
@@ -181,6 +269,23 @@ pub struct ServeArgs {
     /// crash safety; never for production.
     #[arg(long, env = "EBS_AGENT_BENCH_LAZY_JOURNAL", hide = true)]
     pub bench_lazy_journal: bool,
+}
+
+impl ServeArgs {
+    /// `--volume-attach-limit` when set (>= 0).
+    pub fn attach_limit_override(&self) -> Option<u32> {
+        u32::try_from(self.volume_attach_limit).ok()
+    }
+
+    /// `--reserved-volume-attachments` when set (>= 0).
+    pub fn reserved_override(&self) -> Option<u32> {
+        u32::try_from(self.reserved_volume_attachments).ok()
+    }
+
+    /// The tracing filter for `--v` (RUST_LOG wins when set).
+    pub fn log_level(&self) -> &'static str {
+        crate::upstream_cli::log_level(self.verbosity)
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -223,6 +328,15 @@ fn parse_driver_name(raw: &str) -> Result<String, String> {
              and ends with a letter or digit"
                 .into(),
         )
+    }
+}
+
+fn parse_absolute(raw: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(raw);
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(format!("{raw:?} must be an absolute path"))
     }
 }
 

@@ -9,16 +9,24 @@ pub struct Endpoint {
     path: PathBuf,
 }
 
+/// The socket path of a `unix:` endpoint: `unix:///abs/path` (the CSI spec's form) or
+/// `unix:/abs/path` (one slash, as the upstream EBS chart sets CSI_ENDPOINT). `None` for anything
+/// else, `unix://relative` included (Go reads its first part as a host name).
+pub fn unix_socket_path(raw: &str) -> Option<&str> {
+    let rest = raw.strip_prefix("unix:")?;
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    path.starts_with('/').then_some(path)
+}
+
 impl Endpoint {
-    /// CSI allows only `unix://` endpoints; the path must be absolute and end in `.sock`.
+    /// CSI allows only unix endpoints; the path must be absolute and end in `.sock`.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let Some(rest) = raw.strip_prefix("unix://") else {
+        let Some(rest) = unix_socket_path(raw) else {
             return Err(format!(
-                "endpoint {raw:?} is not supported: use unix:///absolute/path.sock"
+                "endpoint {raw:?} is not supported: use unix:///absolute/path.sock (or \
+                 unix:/absolute/path.sock)"
             ));
         };
-        // Accept the common `unix:/path` spelling? No: CSI says unix://, and being strict
-        // catches typos such as unix://relative.sock early.
         let path = PathBuf::from(rest);
         if !path.is_absolute() {
             return Err(format!(
@@ -122,12 +130,19 @@ mod tests {
     #[test]
     fn parses_only_unix_sock_urls() {
         assert!(Endpoint::parse("unix:///run/x/csi.sock").is_ok());
+        // The upstream chart's spelling, one slash: the same socket.
+        let one = Endpoint::parse("unix:/csi/csi.sock").unwrap();
+        assert_eq!(one.path(), Path::new("/csi/csi.sock"));
+        assert_eq!(one.url(), "unix:///csi/csi.sock");
         for bad in [
             "tcp://127.0.0.1:10000",
             "unix://relative.sock",
             "unix:///run/x/csi",
             "/run/csi.sock",
             "unix:///",
+            "unix:csi.sock",
+            "unix:",
+            "unix://host/csi.sock",
         ] {
             assert!(Endpoint::parse(bad).is_err(), "{bad}");
         }

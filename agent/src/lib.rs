@@ -19,3 +19,4 @@ pub mod request;
 pub mod server;
 pub mod status;
 pub mod upstream;
+pub mod upstream_cli;

@@ -1,4 +1,5 @@
-//! Logs go to stderr through tracing, as text or JSON; RUST_LOG refines the level.
+//! Logs go to stderr through tracing, as text or JSON, at the level `--v` gives; RUST_LOG, when
+//! set, replaces it.
 
 use std::io::IsTerminal;
 
@@ -6,8 +7,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
 
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+pub fn init(format: LogFormat, level: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

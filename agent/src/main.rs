@@ -1,10 +1,8 @@
-use clap::Parser;
-
 use ebs_node_agent::cli::{Cli, Command};
 use ebs_node_agent::{client, logging, recover, server, status};
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     if matches!(cli.command, Command::Serve(_)) {
         ebs_node_agent::host::malloc::tune();
     }
@@ -30,7 +28,8 @@ fn main() {
             0
         }
         Command::Serve(args) => {
-            logging::init(args.log_format);
+            logging::init(args.log_format, args.log_level());
+            ebs_node_agent::upstream_cli::warn_ignored(&args);
             match runtime.block_on(server::serve(*args)) {
                 Ok(()) => 0,
                 Err(fatal) => {

@@ -25,6 +25,18 @@ pub fn print(args: &ServeArgs) {
         "device_wait_ms": args.device_wait.as_millis() as u64,
         "csi_versions": crate::grpc::versions::names(&args.csi_versions),
         "metrics_address": args.metrics_address.map(|a| a.to_string()),
+        "log_level": args.log_level(),
+        "csi_mount_point_prefix": args.csi_mount_point_prefix,
+        "legacy_xfs": args.legacy_xfs,
+        "volume_attach_limit": args.volume_attach_limit,
+        "reserved_volume_attachments": args.reserved_volume_attachments,
+        "zone": args.zone,
+        "region": args.region,
+        "imds_disabled": args.imds_disabled,
+        "ignored_upstream_flags": crate::upstream_cli::ignored(args)
+            .iter()
+            .map(|i| i.flag)
+            .collect::<Vec<_>>(),
     });
     println!("{value:#}");
 }

@@ -104,7 +104,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         tracing::warn!("--bench-lazy-journal: commits are not fsynced; crash safety is off");
         ebs_store::bench_make_all_commits_lazy();
     }
-    let fstools = FsTools::detect();
+    let fstools = FsTools::detect().with_legacy_xfs(args.legacy_xfs);
     for fs in FsType::ALL {
         if let Err(why) = fstools.supports(fs) {
             tracing::warn!(%fs, %why, "filesystem disabled: volumes that ask for it will be refused");

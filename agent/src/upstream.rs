@@ -51,11 +51,10 @@ pub enum Target {
 impl Target {
     pub fn parse(raw: &str, insecure: bool) -> Result<Target, String> {
         let hint = "use unix:///absolute/path.sock or https://host:port";
-        if let Some(path) = raw.strip_prefix("unix://") {
-            let path = PathBuf::from(path);
-            if !path.is_absolute() {
-                return Err(format!("controller upstream {raw:?}: {hint}"));
-            }
+        if raw.starts_with("unix:") {
+            let path = crate::endpoint::unix_socket_path(raw)
+                .map(PathBuf::from)
+                .ok_or_else(|| format!("controller upstream {raw:?}: {hint}"))?;
             if insecure {
                 return Err("--upstream-insecure applies only to an http:// upstream".into());
             }

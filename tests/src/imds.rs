@@ -17,6 +17,8 @@ pub struct Instance {
     pub zone: String,
     pub region: String,
     pub macs: Vec<String>,
+    /// `outpost-arn` answers this; `None`: 404, as off an Outpost.
+    pub outpost_arn: Option<String>,
 }
 
 impl Default for Instance {
@@ -27,6 +29,7 @@ impl Default for Instance {
             zone: "eu-central-1b".into(),
             region: "eu-central-1".into(),
             macs: vec!["0a:00:00:00:00:01".into()],
+            outpost_arn: None,
         }
     }
 }
@@ -45,6 +48,8 @@ pub struct Switches {
     pub metadata_requests: AtomicU32,
     /// Metadata GETs that came without a token.
     pub tokenless_requests: AtomicU32,
+    /// The metadata items asked for, in order (`instance-id`, `outpost-arn`, ...).
+    pub asked: Mutex<Vec<String>>,
 }
 
 /// The emulator; its task ends when this is dropped.
@@ -84,6 +89,11 @@ impl Imds {
 
     pub fn set(&self, switch: &AtomicBool, on: bool) {
         switch.store(on, Ordering::SeqCst);
+    }
+
+    /// The metadata items asked for so far.
+    pub fn asked(&self) -> Vec<String> {
+        self.switches.asked.lock().expect("asked").clone()
     }
 
     pub fn requests(&self) -> u32 {
@@ -135,6 +145,7 @@ async fn serve_one(mut conn: TcpStream, s: &Switches, i: &Mutex<Instance>) -> st
         }
     } else if let Some(item) = path.strip_prefix("/latest/meta-data/") {
         s.metadata_requests.fetch_add(1, Ordering::SeqCst);
+        s.asked.lock().expect("asked").push(item.to_string());
         let token = header("x-aws-ec2-metadata-token");
         if token.is_none() {
             s.tokenless_requests.fetch_add(1, Ordering::SeqCst);
@@ -158,6 +169,10 @@ async fn serve_one(mut conn: TcpStream, s: &Switches, i: &Mutex<Instance>) -> st
                 "placement/availability-zone" => (200, inst.zone),
                 "placement/region" => (200, inst.region),
                 "network/interfaces/macs/" => (200, macs),
+                "outpost-arn" => match inst.outpost_arn {
+                    Some(arn) => (200, arn),
+                    None => (404, String::new()),
+                },
                 _ => (404, String::new()),
             }
         }

@@ -6,6 +6,7 @@ pub mod addons;
 pub mod controller_cases;
 pub mod csi_req;
 pub mod fake_controller;
+pub mod http;
 pub mod hung_mount;
 pub mod imds;
 pub mod legacy;

@@ -199,7 +199,40 @@ async fn two_volumes_racing_for_one_path_never_stack() {
 }
 
 /// Swaps `dir` and `link` (a symlink to a decoy outside every prefix) atomically, as fast as it
-/// can, until told to stop.
+/// can, until dropped (also when the test fails, so the scratch directory can be removed).
+struct Swapper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Swapper {
+    fn start(dir: PathBuf, link: PathBuf) -> Swapper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = swapper(dir, link, Arc::clone(&stop));
+        Swapper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .map(|t| t.join().unwrap_or(0))
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Swapper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 fn swapper(dir: PathBuf, link: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let mut swaps = 0u64;
@@ -236,8 +269,7 @@ async fn a_symlink_swapped_in_between_check_and_use_redirects_nothing() {
     let race = agent.work.join("race");
     std::fs::create_dir_all(race.join("d")).unwrap();
     std::os::unix::fs::symlink(&decoy, race.join("d-swap")).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let swaps = swapper(race.join("d"), race.join("d-swap"), Arc::clone(&stop));
+    let swaps = Swapper::start(race.join("d"), race.join("d-swap"));
     let mut node = agent.node().await;
     let (mut ok, mut refused) = (0, 0);
     for i in 0..300 {
@@ -261,8 +293,7 @@ async fn a_symlink_swapped_in_between_check_and_use_redirects_nothing() {
             "call {i}: something was created in the decoy"
         );
     }
-    stop.store(true, Ordering::Relaxed);
-    let swaps = swaps.join().unwrap();
+    let swaps = swaps.finish();
     eprintln!("{ok} publishes succeeded, {refused} refused, {swaps} swaps");
     assert!(swaps > 1000, "the swapper ran");
     // Leave nothing mounted below the race directory either.

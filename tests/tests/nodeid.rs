@@ -8,8 +8,14 @@ use std::time::Duration;
 
 use ebs_node_agent::nodeinfo::host_devices::{EBS_MODEL, INSTANCE_STORE_MODEL, fixture};
 use ebs_node_agent::nodeinfo::imds::{ImdsClient, ImdsError};
-use ebs_node_agent::nodeinfo::sources::{Resolver, SourceConfig, WELL_KNOWN_ZONE_KEY, ZONE_KEY};
-use ebs_node_agent::nodeinfo::{NodeInfo, dmi};
+use ebs_node_agent::nodeinfo::live_limit::StagedSerials;
+use ebs_node_agent::nodeinfo::outpost::{
+    ACCOUNT_ID_KEY, OUTPOST_ID_KEY, PARTITION_KEY, REGION_KEY,
+};
+use ebs_node_agent::nodeinfo::sources::{
+    OS_KEY, Resolver, SourceConfig, WELL_KNOWN_ZONE_KEY, ZONE_KEY,
+};
+use ebs_node_agent::nodeinfo::{NodeInfo, NodeInfoSource, dmi};
 use ebs_tests::Scratch;
 use ebs_tests::imds::{Imds, Instance, raw_get_status};
 
@@ -117,9 +123,44 @@ async fn imds_alone_gives_the_whole_identity() {
     assert_eq!(info.node_id, "i-0feedfacecafe0001");
     assert_eq!(info.topology[ZONE_KEY], "eu-central-1b");
     assert_eq!(info.topology[WELL_KNOWN_ZONE_KEY], "eu-central-1b");
-    assert_eq!(info.topology.len(), 2);
-    // m5.large: shared 28 - 1 interface (from IMDS) - no disks.
-    assert_eq!(info.max_volumes, 27);
+    assert_eq!(info.topology[OS_KEY], "linux");
+    assert_eq!(info.topology.len(), 3, "no Outpost segments off an Outpost");
+    // m5.large is not in the table: 27 shared - the root volume, one interface (from IMDS).
+    assert_eq!(info.max_volumes, 26);
+}
+
+#[tokio::test]
+async fn an_outpost_instance_reports_upstreams_four_segments() {
+    let sysfs = Scratch::new("nodeid-outpost");
+    let imds = Imds::start(Instance {
+        outpost_arn: Some(
+            "arn:aws:outposts:us-west-2:111122223333:outpost/op-0a1b2c3d4e5f60718".into(),
+        ),
+        ..Instance::default()
+    })
+    .await;
+    let info = resolve(config(&sysfs.path, Some(client(&imds, 1000))))
+        .await
+        .unwrap();
+    assert_eq!(info.topology[OUTPOST_ID_KEY], "op-0a1b2c3d4e5f60718");
+    assert_eq!(info.topology[REGION_KEY], "us-west-2");
+    assert_eq!(info.topology[PARTITION_KEY], "aws");
+    assert_eq!(info.topology[ACCOUNT_ID_KEY], "111122223333");
+    assert_eq!(info.topology.len(), 7);
+
+    // Flags and DMI give the identity: instance metadata is asked only whether this is an
+    // Outpost, once.
+    let before = imds.asked().len();
+    write_asset_tag(&sysfs.path, "i-0123456789abcdef0");
+    let cfg = SourceConfig {
+        zone: Some("us-west-2a".into()),
+        instance_type: Some("m7i.large".into()),
+        ..config(&sysfs.path, Some(client(&imds, 1000)))
+    };
+    let mut r = Resolver::new(cfg);
+    let info = r.round().await.unwrap();
+    assert_eq!(info.topology[OUTPOST_ID_KEY], "op-0a1b2c3d4e5f60718");
+    assert_eq!(imds.asked()[before..], ["outpost-arn".to_string()]);
 }
 
 #[tokio::test]
@@ -135,8 +176,9 @@ async fn dmi_wins_over_imds_and_flags_win_over_both() {
     assert_eq!(info.node_id, "i-0123456789abcdef0");
     assert_eq!(info.topology[ZONE_KEY], "eu-central-1b");
 
-    // Flags beat DMI and IMDS field by field; with id, zone and type given, IMDS is not asked.
-    let before = imds.requests();
+    // Flags beat DMI and IMDS field by field; with id, zone and type given, IMDS is asked only
+    // whether this node is on an Outpost.
+    let before = imds.asked().len();
     let cfg = SourceConfig {
         node_id: Some("i-0aaaaaaaaaaaaaaaa".into()),
         zone: Some("us-west-2a".into()),
@@ -146,11 +188,11 @@ async fn dmi_wins_over_imds_and_flags_win_over_both() {
     let info = resolve(cfg).await.unwrap();
     assert_eq!(info.node_id, "i-0aaaaaaaaaaaaaaaa");
     assert_eq!(info.topology[ZONE_KEY], "us-west-2a");
-    assert_eq!(info.max_volumes, 32);
+    assert_eq!(info.max_volumes, 31, "dedicated 32 - the root volume");
     assert_eq!(
-        imds.requests(),
-        before,
-        "IMDS was called although flags said everything"
+        imds.asked()[before..],
+        ["outpost-arn".to_string()],
+        "IMDS was asked for what flags said"
     );
 }
 
@@ -164,8 +206,8 @@ async fn dmi_and_a_zone_flag_need_no_network() {
     };
     let info = resolve(cfg).await.unwrap();
     assert_eq!(info.node_id, "i-0123456789abcdef0");
-    // Unknown type: the documented fallback, shared 28 - 1 assumed interface.
-    assert_eq!(info.max_volumes, 27);
+    // Unknown type: upstream's fallback, 27 shared - the root volume.
+    assert_eq!(info.max_volumes, 26);
 }
 
 #[tokio::test]
@@ -186,7 +228,7 @@ async fn no_source_gives_a_hint_that_names_the_flags_and_the_imds_error() {
 }
 
 #[tokio::test]
-async fn attach_limit_counts_interfaces_instance_store_and_unstaged_ebs_from_sysfs() {
+async fn attach_limit_counts_interfaces_and_unstaged_ebs_from_sysfs() {
     let sysfs = Scratch::new("nodeid-limit");
     let root = &sysfs.path;
     fixture::nvme_disk(root, "nvme0n1", EBS_MODEL, "vol0000000000000root");
@@ -202,17 +244,18 @@ async fn attach_limit_counts_interfaces_instance_store_and_unstaged_ebs_from_sys
     let imds = Imds::start(inst).await;
     let staged: HashSet<String> = ["vol0bbbbbbbbbbbbbbbb".to_string()].into();
     let cfg = SourceConfig {
-        staged_serials: staged,
+        staged: StagedSerials::fixed(staged),
         ..config(root, Some(client(&imds, 1000)))
     };
-    // 28 - 3 interfaces - 2 instance-store disks - 2 EBS volumes the agent did not stage.
+    // m5d.4xlarge: 25 shared (the table already excludes its instance store) - 2 EBS volumes the
+    // agent did not stage - 2 interfaces beyond the first.
     assert_eq!(resolve(cfg.clone()).await.unwrap().max_volumes, 21);
-    // Reserved slots subtract; the override wins over everything.
+    // Reserved slots replace the automatic count, as upstream's flag does; the override wins.
     let reserved = SourceConfig {
-        reserved_attachments: 5,
+        reserved_attachments: Some(5),
         ..cfg.clone()
     };
-    assert_eq!(resolve(reserved).await.unwrap().max_volumes, 16);
+    assert_eq!(resolve(reserved).await.unwrap().max_volumes, 25 - 5 - 2);
     let forced = SourceConfig {
         attach_limit: Some(3),
         ..cfg.clone()
@@ -228,5 +271,35 @@ async fn attach_limit_counts_interfaces_instance_store_and_unstaged_ebs_from_sys
         imds: None,
         ..cfg
     };
-    assert_eq!(resolve(no_imds).await.unwrap().max_volumes, 28 - 2 - 2 - 2);
+    assert_eq!(resolve(no_imds).await.unwrap().max_volumes, 25 - 2 - 1);
+}
+
+#[tokio::test]
+async fn node_get_info_recounts_the_host_at_every_call_without_imds() {
+    let sysfs = Scratch::new("nodeid-live-limit");
+    let root = &sysfs.path;
+    fixture::nvme_disk(root, "nvme0n1", EBS_MODEL, "vol0000000000000root");
+    fixture::nic(root, "ena", "0000:00:05.0");
+    let imds = Imds::start(Instance::default()).await;
+    let mut r = Resolver::new(config(root, Some(client(&imds, 1000))));
+    let info = r.round().await.unwrap();
+    let source = NodeInfoSource::missing("looking".into());
+    source.set_live(info, std::sync::Arc::new(r.live_limit()));
+    let asked = imds.requests();
+    // m5.large (27 shared): - root - no extra interface.
+    assert_eq!(source.get().unwrap().max_volumes, 26);
+    // The VPC CNI attaches two interfaces; a disk is attached by hand.
+    fixture::nic(root, "ena", "0000:00:06.0");
+    fixture::nic(root, "ena", "0000:00:07.0");
+    fixture::nvme_disk(root, "nvme1n1", EBS_MODEL, "vol0cccccccccccccccc");
+    assert_eq!(source.get().unwrap().max_volumes, 27 - 2 - 2);
+    // They go away again.
+    std::fs::remove_dir_all(root.join("bus/pci/drivers/ena/0000:00:07.0")).unwrap();
+    std::fs::remove_dir_all(root.join("block/nvme1n1")).unwrap();
+    assert_eq!(source.get().unwrap().max_volumes, 27 - 1 - 1);
+    assert_eq!(
+        imds.requests(),
+        asked,
+        "NodeGetInfo asked instance metadata"
+    );
 }

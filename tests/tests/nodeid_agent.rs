@@ -111,7 +111,9 @@ async fn no_source_serves_with_a_hint_then_picks_up_imds_without_a_restart() {
     let topo = info.accessible_topology.unwrap().segments;
     assert_eq!(topo["topology.ebs.csi.aws.com/zone"], "eu-central-1b");
     assert_eq!(topo["topology.kubernetes.io/zone"], "eu-central-1b");
-    assert_eq!(info.max_volumes_per_node, 27);
+    assert_eq!(topo["kubernetes.io/os"], "linux");
+    // m5.large is not in the table: upstream's 27 shared - the root volume.
+    assert_eq!(info.max_volumes_per_node, 26);
 
     // NodeGetInfo answers from memory: many calls, not one request reaches IMDS.
     let before = imds.requests();
@@ -210,13 +212,16 @@ async fn flags_alone_serve_at_once_and_node_mode_reports_the_same_capabilities()
     let agent = Agent::start(&scratch, opts).await;
     let info = node_info(&agent).await.unwrap();
     assert_eq!(info.node_id, "i-0abcdef0123456789");
-    assert_eq!(info.max_volumes_per_node, 128);
     assert_eq!(
-        imds.requests(),
-        0,
-        "flags said everything: IMDS must not be called"
+        info.max_volumes_per_node, 127,
+        "dedicated 128 - the root volume"
     );
-    assert_eq!(imds.switches.token_requests.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        imds.asked(),
+        ["outpost-arn"],
+        "flags said everything: IMDS is asked only whether this is an Outpost"
+    );
+    assert_eq!(imds.switches.token_requests.load(Ordering::SeqCst), 1);
 
     let caps = agent
         .identity()

@@ -7,11 +7,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ebs_tests::csi_req::*;
+use ebs_tests::http::{free_port, http_get, sample};
 use ebs_tests::*;
 
 use csi::volume_capability::access_mode::Mode;
 
-/// A staged and published ext4 volume under the agent's state dir (an allowed prefix).
+/// A staged and published ext4 volume under the agent's work dir (an allowed prefix).
 async fn stage_and_publish(agent: &Agent, name: &str) -> (Vol, PathBuf, PathBuf) {
     let vol = create_attached(agent, name, 64 << 20).await;
     let staging = agent.work.join(format!("stage-{name}"));
@@ -31,34 +32,6 @@ async fn stage_and_publish(agent: &Agent, name: &str) -> (Vol, PathBuf, PathBuf)
         .await
         .unwrap();
     (vol, staging, target)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A raw HTTP/1.1 GET: (status line, headers and body).
-fn http_get(port: u16, path: &str) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-    (head.to_string(), body.to_string())
-}
-
-/// The value of the sample line that starts with `series ` (exact name and labels).
-fn sample(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no sample {series} in:\n{body}"))
-        .parse()
-        .expect("number")
 }
 
 #[tokio::test]

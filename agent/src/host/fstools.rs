@@ -15,10 +15,15 @@ pub const GROW_TIMEOUT: Duration = Duration::from_secs(300);
 
 const SEARCH_PATH: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
+/// `--legacy-xfs`: the xfs features Linux 5.4 and older cannot mount, turned off (the upstream
+/// driver's set).
+pub const LEGACY_XFS_FEATURES: &str = "bigtime=0,inobtcount=0,reflink=0";
+
 /// Which filesystems this host can format, check and grow, found once at start.
 #[derive(Clone, Debug)]
 pub struct FsTools {
     tools: HashMap<&'static str, PathBuf>,
+    legacy_xfs: bool,
 }
 
 fn required_tools(fs: FsType) -> &'static [&'static str] {
@@ -52,7 +57,16 @@ impl FsTools {
                 }
             }
         }
-        FsTools { tools }
+        FsTools {
+            tools,
+            legacy_xfs: false,
+        }
+    }
+
+    /// Formats xfs for old kernels from now on (`--legacy-xfs`).
+    pub fn with_legacy_xfs(mut self, on: bool) -> Self {
+        self.legacy_xfs = on;
+        self
     }
 
     /// `Err` names the missing tools and the package that brings them.
@@ -101,6 +115,9 @@ impl FsTools {
             FsType::Xfs => {
                 args.extend(["-f", "-q", "-m"].map(String::from));
                 args.push(format!("uuid={uuid}"));
+                if self.legacy_xfs {
+                    args.extend(["-m".into(), LEGACY_XFS_FEATURES.into()]);
+                }
                 self.tool(fs, "mkfs.xfs")?
             }
         };

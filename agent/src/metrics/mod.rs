@@ -101,6 +101,15 @@ pub fn render(g: &Gauges) -> String {
          ebs_agent_build_info{{version=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION")
     );
+    let _ = writeln!(
+        out,
+        "# HELP ebs_agent_mount_table_reads_total Reads of the whole mount table \
+         (/proc/self/mountinfo): start-up recovery and the fallbacks only; node calls ask the \
+         kernel about one path.\n\
+         # TYPE ebs_agent_mount_table_reads_total counter\n\
+         ebs_agent_mount_table_reads_total {}",
+        crate::host::mounts::mount_table_reads()
+    );
     gauge(
         &mut out,
         "ebs_agent_ready",
@@ -168,6 +177,7 @@ mod tests {
             "ebs_agent_journal_commit_seconds_bucket{durability=\"immediate\",le=\"0.001\"} "
         ));
         assert!(text.contains("ebs_agent_operations_in_flight 2\n"));
+        assert!(text.contains("\nebs_agent_mount_table_reads_total "));
         assert!(text.contains("ebs_agent_volumes_staged 1\n"));
         assert!(!text.contains("ebs_agent_volumes_published"));
     }

@@ -189,11 +189,8 @@ impl MountSteps<'_> {
             Durability::Lazy,
             || probe_with_size(device.path(), fs),
         )?;
-        let mut data = self.flags.data().to_vec();
-        if fs == FsType::Xfs {
-            // A volume and its snapshot clone share a UUID; xfs refuses the second without this.
-            data.push("nouuid".into());
-        }
+        // Validated options; for xfs they include `nouuid` (see request::mount_flags).
+        let data = self.flags.data().to_vec();
         let staging_path = self.cmd.staging.as_path();
         let facts = detail([
             ("device", path_string(device.path())),
@@ -242,9 +239,10 @@ impl MountSteps<'_> {
             .map_err(|e| {
                 Error::io(
                     format!(
-                        "mounting {} on {}",
+                        "mounting {} on {} with options {}",
                         device.path().display(),
-                        staging_path.display()
+                        staging_path.display(),
+                        data.join(",")
                     ),
                     e,
                 )

@@ -1,36 +1,54 @@
-//! max_volumes_per_node: how many more EBS volumes the scheduler may put on this node.
+//! max_volumes_per_node, computed the way the upstream aws-ebs-csi-driver node computes it, so a
+//! node reports the same number after its plugin is swapped for this agent.
 //!
-//! `--volume-attach-limit` wins. Otherwise the instance type's entry in
-//! `agent/data/instance-limits.tsv` (which cites its AWS source) gives the base, from which
-//! what already uses slots on the host is subtracted; the result is clamped to at least 1.
+//! The table is `agent/data/ec2-ebs-attachment-limits.tsv`: the EC2 API's EBS attachment limit
+//! and budget kind per instance type, as upstream's generated table records them. Its header names
+//! the source and the formula. The copy is kept byte-identical to the file it came from, so
+//! refreshing it means replacing it with a newer copy of the same format and running
+//! `cargo test -p ebs-tests --test attach_limits` (see docs/migration-from-aws-ebs-csi-driver.md).
+//!
+//! The formula, as the header gives it:
+//! - `--volume-attach-limit N` (N >= 0) is the answer.
+//! - Otherwise the table's value L (types it lacks: 27, shared); the Snow family answers 10.
+//! - Minus the reserved slots: `--reserved-volume-attachments N` (N >= 0), or else what this host
+//!   has attached outside the agent (the root volume and other EBS disks the agent did not stage,
+//!   counted live from sysfs; at least 1, the root volume). Upstream's automatic count is the
+//!   boot-time block-device mappings + 1; both give 1 on a node with only its root volume.
+//! - For `shared` types, minus the network interfaces beyond the first (L already excludes one,
+//!   the instance-store disks and the accelerator slots).
+//! - At least 1.
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
-const TABLE: &str = include_str!("../../data/instance-limits.tsv");
+const TABLE: &str = include_str!("../../data/ec2-ebs-attachment-limits.tsv");
 
-/// The budget of instance types the table does not know: the shared Nitro budget, the most
-/// conservative published figure for current types (Xen types have 39, dedicated types 32+).
-pub const FALLBACK_SHARED_BUDGET: u32 = 28;
+/// What upstream assumes for a type its table lacks.
+pub const UNKNOWN_TYPE: TableEntry = TableEntry {
+    limit: 27,
+    budget: Budget::Shared,
+};
+
+/// Upstream's fixed limit on Snow devices (region `snow`).
+pub const SNOW_LIMIT: i64 = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitKind {
-    /// The type's own EBS limit; interfaces and instance store do not use it.
-    Dedicated,
-    /// A budget shared with network interfaces and NVMe instance-store disks.
+pub enum Budget {
+    /// The limit is shared with network interfaces (the table's value already excludes one).
     Shared,
-    /// Xen: 39.
-    Xen,
+    /// The limit is for EBS alone (7th-generation Nitro types and later, and Xen types).
+    Dedicated,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableEntry {
-    pub kind: LimitKind,
-    pub number: u32,
+    pub limit: u32,
+    pub budget: Budget,
 }
 
 struct Table {
-    rows: Vec<(String, TableEntry)>,
-    /// Lines that did not parse (the unit test asserts there are none).
+    rows: HashMap<String, TableEntry>,
+    /// Lines that did not parse (a unit test asserts there are none).
     bad: Vec<String>,
 }
 
@@ -39,31 +57,34 @@ fn table() -> &'static Table {
     PARSED.get_or_init(|| {
         let t = parse_table(TABLE);
         for line in &t.bad {
-            tracing::warn!(line, "instance-limits.tsv: line ignored");
+            tracing::warn!(line, "ec2-ebs-attachment-limits.tsv: line ignored");
         }
         t
     })
 }
 
 fn parse_table(text: &str) -> Table {
-    let mut rows = Vec::new();
+    let mut rows = HashMap::new();
     let mut bad = Vec::new();
     for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        if line.trim().is_empty() || line.starts_with('#') {
             continue;
         }
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let kind = match fields.get(1) {
-            Some(&"dedicated") => Some(LimitKind::Dedicated),
-            Some(&"shared") => Some(LimitKind::Shared),
-            Some(&"xen") => Some(LimitKind::Xen),
+        let fields: Vec<&str> = line.split('\t').collect();
+        let budget = match fields.get(2) {
+            Some(&"shared") => Some(Budget::Shared),
+            Some(&"dedicated") => Some(Budget::Dedicated),
             _ => None,
         };
-        match (fields.as_slice(), kind) {
-            ([pattern, _, n], Some(kind)) if n.parse::<u32>().is_ok_and(|n| n > 0) => {
-                let number = n.parse().unwrap_or(1);
-                rows.push((pattern.to_string(), TableEntry { kind, number }));
+        let limit = fields.get(1).and_then(|n| n.parse::<u32>().ok());
+        match (fields.first(), limit, budget) {
+            (Some(t), Some(limit), Some(budget)) if fields.len() == 5 && limit > 0 => {
+                if rows
+                    .insert(t.to_string(), TableEntry { limit, budget })
+                    .is_some()
+                {
+                    bad.push(format!("duplicate: {line}"));
+                }
             }
             _ => bad.push(line.to_string()),
         }
@@ -71,32 +92,27 @@ fn parse_table(text: &str) -> Table {
     Table { rows, bad }
 }
 
-/// The exact type's line, else its family's (`m7i.*`).
+/// The type's line in the table.
 pub fn lookup(instance_type: &str) -> Option<TableEntry> {
-    let rows = &table().rows;
-    let exact = rows.iter().find(|(p, _)| p == instance_type);
-    let family = || {
-        let (fam, _) = instance_type.split_once('.')?;
-        let pattern = format!("{fam}.*");
-        rows.iter().find(|(p, _)| *p == pattern)
-    };
-    exact.or_else(family).map(|(_, e)| *e)
+    table().rows.get(instance_type).copied()
 }
 
 /// Everything the number depends on, so it can be computed (and tested) without a host.
 #[derive(Clone, Debug, Default)]
 pub struct LimitInputs {
+    /// `--volume-attach-limit` when >= 0.
     pub override_limit: Option<u32>,
-    pub reserved: u32,
+    /// `--reserved-volume-attachments` when >= 0: replaces the automatic count.
+    pub reserved: Option<u32>,
     pub instance_type: Option<String>,
+    pub region: Option<String>,
     /// Attached network interfaces and where the count came from; `None`: assume 1.
     pub network_interfaces: Option<(u32, &'static str)>,
-    pub instance_store_disks: u32,
     /// Attached EBS volumes the agent did not stage (root volume, other non-CSI disks).
     pub unmanaged_ebs: u32,
 }
 
-/// The limit and a sentence that says how it was reached (logged once at start).
+/// The limit and a sentence that says how it was reached (logged when it changes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Derivation {
     pub limit: i64,
@@ -110,41 +126,52 @@ pub fn compute(inputs: &LimitInputs) -> Derivation {
             how: format!("{n} from --volume-attach-limit"),
         };
     }
-    let entry = inputs.instance_type.as_deref().and_then(lookup);
-    let (kind, base, what) = match (&inputs.instance_type, entry) {
-        (Some(t), Some(e)) => (e.kind, e.number, format!("instance type {t}")),
-        (Some(t), None) => (
-            LimitKind::Shared,
-            FALLBACK_SHARED_BUDGET,
-            format!("unknown instance type {t} (fallback)"),
-        ),
-        (None, _) => (
-            LimitKind::Shared,
-            FALLBACK_SHARED_BUDGET,
-            "unknown instance type (fallback; give --instance-type)".to_string(),
-        ),
-    };
-    let mut limit = i64::from(base);
-    let mut how = match kind {
-        LimitKind::Dedicated => format!("{what}: dedicated EBS limit {base}"),
-        LimitKind::Shared => format!("{what}: shared Nitro budget {base}"),
-        LimitKind::Xen => format!("{what}: Xen limit {base}"),
-    };
-    if kind == LimitKind::Shared {
-        let (nics, from) = inputs.network_interfaces.unwrap_or((1, "assumed"));
-        limit -= i64::from(nics) + i64::from(inputs.instance_store_disks);
-        how += &format!(
-            " - {nics} network interface(s) ({from}) - {} instance-store disk(s)",
-            inputs.instance_store_disks
-        );
+    if inputs.region.as_deref() == Some("snow") {
+        return Derivation {
+            limit: SNOW_LIMIT,
+            how: format!("{SNOW_LIMIT}: Snow device"),
+        };
     }
-    limit -= i64::from(inputs.unmanaged_ebs) + i64::from(inputs.reserved);
-    how += &format!(
-        " - {} attached volume(s) not staged by the agent - {} reserved",
-        inputs.unmanaged_ebs, inputs.reserved
-    );
+    let (entry, what) = match inputs.instance_type.as_deref() {
+        Some(t) => match lookup(t) {
+            Some(e) => (e, format!("instance type {t}")),
+            None => (
+                UNKNOWN_TYPE,
+                format!("instance type {t} (not in the table)"),
+            ),
+        },
+        None => (
+            UNKNOWN_TYPE,
+            "unknown instance type (give --instance-type)".to_string(),
+        ),
+    };
+    let kind = match entry.budget {
+        Budget::Shared => "shared",
+        Budget::Dedicated => "dedicated",
+    };
+    let mut limit = i64::from(entry.limit);
+    let mut how = format!("{what}: {kind} limit {}", entry.limit);
+    match inputs.reserved {
+        Some(r) => {
+            limit -= i64::from(r);
+            how += &format!(" - {r} from --reserved-volume-attachments");
+        }
+        None => {
+            let r = inputs.unmanaged_ebs.max(1);
+            limit -= i64::from(r);
+            how += &format!(
+                " - {r} attached volume(s) not staged by the agent (root included, at least 1)"
+            );
+        }
+    }
+    if entry.budget == Budget::Shared {
+        let (nics, from) = inputs.network_interfaces.unwrap_or((1, "assumed"));
+        let extra = nics.saturating_sub(1);
+        limit -= i64::from(extra);
+        how += &format!(" - {extra} network interface(s) beyond the first ({nics}, {from})");
+    }
     if limit < 1 {
-        how += &format!(" = {limit}, clamped to 1");
+        how += &format!(" = {limit}, raised to 1");
         limit = 1;
     } else {
         how += &format!(" = {limit}");
@@ -156,99 +183,85 @@ pub fn compute(inputs: &LimitInputs) -> Derivation {
 mod tests {
     use super::*;
 
-    fn inputs(t: &str) -> LimitInputs {
-        LimitInputs {
+    fn root_only(t: &str, nics: u32) -> i64 {
+        compute(&LimitInputs {
             instance_type: Some(t.into()),
-            network_interfaces: Some((1, "test")),
+            network_interfaces: Some((nics, "test")),
             unmanaged_ebs: 1,
             ..Default::default()
-        }
+        })
+        .limit
     }
 
     #[test]
-    fn the_table_parses_cleanly_and_has_no_duplicates() {
+    fn the_table_parses_cleanly() {
         let t = parse_table(TABLE);
         assert!(t.bad.is_empty(), "bad lines: {:?}", t.bad);
-        assert!(t.rows.len() > 100);
-        let mut seen = std::collections::HashSet::new();
-        for (p, _) in &t.rows {
-            assert!(seen.insert(p), "duplicate {p}");
+        assert_eq!(t.rows.len(), 1102);
+    }
+
+    #[test]
+    fn values_the_issue_names() {
+        // Several EBS cards: the table's value already counts them.
+        assert_eq!(root_only("c8gn.48xlarge", 1), 127);
+        // Families newer than the old table.
+        assert_eq!(root_only("m8i.large", 3), 31);
+        // Xen: 39, dedicated; old families absent from the table: 27 shared.
+        assert_eq!(root_only("m4.large", 3), 38);
+        for t in ["f1.2xlarge", "g3.4xlarge", "p2.xlarge", "p3.2xlarge"] {
+            assert_eq!(root_only(t, 1), 26, "{t}");
         }
+        // Shared: instance store already excluded by the table; extra interfaces subtract.
+        assert_eq!(root_only("m5d.4xlarge", 1), 25 - 1);
+        assert_eq!(root_only("m5d.4xlarge", 3), 25 - 1 - 2);
     }
 
     #[test]
-    fn override_wins() {
-        let d = compute(&LimitInputs {
+    fn override_wins_and_reserved_replaces_the_automatic_count() {
+        let base = LimitInputs {
+            instance_type: Some("m7i.large".into()),
+            unmanaged_ebs: 4,
+            ..Default::default()
+        };
+        assert_eq!(compute(&base).limit, 32 - 4);
+        let reserved = LimitInputs {
+            reserved: Some(2),
+            ..base.clone()
+        };
+        assert_eq!(compute(&reserved).limit, 32 - 2);
+        let zero = LimitInputs {
+            reserved: Some(0),
+            ..base.clone()
+        };
+        assert_eq!(compute(&zero).limit, 32);
+        let forced = LimitInputs {
             override_limit: Some(7),
-            reserved: 3,
-            ..inputs("m5.large")
-        });
+            reserved: Some(3),
+            ..base
+        };
+        let d = compute(&forced);
         assert_eq!(d.limit, 7);
-        assert!(d.how.contains("--volume-attach-limit"));
+        assert!(d.how.contains("--volume-attach-limit"), "{}", d.how);
     }
 
     #[test]
-    fn dedicated_types_ignore_interfaces_and_instance_store() {
-        let mut i = inputs("m7i.48xlarge");
-        i.network_interfaces = Some((4, "test"));
-        i.instance_store_disks = 2;
-        assert_eq!(compute(&i).limit, 128 - 1);
-        assert_eq!(compute(&inputs("m7i.large")).limit, 32 - 1);
-        assert_eq!(compute(&inputs("c8gn.48xlarge")).limit, 64 - 1);
-    }
-
-    #[test]
-    fn shared_types_subtract_interfaces_and_instance_store() {
-        // m5d.24xlarge: 4 instance-store disks; 3 interfaces; root volume.
-        let mut i = inputs("m5d.24xlarge");
-        i.network_interfaces = Some((3, "test"));
-        i.instance_store_disks = 4;
-        let d = compute(&i);
-        assert_eq!(d.limit, 28 - 3 - 4 - 1);
-        assert!(d.how.contains("shared Nitro budget 28"), "{}", d.how);
-        // The same formula gives AWS's published figure for an accelerator type.
-        let mut g = inputs("g5.48xlarge");
-        g.instance_store_disks = 2;
-        g.unmanaged_ebs = 0;
-        assert_eq!(compute(&g).limit, 9);
-        // A family line covers sizes the table does not list.
-        assert_eq!(lookup("m6i.metal").map(|e| e.number), Some(32));
-        assert_eq!(lookup("m6i.large"), None);
-    }
-
-    #[test]
-    fn xen_types_have_39() {
-        assert_eq!(compute(&inputs("m4.large")).limit, 39 - 1);
-        assert_eq!(lookup("i3.large").map(|e| e.kind), Some(LimitKind::Xen));
-        assert_eq!(lookup("i3.metal").map(|e| e.kind), Some(LimitKind::Shared));
-    }
-
-    #[test]
-    fn unknown_types_fall_back_to_the_shared_budget() {
-        let d = compute(&inputs("zz9.plural"));
-        assert_eq!(d.limit, 28 - 1 - 1);
-        assert!(d.how.contains("fallback"), "{}", d.how);
-        let d = compute(&LimitInputs {
-            instance_type: None,
-            ..inputs("")
-        });
-        assert_eq!(d.limit, 26);
-        assert!(d.how.contains("--instance-type"));
-    }
-
-    #[test]
-    fn clamped_to_one_and_reserved_subtracts() {
-        let mut i = inputs("d3.8xlarge");
-        i.instance_store_disks = 24;
-        i.unmanaged_ebs = 2;
-        assert_eq!(compute(&i).limit, 1, "exactly 1 is not clamped");
-        assert!(!compute(&i).how.contains("clamped"));
-        i.unmanaged_ebs = 4;
-        let d = compute(&i);
+    fn unknown_types_snow_and_the_floor() {
+        let d = compute(&LimitInputs::default());
+        assert_eq!(d.limit, 26, "27 shared - root");
+        assert!(d.how.contains("--instance-type"), "{}", d.how);
+        let snow = LimitInputs {
+            region: Some("snow".into()),
+            instance_type: Some("sbe-c.large".into()),
+            ..Default::default()
+        };
+        assert_eq!(compute(&snow).limit, SNOW_LIMIT);
+        let crowded = LimitInputs {
+            instance_type: Some("d3.8xlarge".into()),
+            unmanaged_ebs: 9,
+            ..Default::default()
+        };
+        let d = compute(&crowded);
         assert_eq!(d.limit, 1);
-        assert!(d.how.contains("clamped"), "{}", d.how);
-        let mut r = inputs("m7i.large");
-        r.reserved = 5;
-        assert_eq!(compute(&r).limit, 32 - 1 - 5);
+        assert!(d.how.contains("raised to 1"), "{}", d.how);
     }
 }

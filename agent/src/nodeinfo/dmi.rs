@@ -4,6 +4,8 @@
 use std::path::Path;
 
 pub const ASSET_TAG: &str = "devices/virtual/dmi/id/board_asset_tag";
+pub const PRODUCT_NAME: &str = "devices/virtual/dmi/id/product_name";
+pub const SYS_VENDOR: &str = "devices/virtual/dmi/id/sys_vendor";
 
 /// `Ok(Some(id))` when the asset tag holds an instance id; `Ok(None)` when the file exists but
 /// holds something else (Xen instances, other clouds, bare metal); `Err` says why it is unreadable.
@@ -16,6 +18,32 @@ pub fn instance_id(sysfs_root: &Path) -> Result<Option<String>, String> {
         }
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
+}
+
+/// The instance type: Nitro instances (vendor `Amazon EC2`) name it in the product name, which
+/// gives the attach limit without instance metadata. `None` elsewhere (Xen says `HVM domU`).
+pub fn instance_type(sysfs_root: &Path) -> Option<String> {
+    let read = |rel: &str| std::fs::read_to_string(sysfs_root.join(rel)).ok();
+    if read(SYS_VENDOR)?.trim() != "Amazon EC2" {
+        return None;
+    }
+    let name = read(PRODUCT_NAME)?.trim().to_string();
+    is_instance_type(&name).then_some(name)
+}
+
+/// `family.size`, lowercase letters, digits and `-` (`m7i.large`, `m8i-flex.xlarge`,
+/// `c8gn.metal-24xl`).
+pub fn is_instance_type(s: &str) -> bool {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    s.len() <= 32
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.split_once('.')
+            .is_some_and(|(family, size)| ok(family) && ok(size))
 }
 
 /// `i-` and 8 or 17 lowercase hex digits, the two forms EC2 has issued.
@@ -68,6 +96,26 @@ mod tests {
         assert_eq!(instance_id(&f.0), Ok(None));
         let f = Fixture::new("none", None);
         assert!(instance_id(&f.0).unwrap_err().contains("board_asset_tag"));
+    }
+
+    #[test]
+    fn instance_type_from_a_nitro_product_name() {
+        let f = Fixture::new("type", None);
+        let write = |rel: &str, v: &str| {
+            let file = f.0.join(rel);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(file, v).unwrap();
+        };
+        write(PRODUCT_NAME, "m7i.large\n");
+        assert_eq!(instance_type(&f.0), None, "no vendor: not trusted");
+        write(SYS_VENDOR, "Amazon EC2\n");
+        assert_eq!(instance_type(&f.0).as_deref(), Some("m7i.large"));
+        write(PRODUCT_NAME, "HVM domU\n");
+        assert_eq!(instance_type(&f.0), None);
+        assert!(is_instance_type("c8gn.metal-24xl"));
+        assert!(is_instance_type("m8i-flex.xlarge"));
+        assert!(!is_instance_type("Standard PC (Q35 + ICH9, 2009)"));
+        assert!(!is_instance_type("m7i"));
     }
 
     #[test]

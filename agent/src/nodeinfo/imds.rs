@@ -54,6 +54,8 @@ pub struct ImdsIdentity {
     pub region: Option<String>,
     /// Network interfaces attached to the instance (`network/interfaces/macs/`).
     pub network_interfaces: Option<u32>,
+    /// Set on an Outpost only (elsewhere the path answers 404).
+    pub outpost_arn: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -108,10 +110,27 @@ impl ImdsClient {
     /// The token, then the identity paths; the whole sequence is retried a few times with
     /// backoff on errors that may pass. Returns the last error otherwise.
     pub async fn identity(&self) -> Result<ImdsIdentity, ImdsError> {
+        self.retried(|| self.identity_once()).await
+    }
+
+    /// Only whether the instance is on an Outpost: asked when flags and DMI gave the rest.
+    pub async fn outpost_arn(&self) -> Result<Option<String>, ImdsError> {
+        self.retried(|| async {
+            let token = self.token().await?;
+            self.get(&token, "outpost-arn").await
+        })
+        .await
+    }
+
+    async fn retried<T, F, Fut>(&self, once: F) -> Result<T, ImdsError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ImdsError>>,
+    {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.identity_once().await {
+            match once().await {
                 Ok(found) => return Ok(found),
                 Err(e) if attempt < self.attempts && e.is_transient() => {
                     tracing::debug!(error = %e, attempt, "instance metadata: retrying");
@@ -138,12 +157,14 @@ impl ImdsClient {
             .get(&token, "network/interfaces/macs/")
             .await?
             .map(|macs| macs.lines().filter(|l| !l.trim().is_empty()).count() as u32);
+        let outpost_arn = self.get(&token, "outpost-arn").await?;
         Ok(ImdsIdentity {
             instance_id,
             instance_type,
             zone,
             region,
             network_interfaces,
+            outpost_arn,
         })
     }
 

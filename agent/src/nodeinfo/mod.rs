@@ -1,5 +1,5 @@
-//! What NodeGetInfo answers: found once at start (or later, in the background), never fetched on
-//! the request path.
+//! What NodeGetInfo answers: the identity is found once at start (or later, in the background),
+//! never fetched on the request path; the attach limit is recomputed from sysfs at each call.
 //!
 //! The `ebs` backend learns the instance from flags, DMI or instance metadata (`sources`), in the
 //! background, and never crashes for want of it; the loop backend answers with its host name.
@@ -8,10 +8,14 @@ pub mod attach_limit;
 pub mod dmi;
 pub mod host_devices;
 pub mod imds;
+pub mod live_limit;
+pub mod outpost;
 pub mod sources;
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
+
+use live_limit::LiveLimit;
 
 use crate::error::{Error, Result};
 
@@ -22,15 +26,18 @@ pub struct NodeInfo {
     pub topology: HashMap<String, String>,
 }
 
+/// What was found, and where the attach limit comes from at each call (`None`: fixed).
+type Known = (NodeInfo, Option<Arc<LiveLimit>>);
+
 /// The node's identity, or the hint that tells an operator how to give it.
 pub struct NodeInfoSource {
-    state: RwLock<std::result::Result<NodeInfo, String>>,
+    state: RwLock<std::result::Result<Known, String>>,
 }
 
 impl NodeInfoSource {
     pub fn known(info: NodeInfo) -> Self {
         NodeInfoSource {
-            state: RwLock::new(Ok(info)),
+            state: RwLock::new(Ok((info, None))),
         }
     }
 
@@ -46,7 +53,12 @@ impl NodeInfoSource {
     }
 
     pub fn set(&self, info: NodeInfo) {
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) = Ok(info);
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = Ok((info, None));
+    }
+
+    /// The identity is known; `live` recomputes max_volumes at each `get`.
+    pub fn set_live(&self, info: NodeInfo, live: Arc<LiveLimit>) {
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = Ok((info, Some(live)));
     }
 
     pub fn is_known(&self) -> bool {
@@ -54,11 +66,16 @@ impl NodeInfoSource {
     }
 
     pub fn get(&self) -> Result<NodeInfo> {
-        self.state
+        let (mut info, live) = self
+            .state
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .map_err(Error::Precondition)
+            .map_err(Error::Precondition)?;
+        if let Some(live) = live {
+            info.max_volumes = live.current();
+        }
+        Ok(info)
     }
 }
 

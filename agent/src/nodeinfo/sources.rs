@@ -9,20 +9,25 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::attach_limit::{self, LimitInputs};
+use super::attach_limit::LimitInputs;
 use super::imds::ImdsClient;
-use super::{NodeInfo, NodeInfoSource, dmi, host_devices};
+use super::live_limit::{LiveLimit, StagedSerials};
+use super::outpost::Outpost;
+use super::{NodeInfo, NodeInfoSource, dmi};
 use crate::health::{Health, IdentityState};
 
 /// The EBS driver's topology keys, so existing StorageClasses and PersistentVolumes keep working.
 pub const ZONE_KEY: &str = "topology.ebs.csi.aws.com/zone";
 pub const WELL_KNOWN_ZONE_KEY: &str = "topology.kubernetes.io/zone";
+/// Reported by the upstream node too (Go's runtime.GOOS).
+pub const OS_KEY: &str = "kubernetes.io/os";
 
 pub const LOOKING_UP: &str =
     "the node identity is being looked up (flags, DMI, instance metadata); retry shortly";
 
 const FLAGS: &str = "flags";
 const DMI: &str = "DMI board_asset_tag";
+const DMI_PRODUCT: &str = "DMI product_name";
 const IMDS: &str = "instance metadata";
 
 #[derive(Clone, Debug, Default)]
@@ -34,10 +39,12 @@ pub struct SourceConfig {
     pub sysfs_root: PathBuf,
     /// `None`: never call instance metadata (`--imds-disabled`).
     pub imds: Option<ImdsClient>,
+    /// `--volume-attach-limit` when >= 0.
     pub attach_limit: Option<u32>,
-    pub reserved_attachments: u32,
-    /// NVMe serials of volumes the agent has staged (normalized): not subtracted from the limit.
-    pub staged_serials: HashSet<String>,
+    /// `--reserved-volume-attachments` when >= 0.
+    pub reserved_attachments: Option<u32>,
+    /// Volumes the agent has staged: not reserved, the scheduler counts them.
+    pub staged: StagedSerials,
     /// The longest pause between two lookups while the identity is missing.
     pub retry_max: Duration,
 }
@@ -55,7 +62,9 @@ pub struct Identity {
     pub zone: Option<Found>,
     pub region: Option<Found>,
     pub instance_type: Option<Found>,
-    pub network_interfaces: Option<(u32, &'static str)>,
+    /// From instance metadata at start; sysfs is asked again at every NodeGetInfo.
+    pub imds_interfaces: Option<u32>,
+    pub outpost: Option<Outpost>,
 }
 
 fn fill(slot: &mut Option<Found>, value: Option<&str>, source: &'static str) {
@@ -77,6 +86,8 @@ pub struct Resolver {
     logged: HashSet<String>,
     dmi_note: Option<String>,
     imds_note: Option<String>,
+    /// Instance metadata was asked (so whether this is an Outpost is settled, one way or other).
+    imds_asked: bool,
 }
 
 impl Resolver {
@@ -96,6 +107,7 @@ impl Resolver {
             logged: HashSet::new(),
             dmi_note: None,
             imds_note: None,
+            imds_asked: false,
         }
     }
 
@@ -131,6 +143,12 @@ impl Resolver {
                 );
             }
         }
+        if self.found.instance_type.is_none() {
+            let root = self.cfg.sysfs_root.clone();
+            if let Ok(t) = tokio::task::spawn_blocking(move || dmi::instance_type(&root)).await {
+                fill(&mut self.found.instance_type, t.as_deref(), DMI_PRODUCT);
+            }
+        }
         let f = &self.found;
         let want_imds = f.instance_id.is_none() || f.zone.is_none() || f.instance_type.is_none();
         if want_imds && let Some(client) = self.cfg.imds.clone() {
@@ -141,9 +159,8 @@ impl Resolver {
                     fill(&mut f.zone, md.zone.as_deref(), IMDS);
                     fill(&mut f.region, md.region.as_deref(), IMDS);
                     fill(&mut f.instance_type, md.instance_type.as_deref(), IMDS);
-                    if let Some(n) = md.network_interfaces {
-                        f.network_interfaces = Some((n, IMDS));
-                    }
+                    f.imds_interfaces = md.network_interfaces;
+                    self.take_outpost(md.outpost_arn.as_deref());
                     self.imds_note = None;
                 }
                 Err(e) => {
@@ -153,7 +170,24 @@ impl Resolver {
             }
         } else if want_imds {
             self.imds_note = Some("instance metadata: disabled by --imds-disabled".into());
+        } else if !self.imds_asked
+            && let Some(client) = self.cfg.imds.clone()
+        {
+            // Flags and DMI gave the identity, but only instance metadata knows whether this
+            // node is on an Outpost (whose topology segments a volume may require). Asked once;
+            // an answer that does not come does not hold the identity back.
+            match client.outpost_arn().await {
+                Ok(arn) => self.take_outpost(arn.as_deref()),
+                Err(e) => self.log_once(
+                    true,
+                    format!(
+                        "node identity: cannot tell whether this node is on an Outpost (no \
+                         Outpost topology segments): {e}; --imds-disabled skips the question"
+                    ),
+                ),
+            }
         }
+        self.imds_asked |= self.cfg.imds.is_some();
         if self.found.region.is_none()
             && let Some(region) = self.found.zone.as_ref().and_then(|z| region_of(&z.value))
         {
@@ -165,6 +199,14 @@ impl Resolver {
         match (self.found.instance_id.clone(), self.found.zone.clone()) {
             (Some(id), Some(zone)) => Ok(self.node_info(id, zone).await),
             _ => Err(self.hint()),
+        }
+    }
+
+    fn take_outpost(&mut self, arn: Option<&str>) {
+        match arn.map(Outpost::parse) {
+            Some(Ok(o)) => self.found.outpost = Some(o),
+            Some(Err(why)) => self.log_once(true, format!("node identity: {why}")),
+            None => {}
         }
     }
 
@@ -194,29 +236,27 @@ impl Resolver {
         )
     }
 
+    /// The attach limit's inputs as far as they are known; the rest is counted per call.
+    pub fn live_limit(&self) -> LiveLimit {
+        LiveLimit::new(
+            LimitInputs {
+                override_limit: self.cfg.attach_limit,
+                reserved: self.cfg.reserved_attachments,
+                instance_type: self.found.instance_type.as_ref().map(|t| t.value.clone()),
+                region: self.found.region.as_ref().map(|r| r.value.clone()),
+                ..Default::default()
+            },
+            self.found.imds_interfaces,
+            self.cfg.sysfs_root.clone(),
+            self.cfg.staged.clone(),
+        )
+    }
+
     async fn node_info(&mut self, id: Found, zone: Found) -> NodeInfo {
-        let root = self.cfg.sysfs_root.clone();
-        let scan = tokio::task::spawn_blocking(move || {
-            (
-                host_devices::attached_disks(&root),
-                host_devices::network_interfaces(&root),
-            )
-        })
-        .await
-        .unwrap_or_default();
-        let (disks, pci_nics) = scan;
-        let nics = self
-            .found
-            .network_interfaces
-            .or_else(|| (pci_nics > 0).then_some((pci_nics, "PCI devices bound to ena/ixgbevf")));
-        let limit = attach_limit::compute(&LimitInputs {
-            override_limit: self.cfg.attach_limit,
-            reserved: self.cfg.reserved_attachments,
-            instance_type: self.found.instance_type.as_ref().map(|t| t.value.clone()),
-            network_interfaces: nics,
-            instance_store_disks: disks.instance_store,
-            unmanaged_ebs: disks.not_staged(&self.cfg.staged_serials),
-        });
+        let live = self.live_limit();
+        let max_volumes = tokio::task::spawn_blocking(move || live.current())
+            .await
+            .unwrap_or(1);
         let show = |f: &Option<Found>| {
             f.as_ref().map_or("unknown".to_string(), |f| {
                 format!("{} (from {})", f.value, f.source)
@@ -227,16 +267,21 @@ impl Resolver {
             zone = %show(&Some(zone.clone())),
             region = %show(&self.found.region),
             instance_type = %show(&self.found.instance_type),
+            outpost = ?self.found.outpost.as_ref().map(|o| &o.outpost_id),
             "node identity known"
         );
-        tracing::info!(max_volumes_per_node = limit.limit, how = %limit.how, "attach limit");
+        let mut topology = HashMap::from([
+            (ZONE_KEY.to_string(), zone.value.clone()),
+            (WELL_KNOWN_ZONE_KEY.to_string(), zone.value),
+            (OS_KEY.to_string(), "linux".to_string()),
+        ]);
+        if let Some(o) = &self.found.outpost {
+            o.add_segments(&mut topology);
+        }
         NodeInfo {
             node_id: id.value,
-            max_volumes: limit.limit,
-            topology: HashMap::from([
-                (ZONE_KEY.to_string(), zone.value.clone()),
-                (WELL_KNOWN_ZONE_KEY.to_string(), zone.value),
-            ]),
+            max_volumes,
+            topology,
         }
     }
 }
@@ -244,7 +289,7 @@ impl Resolver {
 /// The lookup's settings from `serve`'s flags. `Err` is a start-up refusal (bad flag values).
 pub fn config_from_args(
     args: &crate::cli::ServeArgs,
-    store: &ebs_store::Store,
+    store: &Arc<ebs_store::Store>,
 ) -> Result<SourceConfig, String> {
     if let Some(id) = &args.node_id
         && (id.is_empty() || id.len() > 256)
@@ -256,19 +301,6 @@ pub fn config_from_args(
     } else {
         Some(ImdsClient::new(&args.imds_endpoint, args.imds_timeout)?)
     };
-    // Volumes the agent staged use slots it manages; every other attached EBS disk (the root
-    // volume, disks attached by hand or by other tools) is subtracted from the limit.
-    let staged_serials = store
-        .all_staged()
-        .map_err(|e| format!("cannot read staged volumes from the state file: {e}"))?
-        .into_iter()
-        .filter_map(|s| match s.identity {
-            ebs_store::DeviceIdentity::NvmeSerial { serial } => {
-                Some(host_devices::normalize_serial(&serial))
-            }
-            _ => None,
-        })
-        .collect();
     Ok(SourceConfig {
         node_id: args.node_id.clone(),
         zone: args.zone.clone(),
@@ -276,9 +308,11 @@ pub fn config_from_args(
         instance_type: args.instance_type.clone(),
         sysfs_root: args.sysfs_root.clone(),
         imds,
-        attach_limit: args.volume_attach_limit,
-        reserved_attachments: args.reserved_volume_attachments,
-        staged_serials,
+        attach_limit: args.attach_limit_override(),
+        reserved_attachments: args.reserved_override(),
+        // Volumes the agent staged use slots the scheduler counts; every other attached EBS
+        // disk (the root volume, disks attached by hand or by other tools) is reserved.
+        staged: StagedSerials::from_store(Arc::clone(store)),
         retry_max: args.identity_retry_max,
     })
 }
@@ -312,7 +346,7 @@ pub fn spawn(
         loop {
             match resolver.round().await {
                 Ok(node) => {
-                    info.set(node);
+                    info.set_live(node, Arc::new(resolver.live_limit()));
                     health.set_identity(IdentityState::Known);
                     return;
                 }
@@ -360,7 +394,9 @@ mod tests {
         assert_eq!(info.node_id, "i-0123456789abcdef0");
         assert_eq!(info.topology[ZONE_KEY], "eu-west-1b");
         assert_eq!(info.topology[WELL_KNOWN_ZONE_KEY], "eu-west-1b");
-        assert_eq!(info.max_volumes, 32);
+        assert_eq!(info.topology[OS_KEY], "linux");
+        // Dedicated 32 - the root volume (at least 1, even where sysfs shows none).
+        assert_eq!(info.max_volumes, 31);
 
         let mut r = Resolver::new(SourceConfig {
             node_id: None,

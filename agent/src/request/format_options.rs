@@ -1,6 +1,10 @@
 //! Format options from volume_context (the EBS driver's keys). Their values reach mkfs's argument
 //! list, so each is parsed as a number or boolean, range-checked, and allowed only for the
 //! filesystems that have it.
+//!
+//! Keys are matched without regard to case, as upstream matches them: its controller writes them
+//! in lowercase (`blocksize`), StorageClasses and static volumes often carry the camelCase form
+//! (`blockSize`). One option given twice with different values is refused.
 
 use std::collections::HashMap;
 
@@ -14,6 +18,41 @@ pub struct FormatOptions {
     pub number_of_inodes: Option<u64>,
     pub ext4_bigalloc: bool,
     pub ext4_cluster_size: Option<u64>,
+    /// ext4's `encrypt` feature (fscrypt), upstream's `ext4EncryptionSupport`.
+    pub ext4_encryption: bool,
+}
+
+/// The keys we read, in their documented spelling; lookups compare lowercase.
+const KEYS: &[&str] = &[
+    "blockSize",
+    "inodeSize",
+    "bytesPerInode",
+    "numberOfInodes",
+    "ext4BigAlloc",
+    "ext4ClusterSize",
+    "ext4EncryptionSupport",
+];
+
+/// The format keys present in `ctx`, by their documented spelling, whatever their case there.
+fn format_keys(
+    ctx: &HashMap<String, String>,
+) -> Result<HashMap<&'static str, String>, ValidationError> {
+    let mut found: HashMap<&'static str, String> = HashMap::new();
+    for (key, value) in ctx {
+        let Some(name) = KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) else {
+            continue;
+        };
+        if let Some(other) = found.insert(name, value.clone())
+            && other != *value
+        {
+            return Err(ValidationError::bad(
+                name,
+                value.clone(),
+                format!("the volume context also gives it as {other:?} (under another case)"),
+            ));
+        }
+    }
+    Ok(found)
 }
 
 fn number(
@@ -54,46 +93,47 @@ fn boolean(key: &'static str, raw: &str) -> Result<bool, ValidationError> {
 
 impl FormatOptions {
     pub fn parse(fs: FsType, ctx: &HashMap<String, String>) -> Result<Self, ValidationError> {
+        let keys = format_keys(ctx)?;
         let mut o = FormatOptions::default();
-        let only = |key: &'static str, allowed: bool, fs: FsType| {
+        let only = |key: &'static str, allowed: bool| {
             if allowed {
                 Ok(())
             } else {
                 Err(ValidationError::bad(
                     key,
-                    ctx.get(key).cloned().unwrap_or_default(),
+                    keys.get(key).cloned().unwrap_or_default(),
                     format!("this format option does not apply to {fs}"),
                 ))
             }
         };
-        if let Some(v) = ctx.get("blockSize") {
+        if let Some(v) = keys.get("blockSize") {
             o.block_size = Some(if fs.is_ext() {
                 number("blockSize", v, 1024, 65536, true)?
             } else {
                 number("blockSize", v, 512, 65536, true)?
             });
         }
-        if let Some(v) = ctx.get("inodeSize") {
+        if let Some(v) = keys.get("inodeSize") {
             o.inode_size = Some(if fs.is_ext() {
                 number("inodeSize", v, 128, 4096, true)?
             } else {
                 number("inodeSize", v, 256, 2048, true)?
             });
         }
-        if let Some(v) = ctx.get("bytesPerInode") {
-            only("bytesPerInode", fs.is_ext(), fs)?;
+        if let Some(v) = keys.get("bytesPerInode") {
+            only("bytesPerInode", fs.is_ext())?;
             o.bytes_per_inode = Some(number("bytesPerInode", v, 1024, 1 << 26, false)?);
         }
-        if let Some(v) = ctx.get("numberOfInodes") {
-            only("numberOfInodes", fs.is_ext(), fs)?;
+        if let Some(v) = keys.get("numberOfInodes") {
+            only("numberOfInodes", fs.is_ext())?;
             o.number_of_inodes = Some(number("numberOfInodes", v, 1, u32::MAX as u64, false)?);
         }
-        if let Some(v) = ctx.get("ext4BigAlloc") {
-            only("ext4BigAlloc", fs == FsType::Ext4, fs)?;
+        if let Some(v) = keys.get("ext4BigAlloc") {
+            only("ext4BigAlloc", fs == FsType::Ext4)?;
             o.ext4_bigalloc = boolean("ext4BigAlloc", v)?;
         }
-        if let Some(v) = ctx.get("ext4ClusterSize") {
-            only("ext4ClusterSize", fs == FsType::Ext4, fs)?;
+        if let Some(v) = keys.get("ext4ClusterSize") {
+            only("ext4ClusterSize", fs == FsType::Ext4)?;
             if !o.ext4_bigalloc {
                 return Err(ValidationError::bad(
                     "ext4ClusterSize",
@@ -102,6 +142,10 @@ impl FormatOptions {
                 ));
             }
             o.ext4_cluster_size = Some(number("ext4ClusterSize", v, 1024, 1 << 29, true)?);
+        }
+        if let Some(v) = keys.get("ext4EncryptionSupport") {
+            only("ext4EncryptionSupport", fs == FsType::Ext4)?;
+            o.ext4_encryption = boolean("ext4EncryptionSupport", v)?;
         }
         Ok(o)
     }
@@ -122,8 +166,15 @@ impl FormatOptions {
             if let Some(n) = self.number_of_inodes {
                 args.extend(["-N".into(), n.to_string()]);
             }
-            if self.ext4_bigalloc {
-                args.extend(["-O".into(), "bigalloc".into()]);
+            let features: Vec<&str> = [
+                (self.ext4_bigalloc, "bigalloc"),
+                (self.ext4_encryption, "encrypt"),
+            ]
+            .iter()
+            .filter_map(|(on, name)| on.then_some(*name))
+            .collect();
+            if !features.is_empty() {
+                args.extend(["-O".into(), features.join(",")]);
             }
             if let Some(c) = self.ext4_cluster_size {
                 args.extend(["-C".into(), c.to_string()]);
@@ -166,6 +217,61 @@ mod tests {
             o.mkfs_args(FsType::Ext4),
             ["-b", "4096", "-O", "bigalloc", "-C", "65536"]
         );
+    }
+
+    #[test]
+    fn keys_in_any_case_and_encryption() {
+        let lower = FormatOptions::parse(
+            FsType::Ext4,
+            &ctx(&[
+                ("blocksize", "2048"),
+                ("inodesize", "512"),
+                ("bytesperinode", "8192"),
+                ("numberofinodes", "4000"),
+                ("ext4bigalloc", "true"),
+                ("ext4clustersize", "32768"),
+                ("ext4encryptionsupport", "true"),
+            ]),
+        )
+        .unwrap();
+        let camel = FormatOptions::parse(
+            FsType::Ext4,
+            &ctx(&[
+                ("blockSize", "2048"),
+                ("inodeSize", "512"),
+                ("bytesPerInode", "8192"),
+                ("numberOfInodes", "4000"),
+                ("ext4BigAlloc", "true"),
+                ("ext4ClusterSize", "32768"),
+                ("ext4EncryptionSupport", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(lower, camel);
+        assert_eq!(
+            lower.mkfs_args(FsType::Ext4),
+            [
+                "-b",
+                "2048",
+                "-I",
+                "512",
+                "-i",
+                "8192",
+                "-N",
+                "4000",
+                "-O",
+                "bigalloc,encrypt",
+                "-C",
+                "32768"
+            ]
+        );
+        // The same value twice is fine; two different ones are ambiguous.
+        let same = ctx(&[("blockSize", "4096"), ("BLOCKSIZE", "4096")]);
+        assert!(FormatOptions::parse(FsType::Xfs, &same).is_ok());
+        let clash = ctx(&[("blockSize", "4096"), ("blocksize", "1024")]);
+        assert!(FormatOptions::parse(FsType::Ext4, &clash).is_err());
+        let xfs = ctx(&[("ext4encryptionsupport", "true")]);
+        assert!(FormatOptions::parse(FsType::Xfs, &xfs).is_err());
     }
 
     #[test]

@@ -1,12 +1,20 @@
 //! Mount options from the volume capability. Only options known to be harmless are accepted: an
 //! option list reaches mount(2) as flags plus a comma-joined data string, so a `,` inside one item,
 //! or an option such as `bind` or `remount`, could turn our mount into something else.
+//!
+//! Kubelet's SELinux options (`context="system_u:object_r:container_file_t:s0:c1,c2"`, sent when
+//! the CSIDriver has `seLinuxMount: true`) are the one place a value may hold `:` and `,`: the
+//! context is checked against SELinux's grammar and passed quoted, the form the kernel's option
+//! parser keeps whole. Whether the kernel accepts it is the kernel's answer (no SELinux: EINVAL).
 
 use super::{FsType, ValidationError};
 
 const FIELD: &str = "volume_capability.mount.mount_flags";
 const MAX_TOTAL_BYTES: usize = 4096;
 const MAX_ITEM_BYTES: usize = 256;
+
+/// SELinux's mount options; each takes one security context.
+const SELINUX_KEYS: &[&str] = &["context", "fscontext", "defcontext", "rootcontext"];
 
 /// Options that are mount(2) flags rather than filesystem data.
 const VFS_FLAGS: &[(&str, u64)] = &[
@@ -94,6 +102,7 @@ const XFS_DATA: &[&str] = &[
     "noattr2",
     "ikeep",
     "noikeep",
+    "nouuid",
     "logbufs=N",
     "logbsize=N",
     "allocsize=N",
@@ -126,6 +135,18 @@ impl MountFlags {
             if item.is_empty() {
                 continue;
             }
+            if let Some(option) = selinux_option(item)? {
+                let key = option.split('=').next().unwrap_or_default();
+                if flags.data.iter().any(|d| d.split('=').next() == Some(key)) {
+                    return Err(ValidationError::bad(
+                        FIELD,
+                        item,
+                        "this SELinux option is given twice",
+                    ));
+                }
+                flags.data.push(option);
+                continue;
+            }
             if item.len() > MAX_ITEM_BYTES
                 || !item
                     .bytes()
@@ -150,7 +171,14 @@ impl MountFlags {
                     format!("not a mount option the agent allows for {fs}"),
                 ));
             }
-            flags.data.push(item.to_string());
+            if !flags.data.iter().any(|d| d == item) {
+                flags.data.push(item.to_string());
+            }
+        }
+        if fs == FsType::Xfs && !flags.data.iter().any(|d| d == "nouuid") {
+            // A volume and its snapshot clone share a UUID; xfs refuses the second without this.
+            // Added here, once, so that a user's own `nouuid` is not passed twice.
+            flags.data.push("nouuid".into());
         }
         Ok(flags)
     }
@@ -172,6 +200,64 @@ impl MountFlags {
     pub fn wants_read_only(&self) -> bool {
         self.vfs & libc::MS_RDONLY != 0
     }
+}
+
+/// `Some("context=\"u:r:t:s0:c1,c2\"")` for an SELinux option, quoted or not as given;
+/// `None` for any other option.
+fn selinux_option(item: &str) -> Result<Option<String>, ValidationError> {
+    let Some((key, value)) = item.split_once('=') else {
+        return Ok(None);
+    };
+    if !SELINUX_KEYS.contains(&key) {
+        return Ok(None);
+    }
+    let context = match value.strip_prefix('"') {
+        Some(inner) => inner.strip_suffix('"').unwrap_or(value),
+        None => value,
+    };
+    if context.contains('"') || !is_selinux_context(context) {
+        return Err(ValidationError::bad(
+            FIELD,
+            item,
+            "not an SELinux context (user:role:type[:level], optionally in double quotes)",
+        ));
+    }
+    Ok(Some(format!("{key}=\"{context}\"")))
+}
+
+/// `user:role:type` and an optional MLS/MCS range: `s0`, `s0:c1,c2`, `s0-s0:c0.c1023`.
+fn is_selinux_context(c: &str) -> bool {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    };
+    let mut parts = c.splitn(4, ':');
+    let named = (0..3).all(|_| parts.next().is_some_and(ident));
+    c.len() <= MAX_ITEM_BYTES
+        && named
+        && parts.next().is_none_or(|range| {
+            let (low, high) = range.split_once('-').unwrap_or((range, range));
+            is_mls_level(low) && is_mls_level(high)
+        })
+}
+
+fn is_mls_level(level: &str) -> bool {
+    let numbered = |s: &str, prefix: char| {
+        s.strip_prefix(prefix)
+            .is_some_and(|n| !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let (sensitivity, categories) = match level.split_once(':') {
+        Some((s, cats)) => (s, Some(cats)),
+        None => (level, None),
+    };
+    numbered(sensitivity, 's')
+        && categories.is_none_or(|cats| {
+            cats.split(',').all(|item| {
+                let (from, to) = item.split_once('.').unwrap_or((item, item));
+                numbered(from, 'c') && numbered(to, 'c')
+            })
+        })
 }
 
 fn matches_pattern(pattern: &str, item: &str) -> bool {
@@ -216,7 +302,39 @@ mod tests {
         assert_eq!(f.data(), ["data=ordered", "commit=30"]);
         assert!(f.wants_read_only());
         let x = parse(FsType::Xfs, &["inode64", "logbsize=256k"]).unwrap();
-        assert_eq!(x.data(), ["inode64", "logbsize=256k"]);
+        assert_eq!(x.data(), ["inode64", "logbsize=256k", "nouuid"]);
+    }
+
+    #[test]
+    fn kubelets_selinux_options_pass_checked_and_quoted() {
+        let kubelet = "context=\"system_u:object_r:container_file_t:s0:c1,c2\"";
+        let f = parse(FsType::Ext4, &[kubelet, "noatime"]).unwrap();
+        assert_eq!(f.data(), [kubelet]);
+        assert_eq!(f.raw(), [kubelet, "noatime"]);
+        let unquoted = parse(
+            FsType::Ext4,
+            &["fscontext=system_u:object_r:t:s0-s0:c0.c1023"],
+        )
+        .unwrap();
+        assert_eq!(
+            unquoted.data(),
+            ["fscontext=\"system_u:object_r:t:s0-s0:c0.c1023\""]
+        );
+        for ok in [
+            "defcontext=\"u:r:t\"",
+            "rootcontext=\"system_u:object_r:container_file_t:s0\"",
+        ] {
+            assert!(parse(FsType::Xfs, &[ok]).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn xfs_gets_nouuid_once_whoever_asks() {
+        let own = parse(FsType::Xfs, &["inode64"]).unwrap();
+        assert_eq!(own.data(), ["inode64", "nouuid"]);
+        let user = parse(FsType::Xfs, &["nouuid", "inode64", "nouuid"]).unwrap();
+        assert_eq!(user.data(), ["nouuid", "inode64"]);
+        assert_eq!(parse(FsType::Ext4, &["noatime"]).unwrap().data().len(), 0);
     }
 
     #[test]
@@ -234,11 +352,20 @@ mod tests {
             "a b",
             "x;rm -rf /",
             "context=\"x\"",
+            "context=system_u:object_r:t:s0:c1,c2,bind",
+            "context=\"system_u:object_r:t:s0\",bind",
+            "context=\"a:b:c:s0\"\"",
+            "context=a:b:c:s0:c1;reboot",
+            "context=a:b:c:x0",
+            "context=a:b",
+            "seclabel=a:b:c",
             "nouuid=1",
         ] {
             assert!(parse(FsType::Ext4, &[bad]).is_err(), "{bad}");
         }
         assert!(parse(FsType::Xfs, &["data=ordered"]).is_err());
+        assert!(parse(FsType::Ext4, &["nouuid"]).is_err());
+        assert!(parse(FsType::Ext4, &["context=a:b:c:s0", "context=a:b:c:s1"]).is_err());
         assert!(parse(FsType::Ext4, &[&"a".repeat(300)]).is_err());
         let many: Vec<String> = (0..600).map(|_| "noatime".to_string()).collect();
         assert!(MountFlags::parse(FsType::Ext4, &many).is_err());

@@ -1,0 +1,83 @@
+//! Issue 20: on a dense node the cost of a call does not grow with the host's mount count. The
+//! node calls ask the kernel about their own paths only (statx, statmount) and never read the
+//! whole mount table, whose size grows with every pod's secret and token mounts.
+
+use ebs_tests::csi_req::*;
+use ebs_tests::http::{free_port, http_get, sample};
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+
+fn table_reads(port: u16) -> f64 {
+    sample(&http_get(port, "/metrics").1, "ebs_agent_mount_table_reads_total")
+}
+
+/// Whether this kernel answers statmount(2) (6.8+); before it, a mount root's line is looked up
+/// in the table, as documented.
+fn has_statmount() -> bool {
+    let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned());
+    let version: Vec<u32> = release
+        .unwrap_or_default()
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    version >= vec![6, 8]
+}
+
+#[tokio::test]
+async fn node_calls_never_read_the_mount_table() {
+    if !require_root("node_calls_never_read_the_mount_table") {
+        return;
+    }
+    if !has_statmount() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI runs on 6.8+");
+        eprintln!("skipping: no statmount(2) before Linux 6.8");
+        return;
+    }
+    let scratch = Scratch::new("dense");
+    let port = free_port();
+    let opts = AgentOpts {
+        args: vec![
+            "--backend".into(),
+            "loop".into(),
+            "--metrics-address".into(),
+            format!("127.0.0.1:{port}"),
+        ],
+        ..Default::default()
+    };
+    let agent = Agent::start(&scratch, opts).await;
+    let mut node = agent.node().await;
+    for (name, cap) in [
+        ("fs", mount_cap("ext4", Mode::SingleNodeWriter)),
+        ("blk", block_cap(Mode::SingleNodeWriter)),
+    ] {
+        let vol = create_attached(&agent, name, 32 << 20).await;
+        let staging = agent.work.join(format!("staging/{name}"));
+        let target = agent.work.join(format!("pods/{name}/vol"));
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let before = table_reads(port);
+        node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+            .await
+            .unwrap();
+        node.node_publish_volume(publish_req(&vol, &staging, &target, cap.clone(), false))
+            .await
+            .unwrap();
+        for path in [&staging, &target] {
+            node.node_get_volume_stats(stats_req(&vol.id, path))
+                .await
+                .unwrap();
+        }
+        node.node_unpublish_volume(unpublish_req(&vol, &target))
+            .await
+            .unwrap();
+        node.node_unstage_volume(unstage_req(&vol, &staging))
+            .await
+            .unwrap();
+        assert_eq!(
+            table_reads(port),
+            before,
+            "{name}: a node call read the whole mount table"
+        );
+    }
+}
