@@ -8,6 +8,7 @@ pub mod identity;
 pub mod node;
 mod node_stats;
 pub mod shim;
+pub mod spec_order;
 pub mod v0;
 pub mod v01;
 pub mod versions;

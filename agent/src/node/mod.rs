@@ -7,6 +7,7 @@ mod grow;
 mod health_check;
 pub mod identity;
 pub mod journal;
+mod known;
 mod locks;
 mod publish;
 mod read_probe;
@@ -23,6 +24,7 @@ use ebs_store::Store;
 
 pub use expand::{ExpandCommand, expand};
 pub use health_check::Condition;
+pub use known::{Known, require_known};
 pub use locks::{VolumeGuard, VolumeLocks};
 pub use publish::{PublishCommand, UnpublishCommand, publish, unpublish};
 pub use stage::{StageCommand, stage};

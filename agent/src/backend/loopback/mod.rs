@@ -134,6 +134,10 @@ impl Backend for LoopBackend {
             .map_err(|e| Error::Internal(format!("LOOP_SET_CAPACITY on {}: {e}", device.display())))
     }
 
+    fn exists(&self, volume: &VolumeId) -> Result<Option<bool>> {
+        Ok(Some(self.store.loop_volume(volume.as_str())?.is_some()))
+    }
+
     /// The volume file is sparse and loop devices turn discards into punched holes, so its
     /// allocated blocks are exactly what the volume costs its storage.
     fn allocated_bytes(&self, identity: &DeviceIdentity) -> Option<u64> {

@@ -113,7 +113,7 @@ impl Node for V01Node {
         };
         // The publish half is checked before the stage half runs: a bad target must not leave
         // a staged volume behind.
-        let (volume, checked) = self.v1.publish_command(&publish)?;
+        let (volume, checked) = self.v1.publish_command(&publish).await?;
         blocking(move || checked.confine(volume).map(drop)).await?;
         let stage = v1::NodeStageVolumeRequest {
             volume_id: r.volume_id.clone(),
