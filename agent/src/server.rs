@@ -102,15 +102,19 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             if node_id.len() > 256 {
                 return Err(fatal("--node-id must be at most 256 bytes"));
             }
+            // The loop node's attach limit: --volume-attach-limit, none by default (loop devices
+            // are allocated on demand); ControllerPublishVolume honours what NodeGetInfo says.
+            let limit = args.volume_attach_limit.unwrap_or(0);
             let info = Arc::new(NodeInfoSource::known(NodeInfo {
                 node_id: node_id.clone(),
-                max_volumes: 0,
+                max_volumes: i64::from(limit),
                 topology: HashMap::from([(TOPOLOGY_KEY.to_string(), node_id.clone())]),
             }));
             let controller = Arc::new(LoopController::new(
                 Arc::clone(&store),
                 &args.state_dir,
                 node_id,
+                limit,
             ));
             (
                 Arc::new(LoopBackend::new(Arc::clone(&store))) as Arc<dyn Backend>,
@@ -230,6 +234,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             .map(|c| {
                 Arc::new(grpc::controller::LoopControllerService {
                     controller: Arc::clone(c),
+                    locks: ctx.locks.clone(),
                 })
             }),
         shim: upstream.map(|upstream| {
@@ -256,6 +261,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         tokio::task::spawn_blocking(move || {
             if let Some(c) = controller {
                 c.reattach_all()?;
+                c.thaw_attached()?;
             }
             node::recovery::recover(&store, backend.as_ref())
         })

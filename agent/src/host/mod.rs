@@ -2,6 +2,8 @@ pub mod blank;
 pub mod blkid;
 pub mod command;
 pub mod direct_read;
+pub mod file_copy;
+pub mod freeze;
 pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;

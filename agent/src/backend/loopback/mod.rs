@@ -2,8 +2,12 @@
 //! through the loop ioctls. It serves its own controller, so the whole CSI lifecycle runs on one
 //! Linux machine with real block devices.
 
+mod attach;
 mod controller;
+mod copies;
+mod paging;
 mod resize;
+mod snapshots;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -13,7 +17,9 @@ use std::time::Instant;
 
 use ebs_store::{DeviceIdentity, LoopVolume, Store};
 
-pub use controller::{CreateVolume, LoopController, VolumePage};
+pub use controller::{CreateVolume, LoopController};
+pub use paging::Page;
+pub use snapshots::SnapshotQuery;
 
 use super::{Backend, ResolvedDevice};
 use crate::error::{Error, Result};
