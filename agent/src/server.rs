@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ebs_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::backend::Backend;
@@ -247,7 +248,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         grpc::versions::add_services(router, &args.csi_versions, services, &args.state_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = UnixListenerStream::new(listener);
+    // Every accepted connection gets the :authority fix (see authority_fix).
+    let incoming = UnixListenerStream::new(listener)
+        .map(|conn| conn.map(crate::authority_fix::AuthorityFix::new));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = stop_rx.await;
     }));

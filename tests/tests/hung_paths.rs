@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use ebs_tests::csi_req::{stats_req, unpublish_by_id};
+use ebs_tests::csi::volume_capability::access_mode::Mode;
+use ebs_tests::csi_req::{create_attached, mount_cap, stage_req, stats_req, unpublish_by_id};
 use ebs_tests::hung_mount::HungMount;
 use ebs_tests::*;
 
@@ -30,8 +31,29 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     }
     let scratch = Scratch::new("hung-paths");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    // Stats answer NOT_FOUND from the records for a volume or path they do not know, without
+    // touching the path; so the stats calls are for two staged volumes whose staging paths a
+    // dead mount then covers.
+    let cover = agent.work.join("covered");
+    let staged_below = |i: usize| cover.join(format!("stage-{i}"));
+    let mut vols = Vec::new();
+    for i in 0..2 {
+        let vol = create_attached(&agent, &format!("hung-{i}"), 16 << 20).await;
+        agent
+            .node()
+            .await
+            .node_stage_volume(stage_req(
+                &vol,
+                &staged_below(i),
+                mount_cap("ext4", Mode::SingleNodeWriter),
+            ))
+            .await
+            .expect("stage");
+        vols.push(vol);
+    }
     // Declared after the agent and the scratch directory, so dropped (aborted) before either.
     let mut hung = HungMount::new(&agent.work.join("hung")).expect("mount a FUSE stand-in");
+    let covering = HungMount::new(&cover).expect("cover the staging paths");
 
     // More hung calls than the agent has async workers, of both kinds: guarded (unpublish) and
     // lock-free (stats).
@@ -44,9 +66,9 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
             node.node_unpublish_volume(req).await.map(drop)
         }));
     }
-    for i in 0..2 {
+    for (i, vol) in vols.iter().enumerate() {
         let mut node = agent.node().await;
-        let req = stats_req(&format!("hung-{i}"), &below(i));
+        let req = stats_req(&vol.id, &staged_below(i));
         calls.push(tokio::spawn(async move {
             node.node_get_volume_stats(req).await.map(drop)
         }));
@@ -82,7 +104,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     // another thread (kubelet asks every minute; the pool would run dry).
     let again = timeout(
         quick,
-        node.node_get_volume_stats(stats_req("hung-0", &below(0))),
+        node.node_get_volume_stats(stats_req(&vols[0].id, &staged_below(0))),
     )
     .await;
     match again {
@@ -92,6 +114,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
 
     // The server goes away: the waiting calls end (with an error or not), none is left behind.
     hung.release();
+    drop(covering);
     for call in calls {
         let ended = timeout(Duration::from_secs(10), call).await;
         assert!(
