@@ -98,6 +98,7 @@ impl LoopController {
                 None
             }
         };
+        let was_frozen = frozen.is_some();
         let copied = copy_into_place(&volume.file, dst, len);
         if let Some(f) = frozen {
             f.thaw()
@@ -105,7 +106,7 @@ impl LoopController {
         }
         let kind = copied?;
         tracing::info!(volume = %volume.id, copy = %dst.display(), how = kind.name(),
-            frozen = device.is_some(), "copied a volume file");
+            frozen = was_frozen, "copied a volume file");
         Ok(kind)
     }
 
