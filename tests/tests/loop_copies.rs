@@ -312,3 +312,37 @@ async fn attach_limit_and_read_only_attachments() {
         .await
         .expect("room again");
 }
+
+#[tokio::test]
+async fn an_xfs_clone_mounts_beside_its_source() {
+    let test = "an_xfs_clone_mounts_beside_its_source";
+    if !require_root(test) {
+        return;
+    }
+    let scratch = Scratch::new("loop-xfs-clone");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let xfs = || mount_cap("xfs", Mode::SingleNodeWriter);
+    let src = attach(
+        &agent,
+        &create_volume(&agent, "xfs-src", 320 * MIB, &[]).await,
+    )
+    .await;
+    let staging = agent.work.join("xfs-src");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&src, &staging, xfs()))
+        .await
+        .expect("stage the source");
+    std::fs::write(staging.join("data"), "xfs").expect("write");
+    let clone = create_from(
+        &agent,
+        from_source("xfs-clone", 320 * MIB, of_volume(&src.id)),
+    )
+    .await;
+    let copy = attach(&agent, &clone.volume_id).await;
+    let copy_staging = agent.work.join("xfs-clone");
+    node.node_stage_volume(stage_req(&copy, &copy_staging, xfs()))
+        .await
+        .expect("stage the clone while its source is mounted");
+    // Same filesystem UUID as the source: the node mounts XFS with nouuid, so both mount.
+    assert_eq!(read(&copy_staging.join("data")), "xfs");
+}
