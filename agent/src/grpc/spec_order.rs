@@ -17,11 +17,14 @@ use ebs_proto::csi::v1 as csi;
 use crate::node::Known;
 use crate::request::ValidationError;
 
+/// A REQUIRED field: its name, and whether a request carries it.
+pub type Field<R> = (&'static str, fn(&R) -> bool);
+
 /// What a request type must carry, and how its volume is looked up.
 pub trait Rule: Sized + 'static {
     const RPC: &'static str;
     /// The REQUIRED fields, in the order they are checked.
-    const REQUIRED: &'static [(&'static str, fn(&Self) -> bool)];
+    const REQUIRED: &'static [Field<Self>];
     /// Where an unknown volume is NOT_FOUND, before any path or state check; `None` where the
     /// call has no such error (teardown, or a lookup the controller makes itself).
     const LOOKUP: Option<Known> = None;
@@ -39,7 +42,7 @@ macro_rules! rules {
     ($($req:ident: $rpc:literal, lookup $lookup:expr, [$($field:ident: $present:expr),* $(,)?];)*) => {
         $(impl Rule for csi::$req {
             const RPC: &'static str = $rpc;
-            const REQUIRED: &'static [(&'static str, fn(&Self) -> bool)] =
+            const REQUIRED: &'static [Field<Self>] =
                 &[$((stringify!($field), $present)),*];
             const LOOKUP: Option<Known> = $lookup;
         })*
