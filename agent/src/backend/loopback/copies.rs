@@ -39,7 +39,13 @@ pub fn copy_into_place(src: &Path, dst: &Path, len: u64) -> Result<CopyKind> {
     }
     let kind = file_copy::copy_file(src, &tmp, len).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        Error::io(format!("copying {} to {}", src.display(), tmp.display()), e)
+        let what = format!("copying {} to {}", src.display(), tmp.display());
+        // The spec's code for a copy that does not fit: the CO may retry after freeing space.
+        if e.kind() == std::io::ErrorKind::StorageFull {
+            Error::ResourceExhausted(format!("{what}: {e}"))
+        } else {
+            Error::io(what, e)
+        }
     })?;
     std::fs::rename(&tmp, dst)
         .map_err(|e| Error::io(format!("renaming {} into place", tmp.display()), e))?;

@@ -1,38 +1,10 @@
-//! Lets any well-formed gRPC client talk to us over the unix socket, whatever `:authority` it
-//! sends.
-//!
-//! gRPC C-core since 1.57 (Python, C++, Ruby, PHP) and grpc-java send the socket path (plain or
-//! percent-encoded) as `:authority` on a unix socket. The HTTP/2 server under tonic (hyperium/h2)
-//! parses `:authority` as a URI authority, finds '/' or '%' in the host, and resets the stream
-//! with PROTOCOL_ERROR before any service sees the call: every call of such a client fails.
-//! grpc-go and kubelet send "localhost", so they were never hit. h2 has no setting for this
-//! (hyperium/h2 PR #487 proposes one; hyperium/tonic#243, grpc/grpc#38142 discuss it).
-//!
-//! The fix sits between the accepted socket and h2: it follows the client's byte stream frame
-//! by frame, decodes every request header block with a HPACK decoder that mirrors the client's
-//! (so it always knows the client's dynamic table), and, from the first block whose
-//! `:authority` is not a valid URI authority on, re-encodes each block with that value replaced
-//! by "localhost" (as grpc-go sends), as literals that never touch h2's dynamic table. Until a
-//! client sends such a block, its bytes reach h2 unchanged: the clients that already worked see
-//! no difference. What the server sends passes through untouched. A header block the decoder
-//! cannot read is passed on as it is, and everything after it: h2 then fails the connection
-//! with its own error, as it would without this layer.
-//!
-//! Dropping it: once h2 accepts such authorities (PR #487 or its successor is released and
-//! tonic depends on it), remove `AuthorityFix::new` from `server::serve` and this module; the
-//! test `path_authority` in tests/tests/grpc_clients.rs then shows whether h2 alone suffices.
-
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+//! The client-to-server half of the fix: HTTP/2 frames in, frames for h2 out.
 
 const PREFACE_LEN: usize = 24;
-const HEADERS: u8 = 0x1;
+pub(super) const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
+pub(super) const END_STREAM: u8 = 0x1;
+pub(super) const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// h2's SETTINGS_MAX_FRAME_SIZE (the default; tonic does not change it): what we may send.
@@ -125,7 +97,7 @@ impl Rewriter {
     }
 
     /// Stops following: what is buffered goes out as it came, and so does the rest.
-    fn give_up(&mut self, at: usize, out: &mut Vec<u8>) {
+    pub(super) fn give_up(&mut self, at: usize, out: &mut Vec<u8>) {
         if let Some(b) = self.block.take() {
             out.extend_from_slice(&b.raw);
         }
@@ -222,7 +194,7 @@ fn valid_authority(v: &[u8]) -> bool {
 }
 
 /// The priority bytes and the header block fragment of a HEADERS payload.
-fn headers_fragment(flags: u8, payload: &[u8]) -> Option<(Option<[u8; 5]>, &[u8])> {
+pub(super) fn headers_fragment(flags: u8, payload: &[u8]) -> Option<(Option<[u8; 5]>, &[u8])> {
     let (pad, mut rest) = if flags & PADDED != 0 {
         (usize::from(*payload.first()?), payload.get(1..)?)
     } else {
@@ -241,7 +213,7 @@ fn headers_fragment(flags: u8, payload: &[u8]) -> Option<(Option<[u8; 5]>, &[u8]
 
 /// A "literal header field without indexing, new name" (RFC 7541 6.2.2), no Huffman: it leaves
 /// h2's dynamic table alone.
-fn literal(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+pub(super) fn literal(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
     out.push(0);
     for s in [name, value] {
         integer(s.len(), 7, out);
@@ -250,7 +222,7 @@ fn literal(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
 }
 
 /// An HPACK integer with an `n`-bit prefix (RFC 7541 5.1); the prefix's other bits are 0.
-fn integer(mut v: usize, n: u8, out: &mut Vec<u8>) {
+pub(super) fn integer(mut v: usize, n: u8, out: &mut Vec<u8>) {
     let max = (1usize << n) - 1;
     if v < max {
         out.push(v as u8);
@@ -290,208 +262,9 @@ fn write_headers(block: &Block, encoded: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn frame_header(len: usize, kind: u8, flags: u8, stream: u32, out: &mut Vec<u8>) {
+pub(super) fn frame_header(len: usize, kind: u8, flags: u8, stream: u32, out: &mut Vec<u8>) {
     out.extend_from_slice(&(len as u32).to_be_bytes()[1..]);
     out.push(kind);
     out.push(flags);
     out.extend_from_slice(&stream.to_be_bytes());
-}
-
-/// An accepted connection with the rewriter on its read side.
-pub struct AuthorityFix<S> {
-    inner: S,
-    rewriter: Rewriter,
-    out: Vec<u8>,
-    out_at: usize,
-    eof: bool,
-}
-
-impl<S> AuthorityFix<S> {
-    pub fn new(inner: S) -> Self {
-        AuthorityFix {
-            inner,
-            rewriter: Rewriter::default(),
-            out: Vec::new(),
-            out_at: 0,
-            eof: false,
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        loop {
-            if this.out_at < this.out.len() {
-                let n = (this.out.len() - this.out_at).min(buf.remaining());
-                buf.put_slice(&this.out[this.out_at..this.out_at + n]);
-                this.out_at += n;
-                if this.out_at == this.out.len() {
-                    this.out.clear();
-                    this.out_at = 0;
-                }
-                return Poll::Ready(Ok(()));
-            }
-            if this.eof {
-                return Poll::Ready(Ok(()));
-            }
-            let mut chunk = [0u8; 8192];
-            let mut read = ReadBuf::new(&mut chunk);
-            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
-            if read.filled().is_empty() {
-                // The client is gone: an unfinished frame goes to h2 as it is.
-                this.eof = true;
-                this.rewriter.give_up(0, &mut this.out);
-            } else {
-                this.rewriter.feed(read.filled(), &mut this.out);
-            }
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for AuthorityFix<S>
-{
-    type ConnectInfo = S::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-    fn request(authority: &[u8], extra_flags: u8) -> Vec<u8> {
-        let mut block = Vec::new();
-        for (n, v) in [
-            (&b":method"[..], &b"POST"[..]),
-            (b":scheme", b"http"),
-            (b":path", b"/csi.v1.Identity/Probe"),
-            (b":authority", authority),
-            (b"content-type", b"application/grpc"),
-        ] {
-            literal(n, v, &mut block);
-        }
-        let mut out = Vec::new();
-        frame_header(block.len(), HEADERS, END_HEADERS | extra_flags, 1, &mut out);
-        out.extend_from_slice(&block);
-        out
-    }
-
-    fn authorities(bytes: &[u8]) -> Vec<Vec<u8>> {
-        let mut d = loona_hpack::Decoder::new();
-        let mut at = PREFACE.len();
-        let mut found = Vec::new();
-        while at + 9 <= bytes.len() {
-            let len = usize::from(bytes[at]) << 16
-                | usize::from(bytes[at + 1]) << 8
-                | usize::from(bytes[at + 2]);
-            if bytes[at + 3] == HEADERS {
-                let (_, frag) =
-                    headers_fragment(bytes[at + 4], &bytes[at + 9..at + 9 + len]).unwrap();
-                for (n, v) in d.decode(frag).unwrap() {
-                    if n == b":authority" {
-                        found.push(v);
-                    }
-                }
-            }
-            at += 9 + len;
-        }
-        found
-    }
-
-    fn run(chunks: &[&[u8]]) -> Vec<u8> {
-        let mut r = Rewriter::default();
-        let mut out = Vec::new();
-        for c in chunks {
-            r.feed(c, &mut out);
-        }
-        out
-    }
-
-    #[test]
-    fn valid_authorities_pass_byte_for_byte() {
-        let input = [PREFACE, &request(b"localhost", END_STREAM)].concat();
-        assert_eq!(run(&[&input]), input);
-    }
-
-    #[test]
-    fn socket_paths_become_localhost_in_any_chunking() {
-        let settings = [0, 0, 0, 4, 0, 0, 0, 0, 0];
-        for authority in [&b"/run/ebs/csi.sock"[..], b"%2Frun%2Febs%2Fcsi.sock"] {
-            let input = [
-                PREFACE,
-                &settings,
-                &request(authority, END_STREAM),
-                &request(b"localhost", 0),
-            ]
-            .concat();
-            let whole = run(&[&input]);
-            assert_eq!(
-                authorities(&whole),
-                [b"localhost".to_vec(), b"localhost".to_vec()]
-            );
-            // Byte by byte gives the same stream.
-            let bytes: Vec<&[u8]> = input.chunks(1).collect();
-            assert_eq!(run(&bytes), whole);
-            // The END_STREAM flag and the frames around the headers survive.
-            assert_eq!(&whole[PREFACE.len()..PREFACE.len() + 9], &settings);
-            assert_eq!(whole[PREFACE.len() + 9 + 4] & END_STREAM, END_STREAM);
-        }
-    }
-
-    #[test]
-    fn undecodable_blocks_pass_through() {
-        let mut bad = Vec::new();
-        frame_header(1, HEADERS, END_HEADERS, 1, &mut bad);
-        bad.push(0xff);
-        let input = [PREFACE, &bad, &request(b"/x.sock", 0)].concat();
-        assert_eq!(run(&[&input]), input);
-    }
-
-    #[test]
-    fn integers_with_prefixes() {
-        let mut v = Vec::new();
-        integer(10, 7, &mut v);
-        integer(1337, 5, &mut v);
-        assert_eq!(v, [10, 31, 154, 10]);
-    }
 }
