@@ -149,7 +149,8 @@ pub struct ServeArgs {
     /// Where sysfs is mounted (DMI asset tag, NVMe disks, network devices).
     #[arg(long, env = "EBS_AGENT_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// ebs: max_volumes_per_node, instead of the limit computed from the instance type.
+    /// max_volumes_per_node. ebs: instead of the limit computed from the instance type; loop: the
+    /// node's attach limit, which ControllerPublishVolume enforces (none when unset).
     #[arg(long, env = "EBS_AGENT_VOLUME_ATTACH_LIMIT")]
     pub volume_attach_limit: Option<u32>,
     /// ebs: attachment slots to keep free beyond those the agent counts on the host.
