@@ -10,6 +10,7 @@ packages=(
   kmod                                  # modprobe loop
   systemd                               # tests: systemd-analyze verify on the shipped unit
   qemu-system-x86 busybox-static        # NVMe lab (tests/nvme-lab): a QEMU guest with NVMe disks
+  python3 python3-venv                  # tests/tests/grpc_clients.rs: a real grpcio client
 )
 if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then
   read -r -a extra <<<"$EBS_EXTRA_PACKAGES"
@@ -33,4 +34,13 @@ fi
 if [[ $(id -u) -eq 0 ]]; then
   modprobe loop 2>/dev/null || true
   [[ -e /dev/loop-control ]] || mknod -m 0660 /dev/loop-control c 10 237 || true
+fi
+
+# A Python gRPC C-core client (grpcio >= 1.57 sends the socket path as :authority) and the
+# stub generator, in a venv under target/ that the tests find; made once, kept across runs.
+venv="$(cd "$(dirname "$0")/.." && pwd)/target/grpcio-venv"
+if ! "$venv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
+  echo "installing grpcio into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check 'grpcio==1.85.1' 'grpcio-tools==1.85.1'
 fi

@@ -234,8 +234,9 @@ pub struct ServeArgs {
     /// Where sysfs is mounted (DMI asset tag, NVMe disks, network devices).
     #[arg(long, env = "EBS_AGENT_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// ebs: max_volumes_per_node, instead of the limit computed from the instance type; -1:
-    /// unset. Same meaning as upstream's flag.
+    /// max_volumes_per_node; -1: unset. ebs: instead of the limit computed from the instance
+    /// type (same meaning as upstream's flag); loop: the node's attach limit, which
+    /// ControllerPublishVolume enforces (none when unset).
     #[arg(long, env = "EBS_AGENT_VOLUME_ATTACH_LIMIT", default_value = "-1",
           allow_negative_numbers = true, value_parser = crate::upstream_cli::parse_count_or_unset)]
     pub volume_attach_limit: i64,

@@ -58,6 +58,8 @@ pub enum Error {
     #[error("{0}")]
     OutOfRange(String),
     #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{0}")]
     Unimplemented(String),
     #[error("{0}")]
     Unavailable(String),

@@ -1,5 +1,6 @@
 //! ebs-node-agent: a crash-safe CSI node plugin for AWS EBS, any block device, or loop files.
 
+pub mod authority_fix;
 pub mod backend;
 pub mod cli;
 pub mod client;

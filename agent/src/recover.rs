@@ -114,6 +114,7 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
                 readonly: false,
             }),
             created_unix_ms: now_unix_ms(),
+            content_source: None,
         };
         store
             .write(Durability::Immediate, |w| w.put_loop_volume(&volume))

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ebs_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::backend::Backend;
@@ -122,15 +123,19 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             if node_id.len() > 256 {
                 return Err(fatal("--node-id must be at most 256 bytes"));
             }
+            // The loop node's attach limit: --volume-attach-limit, none by default (loop devices
+            // are allocated on demand); ControllerPublishVolume honours what NodeGetInfo says.
+            let limit = u32::try_from(args.volume_attach_limit).unwrap_or(0);
             let info = Arc::new(NodeInfoSource::known(NodeInfo {
                 node_id: node_id.clone(),
-                max_volumes: 0,
+                max_volumes: i64::from(limit),
                 topology: HashMap::from([(TOPOLOGY_KEY.to_string(), node_id.clone())]),
             }));
             let controller = Arc::new(LoopController::new(
                 Arc::clone(&store),
                 &args.state_dir,
                 node_id,
+                limit,
             ));
             (
                 Arc::new(LoopBackend::new(Arc::clone(&store), &args.state_dir)) as Arc<dyn Backend>,
@@ -254,6 +259,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             .map(|c| {
                 Arc::new(grpc::controller::LoopControllerService {
                     controller: Arc::clone(c),
+                    locks: ctx.locks.clone(),
                 })
             }),
         shim: upstream.map(|upstream| {
@@ -266,7 +272,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         grpc::versions::add_services(router, &args.csi_versions, services, &args.state_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = UnixListenerStream::new(listener);
+    // Every accepted connection gets the :authority fix (see authority_fix).
+    let incoming = UnixListenerStream::new(listener)
+        .map(|conn| conn.map(crate::authority_fix::AuthorityFix::new));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = stop_rx.await;
     }));
@@ -279,6 +287,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         tokio::task::spawn_blocking(move || {
             if let Some(c) = controller {
                 c.reattach_all()?;
+                c.thaw_attached()?;
             }
             node::recovery::recover(&ctx)
         })

@@ -28,6 +28,8 @@ pub(crate) const JOURNAL_TRIM_SLACK: usize = 16;
 
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub(crate) const LOOP_VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("loop_volumes");
+pub(crate) const LOOP_SNAPSHOTS: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("loop_snapshots");
 pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("formats");
 pub(crate) const STAGED: TableDefinition<&str, &[u8]> = TableDefinition::new("staged");
 pub(crate) const PUBLICATIONS: TableDefinition<(&str, &str), &[u8]> =
@@ -245,6 +247,15 @@ impl Store {
     /// Loop volumes in id order: the order ListVolumes pages through.
     pub fn loop_volumes(&self) -> Result<Vec<LoopVolume>, StoreError> {
         self.all(LOOP_VOLUMES)
+    }
+
+    pub fn loop_snapshot(&self, id: &str) -> Result<Option<LoopSnapshot>, StoreError> {
+        self.get(LOOP_SNAPSHOTS, id)
+    }
+
+    /// Loop snapshots in id order: the order ListSnapshots pages through.
+    pub fn loop_snapshots(&self) -> Result<Vec<LoopSnapshot>, StoreError> {
+        self.all(LOOP_SNAPSHOTS)
     }
 
     pub fn format(&self, volume_id: &str) -> Result<Option<FormatRecord>, StoreError> {

@@ -39,6 +39,31 @@ pub struct LoopVolume {
     pub parameters: BTreeMap<String, String>,
     pub attachment: Option<LoopAttachment>,
     pub created_unix_ms: u64,
+    /// What the volume was created from (a snapshot or another volume); none for a blank one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_source: Option<LoopSource>,
+}
+
+/// The source of a loop volume's first contents.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LoopSource {
+    Snapshot { id: String },
+    Volume { id: String },
+}
+
+/// A snapshot of a loop volume: a point-in-time copy of its file under the state directory,
+/// independent of the volume once taken.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LoopSnapshot {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub size_bytes: u64,
+    pub file: PathBuf,
+    pub created_unix_ms: u64,
+    /// False from the record's creation until the copy is complete and durable.
+    pub ready: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

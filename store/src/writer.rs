@@ -8,9 +8,9 @@ use redb::{ReadableTable, TableDefinition};
 use serde::Serialize;
 
 use crate::{
-    FORMATS, FormatRecord, JOURNAL, JOURNAL_LINES_PER_VOLUME, JOURNAL_TRIM_SLACK, LOOP_VOLUMES,
-    LoopVolume, META, PUBLICATIONS, Phase, Publication, STAGED, StagedVolume, StepRecord,
-    StoreError, now_unix_ms, path_key,
+    FORMATS, FormatRecord, JOURNAL, JOURNAL_LINES_PER_VOLUME, JOURNAL_TRIM_SLACK, LOOP_SNAPSHOTS,
+    LOOP_VOLUMES, LoopSnapshot, LoopVolume, META, PUBLICATIONS, Phase, Publication, STAGED,
+    StagedVolume, StepRecord, StoreError, now_unix_ms, path_key,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +73,14 @@ impl Writer {
 
     pub fn delete_loop_volume(&mut self, id: &str) -> Result<(), StoreError> {
         self.delete(LOOP_VOLUMES, id)
+    }
+
+    pub fn put_loop_snapshot(&mut self, s: &LoopSnapshot) -> Result<(), StoreError> {
+        self.put(LOOP_SNAPSHOTS, &s.id, s)
+    }
+
+    pub fn delete_loop_snapshot(&mut self, id: &str) -> Result<(), StoreError> {
+        self.delete(LOOP_SNAPSHOTS, id)
     }
 
     pub fn put_format(&mut self, f: &FormatRecord) -> Result<(), StoreError> {
@@ -145,6 +153,7 @@ pub(crate) fn init_schema(tx: &redb::WriteTransaction, version: u64) -> Result<(
     t.insert("schema_version", version)?;
     // Create every table up front so that read-only opens find them.
     drop(tx.open_table(LOOP_VOLUMES)?);
+    drop(tx.open_table(LOOP_SNAPSHOTS)?);
     drop(tx.open_table(FORMATS)?);
     drop(tx.open_table(STAGED)?);
     drop(tx.open_table(PUBLICATIONS)?);

@@ -51,6 +51,8 @@ async fn legacy_error_codes() {
     let mut n01 = v01_node(&agent).await;
     let target = agent.work.join("pods/bad/mount");
     let info = HashMap::new();
+    // A volume that exists, so the path checks are reached (an unknown one is NOT_FOUND first).
+    let known = ebs_tests::csi_req::create_volume(&agent, "refusals", 16 << 20, &[]).await;
     let mut wrong = v01_publish("vol-x", &info, &target, "ext4");
     wrong.version = Some(bad);
     let mut cases = vec![
@@ -72,8 +74,13 @@ async fn legacy_error_codes() {
         ),
         (
             "target outside the allowed roots",
-            v01_publish("vol-x", &info, Path::new("/etc/evil"), "ext4"),
+            v01_publish(&known, &info, Path::new("/etc/evil"), "ext4"),
             Code::InvalidArgument,
+        ),
+        (
+            "unknown volume, before its path",
+            v01_publish("vol-x", &info, Path::new("/etc/evil"), "ext4"),
+            Code::NotFound,
         ),
     ];
     let mut no_cap = v01_publish("vol-x", &info, &target, "ext4");
@@ -158,7 +165,7 @@ async fn legacy_error_codes() {
     let e = n0.node_stage_volume(no_cap).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     let e = n0
-        .node_publish_volume(v0_publish("vol-x", &info, Path::new(""), &target, "ext4"))
+        .node_publish_volume(v0_publish(&known, &info, Path::new(""), &target, "ext4"))
         .await
         .unwrap_err();
     assert_eq!(

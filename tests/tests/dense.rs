@@ -9,7 +9,10 @@ use ebs_tests::*;
 use csi::volume_capability::access_mode::Mode;
 
 fn table_reads(port: u16) -> f64 {
-    sample(&http_get(port, "/metrics").1, "ebs_agent_mount_table_reads_total")
+    sample(
+        &http_get(port, "/metrics").1,
+        "ebs_agent_mount_table_reads_total",
+    )
 }
 
 /// Whether this kernel answers statmount(2) (6.8+); before it, a mount root's line is looked up
@@ -31,7 +34,11 @@ async fn node_calls_never_read_the_mount_table() {
         return;
     }
     if !has_statmount() {
-        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI runs on 6.8+");
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI runs on 6.8+"
+        );
         eprintln!("skipping: no statmount(2) before Linux 6.8");
         return;
     }

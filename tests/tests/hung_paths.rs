@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use csi::volume_capability::access_mode::Mode;
-use ebs_tests::csi_req::*;
+use ebs_tests::csi::volume_capability::access_mode::Mode;
+use ebs_tests::csi_req::{create_attached, mount_cap, stage_req, stats_req, unpublish_by_id};
 use ebs_tests::hung_mount::HungMount;
 use ebs_tests::*;
 
@@ -32,21 +32,29 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     }
     let scratch = Scratch::new("hung-paths");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    // A volume published below the directory the dead mount will cover.
-    let vol = create_attached(&agent, "v", 16 << 20).await;
-    let cap = block_cap(Mode::SingleNodeWriter);
-    let staging = agent.work.join("staging/v");
-    let published = agent.work.join("hung/pod-v/dev");
-    std::fs::create_dir_all(published.parent().unwrap()).unwrap();
-    let mut node = agent.node().await;
-    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
-        .await
-        .unwrap();
-    node.node_publish_volume(publish_req(&vol, &staging, &published, cap, false))
-        .await
-        .unwrap();
+    // Stats answer NOT_FOUND from the records for a volume or path they do not know, without
+    // touching the path; so the stats calls are for two staged volumes whose staging paths a
+    // dead mount then covers.
+    let cover = agent.work.join("covered");
+    let staged_below = |i: usize| cover.join(format!("stage-{i}"));
+    let mut vols = Vec::new();
+    for i in 0..2 {
+        let vol = create_attached(&agent, &format!("hung-{i}"), 16 << 20).await;
+        agent
+            .node()
+            .await
+            .node_stage_volume(stage_req(
+                &vol,
+                &staged_below(i),
+                mount_cap("ext4", Mode::SingleNodeWriter),
+            ))
+            .await
+            .expect("stage");
+        vols.push(vol);
+    }
     // Declared after the agent and the scratch directory, so dropped (aborted) before either.
     let mut hung = HungMount::new(&agent.work.join("hung")).expect("mount a FUSE stand-in");
+    let covering = HungMount::new(&cover).expect("cover the staging paths");
 
     // More hung calls than the agent has async workers, of both kinds: guarded (unpublish) and
     // lock-free (stats).
@@ -59,9 +67,9 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
             node.node_unpublish_volume(req).await.map(drop)
         }));
     }
-    for _ in 0..1 {
+    for (i, vol) in vols.iter().enumerate() {
         let mut node = agent.node().await;
-        let req = stats_req(&vol.id, &published);
+        let req = stats_req(&vol.id, &staged_below(i));
         calls.push(tokio::spawn(async move {
             node.node_get_volume_stats(req).await.map(drop)
         }));
@@ -97,7 +105,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
     // another thread (kubelet asks every minute; the pool would run dry).
     let again = timeout(
         quick,
-        node.node_get_volume_stats(stats_req(&vol.id, &published)),
+        node.node_get_volume_stats(stats_req(&vols[0].id, &staged_below(0))),
     )
     .await;
     match again {
@@ -107,6 +115,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
 
     // The server goes away: the waiting calls end (with an error or not), none is left behind.
     hung.release();
+    drop(covering);
     for call in calls {
         let ended = timeout(Duration::from_secs(10), call).await;
         assert!(

@@ -1,7 +1,6 @@
 //! Running the agent as operators do: systemd's notify protocol, the Prometheus endpoint, the logs
 //! (one line per call, JSON on request, never a secret), and the systemd unit's capability set.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -82,6 +82,12 @@ pub trait Backend: Send + Sync {
     fn allocated_bytes(&self, _identity: &DeviceIdentity) -> Option<u64> {
         None
     }
+
+    /// Whether the volume exists, when the backend can tell from its records without waiting
+    /// (loop: its volume record); `None` when only resolving can tell (EBS).
+    fn exists(&self, _volume: &VolumeId) -> Result<Option<bool>> {
+        Ok(None)
+    }
 }
 
 /// Reads the major:minor of a block device node.

@@ -10,12 +10,17 @@ use ebs_store::LoopVolume;
 use tonic::{Request, Response, Status};
 
 use super::logged;
+use super::spec_order::required;
 use crate::backend::loopback::{CreateVolume, LoopController, TOPOLOGY_KEY};
 use crate::error::{Error, Result, blocking};
+use crate::node::{VolumeGuard, VolumeLocks};
 use crate::request::{Capability, MAX_STRING_BYTES, ValidationError, VolumeId, check_map};
 
 pub struct LoopControllerService {
     pub controller: Arc<LoopController>,
+    /// The node's per-volume guards: a snapshot or clone of a volume must not overlap a stage
+    /// or unstage of it (its filesystem is frozen for the copy), nor two creations of a name.
+    pub locks: VolumeLocks,
 }
 
 fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
@@ -30,7 +35,10 @@ impl LoopControllerService {
             capacity_bytes: v.capacity_bytes as i64,
             volume_id: v.id.clone(),
             volume_context: v.parameters.clone().into_iter().collect(),
-            content_source: None,
+            content_source: v
+                .content_source
+                .as_ref()
+                .map(super::loop_snapshots::content_source),
             accessible_topology: vec![csi::Topology {
                 segments: HashMap::from([(
                     TOPOLOGY_KEY.to_string(),
@@ -40,7 +48,7 @@ impl LoopControllerService {
         }
     }
 
-    async fn run<T, F>(&self, f: F) -> Result<T>
+    pub(super) async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&LoopController) -> Result<T> + Send + 'static,
@@ -48,6 +56,22 @@ impl LoopControllerService {
         let c = Arc::clone(&self.controller);
         blocking(move || f(&c)).await
     }
+
+    /// The guards a call holds while it runs (ABORTED when another call holds one).
+    pub(super) fn guard(&self, keys: &[String]) -> Result<Vec<VolumeGuard>> {
+        keys.iter()
+            .map(|k| {
+                self.locks.try_lock(k).ok_or_else(|| {
+                    Error::Aborted(format!("an operation on {k} is in progress; retry later"))
+                })
+            })
+            .collect()
+    }
+}
+
+/// The guard key of a name being created (volume ids and names cannot clash: ids have no '/').
+pub(super) fn name_key(kind: &str, name: &str) -> String {
+    format!("{kind}/{name}")
 }
 
 fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
@@ -67,9 +91,7 @@ impl Controller for LoopControllerService {
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
         let r = req.into_inner();
         let v = logged("CreateVolume", &r.name.clone(), async {
-            if r.name.is_empty() {
-                return Err(ValidationError::Missing("name").into());
-            }
+            required(&r)?;
             if r.name.len() > MAX_STRING_BYTES || r.name.chars().any(|c| c.is_control()) {
                 return Err(ValidationError::bad(
                     "name",
@@ -78,22 +100,28 @@ impl Controller for LoopControllerService {
                 )
                 .into());
             }
-            if r.volume_content_source.is_some() {
-                return Err(Error::Unimplemented(
-                    "the loop backend cannot create volumes from snapshots or clones".into(),
-                ));
-            }
+            let source = super::loop_snapshots::source(r.volume_content_source.as_ref())?;
             capabilities(&r.volume_capabilities)?;
             check_map("parameters", &r.parameters)?;
             let (required_bytes, limit_bytes) =
                 super::node_stats::capacity_range(r.capacity_range.as_ref())?;
+            let mut keys = vec![name_key("volume", &r.name)];
+            if let Some(ebs_store::LoopSource::Volume { id }) = &source {
+                keys.push(id.clone());
+            }
+            let guards = self.guard(&keys)?;
             let create = CreateVolume {
                 name: r.name,
                 required_bytes,
                 limit_bytes,
                 parameters: r.parameters,
+                source,
             };
-            self.run(move |c| c.create(create)).await
+            self.run(move |c| {
+                let _guards = guards;
+                c.create(create)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::CreateVolumeResponse {
@@ -107,6 +135,7 @@ impl Controller for LoopControllerService {
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         let r = req.into_inner();
         logged("DeleteVolume", &r.volume_id.clone(), async {
+            required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
             self.run(move |c| c.delete(id.as_str())).await
         })
@@ -120,10 +149,8 @@ impl Controller for LoopControllerService {
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         let r = req.into_inner();
         let device = logged("ControllerPublishVolume", &r.volume_id.clone(), async {
+            required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
-            if r.node_id.is_empty() {
-                return Err(ValidationError::Missing("node_id").into());
-            }
             Capability::from_proto(r.volume_capability.as_ref())?;
             let node = r.node_id;
             let readonly = r.readonly;
@@ -145,6 +172,7 @@ impl Controller for LoopControllerService {
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         let r = req.into_inner();
         logged("ControllerUnpublishVolume", &r.volume_id.clone(), async {
+            required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
             let node = r.node_id;
             self.run(move |c| c.unpublish(id.as_str(), &node)).await
@@ -159,10 +187,8 @@ impl Controller for LoopControllerService {
     ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
         let r = req.into_inner();
         let resp = logged("ValidateVolumeCapabilities", &r.volume_id.clone(), async {
+            required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
-            if r.volume_capabilities.is_empty() {
-                return Err(ValidationError::Missing("volume_capabilities").into());
-            }
             self.run(move |c| c.get(id.as_str())).await?;
             Ok(match capabilities(&r.volume_capabilities) {
                 Ok(_) => csi::ValidateVolumeCapabilitiesResponse {
@@ -204,7 +230,7 @@ impl Controller for LoopControllerService {
         })
         .await?;
         let entries = page
-            .volumes
+            .entries
             .iter()
             .map(|v| csi::list_volumes_response::Entry {
                 volume: Some(self.to_volume(v)),
@@ -250,6 +276,11 @@ impl Controller for LoopControllerService {
                 cap(rpc::Type::GetCapacity),
                 cap(rpc::Type::ExpandVolume),
                 cap(rpc::Type::SingleNodeMultiWriter),
+                cap(rpc::Type::CreateDeleteSnapshot),
+                cap(rpc::Type::ListSnapshots),
+                cap(rpc::Type::GetSnapshot),
+                cap(rpc::Type::CloneVolume),
+                cap(rpc::Type::PublishReadonly),
             ],
         }))
     }
@@ -260,6 +291,7 @@ impl Controller for LoopControllerService {
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
         let r = req.into_inner();
         let (size, block) = logged("ControllerExpandVolume", &r.volume_id.clone(), async {
+            required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
             let (required, limit) = super::node_stats::capacity_range(r.capacity_range.as_ref())?;
             if required == 0 && limit == 0 {
@@ -283,30 +315,54 @@ impl Controller for LoopControllerService {
 
     async fn create_snapshot(
         &self,
-        _r: Request<csi::CreateSnapshotRequest>,
+        req: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        unimplemented("CreateSnapshot")
+        let r = req.into_inner();
+        let snapshot = logged("CreateSnapshot", &r.source_volume_id.clone(), async {
+            required(&r)?;
+            self.create_snapshot(r).await
+        })
+        .await?;
+        Ok(Response::new(csi::CreateSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
     }
 
     async fn delete_snapshot(
         &self,
-        _r: Request<csi::DeleteSnapshotRequest>,
+        req: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        unimplemented("DeleteSnapshot")
+        let r = req.into_inner();
+        logged("DeleteSnapshot", &r.snapshot_id.clone(), async {
+            required(&r)?;
+            self.delete_snapshot(r.snapshot_id).await
+        })
+        .await?;
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
     }
 
     async fn list_snapshots(
         &self,
-        _r: Request<csi::ListSnapshotsRequest>,
+        req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        unimplemented("ListSnapshots")
+        let r = req.into_inner();
+        let resp = logged("ListSnapshots", "", self.list_snapshots(r)).await?;
+        Ok(Response::new(resp))
     }
 
     async fn get_snapshot(
         &self,
-        _r: Request<csi::GetSnapshotRequest>,
+        req: Request<csi::GetSnapshotRequest>,
     ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        unimplemented("GetSnapshot")
+        let r = req.into_inner();
+        let snapshot = logged("GetSnapshot", &r.snapshot_id.clone(), async {
+            required(&r)?;
+            self.get_snapshot(r.snapshot_id).await
+        })
+        .await?;
+        Ok(Response::new(csi::GetSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
     }
 
     async fn controller_get_volume(

@@ -5,9 +5,11 @@ pub mod addons;
 pub mod admin;
 pub mod controller;
 pub mod identity;
+mod loop_snapshots;
 pub mod node;
 mod node_stats;
 pub mod shim;
+pub mod spec_order;
 pub mod v0;
 pub mod v01;
 pub mod versions;
@@ -36,6 +38,7 @@ pub fn status(err: &Error) -> Status {
         | Error::FsckFailed { .. }
         | Error::FsUnavailable(..) => Code::FailedPrecondition,
         Error::OutOfRange(_) => Code::OutOfRange,
+        Error::ResourceExhausted(_) => Code::ResourceExhausted,
         Error::Unimplemented(_) => Code::Unimplemented,
         Error::Unavailable(_) => Code::Unavailable,
         Error::ToolFailed { .. }

@@ -10,11 +10,13 @@ use ebs_proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
 use super::logged;
+use super::spec_order::{self, Rule};
 use crate::error::{Error, Result, blocking};
 use crate::node::{self, NodeCtx, VolumeGuard, VolumeLocks};
 use crate::nodeinfo::NodeInfoSource;
 use crate::request::{
-    AccessType, Capability, FormatOptions, RequestPath, Roots, Secrets, VolumeId, check_map,
+    AccessType, Capability, FormatOptions, RequestPath, Roots, Secrets, ValidationError, VolumeId,
+    check_map,
 };
 
 pub struct NodeService {
@@ -66,13 +68,41 @@ impl NodeService {
             })
     }
 
+    /// Steps 1 and 2 of `spec_order`: the REQUIRED fields, then the volume lookup (records
+    /// only, off the executor). Paths and states come after, in the handlers.
+    async fn admit<R: Rule>(&self, r: &R, volume_id: &str) -> Result<VolumeId> {
+        spec_order::required(r)?;
+        let volume = VolumeId::parse(volume_id)?;
+        if let Some(known) = R::LOOKUP {
+            let ctx = Arc::clone(&self.ctx);
+            let v = volume.clone();
+            blocking(move || node::require_known(&ctx, &v, known)).await?;
+        }
+        Ok(volume)
+    }
+
+    /// A path the volume must already be at (stats, expansion): one that cannot even be
+    /// parsed is not one of the volume's, so NOT_FOUND, as for any other place it is not.
+    fn volume_place(
+        &self,
+        volume: &VolumeId,
+        field: &'static str,
+        raw: &str,
+    ) -> Result<Option<RequestPath>> {
+        self.optional_path(field, raw)
+            .map_err(|_| Error::PathNotFound {
+                volume: volume.to_string(),
+                path: std::path::PathBuf::from(raw),
+            })
+    }
+
     /// The checks of NodePublishVolume that need no host access, before any host work (v0.1's
     /// publish runs them before its internal stage, so a bad request changes nothing).
-    pub fn publish_command(
+    pub async fn publish_command(
         &self,
         r: &csi::NodePublishVolumeRequest,
     ) -> Result<(VolumeId, CheckedPublish)> {
-        let volume = VolumeId::parse(&r.volume_id)?;
+        let volume = self.admit(r, &r.volume_id).await?;
         if r.staging_target_path.is_empty() {
             return Err(Error::Precondition(
                 "staging_target_path is required: this plugin stages volumes \
@@ -133,10 +163,10 @@ impl Node for NodeService {
         req: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let deadline = self.deadline(&req);
-        let r = req.into_inner();
-        let _secrets = Secrets::new(r.secrets);
+        let mut r = req.into_inner();
+        let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
         logged("NodeStageVolume", &r.volume_id.clone(), async {
-            let volume = VolumeId::parse(&r.volume_id)?;
+            let volume = self.admit(&r, &r.volume_id).await?;
             let staging = self.path("staging_target_path", &r.staging_target_path)?;
             let capability = Capability::from_proto(r.volume_capability.as_ref())?;
             check_map("publish_context", &r.publish_context)?;
@@ -169,7 +199,7 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let r = req.into_inner();
         logged("NodeUnstageVolume", &r.volume_id.clone(), async {
-            let volume = VolumeId::parse(&r.volume_id)?;
+            let volume = self.admit(&r, &r.volume_id).await?;
             let staging = self.path("staging_target_path", &r.staging_target_path)?;
             self.locked(volume, move |ctx, volume| {
                 let cmd = node::UnstageCommand { volume, staging };
@@ -188,7 +218,7 @@ impl Node for NodeService {
         let mut r = req.into_inner();
         let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
         logged("NodePublishVolume", &r.volume_id.clone(), async {
-            let (volume, checked) = self.publish_command(&r)?;
+            let (volume, checked) = self.publish_command(&r).await?;
             self.locked(volume, move |ctx, volume| {
                 node::publish(ctx, &checked.command(volume))
             })
@@ -204,7 +234,7 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let r = req.into_inner();
         logged("NodeUnpublishVolume", &r.volume_id.clone(), async {
-            let volume = VolumeId::parse(&r.volume_id)?;
+            let volume = self.admit(&r, &r.volume_id).await?;
             let target = self.path("target_path", &r.target_path)?;
             self.locked(volume, move |ctx, volume| {
                 let cmd = node::UnpublishCommand { volume, target };
@@ -222,9 +252,11 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         let r = req.into_inner();
         let stats = logged("NodeGetVolumeStats", &r.volume_id.clone(), async {
-            let volume = VolumeId::parse(&r.volume_id)?;
-            let volume_path = self.path("volume_path", &r.volume_path)?;
-            let staging = self.optional_path("staging_target_path", &r.staging_target_path)?;
+            let volume = self.admit(&r, &r.volume_id).await?;
+            let volume_path = self.volume_place(&volume, "volume_path", &r.volume_path)?;
+            let volume_path = volume_path.ok_or(ValidationError::Missing("volume_path"))?;
+            let staging =
+                self.volume_place(&volume, "staging_target_path", &r.staging_target_path)?;
             // No volume guard: stats are read-only (see node::stats).
             self.ctx.ready()?;
             let running = self.stats_slot(&volume, &volume_path)?;
@@ -248,14 +280,16 @@ impl Node for NodeService {
         &self,
         req: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        let r = req.into_inner();
-        let _secrets = Secrets::new(r.secrets);
+        let mut r = req.into_inner();
+        let _secrets = Secrets::new(std::mem::take(&mut r.secrets));
         let bytes = logged("NodeExpandVolume", &r.volume_id.clone(), async {
-            let volume = VolumeId::parse(&r.volume_id)?;
+            let volume = self.admit(&r, &r.volume_id).await?;
+            let volume_path = self.volume_place(&volume, "volume_path", &r.volume_path)?;
+            let volume_path = volume_path.ok_or(ValidationError::Missing("volume_path"))?;
+            let staging =
+                self.volume_place(&volume, "staging_target_path", &r.staging_target_path)?;
             let (required_bytes, limit_bytes) =
                 super::node_stats::capacity_range(r.capacity_range.as_ref())?;
-            let volume_path = self.path("volume_path", &r.volume_path)?;
-            let staging = self.optional_path("staging_target_path", &r.staging_target_path)?;
             let capability = match r.volume_capability.as_ref() {
                 Some(c) => Some(Capability::from_proto(Some(c))?),
                 None => None,

@@ -4,6 +4,8 @@ pub mod blkid;
 pub mod command;
 pub mod device;
 pub mod direct_read;
+pub mod file_copy;
+pub mod freeze;
 pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;

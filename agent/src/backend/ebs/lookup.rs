@@ -275,5 +275,7 @@ pub fn not_found(want: &Wanted<'_>, waited: std::time::Duration, seen: Seen) -> 
          attachment state in EC2), that the kernel sees it (ls /sys/block; dmesg | grep nvme), \
          and --ebs-model if this is not an EBS controller",
     );
-    Error::Precondition(msg)
+    // NOT_FOUND, as the upstream EBS driver answers: the CSI spec's code for a volume that is
+    // not there, which kubelet and operators read as "not attached (yet)".
+    Error::NotFound(msg)
 }

@@ -366,7 +366,7 @@ fn a_device_that_never_appears_gives_a_clean_error_at_the_deadline() {
     )
     .unwrap_err();
     assert!(started.elapsed() >= Duration::from_secs(1));
-    assert_eq!(status(&err).code(), tonic::Code::FailedPrecondition);
+    assert_eq!(status(&err).code(), tonic::Code::NotFound);
     let text = err.to_string();
     for part in [
         VOL,

@@ -1,12 +1,14 @@
-//! The loop backend's controller: create, delete, attach and detach volume files.
+//! The loop backend's controller: create and delete volume files (blank or copies of a
+//! snapshot or another volume), list, grow. Attaching is in `attach`, snapshots in `snapshots`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use ebs_store::{Durability, LoopAttachment, LoopVolume, Store, now_unix_ms};
+use ebs_store::{Durability, LoopSource, LoopVolume, Store, now_unix_ms};
 
+use super::paging::{Page, page};
 use crate::error::{Error, Result};
 use crate::host::loopdev;
 
@@ -28,27 +30,33 @@ pub struct CreateVolume {
     pub required_bytes: u64,
     pub limit_bytes: u64,
     pub parameters: HashMap<String, String>,
-}
-
-pub struct VolumePage {
-    pub volumes: Vec<LoopVolume>,
-    pub next_token: String,
+    pub source: Option<LoopSource>,
 }
 
 pub struct LoopController {
-    store: Arc<Store>,
-    volumes_dir: PathBuf,
-    node_id: String,
+    pub(super) store: Arc<Store>,
+    pub(super) volumes_dir: PathBuf,
+    pub(super) snapshots_dir: PathBuf,
+    pub(super) node_id: String,
+    /// ControllerPublishVolume's limit per node; 0 = none.
+    pub(super) max_attachments: u32,
     /// Create and delete scan and change the volume set: one at a time keeps names unique.
     catalogue: Mutex<()>,
 }
 
 impl LoopController {
-    pub fn new(store: Arc<Store>, state_dir: &std::path::Path, node_id: String) -> Self {
+    pub fn new(
+        store: Arc<Store>,
+        state_dir: &std::path::Path,
+        node_id: String,
+        max_attachments: u32,
+    ) -> Self {
         LoopController {
             store,
             volumes_dir: state_dir.join("volumes"),
+            snapshots_dir: state_dir.join("snapshots"),
             node_id,
+            max_attachments,
             catalogue: Mutex::new(()),
         }
     }
@@ -57,69 +65,69 @@ impl LoopController {
         &self.node_id
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.catalogue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Creates a volume (blank, or a copy of a snapshot or another volume), or returns the one
+    /// of that name when it matches the request. The caller holds the node guard of the name
+    /// (and of a source volume), so no two calls make the same file at once.
     pub fn create(&self, req: CreateVolume) -> Result<LoopVolume> {
-        let capacity = capacity_for(req.required_bytes, req.limit_bytes)?;
-        let mut parameters = BTreeMap::new();
-        for (k, v) in &req.parameters {
-            if PASSED_PARAMETERS.contains(&k.as_str()) {
-                parameters.insert(k.clone(), v.clone());
-            } else if k == "csi.storage.k8s.io/fstype" {
-                parameters.insert("fsType".into(), v.clone());
-            } else if !k.starts_with("csi.storage.k8s.io/") {
-                return Err(crate::request::ValidationError::bad(
-                    "parameters",
-                    k.clone(),
-                    format!("unknown parameter; known: {}", PASSED_PARAMETERS.join(", ")),
-                )
-                .into());
+        let parameters = passed_parameters(&req.parameters)?;
+        let capacity = match &req.source {
+            None => capacity_for(req.required_bytes, req.limit_bytes)?,
+            Some(source) => {
+                let (_, _, size) = self.source_file(source)?;
+                capacity_from_source(req.required_bytes, req.limit_bytes, size)?
             }
-        }
-        let _guard = self.lock();
-        if let Some(existing) = self
-            .store
-            .loop_volumes()?
-            .into_iter()
-            .find(|v| v.name == req.name)
-        {
-            let fits = existing.capacity_bytes >= req.required_bytes
-                && (req.limit_bytes == 0 || existing.capacity_bytes <= req.limit_bytes);
-            if fits && existing.parameters == parameters {
-                return Ok(existing);
-            }
-            return Err(Error::AlreadyExists(format!(
-                "volume {:?} exists as {} with {} bytes and other parameters",
-                req.name, existing.id, existing.capacity_bytes
-            )));
-        }
-        std::fs::create_dir_all(&self.volumes_dir)
-            .map_err(|e| Error::io(format!("creating {}", self.volumes_dir.display()), e))?;
-        let id = format!("lv-{}", random_hex()?);
-        let file = self.volumes_dir.join(format!("{id}.img"));
-        let volume = LoopVolume {
-            id,
-            name: req.name,
-            capacity_bytes: capacity,
-            file: file.clone(),
-            parameters,
-            attachment: None,
-            created_unix_ms: now_unix_ms(),
         };
-        // Record first, then create the file: a crash in between leaves a record whose file
-        // is created on the retry, never an orphan file nobody knows.
-        self.store
-            .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&file)
-            .map_err(|e| Error::io(format!("creating {}", file.display()), e))?;
-        f.set_len(capacity)
-            .map_err(|e| Error::io(format!("sizing {}", file.display()), e))?;
+        let volume = {
+            let _guard = self.lock();
+            match self
+                .store
+                .loop_volumes()?
+                .into_iter()
+                .find(|v| v.name == req.name)
+            {
+                Some(existing) => {
+                    let fits = existing.capacity_bytes >= req.required_bytes
+                        && (req.limit_bytes == 0 || existing.capacity_bytes <= req.limit_bytes);
+                    if !fits
+                        || existing.parameters != parameters
+                        || existing.content_source != req.source
+                    {
+                        return Err(Error::AlreadyExists(format!(
+                            "volume {:?} exists as {} with {} bytes and other parameters or \
+                             another source",
+                            req.name, existing.id, existing.capacity_bytes
+                        )));
+                    }
+                    existing
+                }
+                None => {
+                    std::fs::create_dir_all(&self.volumes_dir).map_err(|e| {
+                        Error::io(format!("creating {}", self.volumes_dir.display()), e)
+                    })?;
+                    let id = format!("lv-{}", random_hex()?);
+                    let volume = LoopVolume {
+                        file: self.volumes_dir.join(format!("{id}.img")),
+                        id,
+                        name: req.name,
+                        capacity_bytes: capacity,
+                        parameters,
+                        attachment: None,
+                        created_unix_ms: now_unix_ms(),
+                        content_source: req.source,
+                    };
+                    // Record first, then the file: a crash in between leaves a record whose
+                    // file is made on the retry, never an orphan file nobody knows.
+                    self.store
+                        .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+                    volume
+                }
+            }
+        };
+        self.materialise(&volume)?;
         Ok(volume)
     }
 
@@ -149,161 +157,21 @@ impl LoopController {
         Ok(())
     }
 
-    fn check_node(&self, node_id: &str) -> Result<()> {
-        if node_id != self.node_id {
-            return Err(Error::NotFound(format!(
-                "node {node_id:?} does not exist: the loop backend serves only node {:?}",
-                self.node_id
-            )));
-        }
-        Ok(())
-    }
-
-    /// Attaches the volume file as a loop device; idempotent.
-    pub fn publish(&self, id: &str, node_id: &str, readonly: bool) -> Result<PathBuf> {
-        let _guard = self.lock();
-        let mut volume = self
-            .store
-            .loop_volume(id)?
-            .ok_or_else(|| Error::VolumeNotFound(id.into()))?;
-        self.check_node(node_id)?;
-        if let Some(att) = &volume.attachment {
-            if att.node_id != node_id {
-                return Err(Error::Precondition(format!(
-                    "volume {id} is attached to node {}",
-                    att.node_id
-                )));
-            }
-            if att.readonly != readonly {
-                return Err(Error::AlreadyExists(format!(
-                    "volume {id} is attached with readonly={}",
-                    att.readonly
-                )));
-            }
-        }
-        let (st_dev, st_ino) = super::file_inode(&volume.file)
-            .map_err(|e| Error::io(format!("volume file {}", volume.file.display()), e))?;
-        let device = match loopdev::find_by_backing_inode(st_dev, st_ino)
-            .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?
-        {
-            Some(dev) => dev,
-            None => loopdev::attach(&volume.file).map_err(|e| {
-                Error::Internal(format!("attaching {}: {e}", volume.file.display()))
-            })?,
-        };
-        volume.attachment = Some(LoopAttachment {
-            node_id: node_id.into(),
-            device: device.clone(),
-            readonly,
-        });
-        self.store
-            .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-        Ok(device)
-    }
-
-    /// Detaches the volume's loop device; idempotent. Refused while the device is mounted.
-    pub fn unpublish(&self, id: &str, node_id: &str) -> Result<()> {
-        let _guard = self.lock();
-        let Some(mut volume) = self.store.loop_volume(id)? else {
-            return Ok(());
-        };
-        if !node_id.is_empty() && node_id != self.node_id {
-            return Ok(());
-        }
-        if let Some(att) = &volume.attachment {
-            // Only the device still backed by this volume's file is ours to detach.
-            let ours = super::file_inode(&volume.file).is_ok_and(|inode| {
-                loopdev::backing_inode(&att.device).ok().flatten() == Some(inode)
-            });
-            if ours {
-                super::in_use::refuse_if_in_use(&self.store, id, &att.device)?;
-                loopdev::detach(&att.device).map_err(|e| {
-                    Error::Internal(format!("detaching {}: {e}", att.device.display()))
-                })?;
-            }
-            volume.attachment = None;
-            self.store
-                .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-        }
-        Ok(())
-    }
-
-    /// After a reboot the loop devices are gone while the records say attached: attach again,
-    /// so that what the controller reported stays true.
-    pub fn reattach_all(&self) -> Result<usize> {
-        let _guard = self.lock();
-        let mut count = 0;
-        for mut volume in self.store.loop_volumes()? {
-            let Some(att) = volume.attachment.clone() else {
-                continue;
-            };
-            let identity = match super::file_inode(&volume.file) {
-                Ok(inode) => inode,
-                Err(_) => {
-                    tracing::warn!(volume = %volume.id, file = %volume.file.display(),
-                        "recovery: the volume file is missing; attachment dropped");
-                    volume.attachment = None;
-                    self.store
-                        .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-                    continue;
-                }
-            };
-            if let Ok(Some(dev)) = loopdev::find_by_backing_inode(identity.0, identity.1) {
-                if dev != att.device {
-                    volume.attachment = Some(LoopAttachment { device: dev, ..att });
-                    self.store
-                        .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-                }
-                continue;
-            }
-            let device = loopdev::attach(&volume.file).map_err(|e| {
-                Error::Internal(format!("re-attaching {}: {e}", volume.file.display()))
-            })?;
-            tracing::info!(volume = %volume.id, device = %device.display(), "recovery: re-attached the volume file");
-            volume.attachment = Some(LoopAttachment { device, ..att });
-            self.store
-                .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-            count += 1;
-        }
-        Ok(count)
-    }
-
     pub fn get(&self, id: &str) -> Result<LoopVolume> {
         self.store
             .loop_volume(id)?
             .ok_or_else(|| Error::VolumeNotFound(id.into()))
     }
 
-    /// Pages through volumes in id order; the token is the id to start after.
-    pub fn list(&self, max_entries: usize, starting_token: &str) -> Result<VolumePage> {
-        let all = self.store.loop_volumes()?;
-        let start = if starting_token.is_empty() {
-            0
-        } else {
-            match all.iter().position(|v| v.id == starting_token) {
-                Some(i) => i + 1,
-                None => {
-                    return Err(Error::Aborted(format!(
-                        "starting_token {starting_token:?} does not match any volume"
-                    )));
-                }
-            }
-        };
-        let take = if max_entries == 0 {
-            usize::MAX
-        } else {
-            max_entries
-        };
-        let volumes: Vec<LoopVolume> = all.into_iter().skip(start).take(take).collect();
-        let remaining = self.store.loop_volumes()?.len() > start + volumes.len();
-        let next_token = match (remaining, volumes.last()) {
-            (true, Some(last)) => last.id.clone(),
-            _ => String::new(),
-        };
-        Ok(VolumePage {
-            volumes,
-            next_token,
-        })
+    /// Volumes in id order, one page at a time (see `paging`).
+    pub fn list(&self, max_entries: usize, starting_token: &str) -> Result<Page<LoopVolume>> {
+        page(
+            self.store.loop_volumes()?,
+            |v| v.id.as_str(),
+            "lv-",
+            max_entries,
+            starting_token,
+        )
     }
 
     /// Free bytes on the filesystem that holds the volume files.
@@ -348,6 +216,41 @@ impl LoopController {
     }
 }
 
+fn passed_parameters(given: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    let mut parameters = BTreeMap::new();
+    for (k, v) in given {
+        if PASSED_PARAMETERS.contains(&k.as_str()) {
+            parameters.insert(k.clone(), v.clone());
+        } else if k == "csi.storage.k8s.io/fstype" {
+            parameters.insert("fsType".into(), v.clone());
+        } else if !k.starts_with("csi.storage.k8s.io/") {
+            return Err(crate::request::ValidationError::bad(
+                "parameters",
+                k.clone(),
+                format!("unknown parameter; known: {}", PASSED_PARAMETERS.join(", ")),
+            )
+            .into());
+        }
+    }
+    Ok(parameters)
+}
+
+/// The size of a volume made from a source of `source` bytes: the source's size, or more when
+/// the request asks for more; never less (a copy cannot be cut), so a limit below it is
+/// OUT_OF_RANGE.
+pub fn capacity_from_source(required: u64, limit: u64, source: u64) -> Result<u64> {
+    if limit != 0 && limit < source {
+        return Err(Error::OutOfRange(format!(
+            "limit_bytes {limit} is smaller than the source's {source} bytes: a volume made from \
+             a snapshot or a clone is at least as large as its source"
+        )));
+    }
+    if required <= source {
+        return Ok(source);
+    }
+    capacity_for(required, limit)
+}
+
 /// Rounds the request up to whole MiB, within the limit.
 pub fn capacity_for(required: u64, limit: u64) -> Result<u64> {
     if limit != 0 && required > limit {
@@ -378,7 +281,7 @@ pub fn capacity_for(required: u64, limit: u64) -> Result<u64> {
     Ok(size)
 }
 
-fn random_hex() -> Result<String> {
+pub(super) fn random_hex() -> Result<String> {
     let mut buf = [0u8; 8];
     let f =
         std::fs::File::open("/dev/urandom").map_err(|e| Error::io("opening /dev/urandom", e))?;
@@ -390,6 +293,18 @@ fn random_hex() -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_are_never_smaller_than_their_source() {
+        let src = 16 * ALIGN;
+        assert_eq!(capacity_from_source(0, 0, src).unwrap(), src);
+        assert_eq!(capacity_from_source(src, src, src).unwrap(), src);
+        assert_eq!(capacity_from_source(src + 1, 0, src).unwrap(), 17 * ALIGN);
+        assert!(matches!(
+            capacity_from_source(0, src - ALIGN, src),
+            Err(Error::OutOfRange(_))
+        ));
+    }
 
     #[test]
     fn capacity_rounding() {

@@ -2,9 +2,13 @@
 //! through the loop ioctls. It serves its own controller, so the whole CSI lifecycle runs on one
 //! Linux machine with real block devices.
 
+mod attach;
 mod controller;
+mod copies;
 mod in_use;
+mod paging;
 mod resize;
+mod snapshots;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -14,7 +18,9 @@ use std::time::Instant;
 
 use ebs_store::{DeviceIdentity, LoopVolume, Store};
 
-pub use controller::{CreateVolume, LoopController, VolumePage};
+pub use controller::{CreateVolume, LoopController};
+pub use paging::Page;
+pub use snapshots::SnapshotQuery;
 
 use super::{Backend, ResolvedDevice};
 use crate::error::{Error, Result};
@@ -162,6 +168,10 @@ impl Backend for LoopBackend {
     fn refresh_size(&self, device: &Path) -> Result<()> {
         loopdev::set_capacity(device)
             .map_err(|e| Error::Internal(format!("LOOP_SET_CAPACITY on {}: {e}", device.display())))
+    }
+
+    fn exists(&self, volume: &VolumeId) -> Result<Option<bool>> {
+        Ok(Some(self.store.loop_volume(volume.as_str())?.is_some()))
     }
 
     /// The volume file is sparse and loop devices turn discards into punched holes, so its

@@ -114,7 +114,7 @@ impl Node for V01Node {
         };
         // The publish half is checked before the stage half runs: a bad target must not leave
         // a staged volume behind.
-        let (volume, checked) = self.v1.publish_command(&publish)?;
+        let (volume, checked) = self.v1.publish_command(&publish).await?;
         let cmd = checked.command(volume);
         blocking(move || crate::node::check_publish_paths(&cmd)).await?;
         let stage = v1::NodeStageVolumeRequest {

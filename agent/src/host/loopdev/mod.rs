@@ -226,10 +226,19 @@ pub fn attach(file: &Path) -> Result<PathBuf, LoopError> {
     attach_with(file, bind)
 }
 
+/// `attach` for a read-only device: the kernel makes a loop device read-only when its backing
+/// file is open read-only, so writes (and a writable open) of the device fail.
+pub fn attach_read_only(file: &Path) -> Result<PathBuf, LoopError> {
+    attach_backing(open(file, false)?, file, bind)
+}
+
 type BindFn = fn(&File, &Path, &File, &Path) -> Result<(), LoopError>;
 
 fn attach_with(file: &Path, bind: BindFn) -> Result<PathBuf, LoopError> {
-    let backing = open(file, true)?;
+    attach_backing(open(file, true)?, file, bind)
+}
+
+fn attach_backing(backing: File, file: &Path, bind: BindFn) -> Result<PathBuf, LoopError> {
     let ctl_path = Path::new("/dev/loop-control");
     let ctl = open(ctl_path, true)?;
     for attempt in 0..ATTACH_ATTEMPTS {

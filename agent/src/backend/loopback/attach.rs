@@ -1,0 +1,192 @@
+//! Attaching and detaching loop volume files (ControllerPublishVolume and its undo), the
+//! node's attach limit, and re-attaching after a reboot.
+
+use std::path::{Path, PathBuf};
+
+use ebs_store::{Durability, LoopAttachment};
+
+use super::LoopController;
+use crate::error::{Error, Result};
+use crate::host::{freeze, loopdev, mounts::read_table};
+
+fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
+    let attached = if readonly {
+        loopdev::attach_read_only(file)
+    } else {
+        loopdev::attach(file)
+    };
+    attached.map_err(|e| Error::Internal(format!("attaching {}: {e}", file.display())))
+}
+
+impl LoopController {
+    fn check_node(&self, node_id: &str) -> Result<()> {
+        if node_id != self.node_id {
+            return Err(Error::NotFound(format!(
+                "node {node_id:?} does not exist: the loop backend serves only node {:?}",
+                self.node_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Attaches the volume file as a loop device; idempotent. A read-only publication attaches
+    /// a read-only device. A volume attached in another way (read-only or not) is ALREADY_EXISTS,
+    /// one more attachment than the node's limit is RESOURCE_EXHAUSTED.
+    pub fn publish(&self, id: &str, node_id: &str, readonly: bool) -> Result<PathBuf> {
+        let _guard = self.lock();
+        let mut volume = self
+            .store
+            .loop_volume(id)?
+            .ok_or_else(|| Error::VolumeNotFound(id.into()))?;
+        self.check_node(node_id)?;
+        if let Some(att) = &volume.attachment {
+            if att.node_id != node_id {
+                return Err(Error::Precondition(format!(
+                    "volume {id} is attached to node {}",
+                    att.node_id
+                )));
+            }
+            if att.readonly != readonly {
+                return Err(Error::AlreadyExists(format!(
+                    "volume {id} is already attached to node {node_id} with readonly={}; \
+                     ControllerUnpublishVolume it before attaching it with readonly={readonly}",
+                    att.readonly
+                )));
+            }
+        } else {
+            self.check_attach_limit(node_id)?;
+        }
+        let (st_dev, st_ino) = super::file_inode(&volume.file)
+            .map_err(|e| Error::io(format!("volume file {}", volume.file.display()), e))?;
+        let device = match loopdev::find_by_backing_inode(st_dev, st_ino)
+            .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?
+        {
+            Some(dev) => dev,
+            None => attach(&volume.file, readonly)?,
+        };
+        volume.attachment = Some(LoopAttachment {
+            node_id: node_id.into(),
+            device: device.clone(),
+            readonly,
+        });
+        self.store
+            .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+        Ok(device)
+    }
+
+    /// The node's limit (`--volume-attach-limit`, advertised as NodeGetInfo's
+    /// max_volumes_per_node): the volumes the records say are attached to it.
+    fn check_attach_limit(&self, node_id: &str) -> Result<()> {
+        if self.max_attachments == 0 {
+            return Ok(());
+        }
+        let attached = self
+            .store
+            .loop_volumes()?
+            .iter()
+            .filter(|v| v.attachment.as_ref().is_some_and(|a| a.node_id == node_id))
+            .count();
+        if attached >= self.max_attachments as usize {
+            return Err(Error::ResourceExhausted(format!(
+                "node {node_id} already has {attached} volumes attached, its limit \
+                 (--volume-attach-limit {}); detach one first",
+                self.max_attachments
+            )));
+        }
+        Ok(())
+    }
+
+    /// Detaches the volume's loop device; idempotent. Refused while the device is mounted.
+    pub fn unpublish(&self, id: &str, node_id: &str) -> Result<()> {
+        let _guard = self.lock();
+        let Some(mut volume) = self.store.loop_volume(id)? else {
+            return Ok(());
+        };
+        if !node_id.is_empty() && node_id != self.node_id {
+            return Ok(());
+        }
+        if let Some(att) = &volume.attachment {
+            // Only the device still backed by this volume's file is ours to detach.
+            let ours = super::file_inode(&volume.file).is_ok_and(|inode| {
+                loopdev::backing_inode(&att.device).ok().flatten() == Some(inode)
+            });
+            if ours {
+                super::in_use::refuse_if_in_use(&self.store, id, &att.device)?;
+                loopdev::detach(&att.device).map_err(|e| {
+                    Error::Internal(format!("detaching {}: {e}", att.device.display()))
+                })?;
+            }
+            volume.attachment = None;
+            self.store
+                .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+        }
+        Ok(())
+    }
+
+    /// After a reboot the loop devices are gone while the records say attached: attach again,
+    /// so that what the controller reported stays true.
+    pub fn reattach_all(&self) -> Result<usize> {
+        let _guard = self.lock();
+        let mut count = 0;
+        for mut volume in self.store.loop_volumes()? {
+            let Some(att) = volume.attachment.clone() else {
+                continue;
+            };
+            let identity = match super::file_inode(&volume.file) {
+                Ok(inode) => inode,
+                Err(_) => {
+                    tracing::warn!(volume = %volume.id, file = %volume.file.display(),
+                        "recovery: the volume file is missing; attachment dropped");
+                    volume.attachment = None;
+                    self.store
+                        .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+                    continue;
+                }
+            };
+            if let Ok(Some(dev)) = loopdev::find_by_backing_inode(identity.0, identity.1) {
+                if dev != att.device {
+                    volume.attachment = Some(LoopAttachment { device: dev, ..att });
+                    self.store
+                        .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+                }
+                continue;
+            }
+            let device = attach(&volume.file, att.readonly)?;
+            tracing::info!(volume = %volume.id, device = %device.display(), "recovery: re-attached the volume file");
+            volume.attachment = Some(LoopAttachment { device, ..att });
+            self.store
+                .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// A snapshot interrupted by a crash leaves its volume's filesystem frozen, and every writer
+    /// of it waiting; thaw the mounts of attached volumes at start-up (one that is not frozen is
+    /// left as it is).
+    pub fn thaw_attached(&self) -> Result<usize> {
+        let table = read_table().map_err(|e| Error::io("reading the mount table", e))?;
+        let mut thawed = 0;
+        for volume in self.store.loop_volumes()? {
+            let Some(att) = &volume.attachment else {
+                continue;
+            };
+            let Ok((major, minor)) = crate::backend::block_dev_numbers(&att.device) else {
+                continue;
+            };
+            if let Some(m) = table.mounts_of_device(major, minor).next() {
+                match freeze::thaw_if_frozen(&m.mount_point) {
+                    Ok(true) => {
+                        tracing::warn!(volume = %volume.id, path = %m.mount_point.display(),
+                            "recovery: thawed a filesystem a snapshot had left frozen");
+                        thawed += 1;
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(volume = %volume.id, error = %e,
+                        "recovery: could not check whether the filesystem is frozen"),
+                }
+            }
+        }
+        Ok(thawed)
+    }
+}
