@@ -41,7 +41,7 @@ pub const DEFAULT_PREFIXES: &[&str] = &[
     "/local/csi",
 ];
 
-pub const STATE_FILE: &str = "state.redb";
+pub use crate::settings::STATE_FILE;
 
 /// Opens the state directory and file; an unwritable directory or a corrupt file stops here.
 pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
@@ -76,8 +76,8 @@ pub fn allowed_prefixes(args: &ServeArgs) -> Vec<PathBuf> {
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
-    let upstream =
-        crate::upstream::from_args(&args).map_err(|message| Fatal { code: 2, message })?;
+    let upstream = crate::upstream::from_args(&args.upstream, args.backend, args.mode)
+        .map_err(|message| Fatal { code: 2, message })?;
     grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
     let allowed = allowed_prefixes(&args);
     let store = Arc::new(open_state(&args.state_dir)?);

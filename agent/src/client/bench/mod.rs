@@ -22,8 +22,8 @@ use clap::Args;
 use self::cycle::{BenchVolume, Csi};
 use self::report::{MemoryReport, Report};
 use super::{ClientArgs, parse_size};
-use crate::cli::parse_duration;
 use crate::request::FsType;
+use crate::settings::parse_duration;
 
 #[derive(Args, Debug, Clone)]
 // A later flag wins, so that wrapper scripts can pass defaults and callers override them.
