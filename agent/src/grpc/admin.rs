@@ -20,7 +20,8 @@ impl Admin for AdminService {
         _req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let store = Arc::clone(&self.store);
-        let value = blocking(move || crate::inventory::snapshot(&store).map_err(Error::from)).await?;
+        let value =
+            blocking(move || crate::inventory::snapshot(&store).map_err(Error::from)).await?;
         Ok(Response::new(StatusResponse {
             json: value.to_string(),
         }))

@@ -83,7 +83,7 @@ impl Controller for LoopControllerService {
                     "the loop backend cannot create volumes from snapshots or clones".into(),
                 ));
             }
-            capabilities(&r.volume_capabilities)?;
+            let caps = capabilities(&r.volume_capabilities)?;
             check_map("parameters", &r.parameters)?;
             let (required_bytes, limit_bytes) =
                 super::node_stats::capacity_range(r.capacity_range.as_ref())?;
@@ -92,6 +92,7 @@ impl Controller for LoopControllerService {
                 required_bytes,
                 limit_bytes,
                 parameters: r.parameters,
+                filesystems: caps.iter().filter_map(|c| c.fs()).collect(),
             };
             self.run(move |c| c.create(create)).await
         })

@@ -2,6 +2,7 @@ pub mod blank;
 pub mod blkid;
 pub mod command;
 pub mod direct_read;
+pub mod fs_limits;
 pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;

@@ -197,6 +197,7 @@ pub fn format_device(
         ("uuid", uuid.to_string()),
         ("options", cmd.format.mkfs_args(fs).join(" ")),
     ]);
+    ctx.fstools.check_size(fs, &device.path, &cmd.format)?;
     let intent = format_record(vol, fs, uuid, device, FormatState::Intent);
     journal.record(
         "format",

@@ -3,9 +3,9 @@
 //! come from the same document (`inventory::snapshot`).
 
 mod clock;
-pub mod text;
 #[cfg(test)]
 mod tests;
+pub mod text;
 
 use serde_json::Value;
 
@@ -21,10 +21,7 @@ pub fn print(value: &Value, as_json: bool, source: &Source) {
     if as_json {
         println!("{value}");
     } else {
-        print!(
-            "{}",
-            text::render(value, source, ebs_store::now_unix_ms())
-        );
+        print!("{}", text::render(value, source, ebs_store::now_unix_ms()));
     }
 }
 

@@ -202,10 +202,8 @@ pub fn state(v: &Value, live: bool) -> String {
                  with the same UUID"
                     .to_string()
             }
-            Some(_) => {
-                "not staged (its filesystem record stays, so it is never formatted again)"
-                    .to_string()
-            }
+            Some(_) => "not staged (its filesystem record stays, so it is never formatted again)"
+                .to_string(),
             None => "not staged".to_string(),
         },
     }

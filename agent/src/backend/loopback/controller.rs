@@ -28,6 +28,8 @@ pub struct CreateVolume {
     pub required_bytes: u64,
     pub limit_bytes: u64,
     pub parameters: HashMap<String, String>,
+    /// The filesystems the capabilities ask for: a size mkfs would refuse is refused here.
+    pub filesystems: Vec<crate::request::FsType>,
 }
 
 pub struct VolumePage {
@@ -63,6 +65,11 @@ impl LoopController {
 
     pub fn create(&self, req: CreateVolume) -> Result<LoopVolume> {
         let capacity = capacity_for(req.required_bytes, req.limit_bytes)?;
+        for &fs in &req.filesystems {
+            crate::host::fs_limits::SizeLimits::of(fs, None, None)
+                .check(fs, capacity)
+                .map_err(Error::OutOfRange)?;
+        }
         let mut parameters = BTreeMap::new();
         for (k, v) in &req.parameters {
             if PASSED_PARAMETERS.contains(&k.as_str()) {
