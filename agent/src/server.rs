@@ -211,6 +211,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let router = tonic::transport::Server::builder().add_service(
         ebs_proto::admin::admin_server::AdminServer::new(grpc::admin::AdminService {
             store: Arc::clone(&store),
+            state_dir: args.state_dir.clone(),
+            allowed: allowed.clone(),
+            backend: args.backend,
+            mode: args.mode,
         }),
     );
     let services = grpc::versions::Services {

@@ -14,6 +14,14 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::All => "all",
+            Mode::Node => "node",
+            Mode::Controller => "controller",
+        }
+    }
     pub fn serves_node(self) -> bool {
         matches!(self, Mode::All | Mode::Node)
     }
@@ -26,6 +34,16 @@ impl Mode {
 pub enum BackendKind {
     Ebs,
     Loop,
+}
+
+impl BackendKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Ebs => "ebs",
+            BackendKind::Loop => "loop",
+        }
+    }
 }
 
 /// A CSI protocol version the socket can serve (each under its own gRPC package).
