@@ -36,6 +36,15 @@ pub enum Command {
     Status(StatusArgs),
     /// Rebuild or reset a state file that the agent refuses to open.
     Recover(RecoverArgs),
+    /// Check whether this host can run the agent: one line per check, with the fix.
+    Doctor(crate::doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout: `ebs-node-agent man > ebs-node-agent.1`.
+    Man,
 }
 
 #[derive(clap::Args, Debug, Clone)]

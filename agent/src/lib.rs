@@ -3,6 +3,7 @@
 pub mod backend;
 pub mod cli;
 pub mod client;
+pub mod doctor;
 pub mod endpoint;
 pub mod error;
 pub mod grpc;

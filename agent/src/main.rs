@@ -3,6 +3,29 @@ use clap::Parser;
 use ebs_node_agent::cli::{Cli, Command};
 use ebs_node_agent::{client, logging, recover, server, status};
 
+/// What packagers install beside the binary, generated from the clap definitions.
+mod packaging_output {
+    use clap::CommandFactory;
+
+    use ebs_node_agent::cli::Cli;
+
+    pub fn completions(shell: clap_complete::Shell) -> i32 {
+        let mut cmd = Cli::command();
+        clap_complete::generate(shell, &mut cmd, "ebs-node-agent", &mut std::io::stdout());
+        0
+    }
+
+    pub fn man() -> i32 {
+        match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: writing the man page: {e}");
+                1
+            }
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     if matches!(cli.command, Command::Serve(_)) {
@@ -43,6 +66,9 @@ fn main() {
         Command::Client(args) => runtime.block_on(client::run(args)),
         Command::Status(args) => runtime.block_on(status::status(args)),
         Command::Recover(args) => recover::run(args),
+        Command::Doctor(args) => runtime.block_on(ebs_node_agent::doctor::run(args)),
+        Command::Completions { shell } => packaging_output::completions(shell),
+        Command::Man => packaging_output::man(),
     };
     // Blocking host work still running after the grace period must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));

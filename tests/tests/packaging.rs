@@ -567,4 +567,41 @@ fn dockerfile_ships_the_binary_and_the_tools_it_runs() {
     // The image's default socket is the one the DaemonSet and Nomad jobs use.
     assert!(text.contains("CSI_ENDPOINT=unix:///csi/csi.sock"));
     assert!(read("packaging/kubernetes/daemonset.yaml").contains("unix:///csi/csi.sock"));
+    // The man page and completions come from the binary's own subcommands.
+    assert!(text.contains("ebs-node-agent man > /out/man/ebs-node-agent.1"));
+    assert!(text.contains("/usr/local/share/man/man1/ebs-node-agent.1"));
+    assert!(text.contains("ebs-node-agent completions bash"));
+}
+
+/// `--version`, the man page and the completions are generated from the clap definitions, so
+/// they name every subcommand and flag the binary has.
+#[test]
+fn version_man_page_and_completions_come_from_the_flags() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(agent_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let version = run(&["--version"]);
+    assert_eq!(
+        version.trim(),
+        format!("ebs-node-agent {}", env!("CARGO_PKG_VERSION"))
+    );
+    let man = run(&["man"]);
+    assert!(man.contains(".TH ebs-node-agent 1"), "{man}");
+    for sub in ["serve", "client", "status", "recover", "doctor"] {
+        assert!(man.contains(sub), "man page lacks {sub}");
+    }
+    let bash = run(&["completions", "bash"]);
+    assert!(bash.contains("--allowed-path-prefix") && bash.contains("doctor"));
+    for shell in ["zsh", "fish"] {
+        assert!(run(&["completions", shell]).contains("ebs-node-agent"));
+    }
 }
