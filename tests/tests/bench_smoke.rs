@@ -1,6 +1,6 @@
 //! A short run of `ebs-node-agent client bench`, so the harness behind the published figures
 //! cannot rot: every section of its JSON is present, no call fails, and it cleans up after itself.
-//! No timing is asserted here; figures come from real bench runs (README.md, Performance).
+//! No timing is asserted here; figures come from real bench runs (docs/performance.md).
 
 use ebs_tests::*;
 

@@ -35,7 +35,7 @@ pub enum Call {
     Controller(ControllerCall),
     #[command(subcommand)]
     Node(NodeCall),
-    /// Time the node cycle against the same host work done directly (see "Performance" in README.md).
+    /// Time the node cycle against the same host work done directly (see docs/performance.md).
     Bench(Box<bench::BenchArgs>),
 }
 

@@ -38,7 +38,7 @@ volume vol-1
   device        /dev/loop3
   staged at     /mnt/ebs-node-agent/stage/demo (read-write, mounted)
   published at  /mnt/ebs-node-agent/pods/demo (read-only)
-  last step     publish published, done, 2026-11-23T17:42:19Z (3 min ago)
+  last step     publish step published: done, 2026-11-23T17:42:19Z (3 min ago)
 
 loop volume demo
   volume id     vol-1

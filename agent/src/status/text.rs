@@ -125,7 +125,7 @@ fn volume(out: &mut String, v: &Value, live: bool, now_ms: u64) {
             out,
             "last step",
             format!(
-                "{} {}, {}, {at}",
+                "{} step {}: {}, {at}",
                 text(&l["op"]),
                 text(&l["step"]),
                 phase_word(l.get("phase").unwrap_or(&Value::Null))
