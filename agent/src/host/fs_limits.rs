@@ -90,7 +90,7 @@ fn bytes_in_words(bytes: u64) -> String {
         (1 << 10, "KiB"),
     ];
     for (size, unit) in units {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{} {unit} ({bytes} bytes)", bytes / size);
         }
     }
