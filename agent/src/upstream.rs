@@ -205,7 +205,7 @@ pub fn from_args(
             "--backend ebs with --mode {} forwards Controller calls to a remote controller and \
              holds no cloud credentials itself: give --controller-upstream unix:///path.sock or \
              https://host:port, or run with --mode node",
-            format!("{mode:?}").to_lowercase()
+            mode.name()
         )),
         (BackendKind::Ebs, Some(url)) => Upstream::new(url, up).map(Some),
     }

@@ -180,7 +180,7 @@ fn statmount() -> Check {
         None => Check::lacking(
             NAME,
             false,
-            format!("cannot tell from kernel release {release:?}"),
+            format!("cannot tell from kernel release \"{release}\""),
             "",
         ),
     }
