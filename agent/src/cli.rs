@@ -43,8 +43,12 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) to stdout: `ebs-node-agent man > ebs-node-agent.1`.
-    Man,
+    /// Print the man page (roff) to stdout, or with --dir write ebs-node-agent.1 and one page
+    /// per subcommand (ebs-node-agent-serve.1, ...) into that directory.
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone)]

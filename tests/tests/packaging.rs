@@ -568,8 +568,8 @@ fn dockerfile_ships_the_binary_and_the_tools_it_runs() {
     assert!(text.contains("CSI_ENDPOINT=unix:///csi/csi.sock"));
     assert!(read("packaging/kubernetes/daemonset.yaml").contains("unix:///csi/csi.sock"));
     // The man page and completions come from the binary's own subcommands.
-    assert!(text.contains("ebs-node-agent man > /out/man/ebs-node-agent.1"));
-    assert!(text.contains("/usr/local/share/man/man1/ebs-node-agent.1"));
+    assert!(text.contains("ebs-node-agent man --dir /out/man"));
+    assert!(text.contains("COPY --from=build /out/man/ /usr/local/share/man/man1/"));
     assert!(text.contains("ebs-node-agent completions bash"));
 }
 
@@ -599,6 +599,15 @@ fn version_man_page_and_completions_come_from_the_flags() {
     for sub in ["serve", "client", "status", "recover", "doctor"] {
         assert!(man.contains(sub), "man page lacks {sub}");
     }
+    // One page per subcommand: the serve page lists serve's flags.
+    let dir = std::env::temp_dir().join(format!("ebs-man-{}", std::process::id()));
+    run(&["man", "--dir", dir.to_str().unwrap()]);
+    let serve = std::fs::read_to_string(dir.join("ebs-node-agent-serve.1"));
+    let top = std::fs::read_to_string(dir.join("ebs-node-agent.1"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let serve = serve.unwrap();
+    assert!(serve.contains("allowed\\-path\\-prefix"), "{serve}");
+    assert!(top.unwrap().contains(".TH ebs-node-agent 1"));
     let bash = run(&["completions", "bash"]);
     assert!(bash.contains("--allowed-path-prefix") && bash.contains("doctor"));
     for shell in ["zsh", "fish"] {
