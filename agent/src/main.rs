@@ -42,9 +42,9 @@ mod packaging_output {
             clap_mangen::Man::new(cmd).render(&mut file)
         };
         // After build() a subcommand's display name is `ebs-node-agent-<sub>`, its page's title.
-        for sub in top.get_subcommands() {
+        for sub in top.get_subcommands().filter(|s| s.get_name() != "help") {
             let name = sub.get_display_name().unwrap_or(sub.get_name()).to_string();
-            page(sub.clone(), &name)?;
+            page(sub.clone().version(env!("CARGO_PKG_VERSION")), &name)?;
         }
         page(top, "ebs-node-agent")
     }
