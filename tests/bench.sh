@@ -10,9 +10,9 @@ cargo build --release --bins --locked
 bin=target/release/ebs-node-agent
 scratch=$(mktemp -d /tmp/ebs-bench.XXXXXX)
 "$bin" serve --backend loop --state-dir "$scratch/state" --endpoint "unix://$scratch/csi.sock" \
-    2>"$scratch/agent.log" &
+    --allowed-path-prefix "$scratch/work" 2>"$scratch/agent.log" &
 agent=$!
 trap 'kill "$agent" 2>/dev/null; wait "$agent" 2>/dev/null; rm -rf "$scratch"' EXIT
 for _ in $(seq 100); do [ -S "$scratch/csi.sock" ] && break; sleep 0.05; done
 "$bin" client --endpoint "unix://$scratch/csi.sock" bench --pid "$agent" \
-    --work-dir "$scratch/state/bench" --volumes 128 --concurrency 16 --rounds 3 --restart-check "$@"
+    --work-dir "$scratch/work/bench" --volumes 128 --concurrency 16 --rounds 3 --restart-check "$@"

@@ -5,10 +5,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 use crate::client::ClientArgs;
 use crate::endpoint::Endpoint;
+// The settings' types live below the command line, so that modules it names (client, upstream)
+// can use them without depending on it.
+pub use crate::settings::{
+    BackendKind, CsiVersion, DEFAULT_DRIVER_NAME, DEFAULT_ENDPOINT, DEFAULT_STATE_DIR, LogFormat,
+    Mode, parse_duration,
+};
 
 /// The parsed command line (see `Cli::parse_args`).
 #[derive(Debug)]
@@ -50,9 +56,27 @@ pub enum Command {
     Status(StatusArgs),
     /// Rebuild or reset a state file that the agent refuses to open.
     Recover(RecoverArgs),
+    /// Check whether this host can run the agent: one line per check, with the fix.
+    Doctor(crate::doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout, or with --dir write ebs-node-agent.1 and one page
+    /// per subcommand (ebs-node-agent-serve.1, ...) into that directory.
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 impl Cli {
+    /// The clap definition (completions and man pages are generated from it).
+    pub fn command() -> clap::Command {
+        <Parsed as clap::CommandFactory>::command()
+    }
+
     /// Parses the command line. The upstream driver's first word (`node`, `controller`, `all`)
     /// becomes `serve` with that mode (the word wins over --mode), and the upstream chart's
     /// environment variables fill in what flags left open. Errors exit with code 2, as clap's do.
@@ -86,52 +110,6 @@ impl Cli {
         Cli { command }
     }
 }
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    All,
-    Node,
-    Controller,
-}
-
-impl Mode {
-    pub fn serves_node(self) -> bool {
-        matches!(self, Mode::All | Mode::Node)
-    }
-    pub fn serves_controller(self) -> bool {
-        matches!(self, Mode::All | Mode::Controller)
-    }
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    Ebs,
-    Loop,
-}
-
-/// A CSI protocol version the socket can serve (each under its own gRPC package).
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CsiVersion {
-    /// CSI 1.x (`csi.v1`): Kubernetes, Nomad, Mesos 1.8+.
-    #[value(name = "v1")]
-    V1,
-    /// CSI 0.2 and 0.3 (`csi.v0`): Mesos 1.6-1.7, Mesos 1.8+ as fallback, older Kubernetes.
-    #[value(name = "v0")]
-    V0,
-    /// CSI 0.1 (`csi`): Mesos 1.5.
-    #[value(name = "v0.1")]
-    V01,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-pub const DEFAULT_ENDPOINT: &str = "unix:///run/ebs-node-agent/csi.sock";
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/ebs-node-agent";
-pub const DEFAULT_DRIVER_NAME: &str = "ebs.csi.aws.com";
 
 /// A flag given twice takes its last value, as Go's flag parsing does (the chart's
 /// `node.additionalArgs` may repeat one it renders, `--v` say).
@@ -341,23 +319,6 @@ fn parse_absolute(raw: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// Durations such as `30s`, `500ms`, `2m` or a bare number of seconds.
-pub fn parse_duration(raw: &str) -> Result<Duration, String> {
-    let raw = raw.trim();
-    let (num, unit) = raw
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((raw, "s"), |i| raw.split_at(i));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {raw:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("invalid duration {raw:?}: use ms, s or m")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,14 +329,5 @@ mod tests {
         assert!(parse_driver_name("-bad").is_err());
         assert!(parse_driver_name(&"a".repeat(64)).is_err());
         assert!(parse_driver_name("a_b").is_err());
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("x").is_err());
     }
 }

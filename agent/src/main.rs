@@ -1,6 +1,51 @@
 use ebs_node_agent::cli::{Cli, Command};
 use ebs_node_agent::{client, logging, recover, server, status};
 
+/// What packagers install beside the binary, generated from the clap definitions.
+mod packaging_output {
+    use std::path::Path;
+
+    use ebs_node_agent::cli::Cli;
+
+    pub fn completions(shell: clap_complete::Shell) -> i32 {
+        let mut cmd = Cli::command();
+        clap_complete::generate(shell, &mut cmd, "ebs-node-agent", &mut std::io::stdout());
+        0
+    }
+
+    /// The top page to stdout, or every page (the top one and one per subcommand, whose flags
+    /// the top page does not list) into `dir`.
+    pub fn man(dir: Option<&Path>) -> i32 {
+        let written = match dir {
+            None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
+            Some(dir) => write_pages(dir),
+        };
+        match written {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: writing the man page: {e}");
+                1
+            }
+        }
+    }
+
+    fn write_pages(dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let mut top = Cli::command();
+        top.build();
+        let page = |cmd: clap::Command, name: &str| -> std::io::Result<()> {
+            let mut file = std::fs::File::create(dir.join(format!("{name}.1")))?;
+            clap_mangen::Man::new(cmd).render(&mut file)
+        };
+        // After build() a subcommand's display name is `ebs-node-agent-<sub>`, its page's title.
+        for sub in top.get_subcommands().filter(|s| s.get_name() != "help") {
+            let name = sub.get_display_name().unwrap_or(sub.get_name()).to_string();
+            page(sub.clone().version(env!("CARGO_PKG_VERSION")), &name)?;
+        }
+        page(top, "ebs-node-agent")
+    }
+}
+
 fn main() {
     let cli = Cli::parse_args();
     if matches!(cli.command, Command::Serve(_)) {
@@ -42,6 +87,9 @@ fn main() {
         Command::Client(args) => runtime.block_on(client::run(args)),
         Command::Status(args) => runtime.block_on(status::status(args)),
         Command::Recover(args) => recover::run(args),
+        Command::Doctor(args) => runtime.block_on(ebs_node_agent::doctor::run(args)),
+        Command::Completions { shell } => packaging_output::completions(shell),
+        Command::Man { dir } => packaging_output::man(dir.as_deref()),
     };
     // Blocking host work still running after the grace period must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));

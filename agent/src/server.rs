@@ -43,7 +43,7 @@ pub const DEFAULT_PREFIXES: &[&str] = &[
     "/local/csi",
 ];
 
-pub const STATE_FILE: &str = "state.redb";
+pub use crate::settings::STATE_FILE;
 
 /// Opens the state directory and file; an unwritable directory or a corrupt file stops here.
 pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
@@ -96,8 +96,8 @@ fn absolute(p: &std::path::Path) -> PathBuf {
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
-    let upstream =
-        crate::upstream::from_args(&args).map_err(|message| Fatal { code: 2, message })?;
+    let upstream = crate::upstream::from_args(&args.upstream, args.backend, args.mode)
+        .map_err(|message| Fatal { code: 2, message })?;
     grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
     let roots = Arc::new(Roots::new(allowed_prefixes(&args), reserved_dirs(&args)));
     let store = Arc::new(open_state(&args.state_dir)?);
@@ -240,6 +240,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let router = tonic::transport::Server::builder().add_service(
         ebs_proto::admin::admin_server::AdminServer::new(grpc::admin::AdminService {
             store: Arc::clone(&store),
+            state_dir: args.state_dir.clone(),
+            allowed: roots.allowed.clone(),
+            backend: args.backend,
+            mode: args.mode,
         }),
     );
     let services = grpc::versions::Services {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
 
-use crate::cli::{BackendKind, ServeArgs};
+use crate::settings::{BackendKind, Mode};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct UpstreamArgs {
@@ -36,7 +36,7 @@ pub struct UpstreamArgs {
     pub upstream_insecure: bool,
     /// How long one attempt to reach the upstream may take.
     #[arg(long, env = "EBS_AGENT_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s",
-          value_parser = crate::cli::parse_duration)]
+          value_parser = crate::settings::parse_duration)]
     pub upstream_connect_timeout: Duration,
 }
 
@@ -179,16 +179,19 @@ impl Upstream {
 
 /// Which upstream the Controller service forwards to, if any, for these arguments: the ebs backend
 /// serving controller calls needs one, the loop backend refuses one, node mode needs none.
-pub fn from_args(args: &ServeArgs) -> Result<Option<Upstream>, String> {
-    let up = &args.upstream;
-    match (args.backend, up.controller_upstream.as_deref()) {
+pub fn from_args(
+    up: &UpstreamArgs,
+    backend: BackendKind,
+    mode: Mode,
+) -> Result<Option<Upstream>, String> {
+    match (backend, up.controller_upstream.as_deref()) {
         (BackendKind::Loop, Some(_)) => Err(
             "--controller-upstream is for --backend ebs: the loop backend serves its own \
              controller"
                 .into(),
         ),
         (BackendKind::Loop, None) => Ok(None),
-        (BackendKind::Ebs, url) if !args.mode.serves_controller() => {
+        (BackendKind::Ebs, url) if !mode.serves_controller() => {
             if let Some(url) = url {
                 tracing::warn!(
                     upstream = url,
@@ -201,7 +204,7 @@ pub fn from_args(args: &ServeArgs) -> Result<Option<Upstream>, String> {
             "--backend ebs with --mode {} forwards Controller calls to a remote controller and \
              holds no cloud credentials itself: give --controller-upstream unix:///path.sock or \
              https://host:port, or run with --mode node",
-            format!("{:?}", args.mode).to_lowercase()
+            mode.name()
         )),
         (BackendKind::Ebs, Some(url)) => Upstream::new(url, up).map(Some),
     }

@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # Quick start: build the agent and run it with the loop backend on a default socket, so the whole
-# CSI lifecycle can be tried on one Linux machine. Run as root: packaging/local/start.sh (as root)
+# CSI lifecycle can be tried on one Linux machine. Run as root: packaging/local/start.sh
+# Staging and target paths go below $EBS_AGENT_MOUNTS (default /mnt/ebs-node-agent), the agent's
+# only allowed path prefix here: never below its state directory. README.md's quick start uses
+# the same socket and prefix (tests/tests/readme.rs checks that they agree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tests/deps.sh
 cargo build --release --locked --bin ebs-node-agent
 endpoint="${CSI_ENDPOINT:-unix:///run/ebs-node-agent/csi.sock}"
 state_dir="${EBS_AGENT_STATE_DIR:-/var/lib/ebs-node-agent}"
+mounts="${EBS_AGENT_MOUNTS:-/mnt/ebs-node-agent}"
 bin="$PWD/target/release/ebs-node-agent"
+# What this host lacks for the loop backend, one line per check; stop if something needed is.
+"$bin" doctor --backend loop --skip-imds --endpoint "$endpoint" --state-dir "$state_dir"
+mkdir -p "$mounts"
 cat <<MSG
-ebs-node-agent (loop backend) on $endpoint, state in $state_dir. In another shell:
+ebs-node-agent (loop backend) on $endpoint, state in $state_dir, mounts below $mounts.
+In another shell (README.md, Quick start, has the whole lifecycle):
   $bin client --endpoint $endpoint identity info
   $bin client --endpoint $endpoint controller create-volume --name demo --size 1GiB
-  $bin status --state-dir $state_dir
+  $bin status --endpoint $endpoint
 Stop with Ctrl-C.
 MSG
-exec "$bin" serve --backend loop --endpoint "$endpoint" --state-dir "$state_dir"
+exec "$bin" serve --backend loop --endpoint "$endpoint" --state-dir "$state_dir" \
+  --allowed-path-prefix "$mounts"

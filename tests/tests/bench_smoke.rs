@@ -1,6 +1,6 @@
 //! A short run of `ebs-node-agent client bench`, so the harness behind the published figures
 //! cannot rot: every section of its JSON is present, no call fails, and it cleans up after itself.
-//! No timing is asserted here; figures come from real bench runs (README.md, Performance).
+//! No timing is asserted here; figures come from real bench runs (docs/performance.md).
 
 use ebs_tests::*;
 
@@ -85,5 +85,63 @@ async fn bench_smoke_run() {
         list["entries"],
         serde_json::json!([]),
         "volumes left: {list}"
+    );
+}
+
+/// A work dir the agent would refuse (outside its allowed prefixes, or inside its state
+/// directory) stops the bench before it creates anything, with the prefixes named.
+#[tokio::test]
+async fn bench_checks_its_work_dir_before_creating_anything() {
+    if !require_root("bench_checks_its_work_dir_before_creating_anything") {
+        return;
+    }
+    let scratch = Scratch::new("bench-workdir");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    for (work_dir, expected) in [
+        (
+            scratch.join("elsewhere/bench"),
+            "outside the agent's allowed path prefixes",
+        ),
+        (
+            agent.state_dir.join("bench"),
+            "inside the agent's state directory",
+        ),
+    ] {
+        let out = std::process::Command::new(agent_bin())
+            .args(["client", "--endpoint", &agent.endpoint(), "bench"])
+            .args([
+                "--volumes",
+                "2",
+                "--size",
+                "64MiB",
+                "--no-floor",
+                "--work-dir",
+            ])
+            .arg(&work_dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "bench must refuse {}",
+            work_dir.display()
+        );
+        assert!(stderr.contains(expected), "{stderr}");
+        assert!(
+            stderr.contains(&agent.work.display().to_string()),
+            "the allowed prefixes are named: {stderr}"
+        );
+        assert!(
+            !work_dir.exists(),
+            "nothing created at {}",
+            work_dir.display()
+        );
+    }
+    let (ok, list) = agent.client_json(&["controller", "list-volumes"]);
+    assert!(ok);
+    assert_eq!(
+        list["entries"],
+        serde_json::json!([]),
+        "no volume created: {list}"
     );
 }

@@ -113,6 +113,64 @@ async fn read_only_capability_on_blank_device_is_refused() {
     assert_eq!(fs_uuid(&vol.device), "");
 }
 
+/// mkfs.xfs (xfsprogs 5.19+) makes nothing under 300 MiB. A stage that asks for xfs on a smaller
+/// device is refused before anything is journaled or run: OUT_OF_RANGE naming the limit, the
+/// device still blank, no format record (the journal never saw a format intent), nothing
+/// mounted. CreateVolume refuses such a volume up front when its capability asks for xfs.
+#[tokio::test]
+async fn xfs_below_its_minimum_is_refused_up_front() {
+    if !require_root("xfs_below_its_minimum_is_refused_up_front") {
+        return;
+    }
+    let scratch = Scratch::new("xfs-min");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "small", 64 << 20).await;
+    let before = checksum(std::path::Path::new(&vol.device));
+    let staging = agent.work.join("staging/small");
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &vol,
+            &staging,
+            mount_cap("xfs", Mode::SingleNodeWriter),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    assert!(
+        e.message().contains("at least 300 MiB") && e.message().contains("64 MiB"),
+        "the limit and the size are named: {}",
+        e.message()
+    );
+    assert_eq!(before, checksum(std::path::Path::new(&vol.device)));
+    assert_eq!(fs_uuid(&vol.device), "");
+    assert!(mounts_below(&agent.work).is_empty());
+    let status = agent.status_json();
+    let known = status["volumes"].as_array().unwrap();
+    assert!(
+        known
+            .iter()
+            .all(|v| v["filesystem"].is_null() && v["last_step"]["step"] != "format"),
+        "no format intent was journaled: {status}"
+    );
+
+    // The controller refuses the same size when the capability asks for xfs.
+    let e = agent
+        .controller()
+        .await
+        .create_volume(csi::CreateVolumeRequest {
+            name: "small-xfs".into(),
+            capacity_range: at_least(64 << 20),
+            volume_capabilities: vec![mount_cap("xfs", Mode::SingleNodeWriter)],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    assert!(e.message().contains("300 MiB"), "{}", e.message());
+}
+
 #[tokio::test]
 async fn bad_input_matrix() {
     if !require_root("bad_input_matrix") {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::cli::{DEFAULT_ENDPOINT, parse_duration};
+use crate::settings::{DEFAULT_ENDPOINT, parse_duration};
 
 #[derive(Args, Debug)]
 pub struct ClientArgs {
@@ -35,7 +35,7 @@ pub enum Call {
     Controller(ControllerCall),
     #[command(subcommand)]
     Node(NodeCall),
-    /// Time the node cycle against the same host work done directly (see "Performance" in README.md).
+    /// Time the node cycle against the same host work done directly (see docs/performance.md).
     Bench(Box<bench::BenchArgs>),
 }
 

@@ -1,16 +1,23 @@
-//! The admin service: `ebs-node-agent status` against a running agent.
+//! The admin service: `ebs-node-agent status` against a running agent, and the settings a client
+//! (the bench) checks before it creates anything.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use ebs_proto::admin::admin_server::Admin;
-use ebs_proto::admin::{StatusRequest, StatusResponse};
+use ebs_proto::admin::{ConfigRequest, ConfigResponse, StatusRequest, StatusResponse};
 use ebs_store::Store;
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, blocking};
+use crate::settings::{BackendKind, Mode};
 
 pub struct AdminService {
     pub store: Arc<Store>,
+    pub state_dir: PathBuf,
+    pub allowed: Vec<PathBuf>,
+    pub backend: BackendKind,
+    pub mode: Mode,
 }
 
 #[tonic::async_trait]
@@ -20,9 +27,24 @@ impl Admin for AdminService {
         _req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let store = Arc::clone(&self.store);
-        let value = blocking(move || crate::status::snapshot(&store).map_err(Error::from)).await?;
+        let value =
+            blocking(move || crate::inventory::snapshot(&store).map_err(Error::from)).await?;
         Ok(Response::new(StatusResponse {
             json: value.to_string(),
+        }))
+    }
+
+    async fn config(
+        &self,
+        _req: Request<ConfigRequest>,
+    ) -> Result<Response<ConfigResponse>, Status> {
+        let path = |p: &PathBuf| p.display().to_string();
+        Ok(Response::new(ConfigResponse {
+            state_dir: path(&self.state_dir),
+            allowed_path_prefixes: self.allowed.iter().map(path).collect(),
+            backend: self.backend.name().into(),
+            mode: self.mode.name().into(),
+            version: env!("CARGO_PKG_VERSION").into(),
         }))
     }
 }

@@ -101,7 +101,7 @@ impl Controller for LoopControllerService {
                 .into());
             }
             let source = super::loop_snapshots::source(r.volume_content_source.as_ref())?;
-            capabilities(&r.volume_capabilities)?;
+            let caps = capabilities(&r.volume_capabilities)?;
             check_map("parameters", &r.parameters)?;
             let (required_bytes, limit_bytes) =
                 super::node_stats::capacity_range(r.capacity_range.as_ref())?;
@@ -116,6 +116,7 @@ impl Controller for LoopControllerService {
                 limit_bytes,
                 parameters: r.parameters,
                 source,
+                filesystems: caps.iter().filter_map(|c| c.fs()).collect(),
             };
             self.run(move |c| {
                 let _guards = guards;

@@ -3,10 +3,12 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::host::command;
+use crate::host::fs_limits::{SizeLimits, parse_xfsprogs_version};
 use crate::request::{FormatOptions, FsType};
 
 pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
@@ -24,6 +26,9 @@ pub const LEGACY_XFS_FEATURES: &str = "bigtime=0,inobtcount=0,reflink=0";
 pub struct FsTools {
     tools: HashMap<&'static str, PathBuf>,
     legacy_xfs: bool,
+    /// xfsprogs' version (major, minor), asked of mkfs.xfs the first time an xfs size is checked:
+    /// its smallest filesystem changed with 5.19.
+    xfsprogs: OnceLock<Option<(u32, u32)>>,
 }
 
 fn required_tools(fs: FsType) -> &'static [&'static str] {
@@ -60,6 +65,7 @@ impl FsTools {
         FsTools {
             tools,
             legacy_xfs: false,
+            xfsprogs: OnceLock::new(),
         }
     }
 
@@ -140,7 +146,7 @@ impl FsTools {
             code => Err(Error::FsckFailed {
                 device: device.into(),
                 code,
-                summary: last_lines(&format!("{}{}", out.stdout, out.stderr)),
+                summary: reason(&format!("{}{}", out.stdout, out.stderr)),
             }),
         }
     }
@@ -153,6 +159,31 @@ impl FsTools {
         };
         let out = command::run(tool, &[device_arg(arg)?], GROW_TIMEOUT)?;
         succeeded(tool, device, &out)
+    }
+}
+
+impl FsTools {
+    /// Refuses, before anything is journaled or run, a device whose size mkfs would refuse for
+    /// `fs`: OUT_OF_RANGE naming the limit, instead of a failed mkfs after a journaled intent.
+    pub fn check_size(&self, fs: FsType, device: &Path, opts: &FormatOptions) -> Result<()> {
+        let bytes = crate::host::loopdev::device_size(device)
+            .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+        let xfsprogs = match fs {
+            FsType::Xfs => self.xfsprogs_version(),
+            _ => None,
+        };
+        let limits = SizeLimits::of(fs, xfsprogs, opts.block_size);
+        limits
+            .check(fs, bytes)
+            .map_err(|why| Error::OutOfRange(format!("cannot format {}: {why}", device.display())))
+    }
+
+    fn xfsprogs_version(&self) -> Option<(u32, u32)> {
+        *self.xfsprogs.get_or_init(|| {
+            let tool = self.tools.get("mkfs.xfs")?;
+            let out = command::run(tool, &["-V".to_string()], Duration::from_secs(10)).ok()?;
+            parse_xfsprogs_version(&out.stdout)
+        })
     }
 }
 
@@ -171,7 +202,7 @@ impl FsTools {
             return Err(Error::FsckFailed {
                 device: device.into(),
                 code: out.code,
-                summary: last_lines(&format!("{}{}", out.stdout, out.stderr)),
+                summary: reason(&format!("{}{}", out.stdout, out.stderr)),
             });
         }
         let tool = self.tool(fs, "resize2fs")?;
@@ -180,7 +211,7 @@ impl FsTools {
     }
 }
 
-/// A tool's non-zero exit as a typed error carrying the end of its stderr.
+/// A tool's non-zero exit as a typed error that leads with the tool's reason.
 fn succeeded(tool: &Path, device: &Path, out: &command::CommandOutput) -> Result<()> {
     if out.code == 0 {
         return Ok(());
@@ -189,7 +220,7 @@ fn succeeded(tool: &Path, device: &Path, out: &command::CommandOutput) -> Result
         tool: tool.display().to_string(),
         device: device.into(),
         code: out.code,
-        stderr: last_lines(&out.stderr),
+        stderr: reason(preferred_output(out)),
     })
 }
 
@@ -199,20 +230,51 @@ fn device_arg(path: &Path) -> Result<String> {
         .ok_or_else(|| Error::Internal(format!("non-UTF-8 path {path:?}")))
 }
 
-/// The end of a tool's output: enough for a person to act on, short enough for a gRPC message.
-fn last_lines(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let tail = &lines[lines.len().saturating_sub(4)..];
-    let joined = tail.join("; ");
-    if joined.len() > 600 {
-        let mut cut = joined.len() - 600;
-        while !joined.is_char_boundary(cut) {
-            cut += 1;
-        }
-        joined[cut..].to_string()
+/// Where a tool says why it failed: stderr, or stdout when stderr is empty.
+fn preferred_output(out: &command::CommandOutput) -> &str {
+    if out.stderr.trim().is_empty() {
+        &out.stdout
     } else {
-        joined
+        &out.stderr
     }
+}
+
+/// Why a tool failed, in its own words: its first meaningful line and what follows, up to the usage text some tools print after the reason (mkfs.xfs:
+/// "Filesystem must be larger than 300MB." then forty lines of usage). Version banners and
+/// blank lines are skipped; the result is bounded for a gRPC message, its start kept.
+fn reason(text: &str) -> String {
+    let mut lines = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.to_ascii_lowercase().starts_with("usage:") {
+            break;
+        }
+        if !is_banner(line) {
+            lines.push(line);
+        }
+    }
+    bounded(&lines.join("; "), 600)
+}
+
+/// `mke2fs 1.47.0 (5-Feb-2023)`: a name, a version, maybe a date; says nothing about the failure.
+fn is_banner(line: &str) -> bool {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let version = |w: &str| {
+        w.starts_with(|c: char| c.is_ascii_digit())
+            && w.contains('.')
+            && w.chars().all(|c| c.is_ascii_digit() || c == '.')
+    };
+    words.len() >= 2 && version(words[1]) && (words.len() == 2 || line.ends_with(')'))
+}
+
+fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
 }
 
 /// The size a filesystem believes it has, read from its superblock (ext and xfs), so a stage can
@@ -254,10 +316,28 @@ pub fn filesystem_bytes_of(fs: FsType, file: &std::fs::File) -> std::io::Result<
 mod tests {
     use super::*;
 
+    const MKFS_XFS_TOO_SMALL: &str = "Filesystem must be larger than 300MB.\nUsage: mkfs.xfs\n\
+        /* blocksize */\t\t[-b size=num]\n/* config file */\t[-c options=xxx]\n\
+        <value> is xxx (512 byte blocks).\n";
+
     #[test]
-    fn last_lines_is_bounded() {
-        let text = "a\n\nb\nc\nd\ne\n";
-        assert_eq!(last_lines(text), "b; c; d; e");
-        assert!(last_lines(&"x".repeat(5000)).len() <= 600);
+    fn a_failed_tool_leads_with_its_reason_not_its_usage() {
+        assert_eq!(
+            reason(MKFS_XFS_TOO_SMALL),
+            "Filesystem must be larger than 300MB."
+        );
+        let text = "mke2fs 1.47.0 (5-Feb-2023)\n\n/dev/loop9: Not enough space to build \
+                    proposed filesystem while setting up superblock\n";
+        assert_eq!(
+            reason(text),
+            "/dev/loop9: Not enough space to build proposed filesystem while setting up superblock"
+        );
+        assert_eq!(reason("a\n\nb\n"), "a; b");
+        let long = reason(&"x".repeat(5000));
+        assert!(
+            long.starts_with("xxx") && long.len() <= 604,
+            "{}",
+            long.len()
+        );
     }
 }

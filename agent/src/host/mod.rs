@@ -6,6 +6,7 @@ pub mod device;
 pub mod direct_read;
 pub mod file_copy;
 pub mod freeze;
+pub mod fs_limits;
 pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;

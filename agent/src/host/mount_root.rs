@@ -50,10 +50,19 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_directory_is_not_a_mount_root_but_the_root_is() {
+    fn a_plain_directory_is_not_a_mount_root_but_a_mount_point_is() {
         let dir = TempDir::new("plain");
+        // Not "/": in a chroot (a package builder's) the root is a plain directory. The proc
+        // mount this process reads its mount table through is a mount point anywhere.
+        let table = crate::host::mountinfo::MountTable::read().unwrap();
+        let proc_mount = table
+            .entries()
+            .iter()
+            .find(|e| e.fs_type == "proc")
+            .map(|e| e.mount_point.clone())
+            .unwrap();
         // Kernels before 5.8 cannot say; then both are Unknown and callers read the table.
-        match mount_root(Path::new("/")) {
+        match mount_root(&proc_mount) {
             MountRoot::Mounted => assert_eq!(mount_root(&dir.0), MountRoot::NotMounted),
             other => assert_eq!(other, MountRoot::Unknown),
         }

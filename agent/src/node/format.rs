@@ -224,6 +224,7 @@ pub fn format_device(
         ("uuid", uuid.to_string()),
         ("options", options.mkfs_args(fs).join(" ")),
     ]);
+    ctx.fstools.check_size(fs, device.path(), options)?;
     let intent = format_record(&vol, fs, uuid, device, FormatState::Intent);
     journal.record(
         "format",

@@ -154,10 +154,38 @@ async fn status_reads_the_stopped_agents_file() {
         .arg(&agent.state_dir)
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&running.stdout).contains("staged at"));
+    let text = String::from_utf8_lossy(&running.stdout).into_owned();
+    assert!(
+        text.starts_with("from the running agent on unix://"),
+        "{text}"
+    );
+    assert!(text.contains("\n  staged at     "), "{text}");
     agent.terminate().await.unwrap();
     let v = agent.status_json();
     assert_eq!(v["volumes"][0]["last_step"]["step"], "staged");
+    // The same from the stopped agent's file, as text for people: words, aligned labels, an
+    // ISO-8601 time with how long ago, and no Rust Debug quoting.
+    let stopped = std::process::Command::new(agent_bin())
+        .args(["status", "--endpoint", &agent.endpoint(), "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&stopped.stdout).into_owned();
+    assert!(text.starts_with("from the state file "), "{text}");
+    assert!(
+        text.contains("\n  state         staged, not published\n"),
+        "{text}"
+    );
+    assert!(text.contains("\n  filesystem    ext4, UUID "), "{text}");
+    let last = text
+        .lines()
+        .find(|l| l.starts_with("  last step     stage step staged: done, "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        last.contains("Z (just now)") || last.contains(" s ago)"),
+        "{last}"
+    );
+    assert!(!text.contains('"'), "{text}");
     // Clean up the mount the stopped agent left (the Scratch guard would too).
     sh(&format!("umount {}", c.staging.display()));
 }

@@ -300,3 +300,68 @@ fn mesos_configs_match_the_agent_flags() {
     let root = str_of(&managed["target_path_root"], "target_path_root");
     assert!(allowed(&managed_cfg, &format!("{root}/some/target")));
 }
+
+#[test]
+fn dockerfile_ships_the_binary_and_the_tools_it_runs() {
+    let text = read("packaging/container/Dockerfile");
+    for pkg in [
+        "e2fsprogs",
+        "xfsprogs",
+        "util-linux",
+        "libblkid1",
+        "libudev1",
+    ] {
+        assert!(text.contains(pkg), "runtime image lacks {pkg}");
+    }
+    assert!(text.contains("ENTRYPOINT [\"/usr/local/bin/ebs-node-agent\"]"));
+    assert!(text.contains("--bin ebs-node-agent"));
+    // The image's default socket is the one the DaemonSet and Nomad jobs use.
+    assert!(text.contains("CSI_ENDPOINT=unix:///csi/csi.sock"));
+    assert!(read("packaging/kubernetes/daemonset.yaml").contains("unix:///csi/csi.sock"));
+    // The man page and completions come from the binary's own subcommands.
+    assert!(text.contains("ebs-node-agent man --dir /out/man"));
+    assert!(text.contains("COPY --from=build /out/man/ /usr/local/share/man/man1/"));
+    assert!(text.contains("ebs-node-agent completions bash"));
+}
+
+/// `--version`, the man page and the completions are generated from the clap definitions, so
+/// they name every subcommand and flag the binary has.
+#[test]
+fn version_man_page_and_completions_come_from_the_flags() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(agent_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let version = run(&["--version"]);
+    assert_eq!(
+        version.trim(),
+        format!("ebs-node-agent {}", env!("CARGO_PKG_VERSION"))
+    );
+    let man = run(&["man"]);
+    assert!(man.contains(".TH ebs-node-agent 1"), "{man}");
+    for sub in ["serve", "client", "status", "recover", "doctor"] {
+        assert!(man.contains(sub), "man page lacks {sub}");
+    }
+    // One page per subcommand: the serve page lists serve's flags.
+    let dir = std::env::temp_dir().join(format!("ebs-man-{}", std::process::id()));
+    run(&["man", "--dir", dir.to_str().unwrap()]);
+    let serve = std::fs::read_to_string(dir.join("ebs-node-agent-serve.1"));
+    let top = std::fs::read_to_string(dir.join("ebs-node-agent.1"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let serve = serve.unwrap();
+    assert!(serve.contains("allowed\\-path\\-prefix"), "{serve}");
+    assert!(top.unwrap().contains(".TH ebs-node-agent 1"));
+    let bash = run(&["completions", "bash"]);
+    assert!(bash.contains("--allowed-path-prefix") && bash.contains("doctor"));
+    for shell in ["zsh", "fish"] {
+        assert!(run(&["completions", shell]).contains("ebs-node-agent"));
+    }
+}

@@ -151,22 +151,3 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
     assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > grace_s);
     assert!(is_loopback(str_of(&cfg["metrics_address"], "metrics")));
 }
-
-#[test]
-fn dockerfile_ships_the_binary_and_the_tools_it_runs() {
-    let text = read("packaging/container/Dockerfile");
-    for pkg in [
-        "e2fsprogs",
-        "xfsprogs",
-        "util-linux",
-        "libblkid1",
-        "libudev1",
-    ] {
-        assert!(text.contains(pkg), "runtime image lacks {pkg}");
-    }
-    assert!(text.contains("ENTRYPOINT [\"/usr/local/bin/ebs-node-agent\"]"));
-    assert!(text.contains("--bin ebs-node-agent"));
-    // The image's default socket is the one the DaemonSet and Nomad jobs use.
-    assert!(text.contains("CSI_ENDPOINT=unix:///csi/csi.sock"));
-    assert!(read("packaging/kubernetes/daemonset.yaml").contains("unix:///csi/csi.sock"));
-}

@@ -31,6 +31,8 @@ pub struct CreateVolume {
     pub limit_bytes: u64,
     pub parameters: HashMap<String, String>,
     pub source: Option<LoopSource>,
+    /// The filesystems the capabilities ask for: a size mkfs would refuse is refused here.
+    pub filesystems: Vec<crate::request::FsType>,
 }
 
 pub struct LoopController {
@@ -81,6 +83,11 @@ impl LoopController {
                 capacity_from_source(req.required_bytes, req.limit_bytes, size)?
             }
         };
+        for &fs in &req.filesystems {
+            crate::host::fs_limits::SizeLimits::of(fs, None, None)
+                .check(fs, capacity)
+                .map_err(Error::OutOfRange)?;
+        }
         let volume = {
             let _guard = self.lock();
             match self

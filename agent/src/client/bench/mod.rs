@@ -12,6 +12,7 @@ mod report;
 mod restart;
 mod rss;
 mod stats;
+mod workdir;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,8 +23,8 @@ use clap::Args;
 use self::cycle::{BenchVolume, Csi};
 use self::report::{MemoryReport, Report};
 use super::{ClientArgs, parse_size};
-use crate::cli::parse_duration;
 use crate::request::FsType;
+use crate::settings::parse_duration;
 
 #[derive(Args, Debug, Clone)]
 // A later flag wins, so that wrapper scripts can pass defaults and callers override them.
@@ -43,9 +44,10 @@ pub struct BenchArgs {
     pub size: u64,
     #[arg(long, default_value = "ext4")]
     pub fs_type: String,
-    /// Where staging and target paths are made: must lie inside the agent's allowed path prefixes
-    /// (the default is inside the default state directory, which always is).
-    #[arg(long, default_value = "/var/lib/ebs-node-agent/bench")]
+    /// Where staging and target paths are made: must lie below one of the agent's allowed path
+    /// prefixes and outside its state directory (checked with the agent before anything is
+    /// created). The default lies below the quick start's prefix, /mnt/ebs-node-agent.
+    #[arg(long, default_value = "/mnt/ebs-node-agent/bench")]
     pub work_dir: PathBuf,
     /// The node id for ControllerPublishVolume (default: what NodeGetInfo answers).
     #[arg(long)]
@@ -105,7 +107,12 @@ async fn run(b: &BenchArgs, args: &ClientArgs) -> Result<Report, String> {
         return Err("--volumes and --concurrency must be at least 1".into());
     }
     let fs = FsType::parse(&b.fs_type).map_err(|e| e.to_string())?;
-    let csi = Csi::new(super::connect::channel(&args.endpoint).await?, args.timeout);
+    let channel = super::connect::channel(&args.endpoint).await?;
+    let agent_paths = workdir::ask(channel.clone()).await?;
+    // Before anything is created: a work dir the agent would refuse fails here, not at the
+    // first NodeStage after every volume was created and attached.
+    workdir::check(&b.work_dir, agent_paths.as_ref())?;
+    let csi = Csi::new(channel, args.timeout);
     let node_id = match &b.node_id {
         Some(n) => n.clone(),
         None => {

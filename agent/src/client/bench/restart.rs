@@ -70,11 +70,12 @@ impl Scratch {
             .arg("--backend=loop")
             .arg(format!("--endpoint=unix://{}", self.socket().display()))
             .arg(format!("--state-dir={}", self.dir.join("state").display()))
+            .arg(format!("--node-id={NODE_ID}"))
+            // Mounts go below a directory of their own, never into the state directory.
             .arg(format!(
                 "--allowed-path-prefix={}",
-                self.dir.join("paths").display()
+                self.dir.join("mounts").display()
             ))
-            .arg(format!("--node-id={NODE_ID}"))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
@@ -203,8 +204,7 @@ pub async fn run(plan: &Plan) -> Result<RestartReport, String> {
 
 /// Creates, attaches, stages and publishes the volumes; returns them for clean-up.
 async fn populate(c: &Csi, plan: &Plan) -> Result<Vec<BenchVolume>, String> {
-    // Staging and target paths live apart from the agent's state directory, which is never one.
-    let base = plan.dir.join("paths/bench");
+    let base = plan.dir.join("mounts/bench");
     let fs: Arc<str> = Arc::from(plan.fs_type.as_str());
     let (c2, base2) = (c.clone(), base.clone());
     let results = cycle::par(plan.volumes, plan.concurrency, move |i| {

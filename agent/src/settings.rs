@@ -1,0 +1,105 @@
+//! The settings' vocabulary shared by the command line and the modules it configures: modes,
+//! backends, protocol versions, the default locations, and duration parsing. It depends on
+//! nothing in the crate, so `cli`, `client`, `upstream` and `status` all sit above it.
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    All,
+    Node,
+    Controller,
+}
+
+impl Mode {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::All => "all",
+            Mode::Node => "node",
+            Mode::Controller => "controller",
+        }
+    }
+    pub fn serves_node(self) -> bool {
+        matches!(self, Mode::All | Mode::Node)
+    }
+    pub fn serves_controller(self) -> bool {
+        matches!(self, Mode::All | Mode::Controller)
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Ebs,
+    Loop,
+}
+
+impl BackendKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Ebs => "ebs",
+            BackendKind::Loop => "loop",
+        }
+    }
+}
+
+/// A CSI protocol version the socket can serve (each under its own gRPC package).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CsiVersion {
+    /// CSI 1.x (`csi.v1`): Kubernetes, Nomad, Mesos 1.8+.
+    #[value(name = "v1")]
+    V1,
+    /// CSI 0.2 and 0.3 (`csi.v0`): Mesos 1.6-1.7, Mesos 1.8+ as fallback, older Kubernetes.
+    #[value(name = "v0")]
+    V0,
+    /// CSI 0.1 (`csi`): Mesos 1.5.
+    #[value(name = "v0.1")]
+    V01,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+pub const DEFAULT_ENDPOINT: &str = "unix:///run/ebs-node-agent/csi.sock";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/ebs-node-agent";
+pub const DEFAULT_DRIVER_NAME: &str = "ebs.csi.aws.com";
+
+/// The state file inside the state directory.
+pub const STATE_FILE: &str = "state.redb";
+
+/// Durations such as `30s`, `500ms`, `2m` or a bare number of seconds.
+pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let raw = raw.trim();
+    let (num, unit) = raw
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((raw, "s"), |i| raw.split_at(i));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {raw:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration {raw:?}: use ms, s or m")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("x").is_err());
+    }
+}
