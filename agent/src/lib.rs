@@ -5,6 +5,7 @@ pub mod cli;
 pub mod client;
 pub mod endpoint;
 pub mod error;
+pub mod fd_budget;
 pub mod grpc;
 pub mod health;
 pub mod host;

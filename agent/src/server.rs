@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use ebs_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::backend::Backend;
 use crate::backend::ebs::{EbsBackend, EbsConfig};
@@ -78,6 +77,7 @@ pub fn allowed_prefixes(args: &ServeArgs) -> Vec<PathBuf> {
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let upstream =
         crate::upstream::from_args(&args).map_err(|message| Fatal { code: 2, message })?;
+    let fds = crate::fd_budget::raise_nofile_limit();
     grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
     let allowed = allowed_prefixes(&args);
     let store = Arc::new(open_state(&args.state_dir)?);
@@ -158,6 +158,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 locks: ctx.locks.clone(),
                 health: Arc::clone(&health),
             }),
+            fds.metrics_connections,
         );
         tracing::info!(%addr, "metrics on http://{addr}/metrics");
     }
@@ -199,7 +200,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             let spawned = if ep == &args.endpoint {
                 Err("--csi-addons-endpoint must differ from --endpoint".to_string())
             } else {
-                grpc::addons::spawn(ep, addons_identity, node)
+                grpc::addons::spawn(ep, addons_identity, node, fds.grpc_connections)
             };
             Some(spawned.map_err(|e| {
                 args.endpoint.remove();
@@ -242,7 +243,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         grpc::versions::add_services(router, &args.csi_versions, services, &args.state_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = UnixListenerStream::new(listener);
+    let incoming = crate::fd_budget::capped_incoming(listener, fds.grpc_connections);
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = stop_rx.await;
     }));
