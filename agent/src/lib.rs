@@ -6,6 +6,8 @@ pub mod client;
 pub mod endpoint;
 pub mod error;
 pub mod fd_budget;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod health;
 pub mod host;
