@@ -20,12 +20,12 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-co
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares ${FUZZ_RUSTFLAGS:-}"
 # The main workspace's CARGO_TARGET_DIR, if set, must not receive instrumented builds.
-export CARGO_TARGET_DIR="$PWD/target"
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$PWD/target}"
 # An explicit --target keeps RUSTFLAGS off build scripts and proc macros (which would not link).
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 profile="${FUZZ_PROFILE:-release}"
 cargo build --profile "$profile" --locked --bins --target "$triple"
-bin="target/$triple/$profile"
+bin="$CARGO_TARGET_DIR/$triple/$profile"
 
 failed=()
 for t in "${targets[@]}"; do
