@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(
-  gcc libc6-dev                         # build: the C toolchain (cc) for build scripts and ring;
+  gcc g++ libc6-dev                     # build: the C toolchain (cc) for build scripts and ring;
+                                        # (g++: libFuzzer, which the fuzz targets link, is C++)
                                         # rustup brings Rust but not a linker or libc headers
   pkg-config libblkid-dev libudev-dev   # build: libblkid (probe FFI), libudev (device discovery)
   e2fsprogs xfsprogs util-linux         # runtime: mkfs/fsck/grow, mount helpers for tests

@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/deps.sh
 cargo build --workspace --bins --locked
+# Every fuzz target for a few seconds (its own workspace and build; docs/fuzzing.md).
+FUZZ_PROFILE=ci bash fuzz/run.sh "${FUZZ_SECONDS:-5}"
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}"

@@ -7,6 +7,9 @@ pub mod client;
 pub mod doctor;
 pub mod endpoint;
 pub mod error;
+pub mod fd_budget;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod health;
 pub mod host;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use ebs_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::backend::Backend;
 use crate::backend::ebs::{EbsBackend, EbsConfig};
@@ -98,6 +97,7 @@ fn absolute(p: &std::path::Path) -> PathBuf {
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let upstream = crate::upstream::from_args(&args.upstream, args.backend, args.mode)
         .map_err(|message| Fatal { code: 2, message })?;
+    let fds = crate::fd_budget::raise_nofile_limit();
     grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
     let roots = Arc::new(Roots::new(allowed_prefixes(&args), reserved_dirs(&args)));
     let store = Arc::new(open_state(&args.state_dir)?);
@@ -187,6 +187,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 locks: ctx.locks.clone(),
                 health: Arc::clone(&health),
             }),
+            fds.metrics_connections,
         );
         tracing::info!(%addr, "metrics on http://{addr}/metrics");
     }
@@ -228,7 +229,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             let spawned = if ep == &args.endpoint {
                 Err("--csi-addons-endpoint must differ from --endpoint".to_string())
             } else {
-                grpc::addons::spawn(ep, addons_identity, node)
+                grpc::addons::spawn(ep, addons_identity, node, fds.grpc_connections)
             };
             Some(spawned.map_err(|e| {
                 args.endpoint.remove();
@@ -276,8 +277,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         grpc::versions::add_services(router, &args.csi_versions, services, &args.state_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    // Every accepted connection gets the :authority fix (see authority_fix).
-    let incoming = UnixListenerStream::new(listener)
+    // Every accepted connection (at most the descriptor budget's share at once) gets the
+    // :authority fix (see authority_fix).
+    let incoming = crate::fd_budget::capped_incoming(listener, fds.grpc_connections)
         .map(|conn| conn.map(crate::authority_fix::AuthorityFix::new));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = stop_rx.await;

@@ -73,26 +73,52 @@ impl Store {
     }
 
     /// Opens an existing state file for reading only (`status` while no agent runs).
+    ///
+    /// redb trusts the pages of a read-only open: a damaged page reaches an `unreachable!` or an
+    /// out-of-bounds index (a panic, an abort in release builds) instead of an error. Only a
+    /// checked open verifies every page's checksum, and a checked open writes, so it runs on a
+    /// private copy first; the file itself is opened only once its bytes proved sound.
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
         if !path.exists() {
             return Err(StoreError::Missing(path.to_path_buf()));
         }
-        let store = match redb::Database::builder().open_read_only(path) {
-            Ok(db) => Store {
-                db: Db::ReadOnly(db),
-                path: path.to_path_buf(),
-                scratch_copy: None,
-                group: Default::default(),
-            },
-            // Left by a crashed agent: a read-only open cannot repair, so repair a copy.
-            Err(redb::DatabaseError::RepairAborted) => Self::open_repaired_copy(path)?,
-            Err(e) => return Err(StoreError::open(path, e)),
-        };
-        store.check_schema_version()?;
-        Ok(store)
+        let checked = Self::open_checked_copy(path)?;
+        match redb::Database::builder().open_read_only(path) {
+            Ok(db) => {
+                let store = Store {
+                    db: Db::ReadOnly(db),
+                    path: path.to_path_buf(),
+                    scratch_copy: None,
+                    group: Default::default(),
+                };
+                store.check_schema_version()?;
+                Ok(store)
+            }
+            // Left by a crashed agent: a read-only open cannot repair; the checked copy did.
+            Err(redb::DatabaseError::RepairAborted) => {
+                checked.check_schema_version()?;
+                Ok(checked)
+            }
+            Err(e) => Err(StoreError::open(path, e)),
+        }
     }
 
-    fn open_repaired_copy(path: &Path) -> Result<Self, StoreError> {
+    /// A private copy, opened with every page checked (and repaired if a crash left it so). A
+    /// copy taken while an agent commits can be torn: a few tries tell that from a damaged file.
+    fn open_checked_copy(path: &Path) -> Result<Self, StoreError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::open_checked_copy_once(path) {
+                Err(StoreError::Corrupt { .. }) if tries < 3 => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_checked_copy_once(path: &Path) -> Result<Self, StoreError> {
         let copy = std::env::temp_dir().join(format!(
             "ebs-node-agent-state-{}-{}.redb",
             std::process::id(),
@@ -100,17 +126,23 @@ impl Store {
         ));
         std::fs::copy(path, &copy).map_err(|e| StoreError::Corrupt {
             path: path.to_path_buf(),
-            detail: format!("cannot copy it for a read-only repair: {e}"),
+            detail: format!("cannot copy it for a read-only check: {e}"),
         })?;
-        let db = redb::Database::builder()
-            .create(&copy)
-            .map_err(|e| StoreError::open(path, e))?;
-        Ok(Store {
-            db: Db::RepairedCopy(db),
+        let store = Store {
+            db: Db::RepairedCopy(
+                redb::Database::builder()
+                    .set_check_integrity_on_open(true)
+                    .create(&copy)
+                    .map_err(|e| {
+                        let _ = std::fs::remove_file(&copy);
+                        StoreError::open(path, e)
+                    })?,
+            ),
             path: path.to_path_buf(),
             scratch_copy: Some(copy),
             group: Default::default(),
-        })
+        };
+        Ok(store)
     }
 
     pub fn path(&self) -> &Path {

@@ -253,3 +253,40 @@ fn publications_of_one_volume_do_not_leak_into_a_prefix_sibling() {
     assert_eq!(store.publications("v10").unwrap().len(), 1);
     assert!(store.publications("v2").unwrap().is_empty());
 }
+
+/// Found by the `state_file` fuzz target: a read-only open (`status`, `recover`'s lock probe)
+/// of a file with one damaged page panicked inside redb (an abort in release builds). Every
+/// page damaged in turn must give an answer, an error or the records, never a panic.
+#[test]
+fn a_damaged_page_is_an_error_for_read_only_opens_not_a_panic() {
+    let dir = TempDir::new("damaged-page");
+    let path = dir.0.join("state.redb");
+    {
+        let store = Store::open(&path).unwrap();
+        store
+            .write(Durability::Immediate, |w| {
+                w.put_staged(&staged("v1"))?;
+                w.step("v1", "stage", "mount", Phase::Done, BTreeMap::new())?;
+                Ok(())
+            })
+            .unwrap();
+    }
+    let good = std::fs::read(&path).unwrap();
+    let damaged = dir.0.join("damaged.redb");
+    let mut refused = 0;
+    for page in (4096..good.len()).step_by(4096) {
+        let mut bytes = good.clone();
+        let end = (page + 16).min(bytes.len());
+        bytes[page..end].fill(0xff);
+        std::fs::write(&damaged, &bytes).unwrap();
+        match Store::open_read_only(&damaged) {
+            Ok(store) => {
+                let _ = store.all_staged();
+                let _ = store.journal("v1");
+            }
+            Err(StoreError::Corrupt { .. }) => refused += 1,
+            Err(e) => panic!("page at {page}: {e}"),
+        }
+    }
+    assert!(refused > 0, "no damage was noticed");
+}

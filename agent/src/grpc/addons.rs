@@ -11,7 +11,6 @@ use ebs_proto::identity::{self as addons_id, capability};
 use ebs_proto::reclaimspace as rs;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use super::logged;
@@ -186,6 +185,7 @@ pub fn spawn(
     endpoint: &Endpoint,
     identity: AddonsIdentity,
     node: Option<ReclaimSpaceNodeService>,
+    max_connections: usize,
 ) -> std::result::Result<AddonsServer, String> {
     let listener = endpoint.bind()?;
     let router = tonic::transport::Server::builder()
@@ -193,7 +193,7 @@ pub fn spawn(
         .add_optional_service(node.map(rs::reclaim_space_node_server::ReclaimSpaceNodeServer::new));
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(router.serve_with_incoming_shutdown(
-        UnixListenerStream::new(listener),
+        crate::fd_budget::capped_incoming(listener, max_connections),
         async {
             let _ = stopped.await;
         },

@@ -1,35 +1,56 @@
-//! The scrape endpoint: a minimal HTTP/1.1 responder for `GET /metrics` on a TCP listener.
-//! One request per connection, bounded in size and time, so a slow or hostile client costs
-//! at most one small task for a few seconds.
+//! The scrape endpoint: a minimal HTTP/1.1 responder for `GET /metrics` on a TCP listener that
+//! anyone on the host may reach. One request per connection, and every resource a client can
+//! tie up is bounded: at most `max_connections` open at once (further ones are closed as soon
+//! as they are accepted, and counted), 2 s to send a request head of at most 2 KiB, 5 s to take
+//! the answer. A flood or a slowloris client costs a few descriptors for a few seconds, never
+//! the ones host work needs (see `fd_budget`).
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use super::Sources;
 
-const MAX_REQUEST: usize = 8 * 1024;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Prometheus sends a few hundred bytes of headers.
+const MAX_REQUEST: usize = 2 * 1024;
+/// For the whole request head, from accept: a client that trickles bytes is dropped at this.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// For writing the answer to a client that reads it slowly.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static TIMED_OUT: AtomicU64 = AtomicU64::new(0);
 
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
 /// Serves until the process exits: metrics stay scrapable while calls drain after SIGTERM.
-pub fn spawn(listener: TcpListener, sources: Arc<Sources>) {
+pub fn spawn(listener: TcpListener, sources: Arc<Sources>, max_connections: usize) {
+    let slots = Arc::new(Semaphore::new(max_connections));
     tokio::spawn(async move {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
+                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                        REFUSED.fetch_add(1, Ordering::Relaxed);
+                        drop(stream);
+                        continue;
+                    };
                     let sources = Arc::clone(&sources);
                     tokio::spawn(async move {
-                        let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, sources)).await;
+                        serve_one(stream, sources).await;
+                        drop(slot);
                     });
                 }
+                // EMFILE and the like: back off rather than spin on a full descriptor table.
                 Err(e) => {
                     tracing::warn!(error = %e, "metrics: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -39,34 +60,88 @@ pub fn spawn(listener: TcpListener, sources: Arc<Sources>) {
     });
 }
 
-async fn answer(mut stream: TcpStream, sources: Arc<Sources>) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() >= MAX_REQUEST {
-            return respond(&mut stream, "431 Request Header Fields Too Large", "").await;
+async fn serve_one(mut stream: TcpStream, sources: Arc<Sources>) {
+    let request = match tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await {
+        Ok(Ok(Some(head))) => head,
+        Ok(Ok(None)) | Ok(Err(_)) => return,
+        Err(_) => {
+            TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+    };
+    let answer = async {
+        let (status, body) = match request {
+            Head::TooLarge => ("431 Request Header Fields Too Large", String::new()),
+            Head::Request { method, path } => match (method.as_str(), path.as_str()) {
+                ("GET", "/metrics") => {
+                    let gauges = tokio::task::spawn_blocking(move || sources.gauges())
+                        .await
+                        .map_err(std::io::Error::other)?;
+                    let mut body = super::render(&gauges);
+                    render_listener(&mut body);
+                    ("200 OK", body)
+                }
+                ("GET", _) => ("404 Not Found", "try /metrics\n".to_string()),
+                _ => ("405 Method Not Allowed", String::new()),
+            },
+        };
+        respond(&mut stream, status, &body).await
+    };
+    if tokio::time::timeout(RESPONSE_TIMEOUT, answer)
+        .await
+        .is_err()
+    {
+        TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+enum Head {
+    Request { method: String, path: String },
+    TooLarge,
+}
+
+/// The request line of a head that ends in an empty line; `None` when the client hangs up first.
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Head>> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 512];
+    loop {
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
+        // Only the new bytes and the three before them can complete the terminator.
+        let from = buf.len().saturating_sub(3);
         buf.extend_from_slice(&chunk[..n]);
+        if buf[from..].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+        if buf.len() >= MAX_REQUEST {
+            return Ok(Some(Head::TooLarge));
+        }
     }
     let head = String::from_utf8_lossy(&buf);
     let mut request_line = head.lines().next().unwrap_or("").split(' ');
-    let method = request_line.next().unwrap_or("");
-    let path = request_line.next().unwrap_or("");
-    let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => {
-            let gauges = tokio::task::spawn_blocking(move || sources.gauges())
-                .await
-                .map_err(std::io::Error::other)?;
-            respond(&mut stream, "200 OK", &super::render(&gauges)).await
-        }
-        ("GET", _) => respond(&mut stream, "404 Not Found", "try /metrics\n").await,
-        _ => respond(&mut stream, "405 Method Not Allowed", "").await,
-    }
+    let method = request_line.next().unwrap_or("").to_string();
+    let target = request_line.next().unwrap_or("");
+    let path = target.split('?').next().unwrap_or("").to_string();
+    Ok(Some(Head::Request { method, path }))
+}
+
+/// The listener's own counters, appended to the exposition.
+fn render_listener(out: &mut String) {
+    let _ = write!(
+        out,
+        "# HELP ebs_agent_metrics_connections_refused_total Metrics connections closed on \
+         accept because the connection cap was reached.\n\
+         # TYPE ebs_agent_metrics_connections_refused_total counter\n\
+         ebs_agent_metrics_connections_refused_total {}\n\
+         # HELP ebs_agent_metrics_connections_timed_out_total Metrics connections dropped for \
+         sending a request or taking the answer too slowly.\n\
+         # TYPE ebs_agent_metrics_connections_timed_out_total counter\n\
+         ebs_agent_metrics_connections_timed_out_total {}\n",
+        REFUSED.load(Ordering::Relaxed),
+        TIMED_OUT.load(Ordering::Relaxed),
+    );
 }
 
 async fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
@@ -78,4 +153,89 @@ async fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::R
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+    use tokio::io::AsyncReadExt;
+
+    async fn listener() -> (SocketAddr, TcpListener) {
+        let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        (l.local_addr().unwrap(), l)
+    }
+
+    /// Serves a single connection the way `spawn` does, without the gauges' sources.
+    async fn one_connection(l: &TcpListener) -> Duration {
+        let (mut s, _) = l.accept().await.unwrap();
+        let started = Instant::now();
+        let _ = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut s)).await;
+        started.elapsed()
+    }
+
+    #[tokio::test]
+    async fn a_slowloris_client_is_dropped_after_the_request_timeout() {
+        let (addr, l) = listener().await;
+        let client = tokio::spawn(async move {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            for _ in 0..40 {
+                if c.write_all(b"G").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let held = one_connection(&l).await;
+        assert!(
+            held < REQUEST_TIMEOUT + Duration::from_millis(500),
+            "{held:?}"
+        );
+        client.abort();
+    }
+
+    #[tokio::test]
+    async fn an_endless_head_is_cut_at_the_size_limit() {
+        let (addr, l) = listener().await;
+        let client = tokio::spawn(async move {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            let _ = c.write_all(&[b'x'; 3 * MAX_REQUEST]).await;
+            let mut answer = String::new();
+            let _ = c.read_to_string(&mut answer).await;
+            answer
+        });
+        let (mut s, _) = l.accept().await.unwrap();
+        let head = read_head(&mut s).await.unwrap();
+        assert!(matches!(head, Some(Head::TooLarge)));
+        respond(&mut s, "431 Request Header Fields Too Large", "")
+            .await
+            .unwrap();
+        drop(s);
+        assert!(client.await.unwrap().starts_with("HTTP/1.1 431"));
+    }
+
+    #[tokio::test]
+    async fn a_head_split_across_reads_is_found() {
+        let (addr, l) = listener().await;
+        tokio::spawn(async move {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            for part in [
+                &b"GET /metrics?x=1 HTTP/1.1\r"[..],
+                b"\n",
+                b"Host: a\r\n\r",
+                b"\n",
+            ] {
+                c.write_all(part).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+        let (mut s, _) = l.accept().await.unwrap();
+        match read_head(&mut s).await.unwrap() {
+            Some(Head::Request { method, path }) => {
+                assert_eq!((method.as_str(), path.as_str()), ("GET", "/metrics"))
+            }
+            _ => panic!("no request line"),
+        }
+    }
 }

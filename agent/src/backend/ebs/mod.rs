@@ -21,6 +21,7 @@ use super::{Backend, ResolvedDevice};
 use crate::error::{Error, Result};
 use crate::request::VolumeId;
 use lookup::Wanted;
+pub(crate) use lookup::{expected_serial, partition_of};
 
 /// The model string EBS controllers report.
 pub const EBS_MODEL: &str = "Amazon Elastic Block Store";

@@ -1,0 +1,170 @@
+//! Entry points for the fuzz targets under `fuzz/` (a workspace of its own): one function per
+//! parser of outside input, taking raw bytes. Each parses, then checks what the parser promises
+//! of anything it accepts, so a fuzzer finds wrong answers as well as panics. Not an API.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use crate::backend::ebs::discovery;
+use crate::request::{FormatOptions, FsType, MountFlags, RequestPath, VolumeId};
+
+/// Splits fuzz input at newlines into UTF-8 strings (invalid bytes replaced, as a gRPC layer
+/// never hands the parsers anything but UTF-8).
+fn lines(data: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(data)
+        .split('\n')
+        .map(str::to_string)
+        .collect()
+}
+
+/// The filesystem a request names, chosen by the input's first byte.
+fn fs_of(data: &[u8]) -> (FsType, &[u8]) {
+    match data.split_first() {
+        Some((b, rest)) => (FsType::ALL[usize::from(*b) % FsType::ALL.len()], rest),
+        None => (FsType::Ext4, data),
+    }
+}
+
+pub fn volume_id(data: &[u8]) {
+    let Ok(raw) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(id) = VolumeId::parse(raw) {
+        assert_eq!(id.as_str(), raw);
+        assert!(!raw.is_empty() && raw.len() <= crate::request::MAX_STRING_BYTES);
+        assert!(!raw.contains('/'));
+        // The ebs backend's serial for it is derived, never parsed loosely.
+        if let Ok(serial) = crate::backend::ebs::expected_serial(&id) {
+            assert!(serial.starts_with("vol") && !serial.contains('-'));
+        }
+    }
+}
+
+/// A staging or target path against nested prefixes and the agent's own directories (one of them
+/// holding a carved-out prefix, as v0.1's staging directory sits in the state directory).
+pub fn request_path(data: &[u8]) {
+    let Ok(raw) = std::str::from_utf8(data) else {
+        return;
+    };
+    let roots = crate::request::Roots::new(
+        vec![
+            PathBuf::from("/var/lib/kubelet"),
+            PathBuf::from("/var/lib/kubelet/plugins"),
+            PathBuf::from("/var/lib/ebs-node-agent/v01-staging"),
+        ],
+        vec![
+            PathBuf::from("/var/lib/ebs-node-agent"),
+            PathBuf::from("/var/lib/kubelet/plugins/ebs.csi.aws.com"),
+        ],
+    );
+    if let Ok(path) = RequestPath::parse("target_path", raw, &roots) {
+        let p: &Path = path.as_path();
+        assert!(p.is_absolute(), "{p:?}");
+        // Strictly below a prefix, never a prefix or above one.
+        assert!(
+            roots.allowed.iter().any(|a| p.starts_with(a) && p != a),
+            "{p:?}"
+        );
+        assert!(!roots.allowed.iter().any(|a| a.starts_with(p)), "{p:?}");
+        assert!(
+            !p.starts_with("/var/lib/kubelet/plugins/ebs.csi.aws.com"),
+            "{p:?} is in the socket directory"
+        );
+        assert!(
+            !p.starts_with("/var/lib/ebs-node-agent")
+                || p.starts_with("/var/lib/ebs-node-agent/v01-staging"),
+            "{p:?} is in the state directory"
+        );
+        assert!(
+            p.components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_))),
+            "{p:?} keeps a . or .. component"
+        );
+        assert!(p.as_os_str().len() <= crate::request::MAX_PATH_BYTES);
+    }
+}
+
+/// Mount flags, one per line; the first byte picks the filesystem.
+pub fn mount_flags(data: &[u8]) {
+    let (fs, rest) = fs_of(data);
+    let items = lines(rest);
+    if let Ok(flags) = MountFlags::parse(fs, &items) {
+        assert_eq!(flags.raw(), items.as_slice());
+        for item in flags.data() {
+            assert!(
+                item.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"=_-.".contains(&b)),
+                "{item:?} reaches mount(2)"
+            );
+        }
+        let _ = flags.wants_read_only();
+    }
+}
+
+/// Format options as `key=value` lines of a volume context; the first byte picks the filesystem.
+pub fn format_options(data: &[u8]) {
+    let (fs, rest) = fs_of(data);
+    let ctx: HashMap<String, String> = lines(rest)
+        .into_iter()
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (l, String::new()),
+        })
+        .collect();
+    if let Ok(options) = FormatOptions::parse(fs, &ctx) {
+        for arg in options.mkfs_args(fs) {
+            assert!(
+                arg.starts_with('-') || arg.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'='),
+                "{arg:?} reaches mkfs"
+            );
+        }
+    }
+}
+
+pub fn grpc_timeout(data: &[u8]) {
+    let Ok(raw) = std::str::from_utf8(data) else {
+        return;
+    };
+    if crate::grpc::parse_grpc_timeout(raw).is_some() {
+        assert!(raw.len() >= 2 && raw.len() <= 9, "{raw:?}");
+    }
+}
+
+pub fn mountinfo(data: &[u8]) {
+    if let Ok(table) = crate::host::mountinfo::MountTable::parse_bytes(data) {
+        for entry in table.entries() {
+            let _ = entry.is_read_only();
+            let _ = entry.super_read_only();
+            assert!(table.at(&entry.mount_point).is_some());
+            let _ = table.mounts_of_device(entry.major, entry.minor).count();
+        }
+    }
+}
+
+/// What sysfs says of a disk: identify strings (serial, model, padded with spaces or NULs),
+/// `dev` numbers, disk names, and the `partition` volume-context key.
+pub fn sysfs_strings(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Some(clean) = discovery::clean(&text) {
+        assert!(!clean.is_empty() && clean.trim() == clean);
+    }
+    let _ = discovery::parse_dev(&text);
+    // A name only: the `hidden` attribute below a path that does not exist is never read.
+    let _ = discovery::is_hidden_path(&text, Path::new("/nonexistent/fuzz"));
+    let _ = crate::nodeinfo::host_devices::normalize_serial(&text);
+    let _ = crate::nodeinfo::dmi::is_instance_id(&text);
+    let ctx = HashMap::from([("partition".to_string(), text.into_owned())]);
+    if let Ok(Some(n)) = crate::backend::ebs::partition_of(&ctx) {
+        assert!((1..=128).contains(&n));
+    }
+}
+
+/// An instance-metadata answer (HTTP/1.1 head and body, maybe chunked), then what the agent
+/// makes of a body: an instance type looked up in the attach-limit table, an instance id.
+pub fn imds_response(data: &[u8]) {
+    if let Ok(body) = crate::nodeinfo::imds::parse_response_body(data) {
+        let value = body.trim();
+        let _ = crate::nodeinfo::attach_limit::lookup(value);
+        let _ = crate::nodeinfo::dmi::is_instance_id(value);
+    }
+}
