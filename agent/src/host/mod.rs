@@ -9,4 +9,5 @@ pub mod malloc;
 pub mod mount_root;
 pub mod mounter;
 pub mod mountinfo;
+pub mod nvme;
 pub mod trim;
