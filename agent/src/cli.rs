@@ -30,6 +30,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Rebuild or reset a state file that the agent refuses to open.
     Recover(RecoverArgs),
+    /// Print an EBS volume's NVMe performance statistics (log page 0xD0), like `nvme amzn stats`.
+    EbsStats(crate::ebs_stats::EbsStatsArgs),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 pub mod backend;
 pub mod cli;
 pub mod client;
+pub mod ebs_stats;
 pub mod endpoint;
 pub mod error;
 pub mod grpc;

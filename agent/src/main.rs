@@ -43,6 +43,7 @@ fn main() {
         Command::Client(args) => runtime.block_on(client::run(args)),
         Command::Status(args) => runtime.block_on(status::status(args)),
         Command::Recover(args) => recover::run(args),
+        Command::EbsStats(args) => ebs_node_agent::ebs_stats::run(args),
     };
     // Blocking host work still running after the grace period must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
