@@ -7,19 +7,20 @@
 
 mod reads;
 pub mod render;
+mod volumes;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path, PathBuf};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ebs_store::{DeviceIdentity, Progress, Store};
+use ebs_store::Store;
 
-use crate::backend::ebs::{BlockDevices, SysfsDisks};
 use crate::host::nvme::ReadError;
 use crate::host::nvme::ebs_page::{self, EbsStats, PageError};
 use crate::nodeinfo::NodeInfoSource;
 pub use reads::{InFlight, Limits, NvmeReader, Outcome, PageReader, read_all};
+pub use volumes::{NvmeDisk, Wanted, disks_by_serial, serial_of, wanted_volumes};
 
 /// Bucket bounds of the collector's own duration histogram (upstream's).
 pub const DURATION_BUCKETS: [f64; 13] = [
@@ -193,13 +194,6 @@ pub struct EbsStatsSource {
     state: Mutex<State>,
 }
 
-/// A volume to read: its id and the NVMe serial its device carries.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Wanted {
-    pub volume_id: String,
-    pub serial: String,
-}
-
 struct Failure {
     volume: Option<String>,
     reason: Reason,
@@ -269,7 +263,8 @@ impl EbsStatsSource {
                 return Vec::new();
             }
         };
-        let disks = match SysfsDisks::new(&self.config.sys_root, &self.config.dev_root).disks() {
+        let serials: HashSet<&str> = wanted.iter().map(|w| w.serial.as_str()).collect();
+        let disks = match volumes::disks_by_serial(&self.config.sys_root, &serials) {
             Ok(d) => d,
             Err(e) => {
                 let root = self.config.sys_root.display();
@@ -278,7 +273,7 @@ impl EbsStatsSource {
             }
         };
         let mut to_read: Vec<(String, PathBuf)> = Vec::new();
-        for w in wanted {
+        for w in &wanted {
             let mut fail = |reason, detail| {
                 failures.push(Failure {
                     volume: Some(w.volume_id.clone()),
@@ -286,26 +281,34 @@ impl EbsStatsSource {
                     detail,
                 })
             };
-            let mut found: Vec<_> = disks
-                .iter()
-                .filter(|d| d.serial.as_deref() == Some(w.serial.as_str()))
-                .collect();
-            if found.len() > 1 {
-                found.retain(|d| d.nsid == Some(ebs_page::NSID));
-            }
-            match found.as_slice() {
+            match disks.get(&w.serial).map(Vec::as_slice).unwrap_or_default() {
                 [] => fail(
                     Reason::NoDevice,
                     format!("no NVMe disk has serial {}", w.serial),
                 ),
                 [d] if d.model.as_deref() != Some(self.config.model.as_str()) => fail(
                     Reason::NotEbs,
-                    format!("{} is not {:?}", d.describe(), self.config.model),
+                    format!(
+                        "{} (serial {}) has model {:?}, not {:?}",
+                        d.name,
+                        w.serial,
+                        d.model.as_deref().unwrap_or(""),
+                        self.config.model
+                    ),
                 ),
-                [d] => to_read.push((w.volume_id, self.config.dev_root.join(&d.name))),
+                [d] => to_read.push((w.volume_id.clone(), self.config.dev_root.join(&d.name))),
                 several => fail(
                     Reason::NoDevice,
-                    format!("{} disks have serial {}", several.len(), w.serial),
+                    format!(
+                        "{} disks have serial {}: {}",
+                        several.len(),
+                        w.serial,
+                        several
+                            .iter()
+                            .map(|d| d.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
                 ),
             }
         }
@@ -386,68 +389,6 @@ pub fn from_serve_args(
         ioctl_timeout: IOCTL_TIMEOUT,
     });
     Some(EbsStatsSource::new(config, reader, Arc::clone(node)))
-}
-
-/// The volumes whose pages a scrape reads: staged (completely) or published, with an NVMe
-/// identity, under the mount-point prefix when one is set.
-pub fn wanted_volumes(
-    store: &Store,
-    prefix: Option<&Path>,
-) -> Result<Vec<Wanted>, ebs_store::StoreError> {
-    // volume id -> (serial, if known and NVMe; paths it is mounted at)
-    let mut seen: BTreeMap<String, (Option<Option<String>>, Vec<PathBuf>)> = BTreeMap::new();
-    for s in store.all_staged()? {
-        if s.progress != Progress::Complete {
-            continue;
-        }
-        let serial = match s.identity {
-            DeviceIdentity::NvmeSerial { serial } => Some(serial),
-            // Xen disks and loop files have no NVMe page.
-            DeviceIdentity::Unverified | DeviceIdentity::LoopFile { .. } => None,
-        };
-        let entry = seen.entry(s.volume_id).or_default();
-        entry.0 = Some(serial);
-        entry.1.push(s.staging_path);
-    }
-    for p in store.all_publications()? {
-        seen.entry(p.volume_id).or_default().1.push(p.target_path);
-    }
-    let prefix = prefix.map(lexically_clean);
-    Ok(seen
-        .into_iter()
-        .filter(|(_, (_, paths))| match &prefix {
-            None => true,
-            Some(pre) => paths.iter().any(|p| p.starts_with(pre) && p != pre),
-        })
-        .filter_map(|(volume_id, (serial, _))| {
-            let serial = match serial {
-                Some(s) => s?,
-                None => serial_of(&volume_id)?,
-            };
-            Some(Wanted { volume_id, serial })
-        })
-        .collect())
-}
-
-/// EBS's NVMe serial for a volume id: the id without its dash (`vol-0abc` -> `vol0abc`).
-fn serial_of(volume_id: &str) -> Option<String> {
-    let hex = volume_id.strip_prefix("vol-")?;
-    (!hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| format!("vol{hex}"))
-}
-
-/// `.` and `..` resolved without touching the filesystem, as upstream cleans its prefix.
-fn lexically_clean(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

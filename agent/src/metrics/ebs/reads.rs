@@ -1,10 +1,11 @@
-//! Page reads in parallel, each on a thread of its own with a deadline. A read that misses its
-//! deadline is abandoned, not waited for: its thread stays in the ioctl until the kernel's own
-//! timeout, and its device is marked busy until then, so a stuck controller holds at most one
-//! thread however often it is scraped, and neither the scrape nor the other volumes wait on it.
-//! The threads are the agent's own, not tokio's blocking pool, which the CSI calls need.
+//! Page reads in parallel on a few threads of the scrape's own, each read with a deadline. A
+//! read that misses its deadline is abandoned, not waited for: its thread stays in the ioctl
+//! until the kernel's own timeout, and its device is marked busy until then, so a stuck
+//! controller holds at most one thread however often it is scraped, and neither the scrape nor
+//! the other volumes wait on it. The threads are the agent's own, not tokio's blocking pool,
+//! which the CSI calls need.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -89,7 +90,9 @@ pub enum Outcome {
 }
 
 /// Reads every device's page, at most `limits.parallel` at a time; one outcome per device, in
-/// order.
+/// order. `parallel` workers take devices off a shared queue; a worker whose read misses its
+/// deadline is abandoned to the kernel and another one started in its place, so stuck devices
+/// never take the others' turn.
 pub fn read_all(
     reader: &Arc<dyn PageReader>,
     in_flight: &InFlight,
@@ -98,32 +101,43 @@ pub fn read_all(
 ) -> Vec<Outcome> {
     let mut out: Vec<Option<Outcome>> = devices.iter().map(|_| None).collect();
     let budget_end = Instant::now() + limits.budget;
-    let (tx, rx) = mpsc::channel();
-    let mut active: Vec<(usize, Instant)> = Vec::new();
-    let mut next = 0;
-    loop {
-        let now = Instant::now();
-        while active.len() < limits.parallel.max(1) && next < devices.len() && now < budget_end {
-            match start(next, &devices[next], reader, in_flight, &tx) {
-                Ok(()) => active.push((next, now + limits.per_read)),
-                Err(o) => out[next] = Some(o),
-            }
-            next += 1;
+    let mut queue = VecDeque::new();
+    for (i, device) in devices.iter().enumerate() {
+        match in_flight.claim(device) {
+            Some(claim) => queue.push_back((i, claim)),
+            None => out[i] = Some(Outcome::Busy),
         }
-        if active.is_empty() {
+    }
+    let waiting = queue.len();
+    let queue: Queue = Arc::new(Mutex::new(queue));
+    let (tx, rx) = mpsc::channel();
+    // Reads started and not yet answered, with their deadlines.
+    let mut active: Vec<(usize, Instant)> = Vec::new();
+    let mut answered = 0;
+    for _ in 0..limits.parallel.max(1).min(waiting) {
+        if let Err(e) = spawn_worker(reader, &queue, &tx) {
+            answered += fail_queued(&queue, &mut out, &e);
+            break;
+        }
+    }
+    while answered < waiting {
+        let now = Instant::now();
+        if now >= budget_end {
             break;
         }
         let wake = active
             .iter()
             .map(|(_, deadline)| *deadline)
             .min()
-            .unwrap_or(now)
+            .unwrap_or(budget_end)
             .min(budget_end);
         match rx.recv_timeout(wake.saturating_duration_since(now)) {
-            Ok((i, result)) => {
+            Ok(Event::Started(i)) => active.push((i, Instant::now() + limits.per_read)),
+            Ok(Event::Done(i, result)) => {
                 // A late answer of an abandoned read finds its slot already closed.
                 if let Some(pos) = active.iter().position(|(j, _)| *j == i) {
                     active.swap_remove(pos);
+                    answered += 1;
                     out[i] = Some(match result {
                         Ok(page) => Outcome::Page(page),
                         Err(e) => Outcome::Failed(e),
@@ -132,43 +146,75 @@ pub fn read_all(
             }
             Err(RecvTimeoutError::Timeout) => {
                 let now = Instant::now();
+                let mut abandoned = 0;
                 active.retain(|(i, deadline)| {
-                    let expired = *deadline <= now || now >= budget_end;
+                    let expired = *deadline <= now;
                     if expired {
                         out[*i] = Some(Outcome::TimedOut);
+                        abandoned += 1;
                     }
                     !expired
                 });
+                answered += abandoned;
+                for _ in 0..abandoned {
+                    if let Err(e) = spawn_worker(reader, &queue, &tx) {
+                        answered += fail_queued(&queue, &mut out, &e);
+                    }
+                }
             }
-            // Unreachable while `tx` lives; give up on the rest rather than spin.
+            // Every worker is gone: nothing more will come.
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
+    // The budget is spent: what has not started never will (its claim is released here).
+    queue.lock().unwrap_or_else(|p| p.into_inner()).clear();
     out.into_iter()
         .map(|o| o.unwrap_or(Outcome::TimedOut))
         .collect()
 }
 
-type Answer = (usize, Result<Vec<u8>, ReadError>);
+type Queue = Arc<Mutex<VecDeque<(usize, Claim)>>>;
 
-fn start(
-    index: usize,
-    device: &Path,
+enum Event {
+    Started(usize),
+    Done(usize, Result<Vec<u8>, ReadError>),
+}
+
+/// No thread could be started: the reads still queued will not happen. Returns how many.
+fn fail_queued(queue: &Queue, out: &mut [Option<Outcome>], why: &str) -> usize {
+    let mut queue = queue.lock().unwrap_or_else(|p| p.into_inner());
+    let n = queue.len();
+    for (i, _) in queue.drain(..) {
+        out[i] = Some(Outcome::NoThread(why.to_string()));
+    }
+    n
+}
+
+fn spawn_worker(
     reader: &Arc<dyn PageReader>,
-    in_flight: &InFlight,
-    tx: &mpsc::Sender<Answer>,
-) -> Result<(), Outcome> {
-    let claim = in_flight.claim(device).ok_or(Outcome::Busy)?;
+    queue: &Queue,
+    tx: &mpsc::Sender<Event>,
+) -> Result<(), String> {
     let reader = Arc::clone(reader);
+    let queue = Arc::clone(queue);
     let tx = tx.clone();
     std::thread::Builder::new()
         .name("ebs-stats".into())
         .stack_size(128 * 1024)
         .spawn(move || {
-            let result = reader.read_page(&claim.device);
-            drop(claim);
-            let _ = tx.send((index, result));
+            loop {
+                let job = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+                let Some((i, claim)) = job else { break };
+                if tx.send(Event::Started(i)).is_err() {
+                    break;
+                }
+                let result = reader.read_page(&claim.device);
+                drop(claim);
+                if tx.send(Event::Done(i, result)).is_err() {
+                    break;
+                }
+            }
         })
         .map(|_| ())
-        .map_err(|e| Outcome::NoThread(e.to_string()))
+        .map_err(|e| e.to_string())
 }

@@ -5,6 +5,7 @@
 //! page's bins (upper bound in seconds, cumulative counts, sum 0: the page has no sum), and
 //! numbers formatted as Go's client formats them, so `le` strings match upstream's exactly.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::{DURATION_BUCKETS, EbsScrape};
@@ -112,6 +113,8 @@ pub fn render(out: &mut String, s: &EbsScrape) {
                 let _ = writeln!(out, "{name}{{{labels}}} {}", go_float(value(stats)));
             }
         }
+        // Volumes share their bins: each bound is formatted once.
+        let mut bounds: HashMap<u64, String> = HashMap::new();
         for (name, help, histogram) in HISTOGRAMS {
             header(out, name, help, "histogram");
             for ((_, stats), labels) in s.volumes.iter().zip(&volume_labels) {
@@ -119,7 +122,9 @@ pub fn render(out: &mut String, s: &EbsScrape) {
                 let mut cumulative: u64 = 0;
                 for bin in &h.bins {
                     cumulative += u64::from(bin.count);
-                    let le = go_float(bin.upper as f64 / US_PER_SECOND);
+                    let le = bounds
+                        .entry(bin.upper)
+                        .or_insert_with(|| go_float(bin.upper as f64 / US_PER_SECOND));
                     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
                 }
                 let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");

@@ -322,6 +322,31 @@ fn a_slow_device_holds_neither_the_scrape_nor_the_other_volumes() {
 }
 
 #[test]
+fn a_stuck_read_gives_its_turn_to_the_next_volume() {
+    let mut env = Env::new("turn", |c| {
+        c.limits.parallel = 1;
+        c.limits.per_read = Duration::from_millis(100);
+    });
+    let stuck = env.staged("vol-0a", Some(EBS_MODEL));
+    env.staged("vol-0b", Some(EBS_MODEL));
+    env.staged("vol-0c", Some(EBS_MODEL));
+    env.stub.answer(&stuck, || {
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(encode(&stats(1)))
+    });
+    let t = Instant::now();
+    let (s, _) = env.scrape();
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "waited {:?}",
+        t.elapsed()
+    );
+    let read: Vec<&str> = s.volumes.iter().map(|(v, _)| v.as_str()).collect();
+    assert_eq!(read, vec!["vol-0b", "vol-0c"]);
+    assert_eq!(reasons(&s), HashMap::from([("timeout", 1)]));
+}
+
+#[test]
 fn reads_run_in_parallel_up_to_the_cap() {
     let mut env = Env::new("parallel", |c| c.limits.parallel = 3);
     for i in 0..12 {
@@ -474,4 +499,30 @@ fn the_mount_point_prefix_restricts_the_set_as_upstream_does() {
     assert!(ids(staging_path("vol-0a").to_str().unwrap()).is_empty());
     assert_eq!(ids("/var/lib/kubeletx"), vec!["vol-0c"]);
     assert_eq!(wanted_volumes(&env.store, None).unwrap().len(), 3);
+}
+
+#[test]
+fn disks_are_found_by_serial_multipath_heads_included() {
+    let env = Env::new("disks", |_| {});
+    let f = &env.fixture;
+    f.nvme(0, Some("vol0a"), EBS_MODEL, &[1]).unwrap();
+    let head = f.nvme_multipath(1, 3, "vol0b", EBS_MODEL, 1).unwrap();
+    f.nvme(4, Some("vol0c"), EBS_MODEL, &[1, 2]).unwrap();
+    f.nvme(5, Some("vol0d"), "Amazon EC2 NVMe Instance Storage", &[1])
+        .unwrap();
+    f.nvme(6, Some("vol0e"), EBS_MODEL, &[1]).unwrap();
+    f.xen("xvdf", 80).unwrap();
+    let wanted: std::collections::HashSet<&str> =
+        ["vol0a", "vol0b", "vol0c", "vol0d", "vol0x"].into();
+    let found = disks_by_serial(&f.sys_root(), &wanted).unwrap();
+    let names = |s: &str| -> Vec<&str> { found[s].iter().map(|d| d.name.as_str()).collect() };
+    assert_eq!(names("vol0a"), vec!["nvme0n1"]);
+    // The visible head, not the hidden per-path node nvme1c3n1.
+    assert_eq!(names("vol0b"), vec![head.as_str()]);
+    assert_eq!(names("vol0c"), vec!["nvme4n1"], "namespace 1 of two");
+    assert_eq!(
+        found["vol0d"][0].model.as_deref(),
+        Some("Amazon EC2 NVMe Instance Storage")
+    );
+    assert!(!found.contains_key("vol0x") && !found.contains_key("vol0e"));
 }
