@@ -81,7 +81,7 @@ pub fn log_page_command(
     timeout: Duration,
 ) -> Result<NvmeAdminCmd, ReadError> {
     let data_len = u32::try_from(len).map_err(|_| ReadError::Length(len))?;
-    if len == 0 || len % 4 != 0 {
+    if len == 0 || !len.is_multiple_of(4) {
         return Err(ReadError::Length(len));
     }
     let numd = data_len / 4 - 1;

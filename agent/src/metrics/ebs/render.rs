@@ -15,6 +15,7 @@ use crate::metrics::histogram::{escape, header};
 const US_PER_SECOND: f64 = 1e6;
 
 type Field = fn(&EbsStats) -> f64;
+type HistogramOf = fn(&EbsStats) -> &Histogram;
 
 /// Per-volume counters and the queue-length gauge: (name, type, help, value).
 const SERIES: [(&str, &str, &str, Field); 11] = [
@@ -86,7 +87,7 @@ const SERIES: [(&str, &str, &str, Field); 11] = [
     ),
 ];
 
-const HISTOGRAMS: [(&str, &str, fn(&EbsStats) -> &Histogram); 2] = [
+const HISTOGRAMS: [(&str, &str, HistogramOf); 2] = [
     (
         "aws_ebs_csi_read_io_latency_seconds",
         "Read operations by the latency bin they completed in, in seconds.",

@@ -118,7 +118,8 @@ fn short_page() {
 
 #[test]
 fn histogram_bounds_are_checked() {
-    let cases: Vec<(usize, Vec<(u64, u64, u32)>, &str)> = vec![
+    type Bins = Vec<(u64, u64, u32)>;
+    let cases: Vec<(usize, Bins, &str)> = vec![
         (512, vec![(8, 0, 1)], "backwards"),
         (2056, vec![(0, 8, 1), (4, 16, 1)], "not above"),
         (512, vec![(0, 8, 1), (8, 8, 1)], "not above"),
