@@ -1,14 +1,16 @@
 //! The collector over a sysfs fixture and a state file, with a stubbed page reader: what reaches
 //! `/metrics`, how failures are counted, deadlines, parallelism and the volume set.
 
+mod deadlines;
 mod formats;
 mod upstream;
+mod volumes;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ebs_store::{AccessRecord, DeviceIdentity, Durability, Progress, Publication, StagedVolume};
 use nix::errno::Errno;
@@ -184,7 +186,7 @@ pub fn staging_path(volume: &str) -> PathBuf {
         .join("globalmount")
 }
 
-fn reasons(s: &EbsScrape) -> HashMap<&'static str, u64> {
+pub fn reasons(s: &EbsScrape) -> HashMap<&'static str, u64> {
     s.errors_by_reason
         .iter()
         .filter(|(_, n)| *n > 0)
@@ -293,101 +295,6 @@ fn failures_are_counted_and_never_fatal() {
 }
 
 #[test]
-fn a_slow_device_holds_neither_the_scrape_nor_the_other_volumes() {
-    let mut env = Env::new("slow", |c| {
-        c.limits.per_read = Duration::from_millis(200);
-    });
-    let slow = env.staged("vol-0510", Some(EBS_MODEL));
-    env.staged("vol-0511", Some(EBS_MODEL));
-    env.staged("vol-0512", Some(EBS_MODEL));
-    env.stub.answer(&slow, || {
-        std::thread::sleep(Duration::from_millis(1500));
-        Ok(encode(&stats(9)))
-    });
-    let t = Instant::now();
-    let (s, _) = env.scrape();
-    assert!(
-        t.elapsed() < Duration::from_millis(1000),
-        "waited {:?}",
-        t.elapsed()
-    );
-    assert_eq!(s.volumes.len(), 2);
-    assert_eq!(reasons(&s), HashMap::from([("timeout", 1)]));
-    // The stuck read still holds its device: the next scrape does not start a second one.
-    assert_eq!(env.source.reads_in_flight(), 1);
-    let (s, _) = env.scrape();
-    assert_eq!(s.volumes.len(), 2);
-    assert_eq!(reasons(&s), HashMap::from([("timeout", 1), ("busy", 1)]));
-    assert_eq!(env.stub.calls.load(Ordering::SeqCst), 5);
-}
-
-#[test]
-fn a_stuck_read_gives_its_turn_to_the_next_volume() {
-    let mut env = Env::new("turn", |c| {
-        c.limits.parallel = 1;
-        c.limits.per_read = Duration::from_millis(100);
-    });
-    let stuck = env.staged("vol-0a", Some(EBS_MODEL));
-    env.staged("vol-0b", Some(EBS_MODEL));
-    env.staged("vol-0c", Some(EBS_MODEL));
-    env.stub.answer(&stuck, || {
-        std::thread::sleep(Duration::from_millis(1500));
-        Ok(encode(&stats(1)))
-    });
-    let t = Instant::now();
-    let (s, _) = env.scrape();
-    assert!(
-        t.elapsed() < Duration::from_millis(1000),
-        "waited {:?}",
-        t.elapsed()
-    );
-    let read: Vec<&str> = s.volumes.iter().map(|(v, _)| v.as_str()).collect();
-    assert_eq!(read, vec!["vol-0b", "vol-0c"]);
-    assert_eq!(reasons(&s), HashMap::from([("timeout", 1)]));
-}
-
-#[test]
-fn reads_run_in_parallel_up_to_the_cap() {
-    let mut env = Env::new("parallel", |c| c.limits.parallel = 3);
-    for i in 0..12 {
-        let disk = env.staged(&format!("vol-0{i:x}"), Some(EBS_MODEL));
-        env.stub.answer(&disk, || {
-            std::thread::sleep(Duration::from_millis(30));
-            Ok(encode(&stats(1)))
-        });
-    }
-    let (s, _) = env.scrape();
-    assert_eq!(s.volumes.len(), 12);
-    let most = env.stub.most.load(Ordering::SeqCst);
-    assert!((2..=3).contains(&most), "{most} reads at once");
-}
-
-#[test]
-fn the_budget_bounds_the_whole_scrape() {
-    let mut env = Env::new("budget", |c| {
-        c.limits.parallel = 1;
-        c.limits.per_read = Duration::from_millis(150);
-        c.limits.budget = Duration::from_millis(400);
-    });
-    for i in 0..6 {
-        let disk = env.staged(&format!("vol-0{i:x}"), Some(EBS_MODEL));
-        env.stub.answer(&disk, || {
-            std::thread::sleep(Duration::from_millis(1000));
-            Ok(encode(&stats(1)))
-        });
-    }
-    let t = Instant::now();
-    let (s, _) = env.scrape();
-    assert!(
-        t.elapsed() < Duration::from_millis(900),
-        "waited {:?}",
-        t.elapsed()
-    );
-    assert_eq!(reasons(&s), HashMap::from([("timeout", 6)]));
-    assert!(env.stub.calls.load(Ordering::SeqCst) <= 3);
-}
-
-#[test]
 fn a_recent_scrape_is_reused_within_the_minimum_interval() {
     let mut env = Env::new("interval", |c| c.min_interval = Duration::from_secs(3600));
     env.staged("vol-0c", Some(EBS_MODEL));
@@ -414,115 +321,4 @@ fn the_instance_id_label_follows_the_node_identity() {
         topology: HashMap::new(),
     });
     assert_eq!(source.scrape(&env.store).instance_id, "i-0f");
-}
-
-fn put_publication(store: &Store, volume: &str, target: &str) {
-    let p = Publication {
-        volume_id: volume.into(),
-        target_path: target.into(),
-        staging_path: staging_path(volume),
-        block: false,
-        readonly: false,
-        access_mode: 1,
-        mount_flags: vec![],
-        progress: Progress::Complete,
-        at_unix_ms: 0,
-    };
-    store
-        .write(Durability::Lazy, |w| w.put_publication(&p))
-        .unwrap();
-}
-
-#[test]
-fn the_volume_set_is_what_was_staged_or_published_with_an_nvme_identity() {
-    let mut env = Env::new("set", |_| {});
-    env.staged("vol-0a", None);
-    let mut partial = env.store.staged("vol-0a").unwrap().unwrap();
-    partial.volume_id = "vol-0b".into();
-    partial.identity = DeviceIdentity::NvmeSerial {
-        serial: "vol0b".into(),
-    };
-    partial.progress = Progress::InProgress;
-    let mut xen = partial.clone();
-    xen.volume_id = "vol-0c".into();
-    xen.identity = DeviceIdentity::Unverified;
-    xen.progress = Progress::Complete;
-    env.store
-        .write(Durability::Lazy, |w| {
-            w.put_staged(&partial)?;
-            w.put_staged(&xen)
-        })
-        .unwrap();
-    put_publication(
-        &env.store,
-        "vol-0d",
-        "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv/mount",
-    );
-    put_publication(&env.store, "vol-0c", "/var/lib/kubelet/pods/q/mount");
-    put_publication(&env.store, "pvc-loop-1", "/var/lib/kubelet/pods/r/mount");
-    let wanted = wanted_volumes(&env.store, None).unwrap();
-    let want = |v: &str, s: &str| Wanted {
-        volume_id: v.into(),
-        serial: s.into(),
-    };
-    assert_eq!(
-        wanted,
-        vec![want("vol-0a", "vol0a"), want("vol-0d", "vol0d")]
-    );
-}
-
-#[test]
-fn the_mount_point_prefix_restricts_the_set_as_upstream_does() {
-    let mut env = Env::new("prefix", |_| {});
-    env.staged("vol-0a", None);
-    put_publication(
-        &env.store,
-        "vol-0b",
-        "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv/mount",
-    );
-    put_publication(&env.store, "vol-0c", "/var/lib/kubeletx/pods/p/mount");
-    let ids = |prefix: &str| -> Vec<String> {
-        wanted_volumes(&env.store, Some(Path::new(prefix)))
-            .unwrap()
-            .into_iter()
-            .map(|w| w.volume_id)
-            .collect()
-    };
-    let plugin = "/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/";
-    assert_eq!(ids(plugin), vec!["vol-0a"]);
-    assert_eq!(
-        ids("/var/lib/kubelet/./plugins/../plugins/kubernetes.io/csi/ebs.csi.aws.com"),
-        vec!["vol-0a"]
-    );
-    assert_eq!(ids("/var/lib/kubelet"), vec!["vol-0a", "vol-0b"]);
-    // A path equal to the prefix is not under it; a sibling sharing its characters neither.
-    assert!(ids(staging_path("vol-0a").to_str().unwrap()).is_empty());
-    assert_eq!(ids("/var/lib/kubeletx"), vec!["vol-0c"]);
-    assert_eq!(wanted_volumes(&env.store, None).unwrap().len(), 3);
-}
-
-#[test]
-fn disks_are_found_by_serial_multipath_heads_included() {
-    let env = Env::new("disks", |_| {});
-    let f = &env.fixture;
-    f.nvme(0, Some("vol0a"), EBS_MODEL, &[1]).unwrap();
-    let head = f.nvme_multipath(1, 3, "vol0b", EBS_MODEL, 1).unwrap();
-    f.nvme(4, Some("vol0c"), EBS_MODEL, &[1, 2]).unwrap();
-    f.nvme(5, Some("vol0d"), "Amazon EC2 NVMe Instance Storage", &[1])
-        .unwrap();
-    f.nvme(6, Some("vol0e"), EBS_MODEL, &[1]).unwrap();
-    f.xen("xvdf", 80).unwrap();
-    let wanted: std::collections::HashSet<&str> =
-        ["vol0a", "vol0b", "vol0c", "vol0d", "vol0x"].into();
-    let found = disks_by_serial(&f.sys_root(), &wanted).unwrap();
-    let names = |s: &str| -> Vec<&str> { found[s].iter().map(|d| d.name.as_str()).collect() };
-    assert_eq!(names("vol0a"), vec!["nvme0n1"]);
-    // The visible head, not the hidden per-path node nvme1c3n1.
-    assert_eq!(names("vol0b"), vec![head.as_str()]);
-    assert_eq!(names("vol0c"), vec!["nvme4n1"], "namespace 1 of two");
-    assert_eq!(
-        found["vol0d"][0].model.as_deref(),
-        Some("Amazon EC2 NVMe Instance Storage")
-    );
-    assert!(!found.contains_key("vol0x") && !found.contains_key("vol0e"));
 }
