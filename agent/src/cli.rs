@@ -69,6 +69,8 @@ pub enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Print an EBS volume's NVMe performance statistics (log page 0xD0), like `nvme amzn stats`.
+    EbsStats(crate::ebs_stats::EbsStatsArgs),
 }
 
 impl Cli {

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod doctor;
+pub mod ebs_stats;
 pub mod endpoint;
 pub mod error;
 pub mod fd_budget;

@@ -90,6 +90,7 @@ fn main() {
         Command::Doctor(args) => runtime.block_on(ebs_node_agent::doctor::run(args)),
         Command::Completions { shell } => packaging_output::completions(shell),
         Command::Man { dir } => packaging_output::man(dir.as_deref()),
+        Command::EbsStats(args) => ebs_node_agent::ebs_stats::run(args),
     };
     // Blocking host work still running after the grace period must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));

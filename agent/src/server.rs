@@ -186,6 +186,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 store: Arc::clone(&store),
                 locks: ctx.locks.clone(),
                 health: Arc::clone(&health),
+                ebs_stats: crate::metrics::ebs::from_serve_args(&args, &info),
             }),
             fds.metrics_connections,
         );

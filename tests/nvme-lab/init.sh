@@ -45,9 +45,10 @@ done
 A=/bin/ebs-node-agent
 EP=unix:///run/csi.sock
 C() { "$A" client --endpoint "$EP" "$@"; }
+ip link set lo up
 "$A" serve --mode node --backend ebs --endpoint "$EP" --state-dir /var/lib/ebs-node-agent \
   --node-id i-lab --zone lab-zone-1a --imds-disabled --ebs-model "$MODEL" --device-wait 20s \
-  >/tmp/agent.log 2>&1 &
+  --metrics-address 127.0.0.1:9809 >/tmp/agent.log 2>&1 &
 agent_pid=$!
 t0=$(now_ms)
 i=0
@@ -92,6 +93,33 @@ if grep -q "^/dev/$N1 $S ext4" /proc/mounts; then ok "staged: /dev/$N1 on $S (ex
 uuid1=$(fs_uuid "/dev/$N1")
 step "publish" C node publish --id "$V1" --staging-path "$S" --target-path "$T"
 echo "hello from $V1" >"$T/data" && sync && ok "write through the target path" || bad "write failed"
+
+# EBS statistics with a volume staged and published: the agent reads log page 0xD0 through the
+# NVMe admin ioctl at scrape time; QEMU's controller does not implement the page, so the read
+# fails with an NVMe status, which is counted while the scrape answers with everything else.
+if wget -qO /tmp/metrics http://127.0.0.1:9809/metrics 2>/tmp/out; then
+  grep -E '^(aws_ebs_csi_nvme_collector_(errors|scrapes)_total|ebs_agent_ebs_stats_errors_total\{reason="unsupported"\}|ebs_agent_volumes_)' /tmp/metrics | sed 's/^/LAB metric /'
+  if grep -q '^aws_ebs_csi_nvme_collector_errors_total{instance_id="i-lab"} 1$' /tmp/metrics &&
+    grep -q '^ebs_agent_ebs_stats_errors_total{reason="unsupported"} 1$' /tmp/metrics &&
+    grep -q '^aws_ebs_csi_nvme_collector_duration_seconds_count{instance_id="i-lab"} 1$' /tmp/metrics &&
+    grep -q '^ebs_agent_volumes_staged 1$' /tmp/metrics && grep -q '^ebs_agent_volumes_published 1$' /tmp/metrics &&
+    grep -q '^ebs_agent_rpc_requests_total{rpc="NodeStageVolume",code="OK"} ' /tmp/metrics &&
+    ! grep -q '^aws_ebs_csi_read_ops_total' /tmp/metrics; then
+    ok "ebs stats scrape: page 0xD0 unsupported by QEMU's controller, counted, the other metrics intact"
+  else
+    bad "ebs stats scrape: $(grep -E 'collector_errors|ebs_stats_errors|volumes_|NodeStage' /tmp/metrics | tr '\n' ' ' | head -c 600)"
+  fi
+  grep 'EBS statistics unavailable' /tmp/agent.log | head -1 | sed 's/^.*WARN //;s/^/LAB ebs-log /'
+else
+  bad "metrics scrape failed: $(cat /tmp/out)"
+fi
+if "$A" ebs-stats "/dev/$N1" >/tmp/out 2>&1; then
+  bad "ebs-stats on QEMU's controller succeeded: $(head -c 300 /tmp/out)"
+elif grep -q 'does not provide log page 0xd0 (NVMe status 0x' /tmp/out; then
+  ok "ebs-stats /dev/$N1 (the ioctl from the command line): $(head -c 300 /tmp/out)"
+else
+  bad "ebs-stats /dev/$N1: $(head -c 400 /tmp/out)"
+fi
 step "unpublish" C node unpublish --id "$V1" --target-path "$T"
 step "unstage" C node unstage --id "$V1" --staging-path "$S"
 if mounted "$S" || mounted "$T"; then bad "still mounted after unstage"; else ok "nothing mounted after unstage"; fi

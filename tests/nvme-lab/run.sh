@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The NVMe lab: boots a throwaway QEMU guest (software emulation, KVM is not usable here) whose NVMe
 # disks carry EBS-style serials, runs ebs-node-agent with the ebs backend inside and drives
-# stage -> publish -> write -> unpublish -> unstage -> restage, a wrong-serial refusal, a missing
+# stage -> publish -> write (and a metrics scrape whose EBS statistics read, an NVMe admin ioctl,
+# QEMU's controller refuses) -> unpublish -> unstage -> restage, a wrong-serial refusal, a missing
 # volume and a hot-plugged one through `ebs-node-agent client`; then, with a second agent on the
 # loop backend, grows a mounted ext4 online while a writer appends (the guest's root has
 # CAP_SYS_RESOURCE, which the host running the suite may lack). Prints the guest's LAB lines and

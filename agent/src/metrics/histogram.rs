@@ -144,7 +144,7 @@ fn join(labels: &[(String, String)], extra: &[(&str, &str)]) -> String {
 }
 
 /// Label values escape backslash, double quote and newline (text format 0.0.4).
-fn escape(v: &str) -> String {
+pub fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

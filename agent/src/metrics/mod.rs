@@ -3,6 +3,7 @@
 //! Gauges that describe state (volumes staged, published, operations in flight) are computed at
 //! scrape time from their sources, so they can never drift from the truth.
 
+pub mod ebs;
 mod histogram;
 mod http;
 
@@ -70,6 +71,8 @@ pub struct Sources {
     pub store: Arc<Store>,
     pub locks: VolumeLocks,
     pub health: Arc<Health>,
+    /// EBS volumes' NVMe statistics, read at scrape time (the ebs backend); `None`: not exported.
+    pub ebs_stats: Option<ebs::EbsStatsSource>,
 }
 
 /// The state gauges, read at scrape time (blocking: store reads).
@@ -78,6 +81,7 @@ pub struct Gauges {
     pub staged: Option<usize>,
     pub published: Option<usize>,
     pub ready: bool,
+    pub ebs: Option<ebs::EbsScrape>,
 }
 
 impl Sources {
@@ -87,6 +91,7 @@ impl Sources {
             staged: self.store.all_staged().ok().map(|v| v.len()),
             published: self.store.all_publications().ok().map(|v| v.len()),
             ready: self.health.is_ready(),
+            ebs: self.ebs_stats.as_ref().map(|e| e.scrape(&self.store)),
         }
     }
 }
@@ -147,6 +152,9 @@ pub fn render(g: &Gauges) -> String {
     RPCS.render_histogram(&mut out);
     STEPS.render_histogram(&mut out);
     COMMITS.render_histogram(&mut out);
+    if let Some(e) = &g.ebs {
+        ebs::render::render(&mut out, e);
+    }
     out
 }
 
@@ -165,6 +173,7 @@ mod tests {
             staged: Some(1),
             published: None,
             ready: true,
+            ebs: None,
         });
         assert!(
             text.contains("ebs_agent_rpc_requests_total{rpc=\"NodeStageVolume\",code=\"OK\"} ")

@@ -7,6 +7,7 @@
 mod cpu;
 mod cycle;
 mod floor;
+mod host_mounts;
 mod probe;
 mod report;
 mod restart;
@@ -74,6 +75,10 @@ pub struct BenchArgs {
     /// The agent binary for --restart-check (default: this executable).
     #[arg(long)]
     pub agent_bin: Option<PathBuf>,
+    /// Add this many tmpfs mounts to the host before the run (removed after it): a dense node,
+    /// whose pods' secret and token mounts make the mount table thousands of lines long.
+    #[arg(long, default_value_t = 0)]
+    pub host_mounts: usize,
 }
 
 /// Runs the bench and prints its report; returns the exit code (1 when any call failed).
@@ -112,6 +117,10 @@ async fn run(b: &BenchArgs, args: &ClientArgs) -> Result<Report, String> {
     // Before anything is created: a work dir the agent would refuse fails here, not at the
     // first NodeStage after every volume was created and attached.
     workdir::check(&b.work_dir, agent_paths.as_ref())?;
+    let _host_mounts = match b.host_mounts {
+        0 => None,
+        n => Some(host_mounts::HostMounts::add(&b.work_dir, n)?),
+    };
     let csi = Csi::new(channel, args.timeout);
     let node_id = match &b.node_id {
         Some(n) => n.clone(),

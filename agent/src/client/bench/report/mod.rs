@@ -89,6 +89,7 @@ impl Report {
                 "fs_type": b.fs_type,
                 "work_dir": b.work_dir,
                 "probe_interval_ms": b.probe_interval.as_millis() as u64,
+                "host_mounts": b.host_mounts,
             }),
             with_stats,
             warmup: Series::default(),
