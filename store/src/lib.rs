@@ -211,36 +211,6 @@ impl Store {
         Ok(out)
     }
 
-    fn commit(
-        &self,
-        live: &live::LiveDb,
-        ops: Vec<writer::Op>,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let db = live.get()?;
-        let outcome = self.group.commit(&db, ops, durable);
-        live.committed(&outcome.as_ref().map(drop).map_err(|e| e.to_string()));
-        outcome
-    }
-
-    /// Why the last commit failed, while no commit has succeeded since (a full or failing
-    /// state disk): the agent reports it as not ready.
-    pub fn write_failure(&self) -> Option<String> {
-        match &self.db {
-            Db::ReadWrite(live) => live.failure(),
-            _ => None,
-        }
-    }
-
-    /// After a failed commit: reopens the file and tries an empty durable commit, so the failure
-    /// clears as soon as the disk has room again, even if no call comes.
-    pub fn try_heal(&self) -> Result<(), StoreError> {
-        let Db::ReadWrite(live) = &self.db else {
-            return Err(StoreError::ReadOnly);
-        };
-        self.commit(live, Vec::new(), true)
-    }
-
     fn get<T: DeserializeOwned>(
         &self,
         def: TableDefinition<&str, &[u8]>,

@@ -97,6 +97,39 @@ impl LiveDb {
     }
 }
 
+/// Commits through the live file, remembering a failure until a commit succeeds again.
+impl crate::Store {
+    pub(crate) fn commit(
+        &self,
+        live: &LiveDb,
+        ops: Vec<crate::writer::Op>,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let db = live.get()?;
+        let outcome = self.group.commit(&db, ops, durable);
+        live.committed(&outcome.as_ref().map(drop).map_err(|e| e.to_string()));
+        outcome
+    }
+
+    /// Why the last commit failed, while no commit has succeeded since (a full or failing
+    /// state disk): the agent reports it as not ready.
+    pub fn write_failure(&self) -> Option<String> {
+        match &self.db {
+            crate::Db::ReadWrite(live) => live.failure(),
+            _ => None,
+        }
+    }
+
+    /// After a failed commit: reopens the file and tries an empty durable commit, so the failure
+    /// clears as soon as the disk has room again, even if no call comes.
+    pub fn try_heal(&self) -> Result<(), StoreError> {
+        let crate::Db::ReadWrite(live) = &self.db else {
+            return Err(StoreError::ReadOnly);
+        };
+        self.commit(live, Vec::new(), true)
+    }
+}
+
 pub(crate) struct DbGuard<'a>(RwLockReadGuard<'a, Option<redb::Database>>);
 
 impl std::ops::Deref for DbGuard<'_> {

@@ -11,7 +11,6 @@ pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;
 pub mod malloc;
-pub mod mount_root;
 pub mod mounter;
 pub mod mountinfo;
 pub mod mounts;

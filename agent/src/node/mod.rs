@@ -2,6 +2,7 @@
 //! pipelines over the host, journaled through the store. No gRPC here.
 
 mod claims;
+mod compat;
 mod device;
 mod expand;
 mod format;

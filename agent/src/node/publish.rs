@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use ebs_store::{Durability, Phase, Progress, Publication, StagedVolume, now_unix_ms};
 
 use super::claims::Use;
+use super::compat::{access_record, same_kind, staged_mount_present};
 use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
-use super::stage::{access_record, same_kind, staged_mount_present};
 use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
 use crate::host::anchor::{Anchored, EntryFd};

@@ -8,9 +8,9 @@
 use ebs_store::{AccessRecord, Durability, FormatState, Progress};
 
 use super::NodeCtx;
+use super::compat::staged_mount_present;
 use super::ownership::{Expected, Holder, holder};
 use super::paths;
-use super::stage::staged_mount_present;
 use crate::error::Result;
 
 #[derive(Debug, Default)]

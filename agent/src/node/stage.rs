@@ -6,22 +6,21 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ebs_store::{
-    AccessRecord, Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
+    Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
 };
 
 use super::claims::Use;
+use super::compat::{access_record, check_compatible, verify_identity};
 use super::device::VolumeDevice;
 use super::format::{Decision, Existing, decide, format_device, format_record, probe_with_size};
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder};
 use super::{NodeCtx, path_string, paths};
-use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
 use crate::host::anchor::Anchored;
 use crate::host::fstools::FsckOutcome;
 use crate::host::mounter;
-use crate::node::identity::same_identity;
 use crate::request::{
     AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, VolumeId,
 };
@@ -39,7 +38,7 @@ pub struct StageCommand {
 pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let vol = cmd.volume.as_str();
     let journal = Journal::new(&ctx.store, vol, "stage", ctx.crash_after());
-    check_compatible(ctx, cmd)?;
+    check_compatible(ctx, &cmd.volume, &cmd.staging, &cmd.capability)?;
     if let Some(fs) = cmd.capability.fs() {
         ctx.fstools
             .supports(fs)
@@ -318,92 +317,4 @@ fn alongside(
         };
         main.and(side)
     })
-}
-
-/// A volume is staged at one path with one capability; anything else is ALREADY_EXISTS. A
-/// stage that failed or was interrupted before its mount never holds a corrected retry to its
-/// arguments: only a record whose staging mount the host shows counts.
-fn check_compatible(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
-    let Some(existing) = ctx.store.staged(cmd.volume.as_str())? else {
-        return Ok(());
-    };
-    if existing.progress == Progress::InProgress && !staged_mount_present(ctx, &existing)? {
-        return Ok(());
-    }
-    // Access mode 0: a record rebuilt by `recover --from-mounts`, which cannot know what the CO
-    // asked for; the CO's request is taken as the truth.
-    let recovered = existing.access_mode == 0;
-    if existing.staging_path != cmd.staging.as_path()
-        && !existing.staging_path.as_os_str().is_empty()
-    {
-        return Err(Error::AlreadyExists(format!(
-            "volume {} is already staged at {}",
-            cmd.volume,
-            existing.staging_path.display()
-        )));
-    }
-    let compatible = if recovered {
-        same_kind(&existing.access, &access_record(&cmd.capability))
-    } else {
-        existing.access == access_record(&cmd.capability)
-            && existing.access_mode == cmd.capability.mode.to_proto() as i32
-    };
-    if !compatible {
-        return Err(Error::AlreadyExists(format!(
-            "volume {} is already staged at {} with another capability",
-            cmd.volume,
-            existing.staging_path.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Whether the host shows a staged record's filesystem at its staging path.
-pub fn staged_mount_present(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool> {
-    if matches!(staged.access, AccessRecord::Block) {
-        return Ok(true);
-    }
-    let Some(entry) = paths::lookup_recorded(ctx, &staged.staging_path)? else {
-        return Ok(false);
-    };
-    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
-    Ok(holder(ctx, &entry, &expected)?.is_volume())
-}
-
-/// Block with block, or the same filesystem type (mount flags aside).
-pub fn same_kind(a: &AccessRecord, b: &AccessRecord) -> bool {
-    match (a, b) {
-        (AccessRecord::Block, AccessRecord::Block) => true,
-        (AccessRecord::Mount { fs_type: a, .. }, AccessRecord::Mount { fs_type: b, .. }) => a == b,
-        _ => false,
-    }
-}
-
-pub fn access_record(cap: &Capability) -> AccessRecord {
-    match &cap.access {
-        AccessType::Block => AccessRecord::Block,
-        AccessType::Mount { fs, flags } => AccessRecord::Mount {
-            fs_type: fs.name().to_string(),
-            mount_flags: flags.raw().to_vec(),
-        },
-    }
-}
-
-fn verify_identity(
-    volume: &VolumeId,
-    device: &ResolvedDevice,
-    format: Option<&FormatRecord>,
-) -> Result<()> {
-    match format {
-        Some(f) if !same_identity(&f.identity, &device.identity) => Err(Error::WrongDevice {
-            volume: volume.to_string(),
-            device: device.path.clone(),
-            reason: format!(
-                "the volume was formatted on a device identified as {:?}, but this device is {:?} \
-                 (wrong device, or the device changed under us)",
-                f.identity, device.identity
-            ),
-        }),
-        _ => Ok(()),
-    }
 }

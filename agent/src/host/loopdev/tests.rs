@@ -1,4 +1,6 @@
 use super::test_support::{Loop, TempFile, root_or_skip, sh};
+use std::os::unix::fs::MetadataExt;
+
 use super::*;
 
 #[test]

@@ -1,0 +1,112 @@
+//! What a loop device is bound to: asked of the kernel by device path, by open device, or by
+//! the inode of a backing file.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+
+use super::{LoopError, LoopInfo64, ioctl_err, loop_name, open, sys};
+
+/// The backing file path as the kernel reports it (it may end in
+/// " (deleted)" if the file was unlinked). None when not attached.
+pub fn backing_file(device: &Path) -> Result<Option<PathBuf>, LoopError> {
+    let path = PathBuf::from(format!(
+        "/sys/block/{}/loop/backing_file",
+        loop_name(device)?
+    ));
+    match std::fs::read(&path) {
+        Ok(mut bytes) => {
+            if bytes.last() == Some(&b'\n') {
+                bytes.pop();
+            }
+            Ok(Some(PathBuf::from(std::ffi::OsString::from_vec(bytes))))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(LoopError::Sysfs { path, source }),
+    }
+}
+
+/// (st_dev, st_ino) of the backing file, comparable with `MetadataExt::dev()`
+/// and `ino()`. None when the device is not attached.
+pub fn backing_inode(device: &Path) -> Result<Option<(u64, u64)>, LoopError> {
+    let dev = open(device, false)?;
+    let mut info = LoopInfo64::zeroed();
+    // SAFETY: dev is open; &mut info is a valid, writable loop_info64 that
+    // outlives the call.
+    match unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) } {
+        Ok(_) => Ok(Some((info.lo_device, info.lo_inode))),
+        Err(Errno::ENXIO) => Ok(None),
+        Err(e) => Err(ioctl_err("LOOP_GET_STATUS64", device)(e)),
+    }
+}
+
+/// (st_dev, st_ino) of the backing file of the loop device open as `dev`: asked of the very
+/// device the caller holds, not of whatever a path names now.
+pub fn backing_inode_of(dev: &File) -> io::Result<Option<(u64, u64)>> {
+    let mut info = LoopInfo64::zeroed();
+    // SAFETY: dev is an open fd; &mut info is a valid, writable loop_info64 that outlives the
+    // call.
+    match unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) } {
+        Ok(_) => Ok(Some((info.lo_device, info.lo_inode))),
+        Err(Errno::ENXIO) => Ok(None),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// The backing file's path as sysfs shows it for a device number (for messages only: the inode
+/// from `backing_inode_of` is what identifies).
+pub fn backing_file_by_devnum(devnum: (u32, u32)) -> Option<PathBuf> {
+    let mut bytes = std::fs::read(format!(
+        "/sys/dev/block/{}:{}/loop/backing_file",
+        devnum.0, devnum.1
+    ))
+    .ok()?;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+    }
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+}
+
+/// Finds the loop device backed by the given inode, e.g. to re-adopt a device
+/// after an agent restart even if the backing file was renamed.
+pub fn find_by_backing_inode(dev: u64, ino: u64) -> Result<Option<PathBuf>, LoopError> {
+    let sys_block = Path::new("/sys/block");
+    let entries = std::fs::read_dir(sys_block).map_err(|source| LoopError::Sysfs {
+        path: sys_block.to_path_buf(),
+        source,
+    })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("loop"))
+        .collect();
+    names.sort_by_key(|n| n[4..].parse::<u64>().unwrap_or(u64::MAX));
+    for name in names {
+        let device = PathBuf::from(format!("/dev/{name}"));
+        // Unattached devices have no loop/ directory; skip without an ioctl.
+        if !sys_block.join(&name).join("loop").exists() {
+            continue;
+        }
+        let found = match backing_inode(&device) {
+            Ok(found) => found,
+            // No /dev node (container): fall back to stat'ing the sysfs path.
+            Err(LoopError::Open { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                backing_file(&device)?
+                    .and_then(|p| std::fs::metadata(p).ok())
+                    .map(|m| (m.dev(), m.ino()))
+            }
+            // Detached between the directory check and the open.
+            Err(LoopError::Open { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if found == Some((dev, ino)) {
+            return Ok(Some(device));
+        }
+    }
+    Ok(None)
+}
