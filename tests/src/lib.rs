@@ -10,6 +10,7 @@ pub mod http;
 pub mod hung_mount;
 pub mod imds;
 pub mod legacy;
+pub mod log_writes;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
