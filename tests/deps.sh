@@ -13,6 +13,7 @@ packages=(
   kmod                                  # modprobe loop
   systemd                               # tests: systemd-analyze verify on the shipped unit
   qemu-system-x86 busybox-static        # NVMe lab (tests/nvme-lab): a QEMU guest with NVMe disks
+  dmsetup                               # power-loss lab (tests/nvme-lab/powerloss): dm-log-writes in the guest
   python3 python3-venv                  # tests/tests/grpc_clients.rs: a real grpcio client
 )
 if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then

@@ -24,6 +24,11 @@ pub enum StoreError {
     },
     #[error("state file {0} does not exist")]
     Missing(PathBuf),
+    #[error(
+        "state file {0} was still being created when the agent stopped (a power cut or kill \
+         during its first start): it holds no records; the agent sets it aside and starts afresh"
+    )]
+    Unfinished(PathBuf),
     #[error("the state file was opened read-only")]
     ReadOnly,
     #[error("path {0:?} is not valid UTF-8 and cannot be recorded")]

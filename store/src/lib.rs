@@ -61,7 +61,13 @@ impl Drop for Store {
 impl Store {
     /// Opens (or creates) the state file for the one agent that owns it.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = live::open_database(path)?;
+        // Checked only once redb refused the file: an agent that holds it never gets here.
+        let db = match live::open_database(path) {
+            Err(StoreError::Corrupt { .. }) if live::set_aside_if_cut_short(path)? => {
+                live::open_database(path)?
+            }
+            opened => opened?,
+        };
         let store = Store {
             db: Db::ReadWrite(live::LiveDb::new(path, db)),
             path: path.to_path_buf(),
@@ -81,6 +87,9 @@ impl Store {
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
         if !path.exists() {
             return Err(StoreError::Missing(path.to_path_buf()));
+        }
+        if live::creation_cut_short(path) {
+            return Err(StoreError::Unfinished(path.to_path_buf()));
         }
         let checked = Self::open_checked_copy(path)?;
         match redb::Database::builder().open_read_only(path) {

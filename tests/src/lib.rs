@@ -11,6 +11,7 @@ pub mod http;
 pub mod hung_mount;
 pub mod imds;
 pub mod legacy;
+pub mod log_writes;
 
 pub use agent::{Agent, AgentOpts, channel};
 

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# The power-loss recording (issue 22): boots a throwaway QEMU guest that puts the agent's state
+# directory and one EBS-style volume on a dm-log-writes device (its log on a second NVMe disk),
+# drives the volume's lifecycle through `ebs-node-agent client` and marks the log after every
+# acknowledged call. The host test (tests/tests/power_loss/) replays the log to every flush point.
+#
+# Usage: tests/nvme-lab/powerloss/run.sh AGENT FS BASE OUT
+#   AGENT  the agent binary
+#   FS     ext4 or xfs: the state directory's filesystem, and the volume's
+#   BASE   the directory every path of the run lives under, the same in the guest and on the
+#          host that checks the replays (state mount, socket, staging and target paths, fixture)
+#   OUT    where the log disk (log.img) and the console (console.log) are left
+# Env:   LAB_TIMEOUT  seconds the guest may run (default 240)
+#        LAB_CACHE    the NVMe lab's cache (default target/nvme-lab); its kernel is reused
+#        PAYLOAD      what the workload writes through the target path
+# Prints the guest's LAB lines; exits 0 when the recording is complete, 3 when a prerequisite
+# is missing, 1 otherwise.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../../.." && pwd)
+agent=$1 fs=$2 base=$3 out=$4
+cache=${LAB_CACHE:-$repo/target/nvme-lab}
+timeout_s=${LAB_TIMEOUT:-240}
+busybox=/bin/busybox
+
+missing() { echo "powerloss-lab: $*" >&2; exit 3; }
+command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
+[[ -x $busybox ]] && ! ldd "$busybox" >/dev/null 2>&1 || missing "$busybox is missing or not static (apt-get install busybox-static)"
+command -v dmsetup >/dev/null || missing "dmsetup not found (apt-get install dmsetup)"
+[[ -x $agent ]] || missing "agent binary $agent not found (cargo build --bins)"
+case $fs in
+  ext4) state_mb=64 vol_mb=64 ;;
+  # mkfs.xfs refuses filesystems under 300 MB.
+  xfs) state_mb=320 vol_mb=320 ;;
+  *) echo "powerloss-lab: FS must be ext4 or xfs" >&2; exit 2 ;;
+esac
+for tool in mke2fs e2fsck resize2fs; do command -v "$tool" >/dev/null || missing "$tool not found (e2fsprogs)"; done
+if [[ $fs == xfs ]]; then
+  for tool in mkfs.xfs xfs_growfs; do command -v "$tool" >/dev/null || missing "$tool not found (xfsprogs)"; done
+fi
+
+# The kernel: the one the NVMe lab (tests/nvme-lab/run.sh) keeps in its cache, with its
+# device-mapper and xfs modules fetched once from the same package into a cache of their own
+# (the lab's keeps only the kernel); when that version can no longer be fetched, or the lab has
+# no kernel yet, the current cloud image, kernel and modules both from this cache.
+wanted=(kernel/drivers/md/dm-mod.ko kernel/drivers/md/dm-log-writes.ko kernel/lib/libcrc32c.ko kernel/fs/xfs/xfs.ko)
+fetch() { # VERSION: fills $cache/powerloss-VERSION with the modules and vmlinuz
+  local v=$1 dl mods=$cache/powerloss-$1 m src z
+  dl=$(mktemp -d /tmp/ebs-powerloss-kernel.XXXXXX)
+  chmod 755 "$dl"
+  if ! (cd "$dl" && apt-get download -q "linux-image-$v" >/dev/null 2>&1); then
+    rm -rf "$dl"
+    return 1
+  fi
+  mkdir -p "$dl/x" && dpkg -x "$dl"/*.deb "$dl/x"
+  rm -rf "$mods.tmp" && mkdir -p "$mods.tmp"
+  for m in "${wanted[@]}"; do
+    src=$dl/x/lib/modules/$v/$m
+    [[ -f $src ]] || src=$(ls "$src".* 2>/dev/null | head -1)
+    [[ -f $src ]] || { echo "powerloss-lab: linux-image-$v has no $m" >&2; rm -rf "$dl" "$mods.tmp"; return 1; }
+    cp "$src" "$mods.tmp/"
+  done
+  # Compressed modules: this busybox's insmod takes plain ones.
+  for z in "$mods.tmp"/*.ko.*; do
+    if [[ $z == *.xz ]]; then xz -d "$z"; elif [[ $z == *.zst ]]; then zstd -q -d --rm "$z"; fi
+  done
+  cp "$dl/x/boot/vmlinuz-$v" "$mods.tmp/vmlinuz"
+  rm -rf "$dl" "$mods" && mv "$mods.tmp" "$mods"
+}
+mkdir -p "$cache"
+# The two filesystems' runs start together: one fetches, the other waits for it.
+exec 9>"$cache/.powerloss.lock"
+flock 9
+kernel= mods=
+lab_kernel=$(ls "$cache"/kernel/boot/vmlinuz-* 2>/dev/null | head -1 || true)
+if [[ -n $lab_kernel ]]; then
+  v=${lab_kernel##*/vmlinuz-}
+  if [[ -f $cache/powerloss-$v/xfs.ko ]] || fetch "$v"; then kernel=$lab_kernel mods=$cache/powerloss-$v; fi
+fi
+if [[ -z $kernel ]]; then
+  pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
+  [[ -n $pkg ]] || missing "cannot find the linux-image-cloud-amd64 package (apt-get update?)"
+  v=${pkg#linux-image-}
+  [[ -f $cache/powerloss-$v/vmlinuz ]] || fetch "$v" || missing "apt-get download $pkg failed"
+  kernel=$cache/powerloss-$v/vmlinuz mods=$cache/powerloss-$v
+fi
+flock -u 9
+
+work=$(mktemp -d /tmp/ebs-powerloss-lab.XXXXXX)
+qemu_pid=
+cleanup() {
+  [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The initramfs: busybox, the agent, dmsetup, the filesystem tools and their libraries.
+root=$work/root
+mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp,lib/modules}
+cp "$busybox" "$root/bin/busybox"
+install -m 755 "$here/init.sh" "$root/init"
+for m in dm-mod dm-log-writes libcrc32c xfs; do cp "$mods/$m.ko" "$root/lib/modules/"; done
+copy_libs() {
+  ldd "$1" | awk '/=> \// {print $3} /^[[:space:]]*\/lib/ {print $1}' | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+}
+if command -v strip >/dev/null; then
+  strip -o "$root/bin/ebs-node-agent" "$agent"
+else
+  cp "$agent" "$root/bin/ebs-node-agent"
+fi
+copy_libs "$agent"
+tools=(dmsetup mke2fs e2fsck resize2fs)
+[[ $fs == xfs ]] && tools+=(mkfs.xfs xfs_growfs)
+for tool in "${tools[@]}"; do
+  src=$(command -v "$tool")
+  cp -L "$src" "$root/sbin/$tool"
+  copy_libs "$src"
+done
+ln -s mke2fs "$root/sbin/mkfs.ext4"
+[[ -f /etc/mke2fs.conf ]] && cp /etc/mke2fs.conf "$root/etc/"
+cat >"$root/lab.env" <<ENV
+FS=$fs
+BASE='$base'
+STATE_MB=$state_mb
+VOL_MB=$vol_mb
+PAYLOAD='${PAYLOAD:-power-loss payload}'
+ENV
+(cd "$root" && find . | "$busybox" cpio -o -H newc 2>/dev/null) | gzip -1 >"$work/initrd.gz"
+
+# The logged disk holds the state filesystem and then the volume; the log disk gets every write.
+# Both sparse: the log takes what the run writes (xfs zeroes a 64 MiB log per filesystem).
+mkdir -p "$out"
+truncate -s $((state_mb + vol_mb))M "$work/data.img"
+rm -f "$out/log.img" && truncate -s 2G "$out/log.img"
+drives=(
+  -drive "file=$work/data.img,if=none,id=data,format=raw,cache=unsafe,discard=unmap"
+  -device "nvme,serial=powerloss-data,drive=data"
+  -drive "file=$out/log.img,if=none,id=log,format=raw,cache=unsafe"
+  -device "nvme,serial=powerloss-log,drive=log"
+)
+
+echo "powerloss-lab: $fs, kernel $(basename "$kernel"), initrd $(du -h "$work/initrd.gz" | cut -f1)"
+started=$(date +%s%N)
+timeout --kill-after=5 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
+  -smp 1 -m 768 -nodefaults -no-user-config -display none -serial stdio -no-reboot \
+  -kernel "$kernel" -initrd "$work/initrd.gz" \
+  -append "console=ttyS0 quiet panic=-1 nvme_core.multipath=N" \
+  "${drives[@]}" </dev/null >"$out/console.log" 2>&1 &
+qemu_pid=$!
+rc=0
+wait "$qemu_pid" || rc=$?
+qemu_pid=
+elapsed_ms=$((($(date +%s%N) - started) / 1000000))
+
+tr -d '\r' <"$out/console.log" | grep '^LAB' || true
+if ! grep -q '^LAB DONE' "$out/console.log"; then
+  echo "powerloss-lab: the guest did not finish (qemu exit $rc, ${elapsed_ms} ms); console:" >&2
+  tr -d '\r' <"$out/console.log" | tail -40 >&2
+  exit 1
+fi
+echo "powerloss-lab: $fs guest run ${elapsed_ms} ms (boot to poweroff)"
+tr -d '\r' <"$out/console.log" | grep -q '^LAB DONE .*fail=0$'
