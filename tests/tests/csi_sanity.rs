@@ -1,7 +1,7 @@
 //! csi-sanity, the CSI community's conformance suite (kubernetes-csi/csi-test), in mount mode
 //! and in block mode against `serve --backend loop --mode all`: every spec must pass or be
 //! skipped for a capability the plugin does not advertise, and at least 75 must pass per mode.
-//! The binary is `$CSI_SANITY`, or `../shared/tools/csi-sanity` beside the repository; outside CI
+//! The binary is `$CSI_SANITY`, or `shared/tools/csi-sanity` beside the checkout or above it; outside CI
 //! the test skips when it is absent, under CI=true it fails.
 
 use std::path::{Path, PathBuf};
@@ -18,7 +18,10 @@ const ATTACH_LIMIT: &str = "4";
 fn sanity_binary(test: &str) -> Option<PathBuf> {
     let path = match std::env::var_os("CSI_SANITY") {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/csi-sanity"),
+        None => match beside_the_checkout() {
+            Some(found) => return Some(found),
+            None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/csi-sanity"),
+        },
     };
     if path.is_file() {
         return Some(path);
@@ -34,6 +37,21 @@ fn sanity_binary(test: &str) -> Option<PathBuf> {
         path.display()
     );
     None
+}
+
+/// `shared/tools/csi-sanity` beside the checkout or beside any directory above it (a clone made
+/// elsewhere, as CI's, sits deeper than the project root), then the machine's copy in
+/// `/work/shared/tools`.
+fn beside_the_checkout() -> Option<PathBuf> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let repo = repo.canonicalize().unwrap_or(repo);
+    repo.ancestors()
+        .skip(1)
+        .map(|dir| dir.join("shared/tools/csi-sanity"))
+        .chain(std::iter::once(PathBuf::from(
+            "/work/shared/tools/csi-sanity",
+        )))
+        .find(|p| p.is_file())
 }
 
 #[derive(Debug, Default)]
