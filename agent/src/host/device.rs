@@ -9,7 +9,8 @@
 //!
 //! For the probe and the blank check it is also held exclusively (O_EXCL): a concurrent mkfs, or a
 //! mount of the device elsewhere, then fails instead of racing. The claim is dropped before a tool
-//! runs, because mkfs and e2fsck take their own exclusive claim.
+//! runs, because mkfs and e2fsck take their own exclusive claim; dropping it waits until no child
+//! forked meanwhile by another thread still holds a copy (`Claim`).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -21,8 +22,41 @@ use std::path::{Path, PathBuf};
 pub struct HeldDevice {
     path: PathBuf,
     pin: File,
-    exclusive: Option<File>,
+    exclusive: Option<Claim>,
     devnum: (u32, u32),
+}
+
+/// An exclusive claim on a block device. A tool that another thread spawns gets a copy of every
+/// descriptor, this one too, from fork until exec; closing ours while such a copy lives leaves the
+/// device claimed, and the mkfs or mount(2) that follows fails with EBUSY ("apparently in use by
+/// the system", seen with 16 stages at once). So dropping a claim waits for the spawns in flight,
+/// and `HeldDevice::release_exclusive` waits until the device is free again.
+#[derive(Debug)]
+struct Claim(Option<File>);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(file) = self.0.take() {
+            drop(file);
+            crate::host::command::without_spawns(|| ());
+        }
+    }
+}
+
+/// Tries an exclusive claim through `fd_path` and drops it at once, with no spawn in flight (so
+/// the try leaves no copy behind). Whether the device was free; errors other than EBUSY count as
+/// free (the tool that follows reports them).
+fn free_now(fd_path: &Path) -> bool {
+    crate::host::command::without_spawns(|| {
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(fd_path)
+        {
+            Ok(_) => true,
+            Err(e) => e.raw_os_error() != Some(libc::EBUSY),
+        }
+    })
 }
 
 pub fn devnum_of(rdev: u64) -> (u32, u32) {
@@ -50,17 +84,17 @@ impl HeldDevice {
     /// device). EBUSY: it is mounted, or another process (a mkfs, a device mapper) claims it.
     pub fn claim_exclusive(&mut self) -> io::Result<()> {
         if self.exclusive.is_none() {
-            self.exclusive = Some(
+            self.exclusive = Some(Claim(Some(
                 OpenOptions::new()
                     .read(true)
                     .custom_flags(libc::O_EXCL)
                     .open(self.proc_path())?,
-            );
+            )));
         }
         Ok(())
     }
 
-    fn from_pin(path: &Path, pin: File, exclusive: Option<File>) -> io::Result<Self> {
+    fn from_pin(path: &Path, pin: File, exclusive: Option<Claim>) -> io::Result<Self> {
         let meta = pin.metadata()?;
         if !meta.file_type().is_block_device() {
             return Err(not_block(path));
@@ -73,9 +107,21 @@ impl HeldDevice {
         })
     }
 
-    /// Drops the exclusive claim (before a tool that claims the device itself).
+    /// Drops the exclusive claim (before a tool that claims the device itself), and waits until
+    /// no copy of it is left in a child that was between fork and exec (a close-on-exec copy goes
+    /// during exec, a moment after the child's exec is reported); 20 ms at most, then the tool
+    /// reports the device busy.
     pub fn release_exclusive(&mut self) {
-        self.exclusive = None;
+        if self.exclusive.take().is_none() {
+            return;
+        }
+        let fd_path = self.proc_path();
+        for _ in 0..100 {
+            if free_now(&fd_path) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -154,11 +200,7 @@ pub fn still_claimed(devnum: (u32, u32)) -> bool {
     let Ok(file) = open_devnum(devnum) else {
         return false;
     };
-    let claim = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_EXCL)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    matches!(claim, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+    !free_now(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
 }
 
 #[cfg(test)]
@@ -192,5 +234,74 @@ mod tests {
         held.release_exclusive();
         assert!(other.claim_exclusive().is_ok());
         assert_eq!(held.devnum(), block_devnum(&lo.0).unwrap());
+    }
+
+    /// mount(2) (or mkfs) right after the probe's claim is released must find the device free,
+    /// also while other threads spawn tools: their children hold copies of every descriptor from
+    /// fork until exec. Without the wait, 16 stages at once failed with "apparently in use".
+    #[test]
+    fn a_released_claim_is_gone_while_other_threads_spawn_tools() {
+        use nix::mount::{MntFlags, MsFlags, mount, umount2};
+        if !crate::host::loopdev::test_support::root_or_skip(
+            "a_released_claim_is_gone_while_other_threads_spawn_tools",
+        ) {
+            return;
+        }
+        let file = TempFile::sparse("held-spawn", 8 << 20);
+        let lo = Loop::attach(&file.0);
+        let mkfs = crate::host::command::run(
+            "mkfs.ext4",
+            &["-q", &lo.0.to_string_lossy()],
+            std::time::Duration::from_secs(30),
+        )
+        .expect("mkfs.ext4 runs");
+        assert_eq!(mkfs.code, 0, "{}", mkfs.stderr);
+        let dir = TempDir::new("held-spawn-mnt");
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = umount2(self.0, MntFlags::MNT_DETACH);
+            }
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spawners: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = crate::host::command::run(
+                            "true",
+                            &[] as &[&str],
+                            std::time::Duration::from_secs(5),
+                        );
+                    }
+                })
+            })
+            .collect();
+        let mut busy = 0;
+        for _ in 0..200 {
+            let mut held = HeldDevice::open(&lo.0).unwrap();
+            held.claim_exclusive().unwrap();
+            // The probe and the blank check, while other threads fork.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            held.release_exclusive();
+            // What a stage does next: mount(2), which claims the device in the kernel.
+            match mount(
+                Some(lo.0.as_path()),
+                dir.0.as_path(),
+                Some("ext4"),
+                MsFlags::MS_RDONLY,
+                None::<&str>,
+            ) {
+                Ok(()) => drop(Unmount(&dir.0)),
+                Err(nix::errno::Errno::EBUSY) => busy += 1,
+                Err(e) => panic!("mount: {e}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in spawners {
+            s.join().unwrap();
+        }
+        assert_eq!(busy, 0, "mount found the device busy {busy} times of 200");
     }
 }

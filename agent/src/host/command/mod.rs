@@ -8,6 +8,7 @@ use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, Stdio};
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
@@ -41,6 +42,19 @@ pub enum CommandError {
     Killed { program: String, signal: i32 },
 }
 
+/// Held (shared) by every spawn from fork until exec. A child gets a copy of every descriptor of
+/// the agent, exclusive device claims of other threads included, and keeps it until it execs
+/// (they are all close-on-exec). See `host::device::Claim`.
+static SPAWNING: RwLock<()> = RwLock::new(());
+
+/// Runs `f` while no tool is being spawned: every spawn begun before has exec'd, and none forks
+/// until `f` returns, so a descriptor opened and closed inside `f` never lives in a child. Spawns
+/// are short (fork to exec), so is the wait; `f` must be short too.
+pub fn without_spawns<T>(f: impl FnOnce() -> T) -> T {
+    let _exclusive = SPAWNING.write().unwrap_or_else(|p| p.into_inner());
+    f()
+}
+
 /// Runs `program` with `args`, `LC_ALL=C` (parsable messages) and stdin from
 /// /dev/null, killing it with SIGKILL if it runs longer than `timeout`.
 pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
@@ -53,7 +67,8 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
     let program = program_os.to_string_lossy();
     let mut command = Command::new(program_os);
     pdeathsig::die_with_parent(&mut command);
-    let mut child = command
+    let spawning = SPAWNING.read().unwrap_or_else(|p| p.into_inner());
+    let spawned = command
         .args(args)
         .env("LC_ALL", "C")
         .stdin(Stdio::null())
@@ -70,7 +85,10 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
                 program: program.clone().into_owned(),
                 source,
             },
-        })?;
+        });
+    // spawn() returns once the child has exec'd (or failed to): its copies are closed.
+    drop(spawning);
+    let mut child = spawned?;
     let (stdout, stderr) = (
         child.stdout.take().map(OwnedFd::from),
         child.stderr.take().map(OwnedFd::from),
