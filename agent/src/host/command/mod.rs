@@ -1,13 +1,11 @@
 //! Running external tools (mkfs, e2fsck, resize2fs, xfs_growfs) with a
 //! deadline. Blocking: call it from `spawn_blocking`.
 
-mod pdeathsig;
+mod spawn;
 mod supervise;
 
 use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, Stdio};
+use std::os::unix::process::ExitStatusExt;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -65,34 +63,24 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
     let start = Instant::now();
     let program_os = program.as_ref();
     let program = program_os.to_string_lossy();
-    let mut command = Command::new(program_os);
-    pdeathsig::die_with_parent(&mut command);
     let spawning = SPAWNING.read().unwrap_or_else(|p| p.into_inner());
-    let spawned = command
-        .args(args)
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Own process group, so a timeout also kills helpers it forked.
-        .process_group(0)
-        .spawn()
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => CommandError::NotFound {
-                program: program.clone().into_owned(),
-            },
-            _ => CommandError::Spawn {
-                program: program.clone().into_owned(),
-                source,
-            },
-        });
-    // spawn() returns once the child has exec'd (or failed to): its copies are closed.
+    // Returns once the child has exec'd (or failed to): its copies of our descriptors are closed.
+    let spawned = spawn::spawn(program_os, args);
     drop(spawning);
-    let mut child = spawned?;
-    let (stdout, stderr) = (
-        child.stdout.take().map(OwnedFd::from),
-        child.stderr.take().map(OwnedFd::from),
-    );
+    let spawn::Spawned {
+        tool: mut child,
+        stdout,
+        stderr,
+    } = spawned.map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => CommandError::NotFound {
+            program: program.clone().into_owned(),
+        },
+        _ => CommandError::Spawn {
+            program: program.clone().into_owned(),
+            source,
+        },
+    })?;
+    let (stdout, stderr) = (Some(stdout), Some(stderr));
     let (status, stdout, stderr) = match supervise(&mut child, stdout, stderr, start + timeout) {
         Ok(Ended::Exited {
             status,
@@ -130,13 +118,13 @@ pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(
     }
 }
 
-fn kill_and_reap(child: &mut Child) {
-    // The group id equals the child's pid thanks to process_group(0). The
-    // child is not reaped yet, so the pid cannot have been reused.
+fn kill_and_reap(child: &mut spawn::Tool) {
+    // The group id equals the child's pid (its own group). The child is not reaped yet, so the
+    // pid cannot have been reused.
     if let Ok(pid) = i32::try_from(child.id()) {
         let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
     }
-    let _ = child.kill();
+    child.kill();
     let _ = child.wait();
 }
 
@@ -144,6 +132,7 @@ fn kill_and_reap(child: &mut Child) {
 mod tests {
     use super::supervise::CAPTURE_LIMIT;
     use super::*;
+    use std::process::{Command, Stdio};
 
     const LONG: Duration = Duration::from_secs(10);
 

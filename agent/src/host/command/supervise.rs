@@ -8,6 +8,8 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, ExitStatus};
+
+use super::spawn::Tool;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -101,8 +103,32 @@ pub enum Ended {
 
 /// Reads the child's pipes until it exits (and its pipes reach EOF, or `DRAIN_GRACE` passes),
 /// or until `deadline`.
+/// A child process that can be waited for: a tool, or (in tests) a std `Child`.
+pub trait Waitable {
+    fn id(&self) -> u32;
+    fn wait(&mut self) -> std::io::Result<ExitStatus>;
+}
+
+impl Waitable for Tool {
+    fn id(&self) -> u32 {
+        Tool::id(self)
+    }
+    fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        Tool::wait(self)
+    }
+}
+
+impl Waitable for Child {
+    fn id(&self) -> u32 {
+        Child::id(self)
+    }
+    fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        Child::wait(self)
+    }
+}
+
 pub fn supervise(
-    child: &mut Child,
+    child: &mut impl Waitable,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     deadline: Instant,
@@ -112,13 +138,13 @@ pub fn supervise(
     supervise_with(child, stdout, stderr, deadline, pidfd)
 }
 
-fn pidfd_of(child: &Child) -> Option<OwnedFd> {
+fn pidfd_of(child: &impl Waitable) -> Option<OwnedFd> {
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).ok()?)?;
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
 
 fn supervise_with(
-    child: &mut Child,
+    child: &mut impl Waitable,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     deadline: Instant,
