@@ -27,6 +27,12 @@ profile="${FUZZ_PROFILE:-release}"
 cargo build --profile "$profile" --locked --bins --target "$triple"
 bin="$CARGO_TARGET_DIR/$triple/$profile"
 
+# Targets that need files write them below TMPDIR; libFuzzer exits without running destructors,
+# so the run's own TMPDIR is removed here instead.
+TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/ebs-fuzz.XXXXXX")"
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
+
 failed=()
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t" "artifacts/$t" "seeds/$t"

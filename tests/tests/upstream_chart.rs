@@ -145,12 +145,27 @@ async fn emulator() -> Imds {
     .await
 }
 
-/// `--http-endpoint=0.0.0.0:3302` is fixed in the chart: test runs that use it take turns
-/// (an exclusive lock on a file shared by every checkout on this machine).
-fn port_3302() -> nix::fcntl::Flock<std::fs::File> {
-    let f = std::fs::File::create(std::env::temp_dir().join("ebs-tests-port-3302.lock"))
-        .expect("lock file");
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).expect("flock")
+/// `--http-endpoint=0.0.0.0:3302` is fixed in the chart: test runs that use it take turns,
+/// holding an abstract unix socket name shared by every checkout on this machine (the kernel
+/// frees it when the holder exits, and it leaves no file behind).
+fn port_3302() -> std::os::unix::net::UnixListener {
+    use std::os::linux::net::SocketAddrExt;
+    let name = std::os::unix::net::SocketAddr::from_abstract_name(b"ebs-tests-port-3302")
+        .expect("an abstract socket name");
+    let start = std::time::Instant::now();
+    loop {
+        match std::os::unix::net::UnixListener::bind_addr(&name) {
+            Ok(held) => return held,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(600),
+                    "port 3302 stayed taken by another test run"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("taking turns for port 3302: {e}"),
+        }
+    }
 }
 
 fn http_get(addr: &str, path: &str) -> String {
