@@ -2,20 +2,7 @@
 # The NVMe lab guest's /init: print the NVMe disks the kernel shows, run the agent with the ebs
 # backend and drive the volume lifecycle through its client. Every result is one `LAB ...` line on
 # the serial console, which the host reads; the last is `LAB DONE pass=N fail=M`.
-/bin/busybox --install -s /bin
-export PATH=/sbin:/bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /tmp
-. /lab.env
-
-pass=0
-fail=0
-ok() { echo "LAB ok   $*"; pass=$((pass + 1)); }
-bad() { echo "LAB FAIL $*"; fail=$((fail + 1)); }
-now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
+. /lab-guest.sh   # busybox, /proc /sys /dev /run /tmp, /lab.env, ok/bad/now_ms (tests/nvme-lab/guest.sh)
 finish() {
   kill "$agent_pid" 2>/dev/null
   echo "LAB DONE pass=$pass fail=$fail"

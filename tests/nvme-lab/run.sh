@@ -20,6 +20,7 @@ cache=${LAB_CACHE:-$repo/target/nvme-lab}
 timeout_s=${LAB_TIMEOUT:-180}
 multipath=${LAB_MULTIPATH:-Y}
 busybox=/bin/busybox
+. "$here/lib.sh"
 
 missing() { echo "nvme-lab: $*" >&2; exit 3; }
 command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
@@ -62,32 +63,15 @@ cp "$busybox" "$root/bin/busybox"
 mkdir -p "$root/lib"
 cp "$cache/kernel/loop.ko" "$root/lib/loop.ko"
 install -m 755 "$here/init.sh" "$root/init"
-copy_libs() {
-  ldd "$1" | awk '/=> \// {print $3} /^[[:space:]]*\/lib/ {print $1}' | while read -r lib; do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
-  done
-}
-if command -v strip >/dev/null; then
-  strip -o "$root/bin/ebs-node-agent" "$agent"
-else
-  cp "$agent" "$root/bin/ebs-node-agent"
-fi
-copy_libs "$agent"
-for tool in mke2fs e2fsck resize2fs; do
-  src=$(command -v "$tool" || echo "/sbin/$tool")
-  cp -L "$src" "$root/sbin/$tool"
-  copy_libs "$src"
-done
-ln -s mke2fs "$root/sbin/mkfs.ext4"
-[[ -f /etc/mke2fs.conf ]] && cp /etc/mke2fs.conf "$root/etc/"
+install_agent "$agent"
+install_tools mke2fs e2fsck resize2fs
 cat >"$root/lab.env" <<ENV
 MODEL='QEMU NVMe Ctrl'
 V1=vol-0123456789abcdef0
 V2=vol-0fedcba9876543210
 V3=vol-0aaaaaaaaaaaaaaaa
 ENV
-(cd "$root" && find . | "$busybox" cpio -o -H newc 2>/dev/null) | gzip -1 >"$work/initrd.gz"
+pack_initrd
 
 # Three EBS-style volumes; each guest needs its own images (QEMU locks them).
 # The first sits in an NVMe subsystem, which makes QEMU set the multi-controller bit: with
@@ -106,23 +90,4 @@ for serial in vol0123456789abcdef0 vol0fedcba9876543210 vol0aaaaaaaaaaaaaaaa; do
 done
 
 echo "nvme-lab: kernel $(basename "$kernel"), multipath=$multipath, initrd $(du -h "$work/initrd.gz" | cut -f1)"
-started=$(date +%s%N)
-timeout --kill-after=5 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
-  -smp 1 -m 512 -nodefaults -no-user-config -display none -serial stdio -no-reboot \
-  -kernel "$kernel" -initrd "$work/initrd.gz" \
-  -append "console=ttyS0 quiet panic=-1 nvme_core.multipath=$multipath" \
-  "${drives[@]}" </dev/null >"$work/console.log" 2>&1 &
-qemu_pid=$!
-rc=0
-wait "$qemu_pid" || rc=$?
-qemu_pid=
-elapsed_ms=$((($(date +%s%N) - started) / 1000000))
-
-tr -d '\r' <"$work/console.log" | grep '^LAB' || true
-if ! grep -q '^LAB DONE' "$work/console.log"; then
-  echo "nvme-lab: the guest did not finish (qemu exit $rc, ${elapsed_ms} ms); console:" >&2
-  tr -d '\r' <"$work/console.log" | tail -40 >&2
-  exit 1
-fi
-echo "nvme-lab: guest run ${elapsed_ms} ms (boot to poweroff)"
-tr -d '\r' <"$work/console.log" | grep -q '^LAB DONE .*fail=0$'
+boot_guest nvme-lab "$work/console.log" 512 "nvme_core.multipath=$multipath" "${drives[@]}"

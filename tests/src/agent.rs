@@ -18,6 +18,21 @@ pub struct AgentOpts {
     pub wait_ready: bool,
 }
 
+impl AgentOpts {
+    /// The loop backend with its Prometheus endpoint on `address`.
+    pub fn with_metrics(address: impl Into<String>) -> AgentOpts {
+        AgentOpts {
+            args: vec![
+                "--backend".into(),
+                "loop".into(),
+                "--metrics-address".into(),
+                address.into(),
+            ],
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for AgentOpts {
     fn default() -> Self {
         AgentOpts {

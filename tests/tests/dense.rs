@@ -44,15 +44,7 @@ async fn node_calls_never_read_the_mount_table() {
     }
     let scratch = Scratch::new("dense");
     let port = free_port();
-    let opts = AgentOpts {
-        args: vec![
-            "--backend".into(),
-            "loop".into(),
-            "--metrics-address".into(),
-            format!("127.0.0.1:{port}"),
-        ],
-        ..Default::default()
-    };
+    let opts = AgentOpts::with_metrics(format!("127.0.0.1:{port}"));
     let agent = Agent::start(&scratch, opts).await;
     let mut node = agent.node().await;
     for (name, cap) in [

@@ -34,15 +34,7 @@ async fn start_agent_with_1024_descriptors(scratch: &Scratch, metrics: &str) -> 
         state_dir: scratch.join("state"),
         work: scratch.join("w"),
         log: scratch.join("agent.log"),
-        opts: AgentOpts {
-            args: vec![
-                "--backend".into(),
-                "loop".into(),
-                "--metrics-address".into(),
-                metrics.into(),
-            ],
-            ..Default::default()
-        },
+        opts: AgentOpts::with_metrics(metrics),
     };
     let log = std::fs::File::create(&agent.log).expect("log file");
     let child = Command::new("sh")

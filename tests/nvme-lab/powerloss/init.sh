@@ -5,20 +5,7 @@
 # write to either reaches the log on the second disk in the order it became durable, so one log
 # replays both at once. The workload runs through `ebs-node-agent client`; after each
 # acknowledged call the log gets a mark. Results are `LAB ...` lines on the serial console.
-/bin/busybox --install -s /bin
-export PATH=/sbin:/bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /tmp
-. /lab.env
-
-pass=0
-fail=0
-ok() { echo "LAB ok   $*"; pass=$((pass + 1)); }
-bad() { echo "LAB FAIL $*"; fail=$((fail + 1)); }
-now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
+. /lab-guest.sh   # busybox, /proc /sys /dev /run /tmp, /lab.env, ok/bad/now_ms (tests/nvme-lab/guest.sh)
 agent_pid=
 finish() {
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && sleep 1

@@ -22,6 +22,7 @@ agent=$1 fs=$2 base=$3 out=$4
 cache=${LAB_CACHE:-$repo/target/nvme-lab}
 timeout_s=${LAB_TIMEOUT:-240}
 busybox=/bin/busybox
+. "$here/../lib.sh"
 
 missing() { echo "powerloss-lab: $*" >&2; exit 3; }
 command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
@@ -100,27 +101,10 @@ mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp,lib/modules}
 cp "$busybox" "$root/bin/busybox"
 install -m 755 "$here/init.sh" "$root/init"
 for m in dm-mod dm-log-writes libcrc32c xfs; do cp "$mods/$m.ko" "$root/lib/modules/"; done
-copy_libs() {
-  ldd "$1" | awk '/=> \// {print $3} /^[[:space:]]*\/lib/ {print $1}' | while read -r lib; do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
-  done
-}
-if command -v strip >/dev/null; then
-  strip -o "$root/bin/ebs-node-agent" "$agent"
-else
-  cp "$agent" "$root/bin/ebs-node-agent"
-fi
-copy_libs "$agent"
+install_agent "$agent"
 tools=(dmsetup mke2fs e2fsck resize2fs)
 [[ $fs == xfs ]] && tools+=(mkfs.xfs xfs_growfs)
-for tool in "${tools[@]}"; do
-  src=$(command -v "$tool")
-  cp -L "$src" "$root/sbin/$tool"
-  copy_libs "$src"
-done
-ln -s mke2fs "$root/sbin/mkfs.ext4"
-[[ -f /etc/mke2fs.conf ]] && cp /etc/mke2fs.conf "$root/etc/"
+install_tools "${tools[@]}"
 cat >"$root/lab.env" <<ENV
 FS=$fs
 BASE='$base'
@@ -128,7 +112,7 @@ STATE_MB=$state_mb
 VOL_MB=$vol_mb
 PAYLOAD='${PAYLOAD:-power-loss payload}'
 ENV
-(cd "$root" && find . | "$busybox" cpio -o -H newc 2>/dev/null) | gzip -1 >"$work/initrd.gz"
+pack_initrd
 
 # The logged disk holds the state filesystem and then the volume; the log disk gets every write.
 # Both sparse: the log takes what the run writes (xfs zeroes a 64 MiB log per filesystem).
@@ -143,23 +127,4 @@ drives=(
 )
 
 echo "powerloss-lab: $fs, kernel $(basename "$kernel"), initrd $(du -h "$work/initrd.gz" | cut -f1)"
-started=$(date +%s%N)
-timeout --kill-after=5 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
-  -smp 1 -m 768 -nodefaults -no-user-config -display none -serial stdio -no-reboot \
-  -kernel "$kernel" -initrd "$work/initrd.gz" \
-  -append "console=ttyS0 quiet panic=-1 nvme_core.multipath=N" \
-  "${drives[@]}" </dev/null >"$out/console.log" 2>&1 &
-qemu_pid=$!
-rc=0
-wait "$qemu_pid" || rc=$?
-qemu_pid=
-elapsed_ms=$((($(date +%s%N) - started) / 1000000))
-
-tr -d '\r' <"$out/console.log" | grep '^LAB' || true
-if ! grep -q '^LAB DONE' "$out/console.log"; then
-  echo "powerloss-lab: the guest did not finish (qemu exit $rc, ${elapsed_ms} ms); console:" >&2
-  tr -d '\r' <"$out/console.log" | tail -40 >&2
-  exit 1
-fi
-echo "powerloss-lab: $fs guest run ${elapsed_ms} ms (boot to poweroff)"
-tr -d '\r' <"$out/console.log" | grep -q '^LAB DONE .*fail=0$'
+boot_guest "powerloss-lab: $fs" "$out/console.log" 768 "nvme_core.multipath=N" "${drives[@]}"

@@ -14,15 +14,7 @@ async fn metrics_after_a_stage_publish_cycle() {
     }
     let scratch = Scratch::new("metrics");
     let port = free_port();
-    let opts = AgentOpts {
-        args: vec![
-            "--backend".into(),
-            "loop".into(),
-            "--metrics-address".into(),
-            format!("127.0.0.1:{port}"),
-        ],
-        ..Default::default()
-    };
+    let opts = AgentOpts::with_metrics(format!("127.0.0.1:{port}"));
     let agent = Agent::start(&scratch, opts).await;
     let (vol, staging, _target) = stage_and_publish(&agent, "m1").await;
     // One refused call, for the error-code label.
@@ -137,14 +129,8 @@ async fn metrics_address_in_use_stops_the_start_without_a_socket() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
     let opts = AgentOpts {
-        args: vec![
-            "--backend".into(),
-            "loop".into(),
-            "--metrics-address".into(),
-            addr.clone(),
-        ],
         wait_ready: false,
-        ..Default::default()
+        ..AgentOpts::with_metrics(addr.clone())
     };
     let mut agent = Agent::start(&scratch, opts).await;
     let status = agent

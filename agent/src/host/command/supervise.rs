@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
 
 use super::spawn::Tool;
 use std::time::{Duration, Instant};
@@ -103,32 +103,8 @@ pub enum Ended {
 
 /// Reads the child's pipes until it exits (and its pipes reach EOF, or `DRAIN_GRACE` passes),
 /// or until `deadline`.
-/// A child process that can be waited for: a tool, or (in tests) a std `Child`.
-pub trait Waitable {
-    fn id(&self) -> u32;
-    fn wait(&mut self) -> std::io::Result<ExitStatus>;
-}
-
-impl Waitable for Tool {
-    fn id(&self) -> u32 {
-        Tool::id(self)
-    }
-    fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        Tool::wait(self)
-    }
-}
-
-impl Waitable for Child {
-    fn id(&self) -> u32 {
-        Child::id(self)
-    }
-    fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        Child::wait(self)
-    }
-}
-
 pub fn supervise(
-    child: &mut impl Waitable,
+    child: &mut Tool,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     deadline: Instant,
@@ -138,13 +114,13 @@ pub fn supervise(
     supervise_with(child, stdout, stderr, deadline, pidfd)
 }
 
-fn pidfd_of(child: &impl Waitable) -> Option<OwnedFd> {
+fn pidfd_of(child: &Tool) -> Option<OwnedFd> {
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).ok()?)?;
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
 
 fn supervise_with(
-    child: &mut impl Waitable,
+    child: &mut Tool,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     deadline: Instant,
@@ -228,8 +204,9 @@ fn timeout(wait: Duration) -> PollTimeout {
 
 #[cfg(test)]
 mod tests {
-    use std::process::{Command, Stdio};
+    use std::ffi::OsStr;
 
+    use super::super::spawn::spawn;
     use super::*;
 
     /// A child that closes its pipes first and exits later is still waited for, with and
@@ -237,14 +214,13 @@ mod tests {
     #[test]
     fn exit_after_closing_pipes_with_and_without_pidfd() {
         for with_pidfd in [true, false] {
-            let mut child = Command::new("sh")
-                .args(["-c", "echo early; exec >&- 2>&-; sleep 0.3; exit 7"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let out = child.stdout.take().map(OwnedFd::from);
-            let err = child.stderr.take().map(OwnedFd::from);
+            let spawned = spawn(
+                OsStr::new("sh"),
+                &["-c", "echo early; exec >&- 2>&-; sleep 0.3; exit 7"],
+            )
+            .unwrap();
+            let mut child = spawned.tool;
+            let (out, err) = (Some(spawned.stdout), Some(spawned.stderr));
             let pidfd = with_pidfd.then(|| pidfd_of(&child).unwrap());
             let start = Instant::now();
             let deadline = start + Duration::from_secs(10);
@@ -282,13 +258,14 @@ mod tests {
 
     #[test]
     fn deadline_leaves_the_child_unreaped() {
-        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let mut child = spawn(OsStr::new("sleep"), &["5"]).unwrap().tool;
         let deadline = Instant::now() + Duration::from_millis(100);
         let ended = supervise(&mut child, None, None, deadline).unwrap();
         assert!(matches!(ended, Ended::TimedOut));
         // Not reaped: the pid is still ours to kill.
-        assert!(child.try_wait().unwrap().is_none());
-        child.kill().unwrap();
+        let pid = Pid::from_raw(i32::try_from(child.id()).unwrap());
+        assert!(!has_exited(pid).unwrap());
+        child.kill();
         child.wait().unwrap();
     }
 }
