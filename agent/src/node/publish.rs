@@ -42,8 +42,9 @@ impl Source {
 pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let vol = cmd.volume.as_str();
     let target_path = cmd.target.as_path();
-    // A path that leads through a symlink is a bad request whatever the volume's state.
-    check_publish_paths(cmd)?;
+    // A path that leads through a symlink is a bad request whatever the volume's state. The
+    // handle is kept: its parent stays the one checked, and it is not resolved a second time.
+    let looked_up = paths::lookup(&cmd.target)?;
     let staged = staged_here(ctx, cmd)?;
     let block = cmd.capability.is_block();
     let readonly = cmd.readonly || cmd.capability.mode.is_read_only() || staged.readonly;
@@ -65,7 +66,10 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let expected = Expected::of(ctx, vol, Some(&staged));
     let prior = ctx.store.publication(vol, target_path)?;
     let _turn = ctx.claims.take(vol, target_path, Use::Target, true)?;
-    let target = paths::prepare(&cmd.target)?;
+    let target = match looked_up {
+        Some(target) => target,
+        None => paths::prepare(&cmd.target)?,
+    };
     let published_here = holder(ctx, &target, &expected)?;
     if let Some(existing) = &prior
         && existing.access_mode != 0
