@@ -4,6 +4,7 @@ pub mod ebs;
 pub mod loopback;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -70,6 +71,29 @@ pub trait Backend: Send + Sync {
                 describe_identity(identity)
             ))
         }
+    }
+
+    /// Whether the device open as `dev` (numbers `devnum`) carries `identity`, asked of that very
+    /// device where the backend can (loop: LOOP_GET_STATUS64 on the fd); by its numbers
+    /// otherwise.
+    fn is_open_at(
+        &self,
+        _dev: &File,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        self.is_at(devnum, identity)
+    }
+
+    /// Proves, as `is_at`, and hands back the device held open when the backend opened it to ask:
+    /// while that file is open the numbers keep naming the device proven (see `host::device`),
+    /// so the same call need not ask again about them.
+    fn prove_at(
+        &self,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<Option<File>, String> {
+        self.is_at(devnum, identity).map(|()| None)
     }
 
     /// Makes the kernel see a device's new size after the volume grew (loop: set capacity;

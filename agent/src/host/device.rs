@@ -12,11 +12,13 @@
 //! runs, because mkfs and e2fsck take their own exclusive claim; dropping it waits until no child
 //! forked meanwhile by another thread still holds a copy (`Claim`).
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex};
 
 #[derive(Debug)]
 pub struct HeldDevice {
@@ -172,9 +174,15 @@ pub fn block_devnum(path: &Path) -> io::Result<(u32, u32)> {
     Ok(devnum_of(meta.rdev()))
 }
 
-/// The device node for a device number (the kernel's name for it, under /dev), opened and
-/// checked to carry those numbers.
+/// The device node for a device number, opened and checked to carry those numbers. Its name is
+/// the kernel's (sysfs uevent's DEVNAME), remembered from one call to the next: the numbers of
+/// what was opened decide, so a name gone stale costs one more sysfs read, never a wrong device.
 pub fn open_devnum(devnum: (u32, u32)) -> io::Result<File> {
+    if let Some(name) = known_names().get(&devnum).cloned()
+        && let Ok(file) = open_named(&name, devnum)
+    {
+        return Ok(file);
+    }
     let uevent =
         std::fs::read_to_string(format!("/sys/dev/block/{}:{}/uevent", devnum.0, devnum.1))?;
     let name = uevent
@@ -184,8 +192,30 @@ pub fn open_devnum(devnum: (u32, u32)) -> io::Result<File> {
     if name.split('/').any(|part| part.is_empty() || part == "..") {
         return Err(io::Error::other(format!("odd device name {name:?}")));
     }
+    let file = open_named(name, devnum)?;
+    let mut names = known_names();
+    if names.len() >= MAX_KNOWN_NAMES {
+        names.clear();
+    }
+    names.insert(devnum, name.to_string());
+    Ok(file)
+}
+
+/// More block devices than any host has; a bound all the same.
+const MAX_KNOWN_NAMES: usize = 4096;
+
+fn known_names() -> std::sync::MutexGuard<'static, HashMap<(u32, u32), String>> {
+    static NAMES: LazyLock<Mutex<HashMap<(u32, u32), String>>> = LazyLock::new(Default::default);
+    NAMES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn open_named(name: &str, devnum: (u32, u32)) -> io::Result<File> {
     let file = File::open(Path::new("/dev").join(name))?;
-    if devnum_of(file.metadata()?.rdev()) != devnum {
+    let meta = file.metadata()?;
+    // A character device can carry the same numbers (7:1 is also /dev/vcs1).
+    if !meta.file_type().is_block_device() || devnum_of(meta.rdev()) != devnum {
         return Err(io::Error::other(format!(
             "/dev/{name} does not carry device {}:{}",
             devnum.0, devnum.1
@@ -200,7 +230,12 @@ pub fn still_claimed(devnum: (u32, u32)) -> bool {
     let Ok(file) = open_devnum(devnum) else {
         return false;
     };
-    !free_now(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
+    held_still_claimed(&file)
+}
+
+/// The same question about a device the caller holds open (not exclusively).
+pub fn held_still_claimed(device: &File) -> bool {
+    !free_now(Path::new(&format!("/proc/self/fd/{}", device.as_raw_fd())))
 }
 
 #[cfg(test)]
@@ -216,9 +251,44 @@ mod tests {
         assert!(HeldDevice::open(&f).is_err());
     }
 
+    /// A remembered name that no longer carries the numbers (a character device with the same
+    /// numbers, or a device renamed) is never what is opened: sysfs is asked again.
+    #[test]
+    fn a_stale_device_name_is_never_what_is_opened() {
+        if !crate::host::loopdev::test_support::root_or_skip(
+            "a_stale_device_name_is_never_what_is_opened",
+        ) {
+            return;
+        }
+        use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+        struct Node(PathBuf);
+        impl Drop for Node {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let file = TempFile::sparse("devnum-name", 1 << 20);
+        let lo = Loop::attach(&file.0);
+        let devnum = block_devnum(&lo.0).unwrap();
+        // A character device with the loop device's numbers, as /dev/vcs1 is for loop1.
+        let chr = format!("ebs-test-chr-{}", std::process::id());
+        let node = Node(Path::new("/dev").join(&chr));
+        let numbers = makedev(devnum.0.into(), devnum.1.into());
+        mknod(&node.0, SFlag::S_IFCHR, Mode::S_IRUSR, numbers).unwrap();
+        known_names().insert(devnum, chr.clone());
+        let opened = open_devnum(devnum).unwrap();
+        let meta = opened.metadata().unwrap();
+        assert!(meta.file_type().is_block_device(), "opened /dev/{chr}");
+        assert_eq!(devnum_of(meta.rdev()), devnum);
+        let name = lo.0.file_name().unwrap().to_str().unwrap();
+        assert_eq!(known_names().get(&devnum).map(String::as_str), Some(name));
+    }
+
     #[test]
     fn an_exclusive_claim_excludes_a_second_one_until_released() {
-        if !nix::unistd::geteuid().is_root() {
+        if !crate::host::loopdev::test_support::root_or_skip(
+            "an_exclusive_claim_excludes_a_second_one_until_released",
+        ) {
             return;
         }
         let file = TempFile::sparse("held-excl", 1 << 20);

@@ -77,7 +77,7 @@ impl VolumeDevice {
             return Ok(());
         }
         ctx.backend
-            .is_at(self.devnum(), &self.identity)
+            .is_open_at(self.held.file(), self.devnum(), &self.identity)
             .map_err(|reason| self.wrong(reason))
     }
 

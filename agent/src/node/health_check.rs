@@ -12,7 +12,7 @@ use super::NodeCtx;
 use super::ownership::{Expected, Holder, holder};
 use super::paths;
 use super::read_probe::{self, ReadOutcome};
-use crate::backend::{Backend, block_dev_numbers};
+use crate::backend::block_dev_numbers;
 use crate::host::loopdev;
 use crate::host::mounts::MountFacts;
 
@@ -50,8 +50,9 @@ pub struct Findings {
 pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Findings {
     let mut problems = Vec::new();
     let device = staged.device.as_path();
-    let present = match block_dev_numbers(device) {
-        Ok(_) => true,
+    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
+    let device_ok = match block_dev_numbers(device) {
+        Ok(devnum) => check_device(ctx, &expected, staged, devnum, &mut problems),
         Err(e) => {
             problems.push(format!(
                 "the device {} has disappeared ({e}); the volume was detached or the device \
@@ -61,8 +62,6 @@ pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Find
             false
         }
     };
-    let device_ok = present && check_device(ctx.backend.as_ref(), staged, &mut problems);
-    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
     let fs_mounted = match &staged.access {
         AccessRecord::Mount { .. } => {
             check_fs_mounts(ctx, staged, &expected, volume_path, &mut problems)
@@ -82,8 +81,15 @@ pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Find
 }
 
 /// Size, identity and a real read. Stops at the first failure: once a device is gone, asking
-/// whether it is still the volume only adds noise.
-fn check_device(backend: &dyn Backend, staged: &StagedVolume, problems: &mut Vec<String>) -> bool {
+/// whether it is still the volume only adds noise. The proof is `expected`'s, so the mounts
+/// checked next need none of their own.
+fn check_device(
+    ctx: &NodeCtx,
+    expected: &Expected,
+    staged: &StagedVolume,
+    devnum: (u32, u32),
+    problems: &mut Vec<String>,
+) -> bool {
     let device = staged.device.as_path();
     match loopdev::device_size(device) {
         Ok(0) => {
@@ -103,7 +109,7 @@ fn check_device(backend: &dyn Backend, staged: &StagedVolume, problems: &mut Vec
             return false;
         }
     }
-    if let Err(why) = backend.still_is(device, &staged.identity) {
+    if let Err(why) = expected.prove(ctx, devnum) {
         problems.push(format!(
             "the device {} no longer carries volume {}: {why}; the data seen at its mounts is \
              not this volume's: unpublish and unstage it, then find out who changed the device",

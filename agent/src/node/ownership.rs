@@ -6,6 +6,9 @@
 //! serial), and it is the filesystem's root (a staging mount, or a bind of it); for block access,
 //! the device node bound onto a file is the volume's device.
 
+use std::fs::File;
+use std::sync::OnceLock;
+
 use ebs_store::{DeviceIdentity, StagedVolume};
 
 use super::NodeCtx;
@@ -16,13 +19,18 @@ use crate::host::device::block_devnum;
 use crate::host::mounts::{self, MountFacts};
 use crate::request::VolumeId;
 
-/// What a volume's device must show, from the record or, without one, from the backend.
-#[derive(Clone, Debug)]
+/// What a volume's device must show, from the record or, without one, from the backend. One
+/// per call: it keeps the device it proved open for the rest of the call.
+#[derive(Debug)]
 pub struct Expected {
     pub volume: String,
     identity: Option<DeviceIdentity>,
     /// The recorded device's numbers: all an unverified identity can be checked against.
     recorded: Option<(u32, u32)>,
+    /// The device proven to be the volume in this call, held open: while it is open its numbers
+    /// cannot pass to another device (see `host::device`), so the staging mount, a bind of it
+    /// and the device itself, asked about in turn, need one proof, not one each.
+    proven: OnceLock<((u32, u32), File)>,
 }
 
 impl Expected {
@@ -37,6 +45,7 @@ impl Expected {
             volume: volume.to_string(),
             identity,
             recorded: staged.and_then(recorded_devnum),
+            proven: OnceLock::new(),
         }
     }
 
@@ -46,6 +55,7 @@ impl Expected {
             volume: volume.to_string(),
             identity: Some(identity),
             recorded: Some(devnum),
+            proven: OnceLock::new(),
         }
     }
 
@@ -53,15 +63,38 @@ impl Expected {
     /// under a mount) can no longer be asked; then the record vouches for the numbers it noted,
     /// so a workload's mount of a vanished volume can still be taken down.
     pub fn is_device(&self, ctx: &NodeCtx, devnum: (u32, u32)) -> bool {
-        let vouched = self.recorded == Some(devnum);
+        self.prove(ctx, devnum).is_ok()
+            || (self.identity.is_some() && self.recorded == Some(devnum) && !device_exists(devnum))
+    }
+
+    /// Whether the device with these numbers, as it is now, is the volume; `Err` says why not.
+    pub fn prove(&self, ctx: &NodeCtx, devnum: (u32, u32)) -> std::result::Result<(), String> {
         match &self.identity {
-            Some(DeviceIdentity::Unverified) => vouched,
-            Some(identity) => match ctx.backend.is_at(devnum, identity) {
-                Ok(()) => true,
-                Err(_) => vouched && !device_exists(devnum),
-            },
-            None => false,
+            Some(DeviceIdentity::Unverified) if self.recorded == Some(devnum) => Ok(()),
+            Some(DeviceIdentity::Unverified) => Err(format!(
+                "device {}:{} is not the one recorded for a volume without a verifiable identity",
+                devnum.0, devnum.1
+            )),
+            Some(_) if self.held(devnum).is_some() => Ok(()),
+            Some(identity) => {
+                if let Some(file) = ctx.backend.prove_at(devnum, identity)? {
+                    let _ = self.proven.set((devnum, file));
+                }
+                Ok(())
+            }
+            None => Err(format!(
+                "nothing is known of what {}'s device must show",
+                self.volume
+            )),
         }
+    }
+
+    /// The device proven to be the volume in this call, still held, when it has these numbers.
+    pub fn held(&self, devnum: (u32, u32)) -> Option<&File> {
+        self.proven
+            .get()
+            .filter(|(held, _)| *held == devnum)
+            .map(|(_, file)| file)
     }
 
     /// The recorded device's numbers.

@@ -88,6 +88,8 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         check_single_publication(ctx, &staged, &expected, cmd)?;
     }
 
+    // One journal for the call: the bind's done line rides with the "published" commit.
+    let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
     match published_here {
         Holder::Volume(m) => {
             if m.read_only != readonly {
@@ -107,7 +109,6 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         }
         Holder::Nothing => {
             let source = source(ctx, &staged, &expected, block)?;
-            let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
             let facts = detail([
                 ("source", path_string(&source_of(&staged, block))),
                 ("target", path_string(target_path)),
@@ -143,7 +144,6 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     record.progress = Progress::Complete;
     // Lazy: the bind intent (with the record) is already durable; if this line is lost, recovery
     // finds the bind mount and completes the publication.
-    let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
     journal.record(
         "published",
         Phase::Done,

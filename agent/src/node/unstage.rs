@@ -10,7 +10,7 @@ use super::ownership::{Expected, holder};
 use super::unpublish::take_down;
 use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
-use crate::host::device::still_claimed;
+use crate::host::device::{held_still_claimed, still_claimed};
 use crate::request::{RequestPath, VolumeId};
 
 pub struct UnstageCommand {
@@ -63,7 +63,9 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     if is_fs
         && let Some(dev) = device
         && expected.is_device(ctx, dev)
-        && still_claimed(dev)
+        && expected
+            .held(dev)
+            .map_or_else(|| still_claimed(dev), held_still_claimed)
     {
         return Err(Error::Precondition(format!(
             "the filesystem of volume {vol} is still mounted elsewhere (a publication the agent \

@@ -11,6 +11,7 @@ mod resize;
 mod snapshots;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,6 +84,33 @@ fn backing_matches(device: &Path, st_dev: u64, st_ino: u64) -> std::result::Resu
     }
 }
 
+/// The loop device with these numbers, opened.
+fn open_loop(devnum: (u32, u32)) -> std::result::Result<File, String> {
+    if devnum.0 != loopdev::LOOP_MAJOR {
+        return Err(format!(
+            "device {}:{} is not a loop device",
+            devnum.0, devnum.1
+        ));
+    }
+    crate::host::device::open_devnum(devnum)
+        .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))
+}
+
+/// The (st_dev, st_ino) of the file behind the open loop device.
+fn backing_of(dev: &File, devnum: (u32, u32)) -> std::result::Result<(u64, u64), String> {
+    match loopdev::backing_inode_of(dev) {
+        Ok(Some(inode)) => Ok(inode),
+        Ok(None) => Err(format!(
+            "loop device {}:{} is not attached to any file",
+            devnum.0, devnum.1
+        )),
+        Err(e) => Err(format!(
+            "cannot read the backing file of loop device {}:{}: {e}",
+            devnum.0, devnum.1
+        )),
+    }
+}
+
 impl Backend for LoopBackend {
     fn resolve(
         &self,
@@ -129,32 +157,59 @@ impl Backend for LoopBackend {
     }
 
     fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
-        if devnum.0 != loopdev::LOOP_MAJOR {
+        let (st_dev, st_ino) = backing_of(&open_loop(devnum)?, devnum)?;
+        Ok(DeviceIdentity::LoopFile {
+            file: loopdev::backing_file_by_devnum(devnum).unwrap_or_default(),
+            st_dev,
+            st_ino,
+        })
+    }
+
+    fn is_at(
+        &self,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        self.prove_at(devnum, identity).map(drop)
+    }
+
+    fn prove_at(
+        &self,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<Option<File>, String> {
+        let dev = open_loop(devnum)?;
+        self.is_open_at(&dev, devnum, identity)?;
+        Ok(Some(dev))
+    }
+
+    /// One ioctl on the open device; the backing file's path is read only to explain a mismatch.
+    fn is_open_at(
+        &self,
+        dev: &File,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = identity else {
             return Err(format!(
-                "device {}:{} is not a loop device",
-                devnum.0, devnum.1
+                "device {}:{} is a loop device, not {}",
+                devnum.0,
+                devnum.1,
+                super::describe_identity(identity)
             ));
+        };
+        if backing_of(dev, devnum)? == (*st_dev, *st_ino) {
+            return Ok(());
         }
-        let dev = crate::host::device::open_devnum(devnum)
-            .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))?;
-        match loopdev::backing_inode_of(&dev) {
-            Ok(Some((st_dev, st_ino))) => {
-                let file = loopdev::backing_file_by_devnum(devnum).unwrap_or_default();
-                Ok(DeviceIdentity::LoopFile {
-                    file,
-                    st_dev,
-                    st_ino,
-                })
-            }
-            Ok(None) => Err(format!(
-                "loop device {}:{} is not attached to any file",
-                devnum.0, devnum.1
-            )),
-            Err(e) => Err(format!(
-                "cannot read the backing file of loop device {}:{}: {e}",
-                devnum.0, devnum.1
-            )),
-        }
+        Err(format!(
+            "device {}:{} is loop volume file {}, not {}",
+            devnum.0,
+            devnum.1,
+            loopdev::backing_file_by_devnum(devnum)
+                .unwrap_or_default()
+                .display(),
+            super::describe_identity(identity)
+        ))
     }
 
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
