@@ -80,6 +80,12 @@ if grep -q "^/dev/$N1 $S ext4" /proc/mounts; then ok "staged: /dev/$N1 on $S (ex
 uuid1=$(fs_uuid "/dev/$N1")
 step "publish" C node publish --id "$V1" --staging-path "$S" --target-path "$T"
 echo "hello from $V1" >"$T/data" && sync && ok "write through the target path" || bad "write failed"
+# The condition proves the NVMe serial once and judges the staging mount and the bind by it.
+if C --json node stats --id "$V1" --volume-path "$T" >/tmp/out 2>&1 && grep -q '"abnormal": *false' /tmp/out; then
+  ok "stats: healthy, by the serial"
+else
+  bad "stats: $(head -c 400 /tmp/out)"
+fi
 
 # EBS statistics with a volume staged and published: the agent reads log page 0xD0 through the
 # NVMe admin ioctl at scrape time; QEMU's controller does not implement the page, so the read

@@ -158,6 +158,23 @@ impl Backend for EbsBackend {
         }
     }
 
+    fn prove_at(
+        &self,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<Option<std::fs::File>, String> {
+        // Opened before it is asked about, so the proof is about the device held: while it is
+        // open its numbers cannot pass to another disk. A fixture tree names no device of this
+        // host: proven there, never held.
+        let real_host = self.devices.sys_root() == Path::new("/sys")
+            && self.devices.dev_root() == Path::new("/dev");
+        let held = real_host
+            .then(|| crate::host::device::open_devnum(devnum).ok())
+            .flatten();
+        self.is_at(devnum, identity)?;
+        Ok(held)
+    }
+
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
         lookup::expected_serial(volume)
             .ok()
