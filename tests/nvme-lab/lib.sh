@@ -1,6 +1,39 @@
 # Shared by the lab scripts (run.sh, powerloss/run.sh): building the initramfs and booting the
-# guest. Sourced; the caller sets `root` (the initramfs tree), `work`, `kernel`, `timeout_s` and
-# `qemu_pid` (which its cleanup kills).
+# guest. Sourced; the caller sets `lab` (its name), `agent`, `busybox`, `kernel` and `timeout_s`, and
+# calls `new_tree` before building the tree.
+
+# missing WHAT: a prerequisite is missing: says so (as `$lab`) and exits 3.
+missing() { echo "$lab: $*" >&2; exit 3; }
+
+# check_prerequisites: qemu, a static busybox ($busybox) and the agent binary ($agent).
+check_prerequisites() {
+  command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
+  [[ -x $busybox ]] || missing "$busybox not found (apt-get install busybox-static)"
+  ldd "$busybox" >/dev/null 2>&1 && missing "$busybox is not static (apt-get install busybox-static)"
+  [[ -x $agent ]] || missing "agent binary $agent not found (cargo build --bins)"
+}
+
+# cloud_kernel_package: sets `pkg` to the package of Debian's current cloud kernel.
+cloud_kernel_package() {
+  pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
+  [[ -n $pkg ]] || missing "cannot find the linux-image-cloud-amd64 package (apt-get update?)"
+}
+
+# new_tree TAG: a scratch $work under /tmp, removed at exit together with the guest, and the
+# initramfs tree $root in it with busybox ($busybox).
+new_tree() {
+  work=$(mktemp -d "/tmp/$1.XXXXXX")
+  qemu_pid=
+  trap remove_tree EXIT
+  root=$work/root
+  mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp,lib/modules}
+  cp "$busybox" "$root/bin/busybox"
+}
+
+remove_tree() {
+  [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
 
 # copy_libs BINARY: the shared libraries BINARY loads, into the initramfs.
 copy_libs() {

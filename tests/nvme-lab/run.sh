@@ -20,19 +20,14 @@ cache=${LAB_CACHE:-$repo/target/nvme-lab}
 timeout_s=${LAB_TIMEOUT:-180}
 multipath=${LAB_MULTIPATH:-Y}
 busybox=/bin/busybox
+lab=nvme-lab
 . "$here/lib.sh"
-
-missing() { echo "nvme-lab: $*" >&2; exit 3; }
-command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
-ldd "$busybox" >/dev/null 2>&1 && missing "$busybox is not static (apt-get install busybox-static)"
-[[ -x $busybox ]] || missing "$busybox not found (apt-get install busybox-static)"
-[[ -x $agent ]] || missing "agent binary $agent not found (cargo build --bins)"
+check_prerequisites
 
 # The guest kernel: the current Debian cloud image (NVMe and ext4 built in), fetched once.
 kernel=$(ls "$cache"/kernel/boot/vmlinuz-* 2>/dev/null | head -1 || true)
 if [[ -z $kernel || ! -f $cache/kernel/loop.ko ]]; then
-  pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
-  [[ -n $pkg ]] || missing "cannot find the linux-image-cloud-amd64 package (apt-get update?)"
+  cloud_kernel_package
   dl=$(mktemp -d /tmp/ebs-nvme-kernel.XXXXXX)
   chmod 755 "$dl"
   (cd "$dl" && apt-get download -q "$pkg" >/dev/null) || { rm -rf "$dl"; missing "apt-get download $pkg failed"; }
@@ -48,19 +43,8 @@ fi
 config=${kernel/vmlinuz-/config-}
 grep -q '^CONFIG_BLK_DEV_NVME=y' "$config" || missing "$kernel does not have NVMe built in"
 
-work=$(mktemp -d /tmp/ebs-nvme-lab.XXXXXX)
-qemu_pid=
-cleanup() {
-  [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
 # The initramfs: busybox, the agent and the ext4 tools with their shared libraries.
-root=$work/root
-mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp}
-cp "$busybox" "$root/bin/busybox"
-mkdir -p "$root/lib"
+new_tree ebs-nvme-lab
 cp "$cache/kernel/loop.ko" "$root/lib/loop.ko"
 install -m 755 "$here/init.sh" "$root/init"
 install_agent "$agent"

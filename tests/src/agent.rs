@@ -58,16 +58,21 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent whose socket and state live under `scratch`.
     pub async fn start(scratch: &Scratch, opts: AgentOpts) -> Agent {
-        let mut agent = Agent {
+        let mut agent = Agent::unstarted(scratch, opts);
+        agent.spawn().await;
+        agent
+    }
+
+    /// The paths of an agent under `scratch`, for a test that starts the process its own way.
+    pub fn unstarted(scratch: &Scratch, opts: AgentOpts) -> Agent {
+        Agent {
             child: None,
             socket: scratch.join("run/csi.sock"),
             state_dir: scratch.join("state"),
             work: scratch.join("w"),
             log: scratch.join("agent.log"),
             opts,
-        };
-        agent.spawn().await;
-        agent
+        }
     }
 
     pub fn endpoint(&self) -> String {
@@ -123,28 +128,40 @@ impl Agent {
     }
 
     pub async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        if let Err(why) = self.try_wait_ready(Duration::from_secs(20)).await {
+            panic!("{why}");
+        }
+    }
+
+    /// Waits until Probe says ready, for `within` at most; otherwise why not, with the log.
+    pub async fn try_wait_ready(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("agent exited early ({status}); log:\n{}", self.log_text());
+                return Err(format!(
+                    "agent exited early ({status}); log:\n{}",
+                    self.log_text()
+                ));
             }
             if let Ok(ch) = channel(&self.socket).await {
                 let mut id = csi::identity_client::IdentityClient::new(ch);
                 if let Ok(r) = id.probe(csi::ProbeRequest {}).await
                     && r.into_inner().ready != Some(false)
                 {
-                    return;
+                    return Ok(());
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "agent not ready in time; log:\n{}",
-                self.log_text()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "agent not ready in {} s; log:\n{}",
+                    within.as_secs(),
+                    self.log_text()
+                ));
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

@@ -155,13 +155,18 @@ fn detach_loops_below(dir: &Path) {
             .is_ok_and(|b| Path::new(b.trim().trim_end_matches(" (deleted)")).starts_with(dir));
         if still_ours {
             // Mounted devices only get autoclear here and go when their last user does.
-            let _ = Command::new("losetup")
-                .arg("-d")
-                .arg(&dev)
-                .stderr(Stdio::null())
-                .status();
+            detach_loop(&dev);
         }
     }
+}
+
+/// `losetup -d`, quietly: a device still in use only gets autoclear and goes with its last user.
+pub fn detach_loop(dev: &Path) {
+    let _ = Command::new("losetup")
+        .arg("-d")
+        .arg(dev)
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Makes a directory unwritable even for root is impossible; instead this makes a path whose

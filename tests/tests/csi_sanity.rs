@@ -16,26 +16,26 @@ const MIN_PASSED: usize = 75;
 const ATTACH_LIMIT: &str = "4";
 
 fn sanity_binary(test: &str) -> Option<PathBuf> {
-    let path = match std::env::var_os("CSI_SANITY") {
-        Some(p) => PathBuf::from(p),
-        None => match beside_the_checkout() {
-            Some(found) => return Some(found),
-            None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/csi-sanity"),
-        },
+    let (found, looked) = match std::env::var_os("CSI_SANITY") {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            (p.is_file().then(|| p.clone()), p.display().to_string())
+        }
+        None => (
+            beside_the_checkout(),
+            "shared/tools/csi-sanity beside the checkout or above it, or in /work/shared/tools"
+                .to_string(),
+        ),
     };
-    if path.is_file() {
-        return Some(path);
+    if found.is_some() {
+        return found;
     }
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!(
-            "{test}: csi-sanity is missing at {} and CI=true: refusing to skip (set CSI_SANITY)",
-            path.display()
+            "{test}: csi-sanity is missing ({looked}) and CI=true: refusing to skip (set CSI_SANITY)"
         );
     }
-    eprintln!(
-        "skipping {test}: no csi-sanity at {} (set CSI_SANITY to its path)",
-        path.display()
-    );
+    eprintln!("skipping {test}: no csi-sanity ({looked}; set CSI_SANITY to its path)");
     None
 }
 

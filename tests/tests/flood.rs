@@ -28,14 +28,7 @@ fn free_port() -> u16 {
 /// The agent started through `sh -c 'ulimit -n 1024; exec agent serve …'`: soft and hard limit
 /// both 1024, as a systemd unit without LimitNOFILE has (soft) and raising cannot help.
 async fn start_agent_with_1024_descriptors(scratch: &Scratch, metrics: &str) -> Agent {
-    let mut agent = Agent {
-        child: None,
-        socket: scratch.join("run/csi.sock"),
-        state_dir: scratch.join("state"),
-        work: scratch.join("w"),
-        log: scratch.join("agent.log"),
-        opts: AgentOpts::with_metrics(metrics),
-    };
+    let mut agent = Agent::unstarted(scratch, AgentOpts::with_metrics(metrics));
     let log = std::fs::File::create(&agent.log).expect("log file");
     let child = Command::new("sh")
         .arg("-c")

@@ -22,13 +22,10 @@ agent=$1 fs=$2 base=$3 out=$4
 cache=${LAB_CACHE:-$repo/target/nvme-lab}
 timeout_s=${LAB_TIMEOUT:-240}
 busybox=/bin/busybox
+lab=powerloss-lab
 . "$here/../lib.sh"
-
-missing() { echo "powerloss-lab: $*" >&2; exit 3; }
-command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
-[[ -x $busybox ]] && ! ldd "$busybox" >/dev/null 2>&1 || missing "$busybox is missing or not static (apt-get install busybox-static)"
+check_prerequisites
 command -v dmsetup >/dev/null || missing "dmsetup not found (apt-get install dmsetup)"
-[[ -x $agent ]] || missing "agent binary $agent not found (cargo build --bins)"
 case $fs in
   ext4) state_mb=64 vol_mb=64 ;;
   # mkfs.xfs refuses filesystems under 300 MB.
@@ -79,26 +76,15 @@ if [[ -n $lab_kernel ]]; then
   if [[ -f $cache/powerloss-$v/xfs.ko ]] || fetch "$v"; then kernel=$lab_kernel mods=$cache/powerloss-$v; fi
 fi
 if [[ -z $kernel ]]; then
-  pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
-  [[ -n $pkg ]] || missing "cannot find the linux-image-cloud-amd64 package (apt-get update?)"
+  cloud_kernel_package
   v=${pkg#linux-image-}
   [[ -f $cache/powerloss-$v/vmlinuz ]] || fetch "$v" || missing "apt-get download $pkg failed"
   kernel=$cache/powerloss-$v/vmlinuz mods=$cache/powerloss-$v
 fi
 flock -u 9
 
-work=$(mktemp -d /tmp/ebs-powerloss-lab.XXXXXX)
-qemu_pid=
-cleanup() {
-  [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
 # The initramfs: busybox, the agent, dmsetup, the filesystem tools and their libraries.
-root=$work/root
-mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp,lib/modules}
-cp "$busybox" "$root/bin/busybox"
+new_tree ebs-powerloss-lab
 install -m 755 "$here/init.sh" "$root/init"
 for m in dm-mod dm-log-writes libcrc32c xfs; do cp "$mods/$m.ko" "$root/lib/modules/"; done
 install_agent "$agent"

@@ -1,26 +1,90 @@
 use super::*;
 
-struct Temp(std::path::PathBuf);
+/// A file in a scratch directory of its own, removed with it.
+struct Temp {
+    path: std::path::PathBuf,
+    _dir: crate::Scratch,
+}
 
 impl Temp {
     fn new(name: &str) -> Temp {
-        let p = std::env::temp_dir().join(format!(
-            "ebs-logwrites-{name}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        Temp(p)
+        let dir = crate::Scratch::new(&format!("logwrites-{name}"));
+        Temp {
+            path: dir.join("file"),
+            _dir: dir,
+        }
     }
     fn with(name: &str, bytes: &[u8]) -> Temp {
         let t = Temp::new(name);
-        std::fs::write(&t.0, bytes).expect("write log");
+        std::fs::write(&t.path, bytes).expect("write log");
         t
     }
 }
 
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+/// Writes logs in the kernel's format, for the parser's tests.
+struct LogBuilder {
+    sector_size: u64,
+    bytes: Vec<u8>,
+    count: u64,
+}
+
+impl LogBuilder {
+    fn new(sector_size: u64) -> Self {
+        LogBuilder {
+            sector_size,
+            bytes: vec![0; sector_size as usize],
+            count: 0,
+        }
+    }
+
+    fn entry(&mut self, sector: u64, nr_sectors: u64, flags: u64, mark: &[u8], data: &[u8]) {
+        let mut header = vec![0u8; self.sector_size as usize];
+        header[0..8].copy_from_slice(&sector.to_le_bytes());
+        header[8..16].copy_from_slice(&nr_sectors.to_le_bytes());
+        header[16..24].copy_from_slice(&flags.to_le_bytes());
+        let data_len = if mark.is_empty() {
+            data.len()
+        } else {
+            mark.len()
+        } as u64;
+        header[24..32].copy_from_slice(&data_len.to_le_bytes());
+        header[ENTRY_HEADER..ENTRY_HEADER + mark.len()].copy_from_slice(mark);
+        self.bytes.extend_from_slice(&header);
+        self.bytes.extend_from_slice(data);
+        self.count += 1;
+    }
+
+    /// A write of `data` (whole sectors) at `sector`, with extra flags (FUA, FLUSH, METADATA).
+    fn write(&mut self, sector: u64, data: &[u8], flags: u64) -> &mut Self {
+        assert_eq!(data.len() as u64 % self.sector_size, 0, "whole sectors");
+        let n = data.len() as u64 / self.sector_size;
+        self.entry(sector, n, flags, b"", data);
+        self
+    }
+
+    fn flush(&mut self) -> &mut Self {
+        self.entry(0, 0, FLUSH, b"", b"");
+        self
+    }
+
+    fn discard(&mut self, sector: u64, nr_sectors: u64) -> &mut Self {
+        self.entry(sector, nr_sectors, DISCARD, b"", b"");
+        self
+    }
+
+    fn mark(&mut self, name: &str) -> &mut Self {
+        self.entry(0, 0, MARK, name.as_bytes(), b"");
+        self
+    }
+
+    /// The log with its super; `count` overrides the entry count (a log cut short).
+    fn finish(&self, count: Option<u64>) -> Vec<u8> {
+        let mut out = self.bytes.clone();
+        out[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        out[8..16].copy_from_slice(&VERSION.to_le_bytes());
+        out[16..24].copy_from_slice(&count.unwrap_or(self.count).to_le_bytes());
+        out[24..28].copy_from_slice(&(self.sector_size as u32).to_le_bytes());
+        out
     }
 }
 
@@ -36,7 +100,7 @@ fn device(name: &str, len: u64) -> (Temp, File) {
         .truncate(true)
         .read(true)
         .write(true)
-        .open(&t.0)
+        .open(&t.path)
         .expect("device image");
     f.set_len(len).expect("size");
     (t, f)
@@ -68,7 +132,7 @@ fn sample(size: u64) -> LogBuilder {
 fn parses_every_entry_kind() {
     for size in [512u64, 4096] {
         let log = Temp::with("kinds", &sample(size).finish(None));
-        let parsed = Log::open(&log.0).expect("parse");
+        let parsed = Log::open(&log.path).expect("parse");
         assert_eq!(parsed.sector_size, size);
         let e = &parsed.entries;
         assert_eq!(e.len(), 8);
@@ -97,7 +161,7 @@ fn parses_every_entry_kind() {
 fn replays_to_any_entry() {
     let size = 512u64;
     let log = Temp::with("replay", &sample(size).finish(None));
-    let parsed = Log::open(&log.0).expect("parse");
+    let parsed = Log::open(&log.path).expect("parse");
     let at = |s: u64| s * size;
 
     // Up to the FUA write: a and b, nothing of c.
@@ -135,7 +199,7 @@ fn zeros_are_punched_and_overwrite_data() {
         .flush()
         .write(0, &sectors(0, 32, s), FUA);
     let log = Temp::with("zeros", &b.finish(None));
-    let parsed = Log::open(&log.0).expect("parse");
+    let parsed = Log::open(&log.path).expect("parse");
     let (_t, img) = device("zeros-image", 64 * 4096);
     parsed.replay(2, &img).expect("replay");
     assert_eq!(read(&img, 0, 32 * s), vec![0; 32 * s]);
@@ -154,32 +218,32 @@ fn refuses_what_is_not_a_whole_log() {
     let mut wrong_magic = good.clone();
     wrong_magic[0] ^= 0xff;
     let t = Temp::with("magic", &wrong_magic);
-    let e = Log::open(&t.0).err().expect("bad magic refused");
+    let e = Log::open(&t.path).err().expect("bad magic refused");
     assert!(e.to_string().contains("magic"), "{e}");
 
     let mut wrong_version = good.clone();
     wrong_version[8] = 2;
     let t = Temp::with("version", &wrong_version);
-    assert!(Log::open(&t.0).is_err());
+    assert!(Log::open(&t.path).is_err());
 
     // The super counts more entries than the log holds (a log device that ran out of space,
     // or a super written before its entries).
     let t = Temp::with("short", &sample(512).finish(Some(9)));
-    let e = Log::open(&t.0).err().expect("short log refused");
+    let e = Log::open(&t.path).err().expect("short log refused");
     assert!(e.to_string().contains("past the end"), "{e}");
 
     // An entry whose data is cut off.
     let t = Temp::with("cut", &good[..good.len() - 100]);
-    assert!(Log::open(&t.0).is_err());
+    assert!(Log::open(&t.path).is_err());
 
     // Unknown flags.
     let mut b = LogBuilder::new(512);
     b.write(0, &sectors(1, 1, 512), 1 << 9);
     let t = Temp::with("flags", &b.finish(None));
-    let e = Log::open(&t.0).err().expect("unknown flag refused");
+    let e = Log::open(&t.path).err().expect("unknown flag refused");
     assert!(e.to_string().contains("unknown flags"), "{e}");
 
     // Fewer entries than written: the super is the authority, the rest is ignored.
     let t = Temp::with("fewer", &sample(512).finish(Some(3)));
-    assert_eq!(Log::open(&t.0).expect("parse").entries.len(), 3);
+    assert_eq!(Log::open(&t.path).expect("parse").entries.len(), 3);
 }

@@ -57,14 +57,7 @@ async fn the_units_capability_set_is_enough_for_the_volume_lifecycle() {
         caps.push("mknod".into());
     }
     let scratch = Scratch::new("unit-caps");
-    let mut agent = Agent {
-        child: None,
-        socket: scratch.join("run/csi.sock"),
-        state_dir: scratch.join("state"),
-        work: scratch.join("w"),
-        log: scratch.join("agent.log"),
-        opts: AgentOpts::default(),
-    };
+    let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
     let log = std::fs::File::create(&agent.log).unwrap();
     let bounding = format!(
         "-all,{}",

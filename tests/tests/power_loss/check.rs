@@ -4,14 +4,14 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ebs_tests::log_writes::Log;
 use ebs_tests::{Agent, AgentOpts, agent_bin, mounts_below};
 use serde_json::Value;
 
 use crate::converge::{self, StageOutcome};
-use crate::host::{Loop, Mounted, VOLUME, content_digest, fixture, has_data};
+use crate::host::{Loop, Mounted, VOLUME, content_digest, fixture, is_data};
 use crate::points::{Point, Timeline};
 use crate::record::Recording;
 
@@ -108,14 +108,17 @@ impl Run<'_> {
             .map_err(|e| format!("reading the volume: {e}"))?;
         let state_dev = Loop::attach(&image, 0, state_len)?;
         let vol_dev = Loop::attach(&image, state_len, vol_len)?;
-        let state = Mounted::mount(&state_dev.dev, &base.join("state"), fs)?;
+        let unstarted = Agent::unstarted(&self.rec.scratch, agent_opts(&base));
+        let state = Mounted::mount(&state_dev.dev, &unstarted.state_dir, fs)?;
+        // Bound after the state mount, so the agent, once started, is killed before that goes.
+        let mut agent = unstarted;
 
         let acked = |mark: &str| self.timeline.acked(index, mark);
-        let status = self.status_before_start(&base, &acked, checked)?;
+        let status = self.status_before_start(&agent, &acked, checked)?;
         checked.durable = durable_format(&status);
         self.check_reflected(&status, &acked, checked);
-        let volume_written =
-            has_data(&image, state_len, vol_len).map_err(|e| format!("reading the volume: {e}"))?;
+        // Nothing has written to the volume since it was read: only the state is mounted.
+        let volume_written = is_data(volume_before);
         if volume_written && checked.durable == Durable::Nothing {
             checked
                 .problems
@@ -123,9 +126,9 @@ impl Run<'_> {
         }
 
         fixture(&base, &vol_dev)?;
-        let _ = std::fs::remove_file(base.join("agent.log"));
-        let mut agent = Agent::start(&self.rec.scratch, agent_opts(&base)).await;
-        wait_ready(&mut agent).await?;
+        let _ = std::fs::remove_file(&agent.log);
+        agent.spawn().await;
+        agent.try_wait_ready(Duration::from_secs(60)).await?;
         let (outcome, refusal) = converge::drive(
             &agent,
             self.rec,
@@ -163,7 +166,7 @@ impl Run<'_> {
     /// documented way out (`recover --from-mounts`) is taken so the run can go on.
     fn status_before_start(
         &self,
-        base: &Path,
+        agent: &Agent,
         acked: &dyn Fn(&str) -> bool,
         checked: &mut Checked,
     ) -> Result<Value, String> {
@@ -171,9 +174,9 @@ impl Run<'_> {
             .arg("status")
             .arg("--json")
             .arg("--endpoint")
-            .arg(format!("unix://{}", base.join("run/csi.sock").display()))
+            .arg(agent.endpoint())
             .arg("--state-dir")
-            .arg(base.join("state"))
+            .arg(&agent.state_dir)
             .output()
             .map_err(|e| format!("status: {e}"))?;
         if out.status.success() {
@@ -182,7 +185,7 @@ impl Run<'_> {
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         // Before the agent first said it was ready, the file may not exist yet, or its
         // creation may have been cut short (then the agent sets it aside and starts afresh).
-        let no_file_yet = !base.join("state/state.redb").exists();
+        let no_file_yet = !agent.state_dir.join("state.redb").exists();
         let unfinished = err.contains("was still being created");
         if (no_file_yet || unfinished) && !acked("agent-ready") {
             return Ok(Value::Null);
@@ -192,7 +195,7 @@ impl Run<'_> {
             .push(format!("status refused the state file: {}", err.trim()));
         let rec = Command::new(agent_bin())
             .args(["recover", "--from-mounts", "--state-dir"])
-            .arg(base.join("state"))
+            .arg(&agent.state_dir)
             .output()
             .map_err(|e| format!("recover: {e}"))?;
         if !rec.status.success() {
@@ -250,36 +253,5 @@ fn durable_format(status: &Value) -> Durable {
         Some("intent") => Durable::Intent(uuid),
         Some("done") => Durable::Done(uuid),
         _ => Durable::Nothing,
-    }
-}
-
-async fn wait_ready(agent: &mut Agent) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(st) = agent
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            return Err(format!(
-                "the agent exited at start ({st}): {}",
-                agent.log_text()
-            ));
-        }
-        if let Ok(ch) = ebs_tests::channel(&agent.socket).await {
-            let mut id = ebs_tests::csi::identity_client::IdentityClient::new(ch);
-            if let Ok(r) = id.probe(ebs_tests::csi::ProbeRequest {}).await
-                && r.into_inner().ready == Some(true)
-            {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the agent was not ready in 60 s: {}",
-                agent.log_text()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -125,11 +125,8 @@ pub fn sample(points: &[Point], log: &Log, budget: Option<usize>) -> Vec<Point> 
         log.mark("staged").unwrap_or(0),
     );
     let must = |p: &Point| p.what.starts_with("mark") || (ready..=staged).contains(&p.index);
-    let kept: Vec<&Point> = points.iter().filter(|p| must(p)).collect();
-    let rest: Vec<&Point> = points.iter().filter(|p| !must(p)).collect();
-    let room = budget.saturating_sub(kept.len());
-    let rest: Vec<Point> = rest.into_iter().cloned().collect();
-    let mut chosen: Vec<Point> = kept.into_iter().cloned().collect();
+    let (mut chosen, rest): (Vec<Point>, Vec<Point>) = points.iter().cloned().partition(must);
+    let room = budget.saturating_sub(chosen.len());
     chosen.extend(spread(&rest, Some(room)));
     chosen.sort_by_key(|p| p.index);
     chosen

@@ -70,17 +70,13 @@ pub fn file_inode(file: &Path) -> std::io::Result<(u64, u64)> {
 }
 
 fn backing_matches(device: &Path, st_dev: u64, st_ino: u64) -> std::result::Result<(), String> {
-    match loopdev::backing_inode(device) {
-        Ok(Some((d, i))) if d == st_dev && i == st_ino => Ok(()),
-        Ok(Some(_)) => Err(format!(
-            "{} is backed by another file than the volume's",
-            device.display()
-        )),
-        Ok(None) => Err(format!("{} is not attached to any file", device.display())),
-        Err(e) => Err(format!(
-            "cannot read the backing file of {}: {e}",
-            device.display()
-        )),
+    let what = device.display();
+    if backing_of(loopdev::backing_inode(device), &what)? == (st_dev, st_ino) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} is backed by another file than the volume's"
+        ))
     }
 }
 
@@ -96,19 +92,24 @@ fn open_loop(devnum: (u32, u32)) -> std::result::Result<File, String> {
         .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))
 }
 
-/// The (st_dev, st_ino) of the file behind the open loop device.
-fn backing_of(dev: &File, devnum: (u32, u32)) -> std::result::Result<(u64, u64), String> {
-    match loopdev::backing_inode_of(dev) {
+/// The (st_dev, st_ino) of the file behind a loop device (`what`, in messages), from a query.
+fn backing_of(
+    found: std::result::Result<Option<(u64, u64)>, impl std::fmt::Display>,
+    what: &dyn std::fmt::Display,
+) -> std::result::Result<(u64, u64), String> {
+    match found {
         Ok(Some(inode)) => Ok(inode),
-        Ok(None) => Err(format!(
-            "loop device {}:{} is not attached to any file",
-            devnum.0, devnum.1
-        )),
-        Err(e) => Err(format!(
-            "cannot read the backing file of loop device {}:{}: {e}",
-            devnum.0, devnum.1
-        )),
+        Ok(None) => Err(format!("{what} is not attached to any file")),
+        Err(e) => Err(format!("cannot read the backing file of {what}: {e}")),
     }
+}
+
+/// The backing inode of the loop device open as `dev`, asked of that very device.
+fn loop_backing(dev: &File, devnum: (u32, u32)) -> std::result::Result<(u64, u64), String> {
+    backing_of(
+        loopdev::backing_inode_of(dev),
+        &format_args!("loop device {}:{}", devnum.0, devnum.1),
+    )
 }
 
 impl Backend for LoopBackend {
@@ -157,7 +158,8 @@ impl Backend for LoopBackend {
     }
 
     fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
-        let (st_dev, st_ino) = backing_of(&open_loop(devnum)?, devnum)?;
+        let dev = open_loop(devnum)?;
+        let (st_dev, st_ino) = loop_backing(&dev, devnum)?;
         Ok(DeviceIdentity::LoopFile {
             file: loopdev::backing_file_by_devnum(devnum).unwrap_or_default(),
             st_dev,
@@ -198,7 +200,7 @@ impl Backend for LoopBackend {
                 super::describe_identity(identity)
             ));
         };
-        if backing_of(dev, devnum)? == (*st_dev, *st_ino) {
+        if loop_backing(dev, devnum)? == (*st_dev, *st_ino) {
             return Ok(());
         }
         Err(format!(

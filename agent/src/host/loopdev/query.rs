@@ -19,13 +19,8 @@ pub fn backing_file(device: &Path) -> Result<Option<PathBuf>, LoopError> {
         "/sys/block/{}/loop/backing_file",
         loop_name(device)?
     ));
-    match std::fs::read(&path) {
-        Ok(mut bytes) => {
-            if bytes.last() == Some(&b'\n') {
-                bytes.pop();
-            }
-            Ok(Some(PathBuf::from(std::ffi::OsString::from_vec(bytes))))
-        }
+    match read_backing_file(&path) {
+        Ok(file) => Ok(Some(file)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(LoopError::Sysfs { path, source }),
     }
@@ -35,41 +30,43 @@ pub fn backing_file(device: &Path) -> Result<Option<PathBuf>, LoopError> {
 /// and `ino()`. None when the device is not attached.
 pub fn backing_inode(device: &Path) -> Result<Option<(u64, u64)>, LoopError> {
     let dev = open(device, false)?;
-    let mut info = LoopInfo64::zeroed();
-    // SAFETY: dev is open; &mut info is a valid, writable loop_info64 that
-    // outlives the call.
-    match unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) } {
-        Ok(_) => Ok(Some((info.lo_device, info.lo_inode))),
-        Err(Errno::ENXIO) => Ok(None),
-        Err(e) => Err(ioctl_err("LOOP_GET_STATUS64", device)(e)),
-    }
+    status_inode(&dev).map_err(ioctl_err("LOOP_GET_STATUS64", device))
 }
 
 /// (st_dev, st_ino) of the backing file of the loop device open as `dev`: asked of the very
 /// device the caller holds, not of whatever a path names now.
 pub fn backing_inode_of(dev: &File) -> io::Result<Option<(u64, u64)>> {
+    status_inode(dev).map_err(io::Error::from)
+}
+
+fn status_inode(dev: &File) -> Result<Option<(u64, u64)>, Errno> {
     let mut info = LoopInfo64::zeroed();
     // SAFETY: dev is an open fd; &mut info is a valid, writable loop_info64 that outlives the
     // call.
     match unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) } {
         Ok(_) => Ok(Some((info.lo_device, info.lo_inode))),
         Err(Errno::ENXIO) => Ok(None),
-        Err(e) => Err(io::Error::from(e)),
+        Err(e) => Err(e),
     }
 }
 
 /// The backing file's path as sysfs shows it for a device number (for messages only: the inode
 /// from `backing_inode_of` is what identifies).
 pub fn backing_file_by_devnum(devnum: (u32, u32)) -> Option<PathBuf> {
-    let mut bytes = std::fs::read(format!(
+    read_backing_file(Path::new(&format!(
         "/sys/dev/block/{}:{}/loop/backing_file",
         devnum.0, devnum.1
-    ))
-    .ok()?;
+    )))
+    .ok()
+}
+
+/// A sysfs `loop/backing_file`, without its newline.
+fn read_backing_file(path: &Path) -> io::Result<PathBuf> {
+    let mut bytes = std::fs::read(path)?;
     if bytes.last() == Some(&b'\n') {
         bytes.pop();
     }
-    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
 }
 
 /// Finds the loop device backed by the given inode, e.g. to re-adopt a device

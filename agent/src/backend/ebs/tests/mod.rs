@@ -14,20 +14,19 @@ const SERIAL: &str = "vol0123456789abcdef0";
 const OTHER: &str = "vol0fedcba9876543210";
 
 fn backend(f: &Fixture) -> EbsBackend {
-    EbsBackend::new(&EbsConfig {
-        sys_root: f.sys_root(),
-        dev_root: f.dev_root(),
-        model: EBS_MODEL.into(),
-        allow_unverified: false,
-    })
+    backend_with(f, false)
 }
 
 fn backend_unverified(f: &Fixture) -> EbsBackend {
+    backend_with(f, true)
+}
+
+fn backend_with(f: &Fixture, allow_unverified: bool) -> EbsBackend {
     EbsBackend::new(&EbsConfig {
         sys_root: f.sys_root(),
         dev_root: f.dev_root(),
         model: EBS_MODEL.into(),
-        allow_unverified: true,
+        allow_unverified,
     })
 }
 
