@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ebs_node_agent::nodeinfo::NodeInfoSource;
 use ebs_node_agent::nodeinfo::host_devices::{EBS_MODEL, fixture};
 use ebs_node_agent::nodeinfo::sources::{Resolver, SourceConfig};
-use ebs_tests::Scratch;
+use ebs_tests::{Scratch, require_root, sh};
 
 const DATA: &str = "../agent/data/ec2-ebs-attachment-limits.tsv";
 
@@ -66,7 +66,14 @@ fn host(scratch: &Scratch, enis: usize) -> std::path::PathBuf {
 }
 
 async fn agent_limit(sysfs: &Path, instance_type: &str) -> i64 {
+    agent_limit_for(sysfs, instance_type, DRIVER).await
+}
+
+const DRIVER: &str = "ebs.csi.aws.com";
+
+async fn agent_limit_for(sysfs: &Path, instance_type: &str, driver: &str) -> i64 {
     let mut r = Resolver::new(SourceConfig {
+        driver_name: driver.into(),
         node_id: Some("i-0123456789abcdef0".into()),
         zone: Some("us-east-1a".into()),
         instance_type: Some(instance_type.into()),
@@ -121,4 +128,59 @@ async fn every_type_matches_upstream_with_1_and_3_interfaces() {
         differ.len(),
         differ.join("\n")
     );
+}
+
+/// Issue 2796 upstream: after the upstream node plugin is swapped for the agent in place, the
+/// volumes it staged are still attached and mounted at kubelet's staging paths. The scheduler
+/// counts them already; reserving a slot for each as well would lower the limit twice. A disk
+/// mounted at kubelet's staging path for this driver (a real mount of a real device whose numbers
+/// the sysfs fixture gives) is not reserved; the root volume, and a disk mounted anywhere else or
+/// for another driver, still are.
+#[tokio::test]
+async fn volumes_staged_by_the_upstream_plugin_before_a_swap_are_not_reserved() {
+    if !require_root("volumes_staged_by_the_upstream_plugin_before_a_swap_are_not_reserved") {
+        return;
+    }
+    let scratch = Scratch::new("attach-limits-swap");
+    let img = scratch.join("upstream.img");
+    sh(&format!(
+        "truncate -s 64M {0} && mkfs.ext4 -q -F {0}",
+        img.display()
+    ));
+    let out = sh(&format!("losetup --find --show {}", img.display()));
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = sh(&format!("stat -c '%t %T' {dev}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let nums: Vec<u32> = text
+        .split_whitespace()
+        .map(|h| u32::from_str_radix(h, 16).expect("hex"))
+        .collect();
+
+    let sysfs = host(&scratch, 1);
+    let root_only = agent_limit(&sysfs, "m7i.large").await;
+    fixture::nvme_disk(&sysfs, "nvme1n1", EBS_MODEL, "vol0aaaaaaaaaaaaaaaa1");
+    fixture::device_number(&sysfs, "nvme1n1", nums[0], nums[1]);
+    // Attached, not in the journal, mounted nowhere: reserved (it may be the host's own disk).
+    assert_eq!(agent_limit(&sysfs, "m7i.large").await, root_only - 1);
+
+    let kubelet = scratch.join("kubelet/plugins/kubernetes.io/csi");
+    let mount_at = |dir: &Path| {
+        std::fs::create_dir_all(dir).expect("mount point");
+        sh(&format!("mount {dev} {}", dir.display()));
+    };
+    // For another driver: still reserved.
+    let theirs = kubelet.join("other.csi.example.com/0a1b/globalmount");
+    mount_at(&theirs);
+    assert_eq!(agent_limit(&sysfs, "m7i.large").await, root_only - 1);
+    sh(&format!("umount {}", theirs.display()));
+    // At kubelet's staging path for this driver, as the upstream plugin staged it: a CSI volume.
+    let ours = kubelet.join(format!("{DRIVER}/9f86d081884c7d659a2f/globalmount"));
+    mount_at(&ours);
+    assert_eq!(agent_limit(&sysfs, "m7i.large").await, root_only);
+    // The same disk seen by an agent with another driver name proves nothing.
+    assert_eq!(
+        agent_limit_for(&sysfs, "m7i.large", "other.csi.example.com").await,
+        root_only - 1
+    );
+    sh(&format!("umount {} && losetup -d {dev}", ours.display()));
 }

@@ -39,6 +39,21 @@ fn xfs_info(device: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Whether the installed mkfs.xfs is older than `major.minor`.
+fn xfsprogs_older_than(major: u32, minor: u32) -> bool {
+    let out = sh("mkfs.xfs -V");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version: Vec<u32> = text
+        .rsplit(' ')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .split('.')
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    version.len() >= 2 && (version[0], version[1]) < (major, minor)
+}
+
 fn mount_line(staging: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     info.lines()
@@ -179,6 +194,13 @@ async fn legacy_xfs_formats_for_old_kernels() {
     let text = xfs_info(&vol.device);
     for feature in ["bigtime=0", "inobtcount=0", "reflink=0"] {
         assert!(text.contains(feature), "{feature}: {text}");
+    }
+    // Upstream's `-i nrext64=0` (v1.50, for Amazon Linux 2 kernels), where mkfs.xfs knows it:
+    // xfs_info shows the flag only from xfsprogs 5.19 on, the version that added the option.
+    if text.contains("nrext64=") {
+        assert!(text.contains("nrext64=0"), "{text}");
+    } else {
+        assert!(xfsprogs_older_than(5, 19), "no nrext64 shown: {text}");
     }
 }
 

@@ -18,8 +18,13 @@ pub const GROW_TIMEOUT: Duration = Duration::from_secs(300);
 const SEARCH_PATH: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
 /// `--legacy-xfs`: the xfs features Linux 5.4 and older cannot mount, turned off (the upstream
-/// driver's set).
+/// driver's set since v1.50, with [`LEGACY_XFS_INODE_FEATURES`]).
 pub const LEGACY_XFS_FEATURES: &str = "bigtime=0,inobtcount=0,reflink=0";
+/// Large extent counters (xfsprogs 5.19 and later know the option; some 6.x releases turn the
+/// feature on by default), which Amazon Linux 2 kernels cannot mount.
+pub const LEGACY_XFS_INODE_FEATURES: &str = "nrext64=0";
+/// The first xfsprogs whose mkfs.xfs accepts `-i nrext64=`.
+const NREXT64_SINCE: (u32, u32) = (5, 19);
 
 /// Which filesystems this host can format, check and grow, found once at start.
 #[derive(Clone, Debug)]
@@ -122,7 +127,7 @@ impl FsTools {
                 args.extend(["-f", "-q", "-m"].map(String::from));
                 args.push(format!("uuid={uuid}"));
                 if self.legacy_xfs {
-                    args.extend(["-m".into(), LEGACY_XFS_FEATURES.into()]);
+                    args.extend(legacy_xfs_args(self.xfsprogs_version()));
                 }
                 self.tool(fs, "mkfs.xfs")?
             }
@@ -209,6 +214,28 @@ impl FsTools {
         let out = command::run(tool, &[dev], GROW_TIMEOUT)?;
         succeeded(tool, device, &out)
     }
+}
+
+/// `--legacy-xfs`'s mkfs.xfs options for the installed xfsprogs: the upstream driver's exact set,
+/// less `-i nrext64=0` where mkfs.xfs is too old to know it (it would refuse the option, and such
+/// an mkfs.xfs never makes the feature anyway).
+fn legacy_xfs_args(xfsprogs: Option<(u32, u32)>) -> Vec<String> {
+    let mut args = vec!["-m".to_string(), LEGACY_XFS_FEATURES.to_string()];
+    match xfsprogs {
+        Some(v) if v >= NREXT64_SINCE => {
+            args.extend(["-i".to_string(), LEGACY_XFS_INODE_FEATURES.to_string()]);
+        }
+        _ => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::info!(
+                    xfsprogs = ?xfsprogs,
+                    "--legacy-xfs: mkfs.xfs predates nrext64 (xfsprogs 5.19), so -i nrext64=0 is left out"
+                );
+            });
+        }
+    }
+    args
 }
 
 /// A tool's non-zero exit as a typed error that leads with the tool's reason.
@@ -319,6 +346,15 @@ mod tests {
     const MKFS_XFS_TOO_SMALL: &str = "Filesystem must be larger than 300MB.\nUsage: mkfs.xfs\n\
         /* blocksize */\t\t[-b size=num]\n/* config file */\t[-c options=xxx]\n\
         <value> is xxx (512 byte blocks).\n";
+
+    #[test]
+    fn legacy_xfs_is_upstreams_option_set_where_mkfs_knows_it() {
+        let full = ["-m", "bigtime=0,inobtcount=0,reflink=0", "-i", "nrext64=0"];
+        assert_eq!(legacy_xfs_args(Some((6, 1))), full);
+        assert_eq!(legacy_xfs_args(Some((5, 19))), full);
+        assert_eq!(legacy_xfs_args(Some((5, 18))), full[..2]);
+        assert_eq!(legacy_xfs_args(None), full[..2]);
+    }
 
     #[test]
     fn a_failed_tool_leads_with_its_reason_not_its_usage() {

@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+pub use super::csi_owned::Disk;
+
 pub const EBS_MODEL: &str = "Amazon Elastic Block Store";
 pub const INSTANCE_STORE_MODEL: &str = "Amazon EC2 NVMe Instance Storage";
 
@@ -13,23 +15,37 @@ const NIC_DRIVERS: &[&str] = &["ena", "ixgbevf"];
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct AttachedDisks {
-    /// Serials of EBS NVMe namespaces (`vol0123…`).
-    pub ebs_serials: Vec<String>,
+    /// EBS NVMe namespaces, with their serials (`vol0123…`), sorted by serial.
+    pub ebs: Vec<Disk>,
     pub instance_store: u32,
     /// Xen front-end disks (`xvd*`): EBS or instance store, both use an attachment.
     pub xen_disks: u32,
 }
 
 impl AttachedDisks {
-    /// Attached EBS volumes (and Xen disks) that the agent did not stage: the root volume and
-    /// other non-CSI disks. `staged_serials` are the NVMe serials the state file records.
-    pub fn not_staged(&self, staged_serials: &HashSet<String>) -> u32 {
-        let ebs = self
-            .ebs_serials
+    /// The EBS disks whose serials the state file does not record (`staged_serials`,
+    /// normalized): the root volume, other non-CSI disks, and CSI volumes staged before the
+    /// agent ran.
+    pub fn unknown<'a>(
+        &'a self,
+        staged_serials: &'a HashSet<String>,
+    ) -> impl Iterator<Item = &'a Disk> {
+        self.ebs
             .iter()
-            .filter(|s| !staged_serials.contains(&normalize_serial(s)))
-            .count() as u32;
-        ebs + self.xen_disks
+            .filter(|d| !staged_serials.contains(&normalize_serial(&d.serial)))
+    }
+
+    /// Attached EBS volumes (and Xen disks) that are not CSI volumes: neither staged by the
+    /// agent (`staged_serials`) nor proven CSI-owned from kubelet's mounts (`csi_owned`, the
+    /// serials as sysfs gives them).
+    pub fn not_csi(&self, staged_serials: &HashSet<String>, csi_owned: &HashSet<String>) -> u32 {
+        let ebs = self
+            .unknown(staged_serials)
+            .filter(|d| !csi_owned.contains(&d.serial))
+            .count();
+        u32::try_from(ebs)
+            .unwrap_or(u32::MAX)
+            .saturating_add(self.xen_disks)
     }
 }
 
@@ -57,14 +73,37 @@ pub fn attached_disks(sysfs_root: &Path) -> AttachedDisks {
         match model.trim() {
             EBS_MODEL => {
                 let serial = std::fs::read_to_string(dev.join("serial")).unwrap_or_default();
-                found.ebs_serials.push(serial.trim().to_string());
+                found.ebs.push(Disk {
+                    serial: serial.trim().to_string(),
+                    devs: device_numbers(&entry.path(), &name),
+                    name,
+                });
             }
             INSTANCE_STORE_MODEL => found.instance_store += 1,
             _ => {}
         }
     }
-    found.ebs_serials.sort();
+    found.ebs.sort_by(|a, b| a.serial.cmp(&b.serial));
     found
+}
+
+/// The `maj:min` of `<sysfs>/block/<name>` and of its partitions (`<name>/<name>p1/dev`, …).
+fn device_numbers(disk_dir: &Path, name: &str) -> Vec<(u32, u32)> {
+    let read = |dir: &Path| {
+        let text = std::fs::read_to_string(dir.join("dev")).ok()?;
+        let (major, minor) = text.trim().split_once(':')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    };
+    let mut devs: Vec<(u32, u32)> = read(disk_dir).into_iter().collect();
+    if let Ok(entries) = std::fs::read_dir(disk_dir) {
+        devs.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(name))
+                .filter_map(|e| read(&e.path())),
+        );
+    }
+    devs
 }
 
 /// Network interfaces bound to an EC2 network driver, from `<sysfs_root>/bus/pci/drivers/`.
@@ -99,9 +138,21 @@ pub mod fixture {
     pub fn nvme_disk(root: &Path, name: &str, model: &str, serial: &str) {
         let dev = root.join("block").join(name).join("device");
         std::fs::create_dir_all(&dev).expect("fixture dir");
+        // A number no real device has, unless the test gives one (`device_number`).
+        std::fs::write(root.join("block").join(name).join("dev"), "259:999999\n")
+            .expect("fixture dev");
         // sysfs pads model names with spaces.
         std::fs::write(dev.join("model"), format!("{model:<40}\n")).expect("fixture model");
         std::fs::write(dev.join("serial"), format!("{serial:<20}\n")).expect("fixture serial");
+    }
+
+    /// Gives a fixture disk the numbers of a real device (so a real mount of it can be found).
+    pub fn device_number(root: &Path, name: &str, major: u32, minor: u32) {
+        std::fs::write(
+            root.join("block").join(name).join("dev"),
+            format!("{major}:{minor}\n"),
+        )
+        .expect("fixture dev");
     }
 
     pub fn nic(root: &Path, driver: &str, pci: &str) {
@@ -126,10 +177,12 @@ mod tests {
         fixture::nic(&root, "ena", "0000:00:06.0");
         std::fs::create_dir_all(root.join("bus/pci/drivers/ena/module")).unwrap();
         let disks = attached_disks(&root);
-        assert_eq!(disks.ebs_serials.len(), 2);
+        assert_eq!(disks.ebs.len(), 2);
         assert_eq!(disks.instance_store, 1);
         let staged = HashSet::from([normalize_serial("vol-0bbbbbbbbbbbbbbbb")]);
-        assert_eq!(disks.not_staged(&staged), 1);
+        assert_eq!(disks.not_csi(&staged, &HashSet::new()), 1);
+        let owned = HashSet::from(["vol0aaaaaaaaaaaaaaaa".to_string()]);
+        assert_eq!(disks.not_csi(&staged, &owned), 0);
         assert_eq!(network_interfaces(&root), 2);
         assert_eq!(network_interfaces(&root.join("nowhere")), 0);
         let _ = std::fs::remove_dir_all(&root);

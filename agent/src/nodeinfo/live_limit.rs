@@ -5,11 +5,11 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::attach_limit::{self, Derivation, LimitInputs};
-use super::host_devices;
+use super::{csi_owned, host_devices};
 
 /// The NVMe serials (normalized) of the volumes the agent has staged: their slots are the
 /// scheduler's to count, so they are not reserved.
@@ -68,7 +68,13 @@ pub struct LiveLimit {
     pub imds_interfaces: Option<u32>,
     pub sysfs_root: PathBuf,
     pub staged: StagedSerials,
+    /// The CSI driver name whose kubelet paths prove a disk is a CSI volume (`csi_owned`).
+    pub driver: String,
     last: AtomicI64,
+    /// The disks last proven CSI-owned from the mount table, with the unknown disks they were
+    /// proven among: the table is read again only when that set changes (a disk attached or
+    /// detached), not at every NodeGetInfo (kubelet asks every 10 s).
+    owned: Mutex<Option<(Vec<host_devices::Disk>, HashSet<String>)>>,
 }
 
 impl LiveLimit {
@@ -77,13 +83,16 @@ impl LiveLimit {
         imds_interfaces: Option<u32>,
         sysfs_root: PathBuf,
         staged: StagedSerials,
+        driver: String,
     ) -> Self {
         LiveLimit {
             fixed,
             imds_interfaces,
             sysfs_root,
             staged,
+            driver,
             last: AtomicI64::new(i64::MIN),
+            owned: Mutex::new(None),
         }
     }
 
@@ -99,9 +108,42 @@ impl LiveLimit {
                     .map(|n| (n, "instance metadata at start"))
             };
             let disks = host_devices::attached_disks(&self.sysfs_root);
-            inputs.unmanaged_ebs = disks.not_staged(&self.staged.get());
+            let staged = self.staged.get();
+            let owned = self.csi_owned(disks.unknown(&staged).cloned().collect());
+            inputs.unmanaged_ebs = disks.not_csi(&staged, &owned);
         }
         attach_limit::compute(&inputs)
+    }
+
+    /// Which of `unknown` (attached EBS disks the journal does not know) kubelet's mounts prove
+    /// to be CSI volumes. A mount table that cannot be read proves nothing, which can only
+    /// lower the limit.
+    fn csi_owned(&self, unknown: Vec<host_devices::Disk>) -> HashSet<String> {
+        if unknown.is_empty() {
+            return HashSet::new();
+        }
+        let mut cached = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((disks, owned)) = cached.as_ref()
+            && *disks == unknown
+        {
+            return owned.clone();
+        }
+        let owned = match crate::host::mounts::read_table() {
+            Ok(table) => csi_owned::csi_owned(&unknown, &table, &self.driver),
+            Err(e) => {
+                tracing::warn!(error = %e, "attach limit: cannot read the mount table");
+                return HashSet::new();
+            }
+        };
+        if !owned.is_empty() {
+            tracing::info!(
+                volumes = ?owned,
+                "attach limit: attached volumes staged by kubelet for this driver before the \
+                 agent ran are counted as CSI volumes, not reserved"
+            );
+        }
+        *cached = Some((unknown, owned.clone()));
+        owned
     }
 
     /// The limit now; logged when it differs from the last answer.

@@ -5,6 +5,7 @@
 //! background, and never crashes for want of it; the loop backend answers with its host name.
 
 pub mod attach_limit;
+pub mod csi_owned;
 pub mod dmi;
 pub mod host_devices;
 pub mod imds;

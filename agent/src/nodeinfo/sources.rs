@@ -45,6 +45,8 @@ pub struct SourceConfig {
     pub reserved_attachments: Option<u32>,
     /// Volumes the agent has staged: not reserved, the scheduler counts them.
     pub staged: StagedSerials,
+    /// The CSI driver name: kubelet's paths for it prove a disk is a CSI volume.
+    pub driver_name: String,
     /// The longest pause between two lookups while the identity is missing.
     pub retry_max: Duration,
 }
@@ -249,6 +251,7 @@ impl Resolver {
             self.found.imds_interfaces,
             self.cfg.sysfs_root.clone(),
             self.cfg.staged.clone(),
+            self.cfg.driver_name.clone(),
         )
     }
 
@@ -313,6 +316,7 @@ pub fn config_from_args(
         // Volumes the agent staged use slots the scheduler counts; every other attached EBS
         // disk (the root volume, disks attached by hand or by other tools) is reserved.
         staged: StagedSerials::from_store(Arc::clone(store)),
+        driver_name: args.driver_name.clone(),
         retry_max: args.identity_retry_max,
     })
 }
