@@ -9,7 +9,8 @@
 //!
 //! The formula, as the header gives it:
 //! - `--volume-attach-limit N` (N >= 0) is the answer.
-//! - Otherwise the table's value L (types it lacks: 27, shared); the Snow family answers 10.
+//! - Otherwise the table's value L (types it lacks: 27, shared). Upstream no longer answers 10 on
+//!   Snow devices (it dropped Snow support), so neither does the agent.
 //! - Minus the reserved slots: `--reserved-volume-attachments N` (N >= 0), or else what this host
 //!   has attached outside the agent (the root volume and other EBS disks the agent did not stage,
 //!   counted live from sysfs; at least 1, the root volume). Upstream's automatic count is the
@@ -29,8 +30,6 @@ pub const UNKNOWN_TYPE: TableEntry = TableEntry {
     budget: Budget::Shared,
 };
 
-/// Upstream's fixed limit on Snow devices (region `snow`).
-pub const SNOW_LIMIT: i64 = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Budget {
@@ -124,12 +123,6 @@ pub fn compute(inputs: &LimitInputs) -> Derivation {
         return Derivation {
             limit: i64::from(n),
             how: format!("{n} from --volume-attach-limit"),
-        };
-    }
-    if inputs.region.as_deref() == Some("snow") {
-        return Derivation {
-            limit: SNOW_LIMIT,
-            how: format!("{SNOW_LIMIT}: Snow device"),
         };
     }
     let (entry, what) = match inputs.instance_type.as_deref() {
@@ -254,7 +247,8 @@ mod tests {
             instance_type: Some("sbe-c.large".into()),
             ..Default::default()
         };
-        assert_eq!(compute(&snow).limit, SNOW_LIMIT);
+        // Snow is no longer special upstream: a type the table lacks, as anywhere.
+        assert_eq!(compute(&snow).limit, 26);
         let crowded = LimitInputs {
             instance_type: Some("d3.8xlarge".into()),
             unmanaged_ebs: 9,

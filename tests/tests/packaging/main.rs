@@ -151,3 +151,31 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
     assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > grace_s);
     assert!(is_loopback(str_of(&cfg["metrics_address"], "metrics")));
 }
+
+/// The CSIDriver object is the upstream chart's: a cluster switching from the chart to these
+/// manifests (or back) changes no driver behaviour. Every spec field the chart renders has the
+/// chart's value here; what this file adds is only the API server's own defaults.
+#[test]
+fn the_csidriver_object_matches_the_upstream_charts_rendering() {
+    let ours = yaml_docs("packaging/kubernetes/csidriver.yaml").remove(0);
+    let theirs = yaml_docs("tests/fixtures/aws-ebs-csi-driver-2.64-csidriver.yaml").remove(0);
+    assert_eq!(ours["metadata"]["name"], theirs["metadata"]["name"]);
+    let (ours, theirs) = (
+        ours["spec"].as_object().expect("spec"),
+        theirs["spec"].as_object().expect("spec"),
+    );
+    for (field, value) in theirs {
+        assert_eq!(ours.get(field), Some(value), "spec.{field}");
+    }
+    // The rest: what the API server fills in anyway.
+    let defaults = [
+        ("volumeLifecycleModes", serde_json::json!(["Persistent"])),
+        ("requiresRepublish", serde_json::json!(false)),
+    ];
+    for (field, value) in ours.iter().filter(|(f, _)| !theirs.contains_key(*f)) {
+        assert!(
+            defaults.iter().any(|(d, v)| d == field && v == value),
+            "spec.{field} = {value} is not the chart's and not a default"
+        );
+    }
+}
