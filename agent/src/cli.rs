@@ -243,6 +243,10 @@ pub struct ServeArgs {
     /// ebs: the NVMe controller model that marks an EBS volume (the QEMU lab: "QEMU NVMe Ctrl").
     #[arg(long, env = "EBS_AGENT_EBS_MODEL", default_value = crate::backend::ebs::EBS_MODEL)]
     pub ebs_model: String,
+    /// The background re-check of a volume that needs attention: the first pause (then
+    /// doubling, at most ten times this).
+    #[arg(long, env = "EBS_AGENT_ATTENTION_RETRY", default_value = "30s", value_parser = parse_duration, hide = true)]
+    pub attention_retry: Duration,
     /// Test builds only: abort right after a journal record `op.step.phase` is committed.
     #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
     pub crash_after: Option<String>,

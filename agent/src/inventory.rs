@@ -6,30 +6,14 @@ use serde_json::{Value, json};
 
 use ebs_store::Store;
 
-/// Everything the store knows, one object per volume.
+/// Everything the store knows, one object per volume. A volume whose records do not decode shows
+/// as `unreadable` with the error; the others are unaffected.
 pub fn snapshot(store: &Store) -> Result<Value, ebs_store::StoreError> {
     let mut volumes = Vec::new();
     for id in store.known_volume_ids()? {
-        let staged = store.staged(&id)?;
-        let publications = store.publications(&id)?;
-        let format = store.format(&id)?;
-        let last = store.journal(&id)?.pop();
-        volumes.push(json!({
-            "volume_id": id,
-            "staged": staged.as_ref().map(|s| json!({
-                "staging_path": s.staging_path, "device": s.device,
-                "progress": s.progress, "readonly": s.readonly, "access": s.access,
-            })),
-            "published": publications.iter().map(|p| json!({
-                "target_path": p.target_path, "readonly": p.readonly, "progress": p.progress,
-            })).collect::<Vec<_>>(),
-            "filesystem": format.as_ref().map(|f| json!({
-                "fs_type": f.fs_type, "uuid": f.uuid, "state": f.state,
-            })),
-            "last_step": last.as_ref().map(|s| json!({
-                "op": s.op, "step": s.step, "phase": s.phase, "at_unix_ms": s.at_unix_ms,
-            })),
-        }));
+        volumes.push(volume(store, &id).unwrap_or_else(
+            |e| json!({ "volume_id": id, "unreadable": e.to_string(), "published": [] }),
+        ));
     }
     let loop_volumes: Vec<Value> = store
         .loop_volumes()?
@@ -42,4 +26,44 @@ pub fn snapshot(store: &Store) -> Result<Value, ebs_store::StoreError> {
         })
         .collect();
     Ok(json!({ "volumes": volumes, "loop_volumes": loop_volumes }))
+}
+
+fn volume(store: &Store, id: &str) -> Result<Value, ebs_store::StoreError> {
+    let staged = store.staged(id)?;
+    let publications = store.publications(id)?;
+    let format = store.format(id)?;
+    let last = store.journal(id)?.pop();
+    Ok(json!({
+        "volume_id": id,
+        "staged": staged.as_ref().map(|s| json!({
+            "staging_path": s.staging_path, "device": s.device,
+            "progress": s.progress, "readonly": s.readonly, "access": s.access,
+        })),
+        "published": publications.iter().map(|p| json!({
+            "target_path": p.target_path, "readonly": p.readonly, "progress": p.progress,
+        })).collect::<Vec<_>>(),
+        "filesystem": format.as_ref().map(|f| json!({
+            "fs_type": f.fs_type, "uuid": f.uuid, "state": f.state,
+        })),
+        "last_step": last.as_ref().map(|s| json!({
+            "op": s.op, "step": s.step, "phase": s.phase, "at_unix_ms": s.at_unix_ms,
+        })),
+    }))
+}
+
+/// The running agent's marks (`node::attention`): each marked volume's `needs_attention`.
+pub fn add_attention(doc: &mut Value, mut marks: std::collections::HashMap<String, Value>) {
+    let Some(volumes) = doc["volumes"].as_array_mut() else {
+        return;
+    };
+    for v in volumes.iter_mut() {
+        if let Some(mark) = v["volume_id"].as_str().and_then(|id| marks.remove(id)) {
+            v["needs_attention"] = mark;
+        }
+    }
+    let mut rest: Vec<_> = marks.into_iter().collect();
+    rest.sort_by(|a, b| a.0.cmp(&b.0));
+    for (id, mark) in rest {
+        volumes.push(json!({ "volume_id": id, "published": [], "needs_attention": mark }));
+    }
 }

@@ -94,6 +94,33 @@ fn absolute(p: &std::path::Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// The loop controller's own files: re-attach them and thaw what a crashed snapshot froze. A
+/// failure leaves those volumes detached (their calls say why), never the agent down; the thaw
+/// (which opens mount points) is waited for a bounded time.
+async fn loop_controller_recovery(c: Arc<LoopController>) {
+    let attach = Arc::clone(&c);
+    match tokio::task::spawn_blocking(move || attach.reattach_all()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "recovery: loop volume files could not all be re-attached")
+        }
+        Err(e) => tracing::error!(error = %e, "recovery: re-attaching loop volume files failed"),
+    }
+    let thaw = tokio::task::spawn_blocking(move || c.thaw_attached());
+    match tokio::time::timeout(node::recovery::VOLUME_WAIT, thaw).await {
+        Ok(Ok(Ok(_))) => {}
+        Ok(Ok(Err(e))) => {
+            tracing::error!(error = %e, "recovery: frozen filesystems could not be checked")
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "recovery: checking for frozen filesystems failed")
+        }
+        Err(_) => tracing::error!(
+            "recovery: checking for frozen filesystems did not finish in time (a mount point below a dead mount?); going on"
+        ),
+    }
+}
+
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let upstream = crate::upstream::from_args(&args.upstream, args.backend, args.mode)
         .map_err(|message| Fatal { code: 2, message })?;
@@ -173,6 +200,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         roots: (*roots).clone(),
         crash_after: args.crash_after.clone(),
         health: Arc::clone(&health),
+        attention: node::attention::Attention::new(args.attention_retry),
     });
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.
@@ -246,6 +274,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
             allowed: roots.allowed.clone(),
             backend: args.backend,
             mode: args.mode,
+            node: Arc::clone(&ctx),
         }),
     );
     let services = grpc::versions::Services {
@@ -286,31 +315,26 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         let _ = stop_rx.await;
     }));
 
-    // Start-up recovery runs while Probe already answers ready=false.
+    // Start-up recovery runs while Probe already answers ready=false. It never stops the agent
+    // over one volume: a volume whose records cannot be checked in time is marked as needing
+    // attention, and the rest gets ready.
     let started = std::time::Instant::now();
-    let recovery = {
-        let ctx = Arc::clone(&ctx);
-        let controller = loop_controller.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Some(c) = controller {
-                c.reattach_all()?;
-                c.thaw_attached()?;
-            }
-            node::recovery::recover(&ctx)
-        })
-        .await
-    };
-    match recovery {
-        Ok(Ok(report)) => tracing::info!(
-            volumes = report.volumes,
-            dropped_stagings = report.dropped_stagings,
-            dropped_publications = report.dropped_publications,
-            ms = started.elapsed().as_millis() as u64,
-            "start-up recovery done; ready"
-        ),
-        Ok(Err(e)) => return Err(fatal(format!("start-up recovery failed: {e}"))),
-        Err(e) => return Err(fatal(format!("start-up recovery panicked: {e}"))),
+    if let Some(c) = loop_controller.clone() {
+        loop_controller_recovery(c).await;
     }
+    let wait = node::recovery::VOLUME_WAIT;
+    let report = node::recovery::recover(&ctx, wait)
+        .await
+        .map_err(|e| fatal(format!("start-up recovery failed: {e}")))?;
+    tracing::info!(
+        volumes = report.volumes,
+        dropped_stagings = report.dropped_stagings,
+        dropped_publications = report.dropped_publications,
+        needing_attention = report.needing_attention,
+        ms = started.elapsed().as_millis() as u64,
+        "start-up recovery done; ready"
+    );
+    node::attention::spawn_retries(Arc::clone(&ctx), wait);
     health.set_ready();
     crate::notify::ready();
     crate::notify::spawn_watchdog();

@@ -347,6 +347,24 @@ impl Store {
         Ok(out)
     }
 
+    /// Every volume id with a staging or a publication record, from the keys alone: a record
+    /// that cannot be decoded still names its volume (start-up recovery marks that one volume).
+    pub fn recorded_volume_ids(&self) -> Result<Vec<String>, StoreError> {
+        let mut ids = std::collections::BTreeSet::new();
+        let tx = self.read_tx()?;
+        if let Some(t) = open_table(&tx, STAGED)? {
+            for row in t.iter()? {
+                ids.insert(row?.0.value().to_string());
+            }
+        }
+        if let Some(t) = open_table(&tx, PUBLICATIONS)? {
+            for row in t.iter()? {
+                ids.insert(row?.0.value().0.to_string());
+            }
+        }
+        Ok(ids.into_iter().collect())
+    }
+
     /// Every volume id that has a journal, a format record, a staging or a publication.
     pub fn known_volume_ids(&self) -> Result<Vec<String>, StoreError> {
         let mut ids = std::collections::BTreeSet::new();

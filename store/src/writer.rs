@@ -95,6 +95,13 @@ impl Writer {
         self.put(STAGED, &s.volume_id, s)
     }
 
+    /// Tests only: a staged record holding `bytes` as they are (a record that cannot be decoded).
+    #[doc(hidden)]
+    pub fn put_staged_bytes_for_tests(&mut self, volume_id: &str, bytes: &[u8]) {
+        self.ops
+            .push(Op::Put(STAGED, volume_id.to_string(), bytes.to_vec()));
+    }
+
     pub fn delete_staged(&mut self, volume_id: &str) -> Result<(), StoreError> {
         self.delete(STAGED, volume_id)
     }

@@ -18,6 +18,8 @@ pub struct AdminService {
     pub allowed: Vec<PathBuf>,
     pub backend: BackendKind,
     pub mode: Mode,
+    /// For the volumes that need attention, which only the running agent knows.
+    pub node: Arc<crate::node::NodeCtx>,
 }
 
 #[tonic::async_trait]
@@ -27,8 +29,9 @@ impl Admin for AdminService {
         _req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let store = Arc::clone(&self.store);
-        let value =
+        let mut value =
             blocking(move || crate::inventory::snapshot(&store).map_err(Error::from)).await?;
+        crate::inventory::add_attention(&mut value, self.node.attention.snapshot());
         Ok(Response::new(StatusResponse {
             json: value.to_string(),
         }))

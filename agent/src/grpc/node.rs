@@ -73,7 +73,11 @@ impl NodeService {
     async fn admit<R: Rule>(&self, r: &R, volume_id: &str) -> Result<VolumeId> {
         spec_order::required(r)?;
         let volume = VolumeId::parse(volume_id)?;
-        if let Some(known) = R::LOOKUP {
+        // A volume that needs attention may have records that do not decode: the check its
+        // call runs first (`node::run_locked`) answers for it.
+        if let Some(known) = R::LOOKUP
+            && !self.ctx.attention.is_marked(volume.as_str())
+        {
             let ctx = Arc::clone(&self.ctx);
             let v = volume.clone();
             blocking(move || node::require_known(&ctx, &v, known)).await?;
@@ -259,6 +263,7 @@ impl Node for NodeService {
                 self.volume_place(&volume, "staging_target_path", &r.staging_target_path)?;
             // No volume guard: stats are read-only (see node::stats).
             self.ctx.ready()?;
+            node::refuse_if_marked(&self.ctx, volume.as_str())?;
             let running = self.stats_slot(&volume, &volume_path)?;
             let ctx = Arc::clone(&self.ctx);
             blocking(move || {

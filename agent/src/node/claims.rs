@@ -66,24 +66,29 @@ fn nested(a: &Path, b: &Path) -> bool {
 
 impl PathClaims {
     /// Replaces the recorded paths with every staging path and publication target the store
-    /// records (at start-up, after recovery).
-    pub fn reload(&self, store: &Store) -> Result<()> {
+    /// records (at start-up, before recovery, which forgets what it drops). Read volume by
+    /// volume: a record that does not decode leaves out only its own volume's paths (start-up
+    /// recovery marks that volume as needing attention).
+    pub fn reload_tolerant(&self, store: &Store) {
         let mut recorded = BTreeMap::new();
-        {
-            let s = &mut recorded;
-            for v in store.all_staged()? {
-                if !v.staging_path.as_os_str().is_empty() {
-                    s.insert(
-                        v.staging_path,
-                        Claim {
-                            volume: v.volume_id,
-                            usage: Use::Staging,
-                        },
-                    );
-                }
+        let ids = store.recorded_volume_ids().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the recorded volumes cannot be listed");
+            Vec::new()
+        });
+        for id in ids {
+            if let Ok(Some(v)) = store.staged(&id)
+                && !v.staging_path.as_os_str().is_empty()
+            {
+                recorded.insert(
+                    v.staging_path,
+                    Claim {
+                        volume: v.volume_id,
+                        usage: Use::Staging,
+                    },
+                );
             }
-            for p in store.all_publications()? {
-                s.insert(
+            for p in store.publications(&id).unwrap_or_default() {
+                recorded.insert(
                     p.target_path,
                     Claim {
                         volume: p.volume_id,
@@ -93,7 +98,6 @@ impl PathClaims {
             }
         }
         lock(&self.state).recorded = recorded;
-        Ok(())
     }
 
     /// Takes `path` for an operation on `volume`. ABORTED while another operation uses the path;

@@ -1,6 +1,7 @@
 //! The node domain: stage, publish, unpublish, unstage, expand and stats as explicit step
 //! pipelines over the host, journaled through the store. No gRPC here.
 
+pub mod attention;
 mod claims;
 mod compat;
 mod device;
@@ -60,6 +61,8 @@ pub struct NodeCtx {
     pub roots: Roots,
     pub crash_after: Option<String>,
     pub health: Arc<crate::health::Health>,
+    /// Volumes whose records could not be checked against the host (see `attention`).
+    pub attention: attention::Attention,
 }
 
 impl NodeCtx {
@@ -80,23 +83,45 @@ impl NodeCtx {
 
 /// Runs `f` on the blocking pool while holding the volume's guard (a clash is ABORTED). The
 /// guard moves into the blocking task, so a cancelled call keeps the volume busy until its host
-/// work has ended.
+/// work has ended. A volume that needs attention is checked again first: the call goes on only
+/// once its records check out, and is otherwise refused naming the reason.
 pub async fn run_locked<T, F>(ctx: &Arc<NodeCtx>, volume: &str, f: F) -> Result<T>
 where
     T: Send + 'static,
     F: FnOnce(&NodeCtx) -> Result<T> + Send + 'static,
 {
     ctx.ready()?;
-    let guard = ctx
-        .locks
-        .try_lock(volume)
-        .ok_or_else(|| Error::Busy(volume.to_string()))?;
+    let guard = match ctx.locks.try_lock(volume) {
+        Some(guard) if ctx.attention.is_marked(volume) => {
+            let wait = recovery::VOLUME_WAIT;
+            match attention::check(ctx, volume, guard, wait).await {
+                attention::Checked::Recovered(guard, _) => guard,
+                attention::Checked::Refused(e) => return Err(e),
+            }
+        }
+        Some(guard) => guard,
+        // A marked volume's guard is held by its check: the refusal says why, not "busy".
+        None => {
+            return Err(ctx
+                .attention
+                .refusal(volume)
+                .unwrap_or_else(|| Error::Busy(volume.to_string())));
+        }
+    };
     let ctx = Arc::clone(ctx);
     crate::error::blocking(move || {
         let _guard = guard;
         f(&ctx)
     })
     .await
+}
+
+/// The refusal for a call that takes no guard (stats) on a volume that needs attention.
+pub fn refuse_if_marked(ctx: &NodeCtx, volume: &str) -> Result<()> {
+    match ctx.attention.refusal(volume) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked (plain lists and maps,

@@ -1,17 +1,31 @@
-//! Start-up recovery: before Probe reports ready, reconcile the journal's records with the host.
+//! Start-up recovery: reconcile the journal's records with the host, one volume at a time.
 //! Every step whose effect the host shows is completed (a staging mount of the volume → the stage
 //! is complete; a bind of it at a target → the publication is complete); records of mounts that a
 //! reboot (or an operator) removed are dropped, so the next call redoes the work. Half-done steps
 //! with nothing on the host are left for the retry, which resumes from the host's state (and is
 //! never held to the failed call's arguments). One log line per volume says what was found.
+//!
+//! A volume whose records cannot be checked (a path refused, a dead mount, an I/O error, a record
+//! that does not decode, a check that does not finish in time) is marked as needing attention
+//! (`node::attention`) and nothing else: the agent gets ready and every other volume works.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use ebs_store::{AccessRecord, Durability, FormatState, Progress};
 
 use super::NodeCtx;
+use super::attention::{self, Checked};
 use super::compat::staged_mount_present;
 use super::ownership::{Expected, Holder, holder};
 use super::paths;
-use crate::error::Result;
+use crate::error::{Result, blocking};
+
+/// How long start-up waits for one volume's check; a check still running then (a stat hanging
+/// below a dead NFS or FUSE mount) leaves its volume marked, and start-up goes on.
+pub const VOLUME_WAIT: Duration = Duration::from_secs(5);
+/// Volumes checked at once at start-up: a hung check stops counting once its wait is over.
+const PARALLEL: usize = 4;
 
 #[derive(Debug, Default)]
 pub struct RecoveryReport {
@@ -19,14 +33,93 @@ pub struct RecoveryReport {
     pub dropped_stagings: usize,
     pub dropped_publications: usize,
     pub completed: usize,
+    pub needing_attention: usize,
 }
 
-pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
+/// What the check of one volume did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct VolumeReport {
+    pub dropped_staging: bool,
+    pub dropped_publications: usize,
+    pub completed: usize,
+}
+
+/// Start-up recovery of every volume with a record, each on its own blocking thread, waiting
+/// `wait` at most for each. Fails only when the state file itself cannot be read.
+pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryReport> {
+    let ids = {
+        let ctx = Arc::clone(ctx);
+        // The paths claimed by the records as they are: a check only drops records (and forgets
+        // their claims), so a check still running after start-up never leaves a stale claim.
+        blocking(move || {
+            ctx.claims.reload_tolerant(&ctx.store);
+            format_intents(&ctx);
+            Ok(ctx.store.recorded_volume_ids()?)
+        })
+        .await?
+    };
+    let mut report = RecoveryReport {
+        volumes: ids.len(),
+        ..Default::default()
+    };
+    let mut queue = ids.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        while running.len() < PARALLEL
+            && let Some(vol) = queue.next()
+        {
+            let ctx = Arc::clone(ctx);
+            running.spawn(async move {
+                // Nothing else runs yet: the guard is free.
+                match ctx.locks.try_lock(&vol) {
+                    Some(guard) => attention::check(&ctx, &vol, guard, wait).await,
+                    None => Checked::Refused(crate::error::Error::Busy(vol)),
+                }
+            });
+        }
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        match done {
+            Ok(Checked::Recovered(_guard, r)) => {
+                report.dropped_stagings += usize::from(r.dropped_staging);
+                report.dropped_publications += r.dropped_publications;
+                report.completed += r.completed;
+            }
+            Ok(Checked::Refused(_)) | Err(_) => report.needing_attention += 1,
+        }
+    }
+    Ok(report)
+}
+
+/// Interrupted or failed mkfs runs, for the log; a format record that does not decode marks its
+/// volume.
+fn format_intents(ctx: &NodeCtx) {
+    let ids = match ctx.store.known_volume_ids() {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::warn!(error = %e, "recovery: the volume list cannot be read");
+            return;
+        }
+    };
+    for id in ids {
+        match ctx.store.format(&id) {
+            Ok(Some(f)) if f.state == FormatState::Intent => {
+                tracing::warn!(volume = %id, uuid = %f.uuid,
+                    "recovery: an mkfs was interrupted or failed; the next stage formats again only if the device is still blank or carries that UUID");
+            }
+            Ok(_) => {}
+            Err(e) => ctx.attention.mark(&id, &format!("its format record: {e}")),
+        }
+    }
+}
+
+/// Checks one volume's records against the host and completes or drops them. Runs under the
+/// volume's guard, on a blocking thread (it walks recorded paths).
+pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
     let store = &ctx.store;
-    let mut report = RecoveryReport::default();
-    for staged in store.all_staged()? {
-        report.volumes += 1;
-        let vol = staged.volume_id.as_str();
+    let mut report = VolumeReport::default();
+    if let Some(staged) = store.staged(vol)? {
         let present = match staged.access {
             AccessRecord::Mount { .. } => staged_mount_present(ctx, &staged)?,
             AccessRecord::Block => ctx
@@ -34,22 +127,24 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
                 .still_is(&staged.device, &staged.identity)
                 .is_ok(),
         };
+        let staging = staged.staging_path.as_path();
         match (staged.progress, present) {
             (Progress::Complete, true) => {
-                tracing::info!(volume = vol, staging = %staged.staging_path.display(), "recovery: staged and mounted as recorded");
+                tracing::info!(volume = vol, staging = %staging.display(), "recovery: staged and mounted as recorded");
             }
             (Progress::Complete, false) => {
-                tracing::warn!(volume = vol, staging = %staged.staging_path.display(),
+                tracing::warn!(volume = vol, staging = %staging.display(),
                     "recovery: the staging mount is gone (reboot?); record dropped, the next NodeStageVolume remounts");
                 store.write(Durability::Immediate, |w| w.delete_staged(vol))?;
-                report.dropped_stagings += 1;
+                ctx.claims.forget(vol, staging);
+                report.dropped_staging = true;
             }
             (Progress::InProgress, true) if matches!(staged.access, AccessRecord::Mount { .. }) => {
                 let mut done = staged.clone();
                 done.progress = Progress::Complete;
                 store.write(Durability::Immediate, |w| w.put_staged(&done))?;
                 report.completed += 1;
-                tracing::info!(volume = vol, staging = %staged.staging_path.display(),
+                tracing::info!(volume = vol, staging = %staging.display(),
                     "recovery: the stage had mounted the volume; record completed");
             }
             (Progress::InProgress, mounted) => {
@@ -61,10 +156,9 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
             }
         }
     }
-    for publication in store.all_publications()? {
-        let vol = publication.volume_id.as_str();
+    let staged = store.staged(vol)?;
+    for publication in store.publications(vol)? {
         let target = publication.target_path.as_path();
-        let staged = store.staged(vol)?;
         let expected = Expected::of(ctx, vol, staged.as_ref());
         let found = match paths::lookup_recorded(ctx, target)? {
             Some(entry) => holder(ctx, &entry, &expected)?,
@@ -91,18 +185,10 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
                 tracing::warn!(volume = vol, target = %target.display(),
                     "recovery: the publication's mount is gone; record dropped");
                 store.write(Durability::Immediate, |w| w.delete_publication(vol, target))?;
+                ctx.claims.forget(vol, target);
                 report.dropped_publications += 1;
             }
         }
     }
-    for id in store.known_volume_ids()? {
-        if let Some(f) = store.format(&id)?
-            && f.state == FormatState::Intent
-        {
-            tracing::warn!(volume = %id, uuid = %f.uuid,
-                "recovery: an mkfs was interrupted or failed; the next stage formats again only if the device is still blank or carries that UUID");
-        }
-    }
-    ctx.claims.reload(store)?;
     Ok(report)
 }

@@ -53,6 +53,23 @@ fn text(v: &Value) -> &str {
 fn volume(out: &mut String, v: &Value, live: bool, now_ms: u64) {
     writeln!(out, "volume {}", text(&v["volume_id"])).ok();
     line(out, "state", state(v, live));
+    if let Some(a) = v["needs_attention"].as_object() {
+        let since = a
+            .get("since_unix_ms")
+            .and_then(Value::as_u64)
+            .map_or("?".to_string(), |ms| clock::when(ms, now_ms));
+        let next = match (a["checking_for_s"].as_u64(), a["next_check_in_s"].as_u64()) {
+            (Some(s), _) => format!("a check has been running for {s} s"),
+            (None, Some(s)) => format!("checked again in {s} s, and by each call on it"),
+            _ => "checked again in the background".to_string(),
+        };
+        let checks = a["failed_checks"].as_u64().unwrap_or(0);
+        line(
+            out,
+            "attention",
+            format!("since {since}, {checks} failed check(s); {next}"),
+        );
+    }
     if let Some(f) = v["filesystem"].as_object() {
         let how = match f.get("state").and_then(Value::as_str) {
             Some("done") => "formatted by the agent",
@@ -165,6 +182,12 @@ fn finisher(op: &str) -> &'static str {
 
 /// The volume's state in words: what is staged and published, or which operation stopped where.
 pub fn state(v: &Value, live: bool) -> String {
+    if let Some(why) = v["needs_attention"]["reason"].as_str() {
+        return format!("needs attention: {why}");
+    }
+    if let Some(why) = v["unreadable"].as_str() {
+        return format!("its records cannot be read: {why}");
+    }
     let last = &v["last_step"];
     if let (Some(op), Some(step)) = (last["op"].as_str(), last["step"].as_str()) {
         match last["phase"].as_str() {
