@@ -15,6 +15,7 @@ packages=(
   qemu-system-x86 busybox-static        # NVMe lab (tests/nvme-lab): a QEMU guest with NVMe disks
   dmsetup                               # power-loss lab (tests/nvme-lab/powerloss): dm-log-writes in the guest
   python3 python3-venv                  # tests/tests/grpc_clients.rs: a real grpcio client
+  python3-seccomp                       # tests/tests/operations/syscall_filter.rs: a seccomp filter
 )
 if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then
   read -r -a extra <<<"$EBS_EXTRA_PACKAGES"

@@ -223,6 +223,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let listener = args.endpoint.bind().map_err(fatal)?;
     tracing::info!(endpoint = %args.endpoint, mode = ?args.mode, backend = ?args.backend,
         state_dir = %args.state_dir.display(), version = env!("CARGO_PKG_VERSION"), "serving");
+    // What a seccomp filter (systemd's unit, a container profile) denies is said once, now.
+    crate::host::sandbox::survey();
 
     let identity = grpc::identity::IdentityService {
         driver_name: args.driver_name.clone(),

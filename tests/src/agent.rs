@@ -53,6 +53,9 @@ pub struct Agent {
     pub work: PathBuf,
     pub log: PathBuf,
     pub opts: AgentOpts,
+    /// A command the agent is started through (it execs the agent with its arguments appended),
+    /// kept across restarts: e.g. one that installs a seccomp filter first.
+    pub wrapper: Vec<std::ffi::OsString>,
 }
 
 impl Agent {
@@ -72,6 +75,7 @@ impl Agent {
             work: scratch.join("w"),
             log: scratch.join("agent.log"),
             opts,
+            wrapper: Vec::new(),
         }
     }
 
@@ -114,7 +118,14 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let mut cmd = Command::new(agent_bin());
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(agent_bin());
+                c
+            }
+            None => Command::new(agent_bin()),
+        };
         cmd.args(self.serve_args())
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")

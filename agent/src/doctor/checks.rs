@@ -42,9 +42,10 @@ pub async fn all(args: &DoctorArgs) -> Vec<Check> {
     ];
     checks.extend(tools(node));
     checks.push(loop_control(loop_backend));
-    checks.push(openat2(node));
+    checks.push(super::syscalls::openat2());
     checks.push(statx_mount_id());
-    checks.push(statmount());
+    checks.push(super::syscalls::statmount());
+    checks.push(super::syscalls::seccomp());
     checks.push(udev(args.backend));
     if let Some(socket_dir) = args.endpoint.path().parent() {
         checks.push(writable_dir("socket directory", socket_dir, true));
@@ -121,29 +122,6 @@ fn loop_control(loop_backend: bool) -> Check {
     }
 }
 
-fn openat2(node: bool) -> Check {
-    use rustix::fs::{CWD, Mode, OFlags, ResolveFlags, openat2};
-    const NAME: &str = "openat2";
-    match openat2(
-        CWD,
-        "/",
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::NO_SYMLINKS,
-    ) {
-        Ok(_) => Check::ok(
-            NAME,
-            "available (paths are resolved without following symlinks)",
-        ),
-        Err(e) => Check::lacking(
-            NAME,
-            node,
-            format!("unavailable ({e}): staging and target paths cannot be confined"),
-            "run a kernel of 5.6 or later",
-        ),
-    }
-}
-
 fn statx_mount_id() -> Check {
     use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
     const NAME: &str = "statx mount ids";
@@ -160,36 +138,6 @@ fn statx_mount_id() -> Check {
             "run a kernel of 5.8 or later",
         ),
     }
-}
-
-/// statmount(2)/listmount(2) came with Linux 6.8; asking the release is enough, since calling
-/// them would take an unsafe raw syscall.
-fn statmount() -> Check {
-    const NAME: &str = "statmount/listmount";
-    let release = nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_default();
-    match kernel_version(&release) {
-        Some(v) if v >= (6, 8) => Check::ok(NAME, format!("kernel {release} has them")),
-        Some(_) => Check::lacking(
-            NAME,
-            false,
-            format!("kernel {release} predates them: the mount table is read as text"),
-            "run a kernel of 6.8 or later for per-mount lookups",
-        ),
-        None => Check::lacking(
-            NAME,
-            false,
-            format!("cannot tell from kernel release \"{release}\""),
-            "",
-        ),
-    }
-}
-
-/// `6.18.44-fc` → (6, 18).
-pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
-    let mut parts = release.split(|c: char| !c.is_ascii_digit());
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 fn udev(backend: BackendKind) -> Check {
@@ -253,17 +201,5 @@ async fn imds(args: &DoctorArgs) -> Check {
             "in a container use host networking or set the instance's \
              HttpPutResponseHopLimit to 2; off EC2 pass --skip-imds",
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_releases() {
-        assert_eq!(kernel_version("6.18.44-fc-v782"), Some((6, 18)));
-        assert_eq!(kernel_version("5.4.0-1103-aws"), Some((5, 4)));
-        assert_eq!(kernel_version("weird"), None);
     }
 }

@@ -4,6 +4,7 @@
 
 mod checks;
 mod host_paths;
+mod syscalls;
 
 use std::path::PathBuf;
 use std::time::Duration;

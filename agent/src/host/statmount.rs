@@ -8,6 +8,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use super::sandbox::{self, Newer};
+
 const SYS_STATMOUNT: libc::c_long = 457;
 
 const STATMOUNT_SB_BASIC: u64 = 0x1;
@@ -60,9 +62,13 @@ pub struct Statmount {
     pub options: Option<String>,
 }
 
-/// `Ok(None)` when the kernel has no statmount (ENOSYS) or does not know the id's kind
-/// (EINVAL: an id that is not a unique mount id, before 6.8).
+/// `Ok(None)` when statmount is not available here (an old kernel's ENOSYS, or a seccomp filter's
+/// deny: see `sandbox`) or the kernel does not know the id's kind (EINVAL: an id that is not a
+/// unique mount id, before 6.8). Its other errors (ENOENT: the mount is gone) are answers.
 pub fn statmount(mnt_id: u64) -> io::Result<Option<Statmount>> {
+    if !sandbox::usable(Newer::Statmount) {
+        return Ok(None);
+    }
     let mut buf = vec![0u8; 4096];
     loop {
         let req = MntIdReq {
@@ -94,7 +100,8 @@ pub fn statmount(mnt_id: u64) -> io::Result<Option<Statmount>> {
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
             Some(libc::EOVERFLOW) if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
-            Some(libc::ENOSYS) | Some(libc::EINVAL) => return Ok(None),
+            Some(libc::EINVAL) => return Ok(None),
+            e if sandbox::unavailable(Newer::Statmount, e) => return Ok(None),
             _ => return Err(err),
         }
     }

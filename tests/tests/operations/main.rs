@@ -6,6 +6,7 @@ mod doctor;
 mod logs;
 mod metrics;
 mod notify;
+mod syscall_filter;
 mod unit_caps;
 
 use std::path::PathBuf;

@@ -4,7 +4,8 @@
 //! so nothing can be swapped between the check and the use.
 //!
 //! Resolution uses openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) (Linux
-//! 5.6+). On older kernels (ENOSYS) it walks one component at a time with
+//! 5.6+). On older kernels (ENOSYS), or where a seccomp filter denies openat2 (systemd's
+//! `RestrictSUIDSGID=`: see `host::sandbox`), it walks one component at a time with
 //! openat(O_NOFOLLOW | O_DIRECTORY): slower, equally race-free, since each step starts from the
 //! fd of the directory checked just before. Any error other than "does not exist" refuses the
 //! path: below a dead NFS or FUSE mount an lstat fails with EIO or ENOTCONN, and a path that
@@ -19,6 +20,8 @@ use rustix::fs::{
     AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, mkdirat, openat, openat2,
     statx, unlinkat,
 };
+
+use super::sandbox::{self, Newer};
 
 /// Directories the agent creates: owner only, like kubelet's.
 const DIR_MODE: u32 = 0o750;
@@ -97,13 +100,17 @@ fn walk(root: OwnedFd, parts: &[&OsStr], create: bool) -> io::Result<Option<Owne
     if parts.is_empty() {
         return Ok(Some(root));
     }
-    let joined: PathBuf = parts.iter().collect();
-    match openat2(&root, &joined, dir_flags(), Mode::empty(), beneath()) {
-        Ok(fd) => return Ok(Some(fd)),
-        Err(e) if e == rustix::io::Errno::NOSYS => {}
-        Err(e) if e == rustix::io::Errno::NOENT && create => {}
-        Err(e) if e == rustix::io::Errno::NOENT => return Ok(None),
-        Err(e) => return Err(e.into()),
+    if sandbox::usable(Newer::Openat2) {
+        let joined: PathBuf = parts.iter().collect();
+        match openat2(&root, &joined, dir_flags(), Mode::empty(), beneath()) {
+            Ok(fd) => return Ok(Some(fd)),
+            Err(e) if e == rustix::io::Errno::NOENT && create => {}
+            Err(e) if e == rustix::io::Errno::NOENT => return Ok(None),
+            // Not available here (a filter's ENOSYS or EPERM): the walk below, as on old
+            // kernels. The resolution's own refusals (ELOOP, EXDEV, EAGAIN, ...) stay refusals.
+            Err(e) if sandbox::unavailable(Newer::Openat2, Some(e.raw_os_error())) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     let mut dir = root;
     for part in parts {
@@ -162,13 +169,11 @@ impl Anchored {
 
     /// What is at the entry now; `None` when nothing is.
     pub fn stat(&self) -> io::Result<Option<EntryStat>> {
-        let want =
-            StatxFlags::TYPE | StatxFlags::INO | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
         match statx(
             &self.dir,
             &self.name,
             AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
-            want,
+            stat_mask(),
         ) {
             Ok(st) => Ok(Some(entry_stat(&st))),
             Err(e) if e == rustix::io::Errno::NOENT => Ok(None),
@@ -307,13 +312,11 @@ impl EntryFd {
     }
 
     pub fn stat(&self) -> io::Result<EntryStat> {
-        let want =
-            StatxFlags::TYPE | StatxFlags::INO | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
         let st = statx(
             &self.0,
             "",
             AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-            want,
+            stat_mask(),
         )?;
         Ok(entry_stat(&st))
     }
@@ -323,6 +326,17 @@ impl AsFd for EntryFd {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.0.as_fd()
     }
+}
+
+/// The unique mount id (6.8+) only where statmount can use it; otherwise the old id, which the
+/// mount table's lines carry (the path of 5.8 to 6.7 kernels).
+fn stat_mask() -> StatxFlags {
+    let id = if sandbox::usable(Newer::Statmount) {
+        StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE)
+    } else {
+        StatxFlags::MNT_ID
+    };
+    StatxFlags::TYPE | StatxFlags::INO | id
 }
 
 pub fn entry_stat(st: &Statx) -> EntryStat {
