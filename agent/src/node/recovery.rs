@@ -61,6 +61,8 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
             }
         }
     }
+    // The tags of the read-only block devices that present publications bind (see ro_block).
+    let mut ro_devices = std::collections::HashSet::new();
     for publication in store.all_publications()? {
         let vol = publication.volume_id.as_str();
         let target = publication.target_path.as_path();
@@ -70,6 +72,9 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
             Some(entry) => holder(ctx, &entry, &expected)?,
             None => Holder::Nothing,
         };
+        if publication.block && publication.readonly && !matches!(found, Holder::Nothing) {
+            ro_devices.insert(super::ro_block::tag(ctx, vol, target));
+        }
         match found {
             Holder::Volume(_) if publication.progress == Progress::Complete => {
                 tracing::info!(volume = vol, target = %target.display(), "recovery: published as recorded");
@@ -87,6 +92,15 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
                 tracing::warn!(volume = vol, target = %target.display(), %what,
                     "recovery: the publication's target holds a mount that is not the volume's; record kept, NodeUnpublishVolume will refuse until it is removed");
             }
+            // A block publish interrupted before its bind: the durable intent vouches for the
+            // target file the agent made, so the retry may use it (or unpublish remove it);
+            // without the record the retry would refuse the file as not the agent's.
+            Holder::Nothing
+                if publication.block && publication.progress == Progress::InProgress =>
+            {
+                tracing::warn!(volume = vol, target = %target.display(),
+                    "recovery: a block publish was interrupted before its bind; the next NodePublishVolume resumes it");
+            }
             Holder::Nothing => {
                 tracing::warn!(volume = vol, target = %target.display(),
                     "recovery: the publication's mount is gone; record dropped");
@@ -95,6 +109,9 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
             }
         }
     }
+    // A publish that crashed between laying its read-only device and binding it, or an
+    // unpublish that crashed before detaching it, leaves a device no present publication binds.
+    super::ro_block::sweep(ctx, &ro_devices)?;
     for id in store.known_volume_ids()? {
         if let Some(f) = store.format(&id)?
             && f.state == FormatState::Intent
