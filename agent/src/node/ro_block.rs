@@ -39,14 +39,22 @@ fn fnv(parts: &[&[u8]]) -> u64 {
 
 /// This agent's tags start so.
 fn agent_prefix(ctx: &NodeCtx) -> String {
-    let state = ctx.store.path().as_os_str().as_bytes();
+    prefix_for(ctx.store.path())
+}
+
+fn prefix_for(state_file: &Path) -> String {
+    let state = state_file.as_os_str().as_bytes();
     format!("{PREFIX}{:08x}:", fnv(&[state]) as u32)
 }
 
 /// The tag of the read-only device of `volume`'s publication at `target`.
 pub fn tag(ctx: &NodeCtx, volume: &str, target: &Path) -> String {
+    tag_for(ctx.store.path(), volume, target)
+}
+
+fn tag_for(state_file: &Path, volume: &str, target: &Path) -> String {
     let id = fnv(&[volume.as_bytes(), target.as_os_str().as_bytes()]);
-    format!("{}{id:016x}", agent_prefix(ctx))
+    format!("{}{id:016x}", prefix_for(state_file))
 }
 
 /// A read-only device laid over the volume's, held open until the bind is done.
@@ -168,4 +176,43 @@ pub fn lies_over(devnum: (u32, u32)) -> Option<(u32, u32)> {
         .flatten()
         .filter(|s| s.tag.starts_with(PREFIX) && s.read_only)
         .map(|s| s.backing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_fit_the_loop_name_and_tell_agents_and_publications_apart() {
+        let (a, b) = (
+            Path::new("/var/lib/a/state.redb"),
+            Path::new("/var/lib/b/state.redb"),
+        );
+        let t = tag_for(
+            a,
+            "vol-0123456789abcdef0",
+            Path::new("/var/lib/kubelet/pods/x/dev"),
+        );
+        // lo_file_name holds 64 bytes with its NUL.
+        assert!(t.len() <= 63, "{t}");
+        assert!(t.starts_with(&prefix_for(a)) && t.starts_with(PREFIX));
+        assert!(!t.starts_with(&prefix_for(b)));
+        let others = [
+            tag_for(
+                a,
+                "vol-0123456789abcdef0",
+                Path::new("/var/lib/kubelet/pods/y/dev"),
+            ),
+            tag_for(a, "vol-1", Path::new("/var/lib/kubelet/pods/x/dev")),
+            tag_for(
+                b,
+                "vol-0123456789abcdef0",
+                Path::new("/var/lib/kubelet/pods/x/dev"),
+            ),
+        ];
+        assert!(others.iter().all(|o| *o != t));
+        // Stable across builds: the hash is spelled out, not std's.
+        assert_eq!(fnv(&[b"a"]), fnv(&[b"a"]));
+        assert_ne!(fnv(&[b"ab", b""]), fnv(&[b"a", b"b"]));
+    }
 }

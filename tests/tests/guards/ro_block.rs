@@ -156,7 +156,6 @@ async fn a_read_only_block_publication_is_read_only() {
     v0n.node_unpublish_volume(v0::NodeUnpublishVolumeRequest {
         volume_id: vol.id.clone(),
         target_path: t0.display().to_string(),
-        ..Default::default()
     })
     .await
     .expect("v0 unpublish");
