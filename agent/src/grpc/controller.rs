@@ -19,7 +19,8 @@ use crate::request::{Capability, MAX_STRING_BYTES, ValidationError, VolumeId, ch
 pub struct LoopControllerService {
     pub controller: Arc<LoopController>,
     /// The node's per-volume guards: a snapshot or clone of a volume must not overlap a stage
-    /// or unstage of it (its filesystem is frozen for the copy), nor two creations of a name.
+    /// or unstage of it (its filesystem is frozen for the copy), nor two creations of a name;
+    /// a detach or a delete never overlaps a node call on the volume.
     pub locks: VolumeLocks,
 }
 
@@ -62,7 +63,10 @@ impl LoopControllerService {
         keys.iter()
             .map(|k| {
                 self.locks.try_lock(k).ok_or_else(|| {
-                    Error::Aborted(format!("an operation on {k} is in progress; retry later"))
+                    Error::Aborted(format!(
+                        "an operation on {k} is pending (a node or controller call is using it); \
+                         retry later"
+                    ))
                 })
             })
             .collect()
@@ -138,7 +142,13 @@ impl Controller for LoopControllerService {
         logged("DeleteVolume", &r.volume_id.clone(), async {
             required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
-            self.run(move |c| c.delete(id.as_str())).await
+            // The node's guard of the volume: never while a node call (or a copy) uses it.
+            let guards = self.guard(&[id.to_string()])?;
+            self.run(move |c| {
+                let _guards = guards;
+                c.delete(id.as_str())
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::DeleteVolumeResponse {}))
@@ -176,7 +186,14 @@ impl Controller for LoopControllerService {
             required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
             let node = r.node_id;
-            self.run(move |c| c.unpublish(id.as_str(), &node)).await
+            // The node's guard of the volume: a detach never runs while a stage (or any node
+            // call) is between resolving the device and recording what it did.
+            let guards = self.guard(&[id.to_string()])?;
+            self.run(move |c| {
+                let _guards = guards;
+                c.unpublish(id.as_str(), &node)
+            })
+            .await
         })
         .await?;
         Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))

@@ -104,6 +104,7 @@ pub fn add_services(
                 v1: Arc::clone(node),
                 identity: Arc::clone(&s.identity),
                 staging_root: state_dir.join(a01::node::STAGING_DIR),
+                calls: Default::default(),
             }));
         }
         if let Some(c) = &controller {

@@ -19,6 +19,7 @@ mod publish;
 mod read_probe;
 pub mod reclaim;
 pub mod recovery;
+pub mod ro_block;
 mod stage;
 mod stats;
 mod unpublish;

@@ -4,7 +4,8 @@
 //! A mount at a staging or target path is the volume's only if its source is the volume's
 //! device, proven by what the device shows now (loop: the backing file's inode; EBS: the NVMe
 //! serial), and it is the filesystem's root (a staging mount, or a bind of it); for block access,
-//! the device node bound onto a file is the volume's device.
+//! the device node bound onto a file is the volume's device, or the agent's read-only loop
+//! device over it.
 
 use std::fs::File;
 use std::sync::OnceLock;
@@ -149,7 +150,11 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
     };
     if facts.node.kind == rustix::fs::FileType::BlockDevice {
         let dev = facts.node.rdev;
-        return if expected.is_device(ctx, dev) {
+        // A read-only block publication binds the agent's read-only device laid over the
+        // volume's (see `ro_block`).
+        let ours = expected.is_device(ctx, dev)
+            || super::ro_block::lies_over(dev).is_some_and(|under| expected.is_device(ctx, under));
+        return if ours {
             Holder::Volume(facts)
         } else {
             Holder::Foreign(format!("a bind of block device {}:{}", dev.0, dev.1))

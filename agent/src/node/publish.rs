@@ -10,7 +10,7 @@ use super::compat::{access_record, same_kind, staged_mount_present};
 use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
-use super::{NodeCtx, path_string, paths};
+use super::{NodeCtx, path_string, paths, ro_block};
 use crate::error::{Error, Result};
 use crate::host::anchor::{Anchored, EntryFd};
 use crate::host::mounter;
@@ -47,11 +47,17 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let looked_up = paths::lookup(&cmd.target)?;
     let staged = staged_here(ctx, cmd)?;
     let block = cmd.capability.is_block();
-    let readonly = cmd.readonly || cmd.capability.mode.is_read_only() || staged.readonly;
-    let (flags_raw, vfs_bits) = match &cmd.capability.access {
-        AccessType::Mount { flags, .. } => (flags.raw().to_vec(), flags.vfs_bits()),
-        AccessType::Block => (Vec::new(), 0),
+    let (flags_raw, vfs_bits, ro_flag) = match &cmd.capability.access {
+        AccessType::Mount { flags, .. } => (
+            flags.raw().to_vec(),
+            flags.vfs_bits(),
+            flags.wants_read_only(),
+        ),
+        AccessType::Block => (Vec::new(), 0, false),
     };
+    // `ro` among the mount flags is a read-only request like the `readonly` field: the bind
+    // drops MS_RDONLY from the flags and applies only this.
+    let readonly = cmd.readonly || ro_flag || cmd.capability.mode.is_read_only() || staged.readonly;
     let mut record = Publication {
         volume_id: vol.to_string(),
         target_path: target_path.to_path_buf(),
@@ -132,12 +138,35 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             if let Source::Device(d) = &source {
                 d.reverify(ctx)?;
             }
-            mounter::bind(&source.proc_path(), &target, readonly, vfs_bits).map_err(|e| {
-                Error::io(
+            // A read-only raw block publication binds a read-only device laid over the
+            // volume's: the bind's read-only flag does not reach a device node. The bind intent
+            // above is durable first, so a crash from here on leaves a tag recovery finds.
+            let tag = ro_block::tag(ctx, vol, target_path);
+            let ro_device = match &source {
+                Source::Device(d) if readonly => Some(journal.step(
+                    "ro_device",
+                    detail([("device", path_string(d.path())), ("tag", tag.clone())]),
+                    Durability::Lazy,
+                    || ro_block::lay(d, &tag),
+                )?),
+                _ => None,
+            };
+            let from = match &ro_device {
+                Some(ro) => ro.proc_path(),
+                None => source.proc_path(),
+            };
+            if let Err(e) = mounter::bind(&from, &target, readonly, vfs_bits) {
+                if ro_device.is_some()
+                    && let Err(undo) = ro_block::remove(&tag)
+                {
+                    tracing::warn!(volume = vol, error = %undo,
+                        "the read-only device of a failed publish stays until the retry or start-up");
+                }
+                return Err(Error::io(
                     format!("bind-mounting volume {vol} on {}", target_path.display()),
                     e,
-                )
-            })?;
+                ));
+            }
             journal.note("bind", Phase::Done, facts);
         }
     }

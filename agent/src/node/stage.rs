@@ -98,7 +98,10 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         return Ok(());
     };
     let fs = *fs;
+    // `ro` among the mount flags makes the staging mount read-only, and the record says so, so
+    // that every publication of it is read-only too.
     let readonly = readonly || flags.wants_read_only();
+    record.readonly = readonly;
     let staging = paths::prepare(&cmd.staging)?;
     staging
         .mkdir()

@@ -6,7 +6,7 @@ use ebs_store::{Durability, Phase};
 use super::claims::Use;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder};
-use super::{NodeCtx, path_string, paths};
+use super::{NodeCtx, path_string, paths, ro_block};
 use crate::error::{Error, Result};
 use crate::host::anchor::{Anchored, Removed};
 use crate::host::mounter::{self, Unmounted};
@@ -21,15 +21,25 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     let vol = cmd.volume.as_str();
     let target_path = cmd.target.as_path();
     let _turn = ctx.claims.take(vol, target_path, Use::Target, false)?;
-    let recorded = ctx.store.publication(vol, target_path)?.is_some();
+    let record = ctx.store.publication(vol, target_path)?;
+    let recorded = record.is_some();
+    // A read-only raw block publication binds a read-only device of the agent's (see ro_block).
+    let ro_device = record.as_ref().is_some_and(|p| p.block && p.readonly);
     let journal = Journal::new(&ctx.store, vol, "unpublish", ctx.crash_after());
     let facts = detail([("target", path_string(target_path))]);
     let Some(target) = paths::lookup(&cmd.target)? else {
+        if ro_device {
+            detach_ro_device(ctx, &journal, vol, target_path)?;
+        }
         return forget(ctx, &journal, vol, cmd, recorded, facts);
     };
     let staged = ctx.store.staged(vol)?;
     let expected = Expected::of(ctx, vol, staged.as_ref());
     let unmounted = take_down(ctx, &journal, &target, &expected, recorded, "publication")?;
+    if ro_device {
+        // After the unmount (a retry after a crash finds the bind gone and detaches here).
+        detach_ro_device(ctx, &journal, vol, target_path)?;
+    }
     if recorded || unmounted {
         // What publish created; a directory that is not empty is not ours to delete.
         match target
@@ -43,6 +53,23 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
         }
     }
     forget(ctx, &journal, vol, cmd, recorded, facts)
+}
+
+fn detach_ro_device(
+    ctx: &NodeCtx,
+    journal: &Journal<'_>,
+    vol: &str,
+    target: &std::path::Path,
+) -> Result<()> {
+    let tag = ro_block::tag(ctx, vol, target);
+    journal
+        .step(
+            "detach_ro_device",
+            detail([("tag", tag.clone())]),
+            Durability::Lazy,
+            || ro_block::remove(&tag),
+        )
+        .map(drop)
 }
 
 fn forget(

@@ -134,7 +134,17 @@ impl LoopController {
                 }
             }
         };
-        self.materialise(&volume)?;
+        if let Err(e) = self.materialise(&volume) {
+            // Nothing was made (files appear only whole, by rename): the record goes too, so a
+            // corrected retry (another size) is not held to this one. The caller holds the
+            // name's guard; a record with a file (a retry of a made volume) is kept.
+            if !volume.file.exists() && volume.attachment.is_none() {
+                let _guard = self.lock();
+                self.store
+                    .write(Durability::Immediate, |w| w.delete_loop_volume(&volume.id))?;
+            }
+            return Err(e);
+        }
         Ok(volume)
     }
 
@@ -143,6 +153,9 @@ impl LoopController {
         let Some(volume) = self.store.loop_volume(id)? else {
             return Ok(());
         };
+        // The node's records of the volume are its own: a delete never drops them while the
+        // node stages or publishes the volume (status would lose it, unstage would refuse it).
+        super::in_use::refuse_if_recorded(&self.store, id)?;
         if let Some(att) = &volume.attachment
             && loopdev::backing_file(&att.device).ok().flatten().is_some()
         {
@@ -157,6 +170,7 @@ impl LoopController {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(format!("removing {}", volume.file.display()), e)),
         }
+        super::copies::remove_partial(&volume.file)?;
         self.store.write(Durability::Immediate, |w| {
             w.delete_loop_volume(id)?;
             w.forget_volume(id)
@@ -283,6 +297,12 @@ pub fn capacity_for(required: u64, limit: u64) -> Result<u64> {
     if size < ALIGN {
         return Err(Error::OutOfRange(format!(
             "the loop backend's smallest volume is {ALIGN} bytes"
+        )));
+    }
+    // CSI sizes are int64: a volume it cannot name is none the CO could use.
+    if size > i64::MAX as u64 {
+        return Err(Error::OutOfRange(format!(
+            "{size} bytes is more than CSI can express (int64)"
         )));
     }
     Ok(size)

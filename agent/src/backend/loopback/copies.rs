@@ -53,6 +53,50 @@ pub fn copy_into_place(src: &Path, dst: &Path, len: u64) -> Result<CopyKind> {
     Ok(kind)
 }
 
+/// Makes an empty sparse file of `len` bytes at `dst` the way a copy is made: sized and synced
+/// under the `.partial` name, then renamed, so a file with the final name always has its size
+/// (a failed sizing used to leave a 0-byte volume that a retry returned as made).
+pub fn blank_into_place(dst: &Path, len: u64) -> Result<()> {
+    let tmp = partial(dst);
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .and_then(|f| {
+            f.set_len(len)?;
+            f.sync_all()
+        });
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        let what = format!("making the {len}-byte file {}", dst.display());
+        return Err(match e.raw_os_error() {
+            // Beyond the largest file the volume directory's filesystem holds.
+            Some(libc::EFBIG) | Some(libc::EINVAL) => Error::OutOfRange(format!("{what}: {e}")),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+                Error::ResourceExhausted(format!("{what}: {e}"))
+            }
+            _ if e.kind() == std::io::ErrorKind::InvalidInput => {
+                Error::OutOfRange(format!("{what}: {e}"))
+            }
+            _ => Error::io(what, e),
+        });
+    }
+    std::fs::rename(&tmp, dst)
+        .map_err(|e| Error::io(format!("renaming {} into place", tmp.display()), e))?;
+    sync_dir(dst)
+}
+
+/// Removes what an interrupted or failed making of `file` may have left (its `.partial` file).
+pub fn remove_partial(file: &Path) -> Result<()> {
+    let tmp = partial(file);
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("removing {}", tmp.display()), e)),
+    }
+}
+
 fn sync_dir(file: &Path) -> Result<()> {
     let dir = file.parent().unwrap_or(Path::new("/"));
     std::fs::File::open(dir)
@@ -148,8 +192,12 @@ impl LoopController {
     /// retry after a crash between the record and the file): a copy of its source, or an empty
     /// sparse file.
     pub(super) fn materialise(&self, volume: &LoopVolume) -> Result<()> {
-        if volume.file.exists() {
-            return Ok(());
+        match std::fs::metadata(&volume.file) {
+            // An empty file where a blank volume should be: what an earlier agent left when
+            // its sizing failed. Nothing is in it; it is made again.
+            Ok(m) if m.len() == 0 && volume.content_source.is_none() => {}
+            Ok(_) => return Ok(()),
+            Err(_) => {}
         }
         match &volume.content_source {
             Some(source) => {
@@ -159,16 +207,7 @@ impl LoopController {
                     None => copy_into_place(&file, &volume.file, volume.capacity_bytes)?,
                 };
             }
-            None => {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&volume.file)
-                    .map_err(|e| Error::io(format!("creating {}", volume.file.display()), e))?;
-                f.set_len(volume.capacity_bytes)
-                    .map_err(|e| Error::io(format!("sizing {}", volume.file.display()), e))?;
-            }
+            None => blank_into_place(&volume.file, volume.capacity_bytes)?,
         }
         Ok(())
     }

@@ -8,28 +8,48 @@ use ebs_store::Store;
 
 use crate::error::{Error, Result};
 use crate::host::device::{block_devnum, still_claimed};
+use crate::host::loopdev::overlay;
 use crate::host::mounts::read_table;
+
+fn busy(id: &str, why: String) -> Result<()> {
+    Err(Error::Precondition(format!(
+        "volume {id} is still in use on this node ({why}); NodeUnpublishVolume and \
+         NodeUnstageVolume first"
+    )))
+}
+
+/// `Err(FAILED_PRECONDITION)` when the node's records stage or publish volume `id` (a stage
+/// in progress included: its record is written before its mount).
+pub fn refuse_if_recorded(store: &Store, id: &str) -> Result<()> {
+    if let Some(staged) = store.staged(id)? {
+        return busy(id, format!("staged at {}", staged.staging_path.display()));
+    }
+    if let Some(p) = store.publications(id)?.first() {
+        return busy(id, format!("published at {}", p.target_path.display()));
+    }
+    Ok(())
+}
 
 /// `Err(FAILED_PRECONDITION)` naming the use, when the node still uses `device` for volume `id`.
 pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
-    let busy = |why: String| {
-        Err(Error::Precondition(format!(
-            "volume {id} is still in use on this node ({why}); NodeUnpublishVolume and \
-             NodeUnstageVolume first"
-        )))
-    };
-    if let Some(staged) = store.staged(id)? {
-        return busy(format!("staged at {}", staged.staging_path.display()));
-    }
-    if let Some(p) = store.publications(id)?.first() {
-        return busy(format!("published at {}", p.target_path.display()));
-    }
+    refuse_if_recorded(store, id)?;
+    let busy = |why: String| busy(id, why);
     let Ok(devnum) = block_devnum(device) else {
         return Ok(());
     };
     // A mounted filesystem (in any mount namespace) claims its device.
     if still_claimed(devnum) {
         return busy(format!("{} is mounted or claimed", device.display()));
+    }
+    // A read-only loop device the node laid over it (a read-only block publication) claims
+    // nothing either.
+    let over = overlay::tagged(overlay::TAG_PREFIX)
+        .map_err(|e| Error::Internal(format!("listing loop devices: {e}")))?;
+    if let Some(o) = over.iter().find(|o| o.backing == devnum) {
+        return busy(format!(
+            "read-only device {} lies over it",
+            o.device.display()
+        ));
     }
     // A device node bound onto a file (a block publication the records lost) claims nothing;
     // only the mount table shows it, as a bind of the device filesystem's node.

@@ -18,6 +18,7 @@ use super::{check_version, probe, recode_opt};
 use crate::error::{Error, blocking};
 use crate::grpc::identity::IdentityService;
 use crate::grpc::node::NodeService;
+use crate::node::{VolumeGuard, VolumeLocks};
 use crate::request::{ValidationError, VolumeId};
 
 /// Below the state directory: where v0.1 volumes are staged.
@@ -29,9 +30,22 @@ pub struct V01Node {
     /// `<state-dir>/v01-staging`, absolute: the one directory inside the state directory that
     /// is an allowed path prefix (the agent's own staging paths for v0.1).
     pub staging_root: PathBuf,
+    /// One v0.1 call per volume at a time, for the whole call: its two v1 steps each take the
+    /// volume's guard only for themselves, and a retry between them (or during the first) must
+    /// not undo what the first call is doing (remove its staging directory, unstage it).
+    pub calls: VolumeLocks,
 }
 
 impl V01Node {
+    /// The volume's v0.1 turn: ABORTED (CSI's "operation pending") while another v0.1 call on
+    /// the volume runs.
+    fn turn(&self, raw_id: &str) -> Result<VolumeGuard, Status> {
+        let id = VolumeId::parse(raw_id)?;
+        self.calls
+            .try_lock(id.as_str())
+            .ok_or_else(|| Error::Busy(id.to_string()).into())
+    }
+
     fn staging_for(&self, raw_id: &str) -> Result<PathBuf, Status> {
         let id = VolumeId::parse(raw_id)?;
         if matches!(id.as_str(), "." | "..") {
@@ -100,6 +114,7 @@ impl Node for V01Node {
         let (meta, _, r) = req.into_parts();
         check_version(r.version.as_ref())?;
         let staging = self.staging_for(&r.volume_id)?;
+        let _turn = self.turn(&r.volume_id)?;
         let staging_target_path = staging.display().to_string();
         let capability: Option<v1::VolumeCapability> = recode_opt(r.volume_capability.as_ref())?;
         let publish = v1::NodePublishVolumeRequest {
@@ -125,9 +140,13 @@ impl Node for V01Node {
             secrets: r.user_credentials,
             volume_context: r.volume_attributes,
         };
+        // Whether this call makes the staging directory: only then may its failure remove it.
+        let existed = std::fs::symlink_metadata(&staging).is_ok();
         if let Err(e) = self.v1.node_stage_volume(request(&meta, stage)).await {
-            // An empty directory the failed stage may have made (never a mount point: EBUSY).
-            std::fs::remove_dir(&staging).ok();
+            // An empty directory the failed stage made (never a mount point: EBUSY).
+            if !existed {
+                std::fs::remove_dir(&staging).ok();
+            }
             return Err(e);
         }
         if let Err(e) = self.v1.node_publish_volume(request(&meta, publish)).await {
@@ -146,6 +165,7 @@ impl Node for V01Node {
     ) -> Result<Response<v01::NodeUnpublishVolumeResponse>, Status> {
         let (meta, _, r) = req.into_parts();
         check_version(r.version.as_ref())?;
+        let _turn = self.turn(&r.volume_id)?;
         let unpublish = v1::NodeUnpublishVolumeRequest {
             volume_id: r.volume_id.clone(),
             target_path: r.target_path,

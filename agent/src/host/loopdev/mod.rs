@@ -306,6 +306,7 @@ pub fn device_size(device: &Path) -> io::Result<u64> {
     Ok(size)
 }
 
+pub mod overlay;
 mod query;
 pub use query::{
     backing_file, backing_file_by_devnum, backing_inode, backing_inode_of, find_by_backing_inode,

@@ -1,0 +1,218 @@
+//! Read-only raw block publications. The kernel does not apply a mount's read-only flag to
+//! device special files: a read-only bind of the volume's device node still opens for writing.
+//! So a read-only block publication binds a read-only loop device laid over the volume's device
+//! (its backing opened read-only: the kernel makes that disk read-only and refuses writes).
+//!
+//! Each such device is named with a tag: this agent's (a hash of its state file's path, so that
+//! agents sharing a host never take each other's), and the publication's (volume and target).
+//! Publish journals its bind intent durably before it lays the device, so after a crash the
+//! record names the tag; unpublish detaches the publication's device after the unmount, and
+//! start-up recovery detaches every device of this agent that no present publication binds.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::NodeCtx;
+use super::device::VolumeDevice;
+use crate::error::{Error, Result};
+use crate::host::loopdev::{self, overlay};
+
+/// Every agent's tags start so; the loop controller refuses to detach a volume under one.
+const PREFIX: &str = overlay::TAG_PREFIX;
+
+/// FNV-1a, 64 bits: a hash that stays the same across builds (tags outlive the binary).
+fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// This agent's tags start so.
+fn agent_prefix(ctx: &NodeCtx) -> String {
+    prefix_for(ctx.store.path())
+}
+
+fn prefix_for(state_file: &Path) -> String {
+    let state = state_file.as_os_str().as_bytes();
+    format!("{PREFIX}{:08x}:", fnv(&[state]) as u32)
+}
+
+/// The tag of the read-only device of `volume`'s publication at `target`.
+pub fn tag(ctx: &NodeCtx, volume: &str, target: &Path) -> String {
+    tag_for(ctx.store.path(), volume, target)
+}
+
+fn tag_for(state_file: &Path, volume: &str, target: &Path) -> String {
+    let id = fnv(&[volume.as_bytes(), target.as_os_str().as_bytes()]);
+    format!("{}{id:016x}", prefix_for(state_file))
+}
+
+/// A read-only device laid over the volume's, held open until the bind is done.
+pub struct ReadOnlyDevice {
+    file: File,
+    pub path: PathBuf,
+}
+
+impl ReadOnlyDevice {
+    pub fn proc_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+}
+
+fn loop_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("{what}: {e}"))
+}
+
+/// Lays the read-only device of tag `tag` over the held, proven `device`; one an earlier
+/// attempt laid over this very device is used again, one of this tag over anything else is
+/// detached first.
+pub fn lay(device: &VolumeDevice, tag: &str) -> Result<ReadOnlyDevice> {
+    for found in overlay::tagged(tag).map_err(|e| loop_error("listing loop devices", e))? {
+        if found.tag != tag {
+            continue;
+        }
+        if found.backing == device.devnum() && found.read_only {
+            let file = File::open(&found.device)
+                .map_err(|e| Error::io(format!("opening {}", found.device.display()), e))?;
+            if still_tagged(&file, &found.device, tag, device.devnum())? {
+                return Ok(ReadOnlyDevice {
+                    file,
+                    path: found.device,
+                });
+            }
+        }
+        loopdev::detach(&found.device)
+            .map_err(|e| loop_error("detaching a stale read-only device", e))?;
+    }
+    // The held device itself, reopened read-only: the loop device is over exactly the proven
+    // device, and read-only because its backing cannot be written.
+    let backing = File::open(device.held.proc_path())
+        .map_err(|e| Error::io(format!("opening {} read-only", device.path().display()), e))?;
+    let path = overlay::attach_read_only_over(backing, tag).map_err(|e| {
+        loop_error(
+            &format!(
+                "laying a read-only loop device over {}",
+                device.path().display()
+            ),
+            e,
+        )
+    })?;
+    let file =
+        File::open(&path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    // The device is held from here; it must be the one just laid (not detached and reused).
+    if !still_tagged(&file, &path, tag, device.devnum())? {
+        return Err(Error::Internal(format!(
+            "{} changed right after it was laid over {}",
+            path.display(),
+            device.path().display()
+        )));
+    }
+    Ok(ReadOnlyDevice { file, path })
+}
+
+fn still_tagged(file: &File, path: &Path, tag: &str, backing: (u32, u32)) -> Result<bool> {
+    let status = overlay::status_of(file, path)
+        .map_err(|e| loop_error(&format!("asking {}", path.display()), e))?;
+    Ok(status.is_some_and(|s| s.tag == tag && s.backing == backing && s.read_only))
+}
+
+/// Detaches the read-only devices of tag `tag` (none is fine). A device a workload still holds
+/// open is detached by the kernel at its last close.
+pub fn remove(tag: &str) -> Result<usize> {
+    let mut n = 0;
+    for found in overlay::tagged(tag).map_err(|e| loop_error("listing loop devices", e))? {
+        if found.tag == tag {
+            loopdev::detach(&found.device).map_err(|e| {
+                loop_error(
+                    &format!("detaching read-only device {}", found.device.display()),
+                    e,
+                )
+            })?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Start-up: detaches this agent's read-only devices whose tag is not in `keep` (a publish that
+/// crashed between laying the device and binding it, an unpublish that crashed before the
+/// detach). Returns how many it detached.
+pub fn sweep(ctx: &NodeCtx, keep: &HashSet<String>) -> Result<usize> {
+    let mut n = 0;
+    for found in
+        overlay::tagged(&agent_prefix(ctx)).map_err(|e| loop_error("listing loop devices", e))?
+    {
+        if keep.contains(&found.tag) {
+            continue;
+        }
+        match loopdev::detach(&found.device) {
+            Ok(()) => {
+                tracing::info!(device = %found.device.display(), tag = %found.tag,
+                    "recovery: detached a read-only device no publication binds");
+                n += 1;
+            }
+            Err(e) => tracing::warn!(device = %found.device.display(), error = %e,
+                "recovery: could not detach a read-only device no publication binds"),
+        }
+    }
+    Ok(n)
+}
+
+/// When the device with these numbers is one of the agents' read-only devices: the numbers of
+/// the device it lies over.
+pub fn lies_over(devnum: (u32, u32)) -> Option<(u32, u32)> {
+    overlay::status_by_devnum(devnum)
+        .ok()
+        .flatten()
+        .filter(|s| s.tag.starts_with(PREFIX) && s.read_only)
+        .map(|s| s.backing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_fit_the_loop_name_and_tell_agents_and_publications_apart() {
+        let (a, b) = (
+            Path::new("/var/lib/a/state.redb"),
+            Path::new("/var/lib/b/state.redb"),
+        );
+        let t = tag_for(
+            a,
+            "vol-0123456789abcdef0",
+            Path::new("/var/lib/kubelet/pods/x/dev"),
+        );
+        // lo_file_name holds 64 bytes with its NUL.
+        assert!(t.len() <= 63, "{t}");
+        assert!(t.starts_with(&prefix_for(a)) && t.starts_with(PREFIX));
+        assert!(!t.starts_with(&prefix_for(b)));
+        let others = [
+            tag_for(
+                a,
+                "vol-0123456789abcdef0",
+                Path::new("/var/lib/kubelet/pods/y/dev"),
+            ),
+            tag_for(a, "vol-1", Path::new("/var/lib/kubelet/pods/x/dev")),
+            tag_for(
+                b,
+                "vol-0123456789abcdef0",
+                Path::new("/var/lib/kubelet/pods/x/dev"),
+            ),
+        ];
+        assert!(others.iter().all(|o| *o != t));
+        // Stable across builds: the hash is spelled out, not std's.
+        assert_eq!(fnv(&[b"a"]), fnv(&[b"a"]));
+        assert_ne!(fnv(&[b"ab", b""]), fnv(&[b"a", b"b"]));
+    }
+}

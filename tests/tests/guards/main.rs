@@ -1,0 +1,59 @@
+//! Issue 31: promises that still broke. Each test reproduces one way, on real loop devices and
+//! the real binary: the loop controller racing a stage (item 2), a read-only raw block
+//! publication that was writable (item 5), a v0.1 retry removing the first call's staging
+//! directory (item 8), `ro` among the mount flags (item 9), a CreateVolume retry after a failed
+//! sizing (item 10).
+
+mod create_retry;
+mod races;
+mod ro_block;
+mod ro_flags;
+mod v01_retry;
+
+use std::path::Path;
+
+use ebs_tests::*;
+
+pub const MIB: i64 = 1 << 20;
+
+/// Whether anything is mounted exactly at `path`.
+pub fn is_mounted(path: &Path) -> bool {
+    mounts_below(path).iter().any(|m| m == path)
+}
+
+/// The backing file of a loop device as sysfs shows it ("" when it is not attached).
+pub fn backing_file(device: &str) -> String {
+    let name = device.trim_start_matches("/dev/");
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// An open of `path` for writing and a write of one block fail (EROFS, EPERM or EACCES).
+pub fn write_fails(path: &Path) -> Result<(), String> {
+    use std::io::Write;
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path);
+    match opened {
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EROFS | libc::EPERM | libc::EACCES) => Ok(()),
+            _ => Err(format!("open for writing failed otherwise: {e}")),
+        },
+        Ok(mut f) => match f.write_all(&[0xAB; 4096]).and_then(|()| f.sync_all()) {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EROFS | libc::EPERM | libc::EACCES)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(format!("the write failed otherwise: {e}")),
+            Ok(()) => Err(format!("{} was writable", path.display())),
+        },
+    }
+}
