@@ -243,13 +243,9 @@ pub struct ServeArgs {
     /// ebs: the NVMe controller model that marks an EBS volume (the QEMU lab: "QEMU NVMe Ctrl").
     #[arg(long, env = "EBS_AGENT_EBS_MODEL", default_value = crate::backend::ebs::EBS_MODEL)]
     pub ebs_model: String,
-    /// Test builds only: abort right after a journal record `op.step.phase` is committed.
-    #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
-    pub crash_after: Option<String>,
-    /// Bench only: commit the journal without fsync, to measure the journal's share. Gives up
-    /// crash safety; never for production.
-    #[arg(long, env = "EBS_AGENT_BENCH_LAZY_JOURNAL", hide = true)]
-    pub bench_lazy_journal: bool,
+    // `--crash-after` and `--bench-lazy-journal` in test and bench builds; nothing in a release.
+    #[command(flatten)]
+    pub test_hooks: crate::test_hooks::HookArgs,
 }
 
 impl ServeArgs {

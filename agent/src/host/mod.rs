@@ -15,5 +15,6 @@ pub mod mounter;
 pub mod mountinfo;
 pub mod mounts;
 pub mod nvme;
+pub mod private;
 pub mod statmount;
 pub mod trim;

@@ -19,6 +19,8 @@ pub struct RecoveryReport {
     pub dropped_stagings: usize,
     pub dropped_publications: usize,
     pub completed: usize,
+    /// Volumes forgotten: only lines of calls that changed nothing named them.
+    pub pruned: usize,
 }
 
 pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
@@ -95,6 +97,7 @@ pub fn recover(ctx: &NodeCtx) -> Result<RecoveryReport> {
             }
         }
     }
+    report.pruned = super::journal::prune_never_staged(store)?;
     for id in store.known_volume_ids()? {
         if let Some(f) = store.format(&id)?
             && f.state == FormatState::Intent

@@ -160,12 +160,14 @@ impl LoopController {
                 };
             }
             None => {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&volume.file)
-                    .map_err(|e| Error::io(format!("creating {}", volume.file.display()), e))?;
+                let f = crate::host::private::open_file(
+                    &volume.file,
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false),
+                )
+                .map_err(|e| Error::io(format!("creating {}", volume.file.display()), e))?;
                 f.set_len(volume.capacity_bytes)
                     .map_err(|e| Error::io(format!("sizing {}", volume.file.display()), e))?;
             }
