@@ -105,6 +105,8 @@ async fn stages_of_unknown_volumes_leave_the_state_file_bounded() {
     drop(node);
     agent.terminate().await;
 
+    let size_after = std::fs::metadata(&state_file).unwrap().len();
+    eprintln!("state file {size_before} → {size_after} bytes after {UNKNOWN} failed stages");
     let after = agent.status_json();
     let listed = volumes_in(&after);
     assert_eq!(
