@@ -4,7 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/deps.sh
-cargo build --workspace --bins --locked
+# The agent under test carries the crash points (--crash-after) the crash matrix needs: the
+# `test-hooks` feature, which no release build enables (agent/src/test_hooks.rs).
+hooks=(--features ebs-node-agent/test-hooks)
+cargo build --workspace --bins --locked "${hooks[@]}"
+# The release configuration (no feature): the hooks' flags are neither listed nor accepted.
+cargo test -p ebs-node-agent --lib --locked test_hooks
 # Every fuzz target for a few seconds (its own workspace and build; docs/fuzzing.md).
 FUZZ_PROFILE=ci bash fuzz/run.sh "${FUZZ_SECONDS:-5}"
-cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}"
+cargo test --workspace --locked "${hooks[@]}" -- --test-threads="${TEST_THREADS:-4}"

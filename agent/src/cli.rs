@@ -247,13 +247,9 @@ pub struct ServeArgs {
     /// doubling, at most ten times this).
     #[arg(long, env = "EBS_AGENT_ATTENTION_RETRY", default_value = "30s", value_parser = parse_duration, hide = true)]
     pub attention_retry: Duration,
-    /// Test builds only: abort right after a journal record `op.step.phase` is committed.
-    #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
-    pub crash_after: Option<String>,
-    /// Bench only: commit the journal without fsync, to measure the journal's share. Gives up
-    /// crash safety; never for production.
-    #[arg(long, env = "EBS_AGENT_BENCH_LAZY_JOURNAL", hide = true)]
-    pub bench_lazy_journal: bool,
+    // `--crash-after` and `--bench-lazy-journal` in test and bench builds; nothing in a release.
+    #[command(flatten)]
+    pub test_hooks: crate::test_hooks::HookArgs,
 }
 
 impl ServeArgs {

@@ -26,5 +26,6 @@ pub mod request;
 pub mod server;
 pub mod settings;
 pub mod status;
+pub mod test_hooks;
 pub mod upstream;
 pub mod upstream_cli;

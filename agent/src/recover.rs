@@ -58,6 +58,7 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
         println!("moved the old state file to {}", aside.display());
     }
     let store = Store::open(path).map_err(|e| e.to_string())?;
+    crate::host::private::restrict_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if !from_mounts {
         return Ok("started an empty state file".into());
     }

@@ -46,14 +46,23 @@ pub use crate::settings::STATE_FILE;
 
 /// Opens the state directory and file; an unwritable directory or a corrupt file stops here.
 pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
-    std::fs::create_dir_all(state_dir).map_err(|e| {
+    use crate::host::private;
+    // What an older agent, a packaging step or an operator left readable to others first (one
+    // log line each), then whatever is missing is created private.
+    private::tighten_state_dir(state_dir).map_err(|e| {
+        fatal(format!(
+            "state directory {}: cannot check its permissions: {e}",
+            state_dir.display()
+        ))
+    })?;
+    private::ensure_dir(state_dir).map_err(|e| {
         fatal(format!(
             "state directory {} cannot be created: {e}",
             state_dir.display()
         ))
     })?;
     let probe = state_dir.join(".write-test");
-    std::fs::write(&probe, b"")
+    private::open_file(&probe, std::fs::OpenOptions::new().write(true).create(true))
         .and_then(|_| std::fs::remove_file(&probe))
         .map_err(|e| {
             fatal(format!(
@@ -61,7 +70,11 @@ pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
                 state_dir.display()
             ))
         })?;
-    Store::open(&state_dir.join(STATE_FILE)).map_err(|e| fatal(e.to_string()))
+    let path = state_dir.join(STATE_FILE);
+    let store = Store::open(&path).map_err(|e| fatal(e.to_string()))?;
+    // redb creates the file with the umask's mode; the directory kept others out meanwhile.
+    private::restrict_file(&path).map_err(|e| fatal(format!("{}: {e}", path.display())))?;
+    Ok(store)
 }
 
 /// Where staging and target paths may lie: the flag's list or the orchestrators' defaults. The
@@ -128,10 +141,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     grpc::versions::check(&args.csi_versions).map_err(|message| Fatal { code: 2, message })?;
     let roots = Arc::new(Roots::new(allowed_prefixes(&args), reserved_dirs(&args)));
     let store = Arc::new(open_state(&args.state_dir)?);
-    if args.bench_lazy_journal {
-        tracing::warn!("--bench-lazy-journal: commits are not fsynced; crash safety is off");
-        ebs_store::bench_make_all_commits_lazy();
-    }
+    crate::test_hooks::apply(&args.test_hooks);
     let fstools = FsTools::detect().with_legacy_xfs(args.legacy_xfs);
     for fs in FsType::ALL {
         if let Err(why) = fstools.supports(fs) {
@@ -198,7 +208,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         device_locks: VolumeLocks::default(),
         claims: Default::default(),
         roots: (*roots).clone(),
-        crash_after: args.crash_after.clone(),
+        crash_after: crate::test_hooks::CrashPoint::from_args(&args.test_hooks),
         health: Arc::clone(&health),
         attention: node::attention::Attention::new(args.attention_retry),
     });
@@ -333,6 +343,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         dropped_stagings = report.dropped_stagings,
         dropped_publications = report.dropped_publications,
         needing_attention = report.needing_attention,
+        pruned = report.pruned,
         ms = started.elapsed().as_millis() as u64,
         "start-up recovery done; ready"
     );

@@ -15,6 +15,8 @@ bin="$PWD/target/release/ebs-node-agent"
 # What this host lacks for the loop backend, one line per check; stop if something needed is.
 "$bin" doctor --backend loop --skip-imds --endpoint "$endpoint" --state-dir "$state_dir"
 mkdir -p "$mounts"
+# The state holds the volumes' images: root's alone (the agent keeps it so at every start too).
+install -d -m 0700 "$state_dir"
 cat <<MSG
 ebs-node-agent (loop backend) on $endpoint, state in $state_dir, mounts below $mounts.
 In another shell (README.md, Quick start, has the whole lifecycle):

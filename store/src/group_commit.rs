@@ -11,6 +11,7 @@
 //! `Immediate`. redb makes a durable commit persist every non-durable commit before it.
 
 use std::collections::BTreeMap;
+#[cfg(feature = "test-hooks")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -18,12 +19,27 @@ use crate::StoreError;
 use crate::writer::{Op, apply};
 
 /// Set only by the agent's hidden `--bench-lazy-journal` flag, so that the bench can show what
-/// the journal's fsyncs cost. Never set in production: it gives up crash safety.
+/// the journal's fsyncs cost. Compiled only with the `test-hooks` feature, which no release
+/// build enables: it gives up crash safety.
+#[cfg(feature = "test-hooks")]
 static BENCH_LAZY: AtomicBool = AtomicBool::new(false);
 
 /// Makes every commit lazy (no fsync) for the rest of the process: for the bench only.
+#[cfg(feature = "test-hooks")]
 pub fn bench_make_all_commits_lazy() {
     BENCH_LAZY.store(true, Ordering::Relaxed);
+}
+
+/// Whether a commit asked to be durable is made so: unless the bench turned fsyncs off.
+#[cfg(feature = "test-hooks")]
+fn durable_as_asked(durable: bool) -> bool {
+    durable && !BENCH_LAZY.load(Ordering::Relaxed)
+}
+
+/// Whether a commit asked to be durable is made so: always.
+#[cfg(not(feature = "test-hooks"))]
+fn durable_as_asked(durable: bool) -> bool {
+    durable
 }
 
 #[derive(Default)]
@@ -59,7 +75,7 @@ impl GroupCommit {
         ops: Vec<Op>,
         durable: bool,
     ) -> Result<(), StoreError> {
-        let durable = durable && !BENCH_LAZY.load(Ordering::Relaxed);
+        let durable = durable_as_asked(durable);
         let mut q = self.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;

@@ -2,6 +2,7 @@
 //! publications and a per-volume step journal. It knows nothing of gRPC or mounts; its API is
 //! blocking, so async callers wrap it in `spawn_blocking`.
 
+mod bounds;
 mod error;
 mod live;
 mod records;
@@ -16,6 +17,7 @@ pub use error::StoreError;
 pub use records::*;
 mod group_commit;
 
+#[cfg(feature = "test-hooks")]
 pub use group_commit::bench_make_all_commits_lazy;
 pub use writer::{Durability, Writer};
 
@@ -133,9 +135,12 @@ impl Store {
             std::process::id(),
             now_unix_ms()
         ));
-        std::fs::copy(path, &copy).map_err(|e| StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail: format!("cannot copy it for a read-only check: {e}"),
+        private_copy(path, &copy).map_err(|e| {
+            let _ = std::fs::remove_file(&copy);
+            StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("cannot copy it for a read-only check: {e}"),
+            }
         })?;
         let store = Store {
             db: Db::RepairedCopy(
@@ -388,6 +393,20 @@ impl Store {
         }
         Ok(ids.into_iter().collect())
     }
+}
+
+/// Copies the state file to `copy`, a new file only its owner can read (the copy lies in the
+/// temporary directory, and the file names paths, UUIDs and devices).
+fn private_copy(path: &Path, copy: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut from = std::fs::File::open(path)?;
+    let mut to = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(copy)?;
+    std::io::copy(&mut from, &mut to)?;
+    Ok(())
 }
 
 /// A table for reading; `None` when no write has created it yet (a fresh or older file).

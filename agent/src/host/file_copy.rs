@@ -34,7 +34,8 @@ impl CopyKind {
 /// least the source's length: the tail reads as zeros). The copy is on disk when this returns.
 pub fn copy_file(src: &Path, dst: &Path, len: u64) -> io::Result<CopyKind> {
     let from = File::open(src)?;
-    let to = OpenOptions::new().write(true).create_new(true).open(dst)?;
+    // Copies are volume images and snapshots: private, whatever the umask (host::private).
+    let to = super::private::open_file(dst, OpenOptions::new().write(true).create_new(true))?;
     let kind = match rustix::fs::ioctl_ficlone(&to, &from) {
         Ok(()) => CopyKind::Reflink,
         // Not a reflink filesystem, or the two files on different ones: copy the data.

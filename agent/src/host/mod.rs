@@ -15,6 +15,7 @@ pub mod mounter;
 pub mod mountinfo;
 pub mod mounts;
 pub mod nvme;
+pub mod private;
 pub mod sandbox;
 pub mod statmount;
 pub mod trim;

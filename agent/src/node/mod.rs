@@ -60,15 +60,16 @@ pub struct NodeCtx {
     pub claims: PathClaims,
     /// Where request paths may lie (recorded paths are resolved below the same prefixes).
     pub roots: Roots,
-    pub crash_after: Option<String>,
+    /// Where the crash matrix kills the agent (test builds only; nothing in a release).
+    pub crash_after: crate::test_hooks::CrashPoint,
     pub health: Arc<crate::health::Health>,
     /// Volumes whose records could not be checked against the host (see `attention`).
     pub attention: attention::Attention,
 }
 
 impl NodeCtx {
-    pub fn crash_after(&self) -> Option<&str> {
-        self.crash_after.as_deref()
+    pub fn crash_after(&self) -> &crate::test_hooks::CrashPoint {
+        &self.crash_after
     }
 
     /// Node calls wait for start-up recovery: before it, the records may not match the host.

@@ -34,6 +34,8 @@ pub struct RecoveryReport {
     pub dropped_publications: usize,
     pub completed: usize,
     pub needing_attention: usize,
+    /// Volumes forgotten: only lines of calls that changed nothing named them.
+    pub pruned: usize,
 }
 
 /// What the check of one volume did.
@@ -88,6 +90,13 @@ pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryRepor
             }
             Ok(Checked::Refused(_)) | Err(_) => report.needing_attention += 1,
         }
+    }
+    // Volumes with a staged record or a publication are never pruned, so a check still running
+    // (or a volume marked as needing attention) keeps its records.
+    let pruning = Arc::clone(ctx);
+    match blocking(move || Ok(super::journal::prune_never_staged(&pruning.store)?)).await {
+        Ok(n) => report.pruned = n,
+        Err(e) => tracing::warn!(error = %e, "recovery: records of never-staged volumes not pruned"),
     }
     let ctx = Arc::clone(ctx);
     match blocking(move || sweep_read_only_devices(&ctx)).await {
@@ -202,6 +211,15 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             Holder::Foreign(what) => {
                 tracing::warn!(volume = vol, target = %target.display(), %what,
                     "recovery: the publication's target holds a mount that is not the volume's; record kept, NodeUnpublishVolume will refuse until it is removed");
+            }
+            // A block publish interrupted before its bind: the durable intent vouches for the
+            // target file the agent made, so the retry may use it (or unpublish remove it);
+            // without the record the retry would refuse the file as not the agent's.
+            Holder::Nothing
+                if publication.block && publication.progress == Progress::InProgress =>
+            {
+                tracing::warn!(volume = vol, target = %target.display(),
+                    "recovery: a block publish was interrupted before its bind; the next NodePublishVolume resumes it");
             }
             Holder::Nothing => {
                 tracing::warn!(volume = vol, target = %target.display(),

@@ -5,6 +5,7 @@
 
 mod hosts;
 mod manifests;
+mod release;
 mod upstream_chart;
 
 use std::path::Path;

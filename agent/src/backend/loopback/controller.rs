@@ -112,7 +112,7 @@ impl LoopController {
                     existing
                 }
                 None => {
-                    std::fs::create_dir_all(&self.volumes_dir).map_err(|e| {
+                    crate::host::private::ensure_dir(&self.volumes_dir).map_err(|e| {
                         Error::io(format!("creating {}", self.volumes_dir.display()), e)
                     })?;
                     let id = format!("lv-{}", random_hex()?);
@@ -197,7 +197,7 @@ impl LoopController {
 
     /// Free bytes on the filesystem that holds the volume files.
     pub fn capacity(&self) -> Result<u64> {
-        std::fs::create_dir_all(&self.volumes_dir)
+        crate::host::private::ensure_dir(&self.volumes_dir)
             .map_err(|e| Error::io(format!("creating {}", self.volumes_dir.display()), e))?;
         let st = nix::sys::statvfs::statvfs(&self.volumes_dir)
             .map_err(|e| Error::io("statvfs on the volume directory", e.into()))?;

@@ -58,12 +58,15 @@ pub fn copy_into_place(src: &Path, dst: &Path, len: u64) -> Result<CopyKind> {
 /// (a failed sizing used to leave a 0-byte volume that a retry returned as made).
 pub fn blank_into_place(dst: &Path, len: u64) -> Result<()> {
     let tmp = partial(dst);
-    let made = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .and_then(|f| {
+    // A volume image: private whatever the umask (host::private).
+    let made = crate::host::private::open_file(
+        &tmp,
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+    )
+    .and_then(|f| {
             f.set_len(len)?;
             f.sync_all()
         });

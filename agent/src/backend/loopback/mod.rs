@@ -80,6 +80,24 @@ fn backing_matches(device: &Path, st_dev: u64, st_ino: u64) -> std::result::Resu
     }
 }
 
+/// The loop device backed by the volume's file, found by the file's inode (in `identity`).
+fn find_by_file(
+    volume: &VolumeId,
+    file: &Path,
+    (st_dev, st_ino): (u64, u64),
+    identity: DeviceIdentity,
+) -> Result<ResolvedDevice> {
+    match loopdev::find_by_backing_inode(st_dev, st_ino) {
+        Ok(Some(path)) => Ok(ResolvedDevice { path, identity }),
+        Ok(None) => Err(Error::Precondition(format!(
+            "volume {volume} is not attached to this node (no loop device is backed by {}); \
+             call ControllerPublishVolume first",
+            file.display()
+        ))),
+        Err(e) => Err(Error::Internal(format!("scanning loop devices: {e}"))),
+    }
+}
+
 /// The loop device with these numbers, opened.
 fn open_loop(devnum: (u32, u32)) -> std::result::Result<File, String> {
     if devnum.0 != loopdev::LOOP_MAJOR {
@@ -130,11 +148,24 @@ impl Backend for LoopBackend {
         };
         let given = publish_context.get("devicePath").map(PathBuf::from);
         if let Some(path) = &given {
-            super::block_dev_numbers(path).map_err(|e| Error::WrongDevice {
-                volume: volume.to_string(),
-                device: path.clone(),
-                reason: e.to_string(),
-            })?;
+            match super::block_dev_numbers(path) {
+                Ok(_) => {}
+                // A reboot renumbers loop devices, so the devicePath a CO kept from before can
+                // name nothing now: the backing file still says which device is the volume's.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    tracing::warn!(volume = %volume, device = %path.display(),
+                        "publish_context devicePath does not exist (loop devices renumbered?); \
+                         looking the volume up by its file");
+                    return find_by_file(volume, &record.file, (st_dev, st_ino), identity);
+                }
+                Err(e) => {
+                    return Err(Error::WrongDevice {
+                        volume: volume.to_string(),
+                        device: path.clone(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
             match backing_matches(path, st_dev, st_ino) {
                 Ok(()) => {
                     return Ok(ResolvedDevice {
@@ -146,15 +177,7 @@ impl Backend for LoopBackend {
                     "publish_context devicePath does not hold the volume; looking it up by its file"),
             }
         }
-        match loopdev::find_by_backing_inode(st_dev, st_ino) {
-            Ok(Some(path)) => Ok(ResolvedDevice { path, identity }),
-            Ok(None) => Err(Error::Precondition(format!(
-                "volume {volume} is not attached to this node (no loop device is backed by {}); \
-                 call ControllerPublishVolume first",
-                record.file.display()
-            ))),
-            Err(e) => Err(Error::Internal(format!("scanning loop devices: {e}"))),
-        }
+        find_by_file(volume, &record.file, (st_dev, st_ino), identity)
     }
 
     fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
