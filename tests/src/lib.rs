@@ -12,6 +12,7 @@ pub mod hung_mount;
 pub mod imds;
 pub mod legacy;
 pub mod log_writes;
+pub mod seccomp;
 
 pub use agent::{Agent, AgentOpts, channel};
 

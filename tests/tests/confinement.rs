@@ -261,8 +261,25 @@ async fn a_symlink_swapped_in_between_check_and_use_redirects_nothing() {
     if !require_root("a_symlink_swapped_in_between_check_and_use_redirects_nothing") {
         return;
     }
-    let scratch = Scratch::new("conf-swap");
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    swap_race("conf-swap", Vec::new()).await;
+}
+
+/// The same race where a seccomp filter denies openat2 (EPERM, as systemd before 248 answered
+/// under RestrictSUIDSGID=): the step-by-step walk the agent falls back to is as confined.
+#[tokio::test]
+async fn a_symlink_swapped_in_redirects_nothing_without_openat2_either() {
+    if !require_root("a_symlink_swapped_in_redirects_nothing_without_openat2_either") {
+        return;
+    }
+    use ebs_tests::seccomp::*;
+    swap_race("conf-swap-walk", filtered(&unit_like(EPERM))).await;
+}
+
+async fn swap_race(name: &str, wrapper: Vec<std::ffi::OsString>) {
+    let scratch = Scratch::new(name);
+    let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
+    agent.wrapper = wrapper;
+    agent.spawn().await;
     let (vol, staging) = staged(&agent, "v").await;
     let decoy = scratch.join("decoy");
     std::fs::create_dir_all(&decoy).unwrap();

@@ -10,62 +10,10 @@ use std::path::Path;
 use std::process::Command;
 
 use ebs_tests::csi_req::*;
+use ebs_tests::seccomp::*;
 use ebs_tests::*;
 
 use csi::volume_capability::access_mode::Mode;
-
-/// x86_64 and the generic table (aarch64) agree on these.
-const STATMOUNT: u32 = 457;
-const LISTMOUNT: u32 = 458;
-const OPENAT2: u32 = 437;
-const CLONE3: u32 = 435;
-const EPERM: u32 = 1;
-const ENOSYS: u32 = 38;
-
-/// Loads a filter that allows everything but the `nr=errno` pairs in argv[1], then execs the
-/// rest of argv. Numbers, not names: libseccomp before 2.6 does not know statmount's.
-const INSTALL_FILTER: &str = "\
-import os, sys, seccomp
-f = seccomp.SyscallFilter(seccomp.ALLOW)
-for pair in sys.argv[1].split(','):
-    nr, errno = pair.split('=')
-    f.add_rule(seccomp.ERRNO(int(errno)), int(nr))
-f.load()
-os.execv(sys.argv[2], sys.argv[2:])
-";
-
-/// The command that runs what follows it under the filter.
-fn filtered(rules: &[(u32, u32)]) -> Vec<OsString> {
-    let ok = Command::new("/usr/bin/python3")
-        .args(["-c", "import seccomp"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "python3-seccomp is missing: run tests/deps.sh (apt-get install python3-seccomp)"
-    );
-    let rules = rules
-        .iter()
-        .map(|(nr, e)| format!("{nr}={e}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    vec![
-        "/usr/bin/python3".into(),
-        "-c".into(),
-        INSTALL_FILTER.into(),
-        rules.into(),
-    ]
-}
-
-/// As the shipped unit under systemd 252, with openat2 answered as `openat2_errno`.
-fn unit_like(openat2_errno: u32) -> Vec<(u32, u32)> {
-    vec![
-        (STATMOUNT, EPERM),
-        (LISTMOUNT, EPERM),
-        (OPENAT2, openat2_errno),
-        (CLONE3, ENOSYS),
-    ]
-}
 
 #[tokio::test]
 async fn denied_statmount_and_openat2_enosys_change_nothing() {
