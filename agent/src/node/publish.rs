@@ -147,7 +147,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     "ro_device",
                     detail([("device", path_string(d.path())), ("tag", tag.clone())]),
                     Durability::Lazy,
-                    || ro_block::lay(d, &tag),
+                    || ro_block::lay(d, &tag, prior.is_some()),
                 )?),
                 _ => None,
             };

@@ -73,11 +73,18 @@ fn loop_error(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Internal(format!("{what}: {e}"))
 }
 
-/// Lays the read-only device of tag `tag` over the held, proven `device`; one an earlier
-/// attempt laid over this very device is used again, one of this tag over anything else is
-/// detached first.
-pub fn lay(device: &VolumeDevice, tag: &str) -> Result<ReadOnlyDevice> {
-    for found in overlay::tagged(tag).map_err(|e| loop_error("listing loop devices", e))? {
+/// Lays the read-only device of tag `tag` over the held, proven `device`. With `retry` (the
+/// publication's record was there before this call), one an earlier attempt laid over this very
+/// device is used again, and one of this tag over anything else is detached first; without it
+/// no device of this tag can exist (the record is written before the device is laid, and
+/// start-up recovery detaches the devices of records it drops), so no loop device is asked.
+pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevice> {
+    let earlier = if retry {
+        overlay::tagged(tag).map_err(|e| loop_error("listing loop devices", e))?
+    } else {
+        Vec::new()
+    };
+    for found in earlier {
         if found.tag != tag {
             continue;
         }
