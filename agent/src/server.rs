@@ -190,6 +190,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }
     };
 
+    let attention = Arc::new(node::attention::Attention::new(args.attention_retry));
     let ctx = Arc::new(NodeCtx {
         store: Arc::clone(&store),
         backend: Arc::clone(&backend),
@@ -200,7 +201,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         roots: (*roots).clone(),
         crash_after: args.crash_after.clone(),
         health: Arc::clone(&health),
-        attention: node::attention::Attention::new(args.attention_retry),
+        attention: Arc::clone(&attention),
     });
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.
@@ -214,6 +215,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 store: Arc::clone(&store),
                 locks: ctx.locks.clone(),
                 health: Arc::clone(&health),
+                attention: Arc::clone(&attention),
                 ebs_stats: crate::metrics::ebs::from_serve_args(&args, &info),
             }),
             fds.metrics_connections,

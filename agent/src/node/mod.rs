@@ -62,7 +62,7 @@ pub struct NodeCtx {
     pub crash_after: Option<String>,
     pub health: Arc<crate::health::Health>,
     /// Volumes whose records could not be checked against the host (see `attention`).
-    pub attention: attention::Attention,
+    pub attention: Arc<attention::Attention>,
 }
 
 impl NodeCtx {
