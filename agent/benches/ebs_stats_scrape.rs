@@ -101,6 +101,7 @@ fn sources(f: &Fixture, state_dir: &Path, volumes: u32, delay: Duration) -> Sour
         store: Arc::new(store),
         locks: VolumeLocks::default(),
         health: Arc::new(Health::default()),
+        attention: Default::default(),
         ebs_stats: Some(EbsStatsSource::new(config, reader, node)),
     }
 }

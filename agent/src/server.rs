@@ -200,6 +200,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }
     };
 
+    let attention = Arc::new(node::attention::Attention::new(args.attention_retry));
     let ctx = Arc::new(NodeCtx {
         store: Arc::clone(&store),
         backend: Arc::clone(&backend),
@@ -210,7 +211,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         roots: (*roots).clone(),
         crash_after: crate::test_hooks::CrashPoint::from_args(&args.test_hooks),
         health: Arc::clone(&health),
-        attention: node::attention::Attention::new(args.attention_retry),
+        attention: Arc::clone(&attention),
     });
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.
@@ -224,6 +225,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 store: Arc::clone(&store),
                 locks: ctx.locks.clone(),
                 health: Arc::clone(&health),
+                attention: Arc::clone(&attention),
                 ebs_stats: crate::metrics::ebs::from_serve_args(&args, &info),
             }),
             fds.metrics_connections,

@@ -71,6 +71,7 @@ pub struct Sources {
     pub store: Arc<Store>,
     pub locks: VolumeLocks,
     pub health: Arc<Health>,
+    pub attention: Arc<crate::node::attention::Attention>,
     /// EBS volumes' NVMe statistics, read at scrape time (the ebs backend); `None`: not exported.
     pub ebs_stats: Option<ebs::EbsStatsSource>,
 }
@@ -81,6 +82,7 @@ pub struct Gauges {
     pub staged: Option<usize>,
     pub published: Option<usize>,
     pub ready: bool,
+    pub needing_attention: usize,
     pub ebs: Option<ebs::EbsScrape>,
 }
 
@@ -91,6 +93,7 @@ impl Sources {
             staged: self.store.all_staged().ok().map(|v| v.len()),
             published: self.store.all_publications().ok().map(|v| v.len()),
             ready: self.health.is_ready(),
+            needing_attention: self.attention.count(),
             ebs: self.ebs_stats.as_ref().map(|e| e.scrape(&self.store)),
         }
     }
@@ -126,6 +129,13 @@ pub fn render(g: &Gauges) -> String {
         "ebs_agent_operations_in_flight",
         "Volume operations running now (each holds its volume's guard).",
         g.in_flight as f64,
+    );
+    gauge(
+        &mut out,
+        "ebs_agent_volumes_needing_attention",
+        "Volumes whose records could not be checked against the host; their calls are refused \
+         until a re-check succeeds (see ebs-node-agent status).",
+        g.needing_attention as f64,
     );
     // A state file that cannot be read leaves the gauge out rather than reporting a false zero.
     if let Some(n) = g.staged {
@@ -173,6 +183,7 @@ mod tests {
             staged: Some(1),
             published: None,
             ready: true,
+            needing_attention: 1,
             ebs: None,
         });
         assert!(
@@ -186,6 +197,7 @@ mod tests {
             "ebs_agent_journal_commit_seconds_bucket{durability=\"immediate\",le=\"0.001\"} "
         ));
         assert!(text.contains("ebs_agent_operations_in_flight 2\n"));
+        assert!(text.contains("ebs_agent_volumes_needing_attention 1\n"));
         assert!(text.contains("\nebs_agent_mount_table_reads_total "));
         assert!(text.contains("ebs_agent_volumes_staged 1\n"));
         assert!(!text.contains("ebs_agent_volumes_published"));

@@ -64,7 +64,7 @@ pub struct NodeCtx {
     pub crash_after: crate::test_hooks::CrashPoint,
     pub health: Arc<crate::health::Health>,
     /// Volumes whose records could not be checked against the host (see `attention`).
-    pub attention: attention::Attention,
+    pub attention: Arc<attention::Attention>,
 }
 
 impl NodeCtx {

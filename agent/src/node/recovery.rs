@@ -150,6 +150,8 @@ fn format_intents(ctx: &NodeCtx) {
 pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
     let store = &ctx.store;
     let mut report = VolumeReport::default();
+    // Read only to see that it decodes: a stage needs it, so a broken one keeps the mark.
+    store.format(vol)?;
     if let Some(staged) = store.staged(vol)? {
         let present = match staged.access {
             AccessRecord::Mount { .. } => staged_mount_present(ctx, &staged)?,
