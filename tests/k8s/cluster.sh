@@ -81,6 +81,8 @@ KC
 containerd_config() {
   local c=$D/containerd
   mkdir -p "$c/root" "$c/state" "$c/opt" "$D/cni/net.d"
+  # Images and container layers in memory: unpacked and thrown away much faster than on disk.
+  mount -t tmpfs -o size=4g,mode=0700 ebs-k8s-containerd "$c/root"
   # Every registry the manifests name points at a closed loopback port: a missing image fails
   # at once instead of reaching out.
   local r
@@ -299,6 +301,7 @@ down() {
   for h in /sys/fs/cgroup/*/kubepods; do
     [[ -d $h ]] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
+  log "down: removing $D"
   rm -rf --one-file-system "$D"
   log "down: done"
 }

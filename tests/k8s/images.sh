@@ -6,7 +6,8 @@
 #   xfsprogs, util-linux, libblkid1, libudev1, ca-certificates; the root tree is made once with
 #   debootstrap and kept under target/k8s) plus the binary at /usr/local/bin/ebs-node-agent;
 # - the CSI sidecars and pause: one static binary each, at / as upstream's images have them.
-# Each image is written as a docker-save archive and imported with `ctr -n k8s.io images import`.
+# Each image is written as a docker-save archive (kept in target/k8s/images, made again when its
+# binary changed) and imported with `ctr -n k8s.io images import`.
 set -euo pipefail
 D=${1:?cluster directory}
 agent=${2:?agent binary}
@@ -64,39 +65,50 @@ archive() {
 }
 
 import() {
-  ctr --address "$D/containerd.sock" -n k8s.io images import --no-unpack=false "$work/$1.tar" >/dev/null
+  ctr --address "$D/containerd.sock" -n k8s.io images import --no-unpack=false "$1" >/dev/null
 }
+
+# The archives are kept in target/k8s/images and made again only when their input changed.
+mkdir -p "$cache/images"
 
 # One static binary at /NAME.
 static_image() {
   local bin=$1 ref=$2
-  local root=$work/$bin-root
-  mkdir -p "$root"
-  xz -dc "$K8S_TOOLS/$bin.xz" >"$root/$bin"
-  chmod 0755 "$root/$bin"
-  tar -C "$root" --numeric-owner --owner=0 --group=0 -cf "$work/$bin-layer.tar" .
-  rm -rf "$root"
-  archive "$bin" "$ref" "[\"/$bin\"]" "$work/$bin-layer.tar"
-  rm -f "$work/$bin-layer.tar"
-  import "$bin"
-  rm -f "$work/$bin.tar"
+  local out=$cache/images/$bin.tar
+  if [[ ! -f $out || $K8S_TOOLS/$bin.xz -nt $out ]]; then
+    local root=$work/$bin-root
+    mkdir -p "$root"
+    xz -dc "$K8S_TOOLS/$bin.xz" >"$root/$bin"
+    chmod 0755 "$root/$bin"
+    tar -C "$root" --numeric-owner --owner=0 --group=0 -cf "$work/$bin-layer.tar" .
+    rm -rf "$root"
+    archive "$bin" "$ref" "[\"/$bin\"]" "$work/$bin-layer.tar"
+    rm -f "$work/$bin-layer.tar"
+    mv "$work/$bin.tar" "$out"
+  fi
+  import "$out"
 }
 
 base_layer
 log "agent image"
-root=$work/agent-root
-mkdir -p "$root/usr/local/bin"
-strip -o "$root/usr/local/bin/ebs-node-agent" "$agent" 2>/dev/null || cp "$agent" "$root/usr/local/bin/ebs-node-agent"
-chmod 0755 "$root/usr/local/bin/ebs-node-agent"
-mkdir -p "$root/csi" "$root/var/lib/ebs-node-agent"
-tar -C "$root" --numeric-owner --owner=0 --group=0 -cf "$work/agent-layer.tar" .
-rm -rf "$root"
-EXTRA_ENV=',"CSI_ENDPOINT=unix:///csi/csi.sock","EBS_AGENT_STATE_DIR=/var/lib/ebs-node-agent"' \
-CMD_JSON='["serve"]' archive agent ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0 \
-  '["/usr/local/bin/ebs-node-agent"]' "$cache/bookworm-base.tar" "$work/agent-layer.tar"
-rm -f "$work/agent-layer.tar"
-import agent
-rm -f "$work/agent.tar"
+out=$cache/images/agent.tar
+stamp="$(stat -L -c '%s %Y %i' "$agent") $(cat "$cache/bookworm-base.tar.sha256")"
+if [[ ! -f $out || $(cat "$out.stamp" 2>/dev/null) != "$stamp" ]]; then
+  root=$work/agent-root
+  mkdir -p "$root/usr/local/bin"
+  strip -o "$root/usr/local/bin/ebs-node-agent" "$agent" 2>/dev/null || cp "$agent" "$root/usr/local/bin/ebs-node-agent"
+  chmod 0755 "$root/usr/local/bin/ebs-node-agent"
+  mkdir -p "$root/csi" "$root/var/lib/ebs-node-agent"
+  tar -C "$root" --numeric-owner --owner=0 --group=0 -cf "$work/agent-layer.tar" .
+  rm -rf "$root"
+  EXTRA_ENV=',"CSI_ENDPOINT=unix:///csi/csi.sock","EBS_AGENT_STATE_DIR=/var/lib/ebs-node-agent"' \
+  CMD_JSON='["serve"]' archive agent ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0 \
+    '["/usr/local/bin/ebs-node-agent"]' "$cache/bookworm-base.tar" "$work/agent-layer.tar"
+  rm -f "$work/agent-layer.tar"
+  mv "$work/agent.tar" "$out"
+  echo "$stamp" >"$out.stamp"
+fi
+import "$out"
 
 log "sidecar images"
 static_image pause registry.k8s.io/pause:3.10.1
@@ -105,5 +117,5 @@ static_image livenessprobe registry.k8s.io/sig-storage/livenessprobe:v2.15.0
 static_image csi-provisioner registry.k8s.io/sig-storage/csi-provisioner:v6.3.0
 static_image csi-attacher registry.k8s.io/sig-storage/csi-attacher:v4.12.0
 static_image csi-resizer registry.k8s.io/sig-storage/csi-resizer:v2.2.1
-rmdir "$work" 2>/dev/null || true
+rm -rf "$work"
 log "images loaded"
