@@ -46,10 +46,12 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "k8s_agent_restart_while_published",
         scenarios::agent_restart,
     ),
+    ("k8s_read_only_claim", scenarios::read_only),
     (
         "k8s_pvc_deletion_removes_the_volume",
         scenarios::pvc_deletion,
     ),
+    ("k8s_block_mode", scenarios::block_mode),
 ];
 
 fn cluster_up(ctx: &mut Ctx) -> Result<(), String> {
