@@ -125,6 +125,7 @@ oom_score = 0
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = "$D/runc"
 TOML
 }
 
@@ -153,6 +154,7 @@ syncFrequency: 5s
 fileCheckFrequency: 5s
 nodeStatusUpdateFrequency: 5s
 registerNode: true
+podLogsDir: $D/pod-logs
 KY
 }
 
@@ -184,6 +186,12 @@ restart_kubelet() {
 up() {
   : "${K8S_TOOLS:?K8S_TOOLS: the directory with kube-apiserver.xz and the rest}"
   mkdir -p "$D/logs"
+  # Paths outside DIR that kubelet and containerd use whatever their flags say (device plugin
+  # socket, /var/log/containers links, shim sockets): those this run creates are removed by down.
+  local h
+  for h in /var/lib/kubelet /var/log/containers /var/log/pods /run/containerd; do
+    [[ -e $h ]] || echo "$h" >>"$D/created-host-paths"
+  done
   # The kubelet directory is its own shared mount, so that Bidirectional propagation (the
   # agent's mounts reaching kubelet and pods) works whatever the host's / propagation is.
   mkdir -p "$D/kubelet"
@@ -301,6 +309,23 @@ down() {
   for h in /sys/fs/cgroup/*/kubepods; do
     [[ -d $h ]] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
+  # Outside DIR: the links kubelet made to our pods' logs, the sockets of our shims (containerd
+  # names them sha256(<its address>/<namespace>/<id>) under /run/containerd/s), and the host
+  # paths that did not exist before up.
+  find /var/log/containers -maxdepth 1 -type l -lname "$D/*" -delete 2>/dev/null || true
+  local task id
+  for task in "$D"/containerd/state/io.containerd.runtime.v2.task/*/*; do
+    [[ -d $task ]] || continue
+    id=$(basename "$task")
+    local ns
+    ns=$(basename "$(dirname "$task")")
+    rm -f "/run/containerd/s/$(printf '%s' "$D/containerd.sock/$ns/$id" | sha256sum | cut -d' ' -f1)"
+  done
+  if [[ -f $D/created-host-paths ]]; then
+    while read -r h; do
+      [[ -n $h && $h == /* ]] && rm -rf --one-file-system "$h"
+    done <"$D/created-host-paths"
+  fi
   log "down: removing $D"
   rm -rf --one-file-system "$D"
   log "down: done"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes DIR/deploy/kustomization.yaml: tests/k8s/loop (the shipped manifests plus the loop
 # backend in mode `all` and the controller sidecars) with every host path moved under DIR
-# (kubelet's root directory DIR/kubelet, the agent's state DIR/agent-state) and the health and
+# (kubelet's root directory DIR/kubelet, the agent's state DIR/agent-state, /run/udev: DIR/udev,
+# which the loop backend does not need) and the health and
 # metrics ports on free ports. Deploy with `kubectl apply -k DIR/deploy`.
 #   tests/k8s/overlay.sh DIR
 set -euo pipefail
@@ -59,4 +60,5 @@ patches:
               - {name: registration-dir, hostPath: {path: "$K/plugins_registry/", type: Directory}}
               - {name: state-dir, hostPath: {path: "$D/agent-state", type: DirectoryOrCreate}}
               - {name: sidecar-kubeconfig, hostPath: {path: "$D/sidecar", type: Directory}}
+              - {name: udev-dir, hostPath: {path: "$D/udev", type: DirectoryOrCreate}}
 YAML
