@@ -248,7 +248,7 @@ up() {
 pod_pids() {
   grep -lF -- "$D/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3 || true
   local h
-  for h in /sys/fs/cgroup/*/kubepods; do
+  for h in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
     [[ -d $h ]] && find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null
   done
   true
@@ -256,7 +256,7 @@ pod_pids() {
 
 down() {
   [[ -d $D ]] || return 0
-  local name pid
+  local name pid id ns
   # kubelet first, so that it restarts nothing; then the pods and shims; then the rest.
   if [[ -f $D/pids ]]; then
     while read -r name pid; do
@@ -264,6 +264,15 @@ down() {
     done <"$D/pids"
   fi
   log "down: pods and shims"
+  # The shims' sockets (/run/containerd/s/sha256(<address>/<namespace>/<id>)), named from each
+  # shim's own arguments before it is killed.
+  local shim args
+  for shim in $(grep -lF -- "$D/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
+    args=$(tr '\0' '\n' <"/proc/$shim/cmdline" 2>/dev/null || true)
+    id=$(grep -A1 -x -- -id <<<"$args" | tail -n1 || true)
+    ns=$(grep -A1 -x -- -namespace <<<"$args" | tail -n1 || true)
+    [[ -n $id && -n $ns ]] && echo "$ns/$id" >>"$D/shim-ids"
+  done
   local round
   for round in 1 2 3 4 5; do
     local pids
@@ -306,21 +315,23 @@ down() {
   done < <(losetup -l -n -O NAME,BACK-INO,BACK-MAJ:MIN,BACK-FILE 2>/dev/null)
   # The kubepods cgroups kubelet made, deepest first.
   local h
-  for h in /sys/fs/cgroup/*/kubepods; do
+  for h in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
     [[ -d $h ]] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
   # Outside DIR: the links kubelet made to our pods' logs, the sockets of our shims (containerd
   # names them sha256(<its address>/<namespace>/<id>) under /run/containerd/s), and the host
   # paths that did not exist before up.
   find /var/log/containers -maxdepth 1 -type l -lname "$D/*" -delete 2>/dev/null || true
-  local task id
+  local task
   for task in "$D"/containerd/state/io.containerd.runtime.v2.task/*/*; do
-    [[ -d $task ]] || continue
-    id=$(basename "$task")
-    local ns
-    ns=$(basename "$(dirname "$task")")
-    rm -f "/run/containerd/s/$(printf '%s' "$D/containerd.sock/$ns/$id" | sha256sum | cut -d' ' -f1)"
+    [[ -d $task ]] && echo "$(basename "$(dirname "$task")")/$(basename "$task")" >>"$D/shim-ids"
   done
+  if [[ -f $D/shim-ids ]]; then
+    while read -r id; do
+      rm -f "/run/containerd/s/$(printf '%s' "$D/containerd.sock/$id" | sha256sum | cut -d' ' -f1)"
+    done < <(sort -u "$D/shim-ids")
+  fi
+  rmdir /run/containerd/s 2>/dev/null || true
   if [[ -f $D/created-host-paths ]]; then
     while read -r h; do
       [[ -n $h && $h == /* ]] && rm -rf --one-file-system "$h"
