@@ -16,6 +16,9 @@ packages=(
   dmsetup                               # power-loss lab (tests/nvme-lab/powerloss): dm-log-writes in the guest
   python3 python3-venv                  # tests/tests/grpc_clients.rs: a real grpcio client
   python3-seccomp                       # tests/tests/operations/syscall_filter.rs: a seccomp filter
+  etcd-server containerd runc           # tests/tests/kubernetes.rs: a one-node cluster (tests/k8s)
+  containernetworking-plugins openssl   #   (loopback CNI; its certificates)
+  debootstrap xz-utils                  #   (the agent's image root; the .xz binaries)
 )
 if [[ -n "${EBS_EXTRA_PACKAGES:-}" ]]; then
   read -r -a extra <<<"$EBS_EXTRA_PACKAGES"

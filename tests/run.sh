@@ -12,4 +12,6 @@ cargo build --workspace --bins --locked "${hooks[@]}"
 cargo test -p ebs-node-agent --lib --locked test_hooks
 # Every fuzz target for a few seconds (its own workspace and build; docs/fuzzing.md).
 FUZZ_PROFILE=ci bash fuzz/run.sh "${FUZZ_SECONDS:-5}"
+# Includes tests/tests/kubernetes.rs: a one-node cluster from shared/tools/k8s (beside the
+# checkout or above it, or $K8S_TOOLS); it skips without them, except under CI=true.
 cargo test --workspace --locked "${hooks[@]}" -- --test-threads="${TEST_THREADS:-4}"

@@ -10,6 +10,7 @@ pub mod fake_controller;
 pub mod http;
 pub mod hung_mount;
 pub mod imds;
+pub mod k8s;
 pub mod legacy;
 pub mod log_writes;
 pub mod seccomp;
