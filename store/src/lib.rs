@@ -135,7 +135,7 @@ impl Store {
             std::process::id(),
             now_unix_ms()
         ));
-        private_copy(path, &copy).map_err(|e| {
+        live::private_copy(path, &copy).map_err(|e| {
             let _ = std::fs::remove_file(&copy);
             StoreError::Corrupt {
                 path: path.to_path_buf(),
@@ -393,20 +393,6 @@ impl Store {
         }
         Ok(ids.into_iter().collect())
     }
-}
-
-/// Copies the state file to `copy`, a new file only its owner can read (the copy lies in the
-/// temporary directory, and the file names paths, UUIDs and devices).
-fn private_copy(path: &Path, copy: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut from = std::fs::File::open(path)?;
-    let mut to = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(copy)?;
-    std::io::copy(&mut from, &mut to)?;
-    Ok(())
 }
 
 /// A table for reading; `None` when no write has created it yet (a fresh or older file).

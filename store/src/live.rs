@@ -70,6 +70,20 @@ pub(crate) fn set_aside_if_cut_short(path: &Path) -> Result<bool, StoreError> {
     Ok(true)
 }
 
+/// Copies the state file to `copy`, a new file only its owner can read (the copy lies in the
+/// temporary directory, and the file names paths, UUIDs and devices).
+pub(crate) fn private_copy(path: &Path, copy: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut from = std::fs::File::open(path)?;
+    let mut to = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(copy)?;
+    std::io::copy(&mut from, &mut to)?;
+    Ok(())
+}
+
 pub(crate) fn open_database(path: &Path) -> Result<redb::Database, StoreError> {
     redb::Database::builder()
         .set_check_integrity_on_open(true)

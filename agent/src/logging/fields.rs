@@ -124,11 +124,9 @@ fn is_quoted(s: &str) -> bool {
     let mut chars = inner.chars();
     while let Some(c) = chars.next() {
         match c {
-            '\\' => {
-                if chars.next().is_none() {
-                    return false;
-                }
-            }
+            // An escape takes the next character with it (the guard consumes it), which must
+            // not be one that ends the line either.
+            '\\' if chars.next().is_none_or(needs_escape_in_text) => return false,
             '"' => return false,
             c if needs_escape_in_text(c) => return false,
             _ => {}
@@ -166,6 +164,7 @@ mod tests {
             "\u{202e}gnp.exe",
             "",
             "\"\n\"",
+            "\"\\\n\"",
         ] {
             let out = escape_value(evil);
             assert!(is_quoted(&out), "{evil:?} → {out}");
