@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::host::command;
 use crate::host::fs_limits::{SizeLimits, parse_xfsprogs_version};
+use crate::host::mkfs_args::mkfs_args;
 use crate::request::{FormatOptions, FsType};
 
 pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
@@ -193,46 +194,6 @@ impl FsTools {
     }
 }
 
-/// mkfs's arguments before the device. mkfs never discards (`-E nodiscard`, `-K`): the blank
-/// proof looked at what it could, and a discard would destroy whatever else the device holds
-/// (on thin storage it also zeroes, and on a large EBS volume it is what makes mkfs slow). ext's
-/// extended options go in one `-E` list, the caller's merged in: mke2fs keeps only the last.
-fn mkfs_args(fs: FsType, uuid: &str, legacy_xfs: bool, extra: Vec<String>) -> Vec<String> {
-    let mut args: Vec<String> = Vec::new();
-    if fs.is_ext() {
-        args.extend(["-F", "-q", "-m", "0", "-U", uuid].map(String::from));
-        let mut extended = vec![
-            "lazy_itable_init=1".to_string(),
-            "lazy_journal_init=1".to_string(),
-            "nodiscard".to_string(),
-        ];
-        let mut rest = extra.into_iter();
-        let mut others = Vec::new();
-        while let Some(arg) = rest.next() {
-            if arg != "-E" {
-                others.push(arg);
-                continue;
-            }
-            let list = rest.next().unwrap_or_default();
-            extended.extend(
-                list.split(',')
-                    .filter(|o| !o.is_empty() && *o != "discard" && *o != "nodiscard")
-                    .map(String::from),
-            );
-        }
-        args.extend(["-E".into(), extended.join(",")]);
-        args.extend(others);
-    } else {
-        args.extend(["-f", "-q", "-K", "-m"].map(String::from));
-        args.push(format!("uuid={uuid}"));
-        if legacy_xfs {
-            args.extend(["-m".into(), LEGACY_XFS_FEATURES.into()]);
-        }
-        args.extend(extra);
-    }
-    args
-}
-
 /// A tool's non-zero exit as a typed error that leads with the tool's reason.
 fn succeeded(tool: &Path, device: &Path, out: &command::CommandOutput) -> Result<()> {
     if out.code == 0 {
@@ -341,54 +302,6 @@ mod tests {
     const MKFS_XFS_TOO_SMALL: &str = "Filesystem must be larger than 300MB.\nUsage: mkfs.xfs\n\
         /* blocksize */\t\t[-b size=num]\n/* config file */\t[-c options=xxx]\n\
         <value> is xxx (512 byte blocks).\n";
-
-    #[test]
-    fn mkfs_never_discards_and_passes_one_extended_list() {
-        let opts = FormatOptions {
-            block_size: Some(4096),
-            ..Default::default()
-        };
-        for fs in [FsType::Ext4, FsType::Ext3] {
-            let args = mkfs_args(fs, "u", false, opts.mkfs_args(fs));
-            assert_eq!(args.iter().filter(|a| *a == "-E").count(), 1, "{args:?}");
-            let at = args.iter().position(|a| a == "-E").unwrap();
-            assert_eq!(
-                args[at + 1],
-                "lazy_itable_init=1,lazy_journal_init=1,nodiscard"
-            );
-            assert!(args.ends_with(&["-b".into(), "4096".into()]), "{args:?}");
-        }
-        for legacy in [false, true] {
-            let args = mkfs_args(FsType::Xfs, "u", legacy, opts.mkfs_args(FsType::Xfs));
-            assert!(args.contains(&"-K".to_string()), "{args:?}");
-        }
-    }
-
-    #[test]
-    fn a_callers_extended_options_join_the_one_list() {
-        let extra = [
-            "-E",
-            "stride=8,discard",
-            "-b",
-            "1024",
-            "-E",
-            "stripe_width=16",
-        ];
-        let args = mkfs_args(
-            FsType::Ext4,
-            "u",
-            false,
-            extra.iter().map(|s| s.to_string()).collect(),
-        );
-        assert_eq!(args.iter().filter(|a| *a == "-E").count(), 1, "{args:?}");
-        assert!(
-            args.windows(2).any(|w| w[0] == "-E"
-                && w[1]
-                    == "lazy_itable_init=1,lazy_journal_init=1,nodiscard,stride=8,stripe_width=16"),
-            "{args:?}"
-        );
-        assert!(args.ends_with(&["-b".into(), "1024".into()]), "{args:?}");
-    }
 
     #[test]
     fn a_failed_tool_leads_with_its_reason_not_its_usage() {
