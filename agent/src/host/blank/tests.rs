@@ -210,7 +210,7 @@ fn windows_on_a_block_device_see_data_and_wiped_filesystems() {
         f.sync_all().unwrap();
     };
     // Written through the device and not yet synced: O_DIRECT still sees it.
-    let mut f = std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&dev.0)
         .unwrap();
