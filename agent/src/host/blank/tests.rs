@@ -216,6 +216,16 @@ fn windows_on_a_block_device_see_data_and_wiped_filesystems() {
         .unwrap();
     f.write_all_at(&vec![0x5a; 4 * MIB as usize], 300 * MIB)
         .unwrap();
+    // The loop proof flushes the device first: the unsynced write reaches the file it reads.
+    let backing = BackingFile {
+        file: open(&t),
+        offset: 0,
+    };
+    let hit = prove_backing(&held(), &backing, size)
+        .unwrap()
+        .found
+        .unwrap();
+    assert_eq!(hit.offset, 300 * MIB, "{hit:?}");
     let hit = prove_windows(&held(), size).unwrap().found.unwrap();
     assert!((300 * MIB..304 * MIB).contains(&hit.offset), "{hit:?}");
     for mkfs in [["mkfs.ext4", "-qF"], ["mkfs.xfs", "-qf"]] {
