@@ -26,7 +26,7 @@ pub enum Error {
     Precondition(String),
     #[error(
         "refusing to format {device}: it is not blank ({found}); the agent formats only devices \
-         that carry no signature at all"
+         that carry no signature and no data"
     )]
     NotBlank { device: PathBuf, found: String },
     #[error(

@@ -10,14 +10,8 @@ use csi::volume_capability::access_mode::Mode;
 use tonic::Code;
 
 /// Seeds a device, asks to stage it, and checks the refusal left every byte in place.
-async fn refuse_seeded(agent: &Agent, name: &str, requested_fs: &str, seed: &str) {
-    // mkfs.xfs wants at least 300 MB.
-    let size = if seed.contains("mkfs.xfs") {
-        320 << 20
-    } else {
-        64 << 20
-    };
-    let vol = create_attached(agent, name, size).await;
+async fn refuse_seeded(agent: &Agent, name: &str, requested_fs: &str, seed: &str, size: u64) {
+    let vol = create_attached(agent, name, size as i64).await;
     sh(&seed.replace("DEV", &vol.device));
     sh("sync");
     let before = checksum(std::path::Path::new(&vol.device));
@@ -45,6 +39,16 @@ async fn refuse_seeded(agent: &Agent, name: &str, requested_fs: &str, seed: &str
         e.message()
     );
     eprintln!("{name}: refused with: {}", e.message());
+}
+
+const AWAY: u64 = 600 << 20;
+
+/// splitmix64: a fixed seed gives the same offset on every run.
+fn splitmix(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[tokio::test]
@@ -84,7 +88,38 @@ async fn never_format_matrix() {
         ),
     ];
     for (name, fs, seed) in &cases {
-        refuse_seeded(&agent, name, fs, seed).await;
+        // mkfs.xfs wants at least 300 MB.
+        let size = if seed.contains("mkfs.xfs") { 320 } else { 64 };
+        refuse_seeded(&agent, name, fs, seed, size << 20).await;
+    }
+    // Data away from the ends, nothing else (a raw-block volume staged later as a filesystem):
+    // 4 MiB in the middle of 600 MiB, far from every signature region, and one 4 KiB block at
+    // an offset drawn with a fixed seed. Each must be refused with every byte unchanged.
+    let block = 4096 * (1 + splitmix(31) % ((AWAY >> 12) - 2));
+    let away: Vec<(&str, &str, String)> = vec![
+        (
+            "middle-4mib",
+            "ext4",
+            "head -c 4194304 /dev/urandom | dd of=DEV bs=1M seek=300 conv=notrunc status=none"
+                .into(),
+        ),
+        (
+            "middle-4mib-xfs",
+            "xfs",
+            "head -c 4194304 /dev/urandom | dd of=DEV bs=1M seek=300 conv=notrunc status=none"
+                .into(),
+        ),
+        (
+            "one-block",
+            "ext4",
+            format!(
+                "head -c 4096 /dev/urandom | dd of=DEV bs=4096 seek={} conv=notrunc status=none",
+                block / 4096
+            ),
+        ),
+    ];
+    for (name, fs, seed) in &away {
+        refuse_seeded(&agent, name, fs, seed, AWAY).await;
     }
     // LVM leaves device-mapper state only when a VG is activated; make sure none is.
     let _ = std::process::Command::new("pvscan").arg("--cache").output();

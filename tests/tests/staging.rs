@@ -339,17 +339,27 @@ async fn format_options_and_mount_flags_reach_mkfs_and_mount() {
 }
 
 /// A volume that grew while it was not staged (a snapshot restored into a bigger volume, or an
-/// offline expansion): the next stage grows the filesystem to the device before mounting it.
+/// offline expansion): the next stage grows the filesystem to the device (ext offline before the
+/// mount; xfs online, through the staging mount's root held open).
 #[tokio::test]
 async fn stage_grows_an_ext4_volume_offline() {
-    if !require_root("stage_grows_an_ext4_volume_offline") {
+    stage_grows("ext4", 64 << 20, 256 << 20).await;
+}
+
+#[tokio::test]
+async fn stage_grows_an_xfs_volume_through_its_held_mount() {
+    stage_grows("xfs", 320 << 20, 640 << 20).await;
+}
+
+async fn stage_grows(fs: &str, from: i64, to: i64) {
+    if !require_root(&format!("stage_grows {fs}")) {
         return;
     }
-    let scratch = Scratch::new("grow-offline");
+    let scratch = Scratch::new(&format!("grow-stage-{fs}"));
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let vol = create_attached(&agent, "grow", 64 << 20).await;
+    let vol = create_attached(&agent, "grow", from).await;
     let staging = agent.work.join("staging/grow");
-    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let cap = mount_cap(fs, Mode::SingleNodeWriter);
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
         .await
@@ -359,18 +369,18 @@ async fn stage_grows_an_ext4_volume_offline() {
     node.node_unstage_volume(unstage_req(&vol, &staging))
         .await
         .unwrap();
-    agent
-        .expand_on_controller(&vol.id, 256 << 20, None)
-        .await
-        .unwrap();
+    agent.expand_on_controller(&vol.id, to, None).await.unwrap();
     node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
         .await
         .unwrap();
     let st = nix::sys::statvfs::statvfs(&staging).unwrap();
     let total = st.blocks() as u64 * st.fragment_size() as u64;
-    assert!(total > 200 << 20, "filesystem grew to the device: {total}");
+    assert!(
+        total > (to as u64) * 3 / 4,
+        "{fs}: grew to the device: {total}"
+    );
     assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"kept");
-    assert_eq!(fs_uuid(&vol.device), uuid, "grown, not formatted");
+    assert_eq!(fs_uuid(&vol.device), uuid, "{fs}: grown, not formatted");
     node.node_unstage_volume(unstage_req(&vol, &staging))
         .await
         .unwrap();

@@ -96,6 +96,18 @@ pub trait Backend: Send + Sync {
         self.is_at(devnum, identity).map(|()| None)
     }
 
+    /// The file that holds every byte of the device open as `dev`, when the backend has one
+    /// (loop: the volume file), opened and proven to be the very file bound to `dev`: the blank
+    /// proof then reads every allocated byte instead of a sample. `None`: a plain block device.
+    fn backing_file(
+        &self,
+        _dev: &File,
+        _devnum: (u32, u32),
+        _identity: &DeviceIdentity,
+    ) -> std::result::Result<Option<crate::host::blank::BackingFile>, String> {
+        Ok(None)
+    }
+
     /// Makes the kernel see a device's new size after the volume grew (loop: set capacity;
     /// NVMe: rescan the controller).
     fn refresh_size(&self, device: &Path) -> Result<()>;

@@ -2,7 +2,7 @@
 //! an earlier read left in memory. Health checks need this (a cached block hides a dead device),
 //! and so does reading a superblock that a mounted xfs rewrote through its own buffers.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -17,28 +17,58 @@ pub fn read_direct(device: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>
     let start = offset - offset % ALIGN as u64;
     let skip = (offset - start) as usize;
     let span = (skip + len).div_ceil(ALIGN) * ALIGN;
-    let file = OpenOptions::new()
+    let file = open_direct(device)?;
+    let mut buf = AlignedBuf::new(span)?;
+    read_exact_direct(&file, buf.as_mut_slice(), start).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            io::Error::new(e.kind(), format!("{} {e}", device.display()))
+        }
+        _ => e,
+    })?;
+    Ok(buf.as_mut_slice()[skip..skip + len].to_vec())
+}
+
+/// Opens `device` for O_DIRECT reads (a held device is reopened through its /proc/self/fd link).
+pub fn open_direct(device: &Path) -> io::Result<File> {
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
-        .open(device)?;
-    // An aligned window inside a plain Vec: safe code, one extra block of memory.
-    let mut backing = vec![0u8; span + ALIGN];
-    let pad = backing.as_ptr().align_offset(ALIGN);
-    if pad > ALIGN {
-        return Err(io::Error::other("cannot align a read buffer"));
+        .open(device)
+}
+
+/// A zeroed buffer whose usable part starts on a 4 KiB boundary, as O_DIRECT wants it: an aligned
+/// window inside a plain Vec (safe code, one extra block of memory).
+pub struct AlignedBuf {
+    backing: Vec<u8>,
+    pad: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> io::Result<AlignedBuf> {
+        let backing = vec![0u8; len + ALIGN];
+        let pad = backing.as_ptr().align_offset(ALIGN);
+        if pad > ALIGN {
+            return Err(io::Error::other("cannot align a read buffer"));
+        }
+        Ok(AlignedBuf { backing, pad, len })
     }
-    let buf = &mut backing[pad..pad + span];
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.backing[self.pad..self.pad + self.len]
+    }
+}
+
+/// Fills `buf` (aligned, a multiple of 4 KiB long) from `offset` (4 KiB aligned) of a file opened
+/// with [`open_direct`]. A device that ends early gives `UnexpectedEof`.
+pub fn read_exact_direct(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
     let mut done = 0;
-    while done < skip + len {
-        match file.read_at(&mut buf[done..], start + done as u64) {
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{} ended after {} bytes",
-                        device.display(),
-                        start + done as u64
-                    ),
+                    format!("ended after {} bytes", offset + done as u64),
                 ));
             }
             Ok(n) => done += n,
@@ -46,7 +76,7 @@ pub fn read_direct(device: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>
             Err(e) => return Err(e),
         }
     }
-    Ok(buf[skip..skip + len].to_vec())
+    Ok(())
 }
 
 #[cfg(test)]

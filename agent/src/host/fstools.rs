@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::host::command;
 use crate::host::fs_limits::{SizeLimits, parse_xfsprogs_version};
+use crate::host::mkfs_args::mkfs_args;
 use crate::request::{FormatOptions, FsType};
 
 pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
@@ -109,30 +110,17 @@ impl FsTools {
     /// Formats `device` with a UUID chosen in advance, so that an interrupted mkfs can be
     /// recognised as ours on restart.
     pub fn mkfs(&self, fs: FsType, device: &Path, uuid: &str, opts: &FormatOptions) -> Result<()> {
-        let mut args: Vec<String> = Vec::new();
         let tool = match fs {
-            FsType::Ext4 | FsType::Ext3 => {
-                args.extend(["-F", "-q", "-m", "0", "-U", uuid].map(String::from));
-                args.extend(["-E".into(), "lazy_itable_init=1,lazy_journal_init=1".into()]);
-                self.tool(
-                    fs,
-                    if fs == FsType::Ext4 {
-                        "mkfs.ext4"
-                    } else {
-                        "mkfs.ext3"
-                    },
-                )?
-            }
-            FsType::Xfs => {
-                args.extend(["-f", "-q", "-m"].map(String::from));
-                args.push(format!("uuid={uuid}"));
-                if self.legacy_xfs {
-                    args.extend(legacy_xfs_args(self.xfsprogs_version()));
-                }
-                self.tool(fs, "mkfs.xfs")?
-            }
+            FsType::Ext4 => self.tool(fs, "mkfs.ext4")?,
+            FsType::Ext3 => self.tool(fs, "mkfs.ext3")?,
+            FsType::Xfs => self.tool(fs, "mkfs.xfs")?,
         };
-        args.extend(opts.mkfs_args(fs));
+        let legacy = if self.legacy_xfs && fs == FsType::Xfs {
+            legacy_xfs_args(self.xfsprogs_version())
+        } else {
+            Vec::new()
+        };
+        let mut args = mkfs_args(fs, uuid, &legacy, opts.mkfs_args(fs));
         args.push(device_arg(device)?);
         let out = command::run(tool, &args, MKFS_TIMEOUT)?;
         succeeded(tool, device, &out)
@@ -219,7 +207,7 @@ impl FsTools {
 /// `--legacy-xfs`'s mkfs.xfs options for the installed xfsprogs: the upstream driver's exact set,
 /// less `-i nrext64=0` where mkfs.xfs is too old to know it (it would refuse the option, and such
 /// an mkfs.xfs never makes the feature anyway).
-fn legacy_xfs_args(xfsprogs: Option<(u32, u32)>) -> Vec<String> {
+pub(crate) fn legacy_xfs_args(xfsprogs: Option<(u32, u32)>) -> Vec<String> {
     let mut args = vec!["-m".to_string(), LEGACY_XFS_FEATURES.to_string()];
     match xfsprogs {
         Some(v) if v >= NREXT64_SINCE => {

@@ -89,7 +89,7 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     let grown = match mounted {
         Some((fs, root)) => {
             held.reverify(ctx)?;
-            grow_if_needed(ctx, &journal, fs, device, &root.path_for_tools())
+            grow_if_needed(ctx, &journal, fs, device, &root)
                 .map_err(|e| explain_grow_failure(fs, e))?
         }
         None => false,

@@ -82,9 +82,10 @@ fn describe(sig: &Signature) -> String {
 /// ours; use an existing filesystem only if it is the requested one and, once we formatted the
 /// volume, only if it carries our UUID.
 pub fn decide(
+    ctx: &NodeCtx,
     vol: &str,
     fs: FsType,
-    device: &Path,
+    device: &VolumeDevice,
     format: Option<&FormatRecord>,
     probed: Probed,
     readonly: bool,
@@ -92,12 +93,12 @@ pub fn decide(
     let Probed { outcome, fs_bytes } = probed;
     let wrong = |reason: String| Error::WrongDevice {
         volume: vol.to_string(),
-        device: device.to_path_buf(),
+        device: device.path().to_path_buf(),
         reason,
     };
     match outcome {
         ProbeOutcome::Ambivalent => Err(Error::NotBlank {
-            device: device.to_path_buf(),
+            device: device.path().to_path_buf(),
             found: "several conflicting signatures (ambivalent probe)".into(),
         }),
         ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
@@ -124,7 +125,7 @@ pub fn decide(
             }
         }
         ProbeOutcome::Found(sig) => Err(Error::NotBlank {
-            device: device.to_path_buf(),
+            device: device.path().to_path_buf(),
             found: format!("it carries a {}, not the requested {fs}", describe(&sig)),
         }),
         ProbeOutcome::Blank => match format {
@@ -137,57 +138,86 @@ pub fn decide(
                 "volume {vol} has no filesystem and the capability is read-only: nothing to mount"
             ))),
             // Never format unless provably blank, an earlier attempt of ours included: a failed
-            // or interrupted mkfs licenses a redo only while the signature regions are still
-            // zero, or carry exactly the UUID that attempt chose.
-            intent => blank_or_ours(vol, device, intent),
+            // or interrupted mkfs licenses a redo only while the whole device is still proven
+            // blank, or its superblock carries exactly the UUID that attempt chose.
+            intent => blank_or_ours(ctx, vol, device, intent),
         },
     }
 }
 
-fn blank_or_ours(vol: &str, device: &Path, intent: Option<&FormatRecord>) -> Result<Decision> {
-    let size = loopdev::device_size(device)
-        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+fn blank_or_ours(
+    ctx: &NodeCtx,
+    vol: &str,
+    device: &VolumeDevice,
+    intent: Option<&FormatRecord>,
+) -> Result<Decision> {
+    let path = device.path();
+    let read_err = |e| Error::io(format!("reading {}", path.display()), e);
+    let size = loopdev::device_size_of(device.held.file())
+        .map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
     if size == 0 {
         return Err(Error::Precondition(format!(
             "{} has a size of 0 bytes (a detached loop device?)",
-            device.display()
+            path.display()
         )));
     }
-    let offset = match blank::first_nonzero_region(device, size)
-        .map_err(|e| Error::io(format!("reading {}", device.display()), e))?
-    {
-        None => {
-            let uuid = match intent {
-                Some(f) => f.uuid.clone(),
-                None => random_uuid()?,
-            };
-            return Ok(Decision::Format { uuid });
-        }
-        Some(offset) => offset,
+    let proof = prove_blank(ctx, device, size)?;
+    let Some(found) = proof.found else {
+        let uuid = match intent {
+            Some(f) => f.uuid.clone(),
+            None => random_uuid()?,
+        };
+        return Ok(Decision::Format { uuid });
     };
+    let covered = proof.coverage;
     let Some(f) = intent else {
         return Err(Error::NotBlank {
-            device: device.to_path_buf(),
-            found: format!("unrecognised data at byte {offset}"),
+            device: path.to_path_buf(),
+            found: format!("{}, found by {covered}", found.what),
         });
     };
-    if blank::carries_uuid(device, &f.uuid)
-        .map_err(|e| Error::io(format!("reading {}", device.display()), e))?
-    {
+    // Only our own mkfs wrote the superblock with the UUID it chose: the device was proven blank
+    // before that mkfs ran, and the volume was never mounted since.
+    if blank::carries_uuid(device.held.file(), &f.uuid).map_err(read_err)? {
         return Ok(Decision::Format {
             uuid: f.uuid.clone(),
         });
     }
     Err(Error::NotBlank {
-        device: device.to_path_buf(),
+        device: path.to_path_buf(),
         found: format!(
-            "unrecognised data at byte {offset}; an earlier mkfs of volume {vol} (UUID {}) \
-             failed or was interrupted, and since then the device was written by someone \
-             else. If that data is not wanted, wipe the device (wipefs -a, or zero its first \
-             and last MiB) and stage again",
-            f.uuid
+            "{}; an earlier mkfs of volume {vol} (UUID {}) failed or was interrupted, and what \
+             is on the device now cannot be told from data someone wrote since. If that data is \
+             not wanted, wipe the whole device (blkdiscard, or write zeroes over it) and stage \
+             again",
+            found.what, f.uuid
         ),
     })
+}
+
+/// The blank proof for this device: every allocated byte of its backing file where the backend
+/// has one (loop), the bounded windows of a block device otherwise.
+fn prove_blank(ctx: &NodeCtx, device: &VolumeDevice, size: u64) -> Result<blank::Proof> {
+    let path = device.path();
+    let dev = device.held.file();
+    let backing = ctx
+        .backend
+        .backing_file(dev, device.devnum(), &device.identity)
+        .map_err(|why| {
+            Error::Precondition(format!(
+                "{} cannot be proven blank, so it is not formatted: {why}",
+                path.display()
+            ))
+        })?;
+    let started = Instant::now();
+    let proof = match &backing {
+        Some(b) => blank::prove_backing(dev, b, size),
+        None => blank::prove_windows(dev, size),
+    }
+    .map_err(|e| Error::io(format!("proving {} blank", path.display()), e))?;
+    tracing::debug!(device = %path.display(), blank = proof.found.is_none(),
+        coverage = %proof.coverage, us = started.elapsed().as_micros() as u64, "blank proof");
+    Ok(proof)
 }
 
 pub fn format_record(

@@ -10,6 +10,7 @@ use super::NodeCtx;
 use super::journal::{Journal, detail};
 use super::path_string;
 use crate::error::{Error, Result};
+use crate::host::anchor::EntryFd;
 use crate::host::loopdev;
 use crate::request::FsType;
 
@@ -17,14 +18,18 @@ use crate::request::FsType;
 const GROW_SLACK: u64 = 1 << 20;
 
 /// Grows the filesystem when the device is larger (a snapshot restored into a bigger volume, or
-/// an expansion that happened while the volume was not staged).
+/// an expansion that happened while the volume was not staged). The mount is taken as its root
+/// held open (`root`), never as a path string: the size is asked of, and xfs_growfs pointed at,
+/// exactly the mount the caller proved to be the volume's.
 pub fn grow_if_needed(
     ctx: &NodeCtx,
     journal: &Journal<'_>,
     fs: FsType,
     device: &Path,
-    mount_point: &Path,
+    root: &EntryFd,
 ) -> Result<bool> {
+    let mount_point = root.path_for_tools();
+    let mount_point = mount_point.as_path();
     let fs_bytes = crate::host::fs_size::mounted_bytes(fs, device, mount_point)
         .map_err(|e| Error::io(format!("sizing the filesystem on {}", device.display()), e))?;
     grow_when_larger(journal, device, fs_bytes, true, || {

@@ -15,7 +15,7 @@ use super::device::VolumeDevice;
 use super::format::{Decision, Existing, decide, format_device, format_record, probe_with_size};
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
-use super::ownership::{Expected, Holder, holder};
+use super::ownership::{Expected, Holder, holder, holder_of};
 use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
 use crate::host::anchor::Anchored;
@@ -136,8 +136,22 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     }
 
     if !readonly && !size_settled {
+        // As NodeExpandVolume: the grow acts on the staging mount's root held open and proven
+        // the volume's, never on whatever the staging path names by the time a tool looks.
+        let root = staging
+            .open_entry()
+            .map_err(|e| Error::io(format!("opening {}", staging_path.display()), e))?;
+        if !matches!(
+            holder_of(ctx, &root, &staging, &expected)?,
+            Holder::Volume(_)
+        ) {
+            return Err(Error::Precondition(format!(
+                "{} no longer holds volume {vol}'s filesystem; it was not grown",
+                staging_path.display()
+            )));
+        }
         device.reverify(ctx)?;
-        grow_if_needed(ctx, &journal, fs, device.path(), staging_path)?;
+        grow_if_needed(ctx, &journal, fs, device.path(), &root)?;
     }
     record.progress = Progress::Complete;
     record.at_unix_ms = now_unix_ms();
@@ -209,8 +223,7 @@ impl MountSteps<'_> {
                 |w| w.put_staged(record),
             )
         };
-        let size_settled = match decide(vol, fs, device.path(), self.format, probed, self.readonly)?
-        {
+        let size_settled = match decide(ctx, vol, fs, device, self.format, probed, self.readonly)? {
             Decision::Format { uuid } => {
                 format_device(ctx, journal, fs, device, &uuid, &self.cmd.format)?;
                 mount_intent()?;

@@ -12,7 +12,7 @@ mod snapshots;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +25,7 @@ pub use snapshots::SnapshotQuery;
 
 use super::{Backend, ResolvedDevice};
 use crate::error::{Error, Result};
+use crate::host::blank::BackingFile;
 use crate::host::loopdev;
 use crate::request::VolumeId;
 
@@ -243,6 +244,46 @@ impl Backend for LoopBackend {
             _ => self.volumes_dir.join(format!("{volume}.img")),
         };
         file_identity(&file).ok()
+    }
+
+    /// The file the device is bound to, opened by the volume's path (or sysfs's) and kept only if
+    /// its inode is the one LOOP_GET_STATUS64 reports for the held device.
+    fn backing_file(
+        &self,
+        dev: &File,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<Option<BackingFile>, String> {
+        let what = format_args!("loop device {}:{}", devnum.0, devnum.1);
+        let (inode, offset) = match loopdev::backing_of(dev) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(format!("{what} is not attached to any file")),
+            Err(e) => return Err(format!("cannot read the backing file of {what}: {e}")),
+        };
+        let recorded = match identity {
+            DeviceIdentity::LoopFile { file, .. } => Some(file.clone()),
+            _ => None,
+        };
+        for path in recorded
+            .into_iter()
+            .chain(loopdev::backing_file_by_devnum(devnum))
+        {
+            let Ok(file) = File::options()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+            else {
+                continue;
+            };
+            if let Ok(meta) = file.metadata()
+                && (meta.dev(), meta.ino()) == inode
+            {
+                return Ok(Some(BackingFile { file, offset }));
+            }
+        }
+        Err(format!(
+            "the file bound to {what} cannot be opened to prove the device blank"
+        ))
     }
 
     fn refresh_size(&self, device: &Path) -> Result<()> {

@@ -289,6 +289,18 @@ pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
 /// keeps callers and tests simple).
 pub fn device_size(device: &Path) -> io::Result<u64> {
     let file = File::open(device)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() && !kind.is_block_device() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a block device", device.display()),
+        ));
+    }
+    device_size_of(&file)
+}
+
+/// As [`device_size`], of a device already open (the held one).
+pub fn device_size_of(file: &File) -> io::Result<u64> {
     let meta = file.metadata()?;
     if meta.file_type().is_file() {
         return Ok(meta.len());
@@ -296,7 +308,7 @@ pub fn device_size(device: &Path) -> io::Result<u64> {
     if !meta.file_type().is_block_device() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{} is not a block device", device.display()),
+            "not a block device",
         ));
     }
     let mut size: u64 = 0;
@@ -309,7 +321,8 @@ pub fn device_size(device: &Path) -> io::Result<u64> {
 pub mod overlay;
 mod query;
 pub use query::{
-    backing_file, backing_file_by_devnum, backing_inode, backing_inode_of, find_by_backing_inode,
+    backing_file, backing_file_by_devnum, backing_inode, backing_inode_of, backing_of,
+    find_by_backing_inode,
 };
 
 /// Helpers shared by the root-only tests of this module and `blkid`.

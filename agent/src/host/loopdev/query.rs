@@ -36,15 +36,27 @@ pub fn backing_inode(device: &Path) -> Result<Option<(u64, u64)>, LoopError> {
 /// (st_dev, st_ino) of the backing file of the loop device open as `dev`: asked of the very
 /// device the caller holds, not of whatever a path names now.
 pub fn backing_inode_of(dev: &File) -> io::Result<Option<(u64, u64)>> {
-    status_inode(dev).map_err(io::Error::from)
+    backing_of(dev).map(|b| b.map(|(inode, _)| inode))
+}
+
+/// (st_dev, st_ino) of the backing file of the loop device open as `dev`, and the offset in that
+/// file at which the device starts.
+pub fn backing_of(dev: &File) -> io::Result<Option<((u64, u64), u64)>> {
+    status(dev)
+        .map(|i| i.map(|i| ((i.lo_device, i.lo_inode), i.lo_offset)))
+        .map_err(io::Error::from)
 }
 
 fn status_inode(dev: &File) -> Result<Option<(u64, u64)>, Errno> {
+    status(dev).map(|i| i.map(|i| (i.lo_device, i.lo_inode)))
+}
+
+fn status(dev: &File) -> Result<Option<LoopInfo64>, Errno> {
     let mut info = LoopInfo64::zeroed();
     // SAFETY: dev is an open fd; &mut info is a valid, writable loop_info64 that outlives the
     // call.
     match unsafe { sys::loop_get_status64(dev.as_raw_fd(), &mut info) } {
-        Ok(_) => Ok(Some((info.lo_device, info.lo_inode))),
+        Ok(_) => Ok(Some(info)),
         Err(Errno::ENXIO) => Ok(None),
         Err(e) => Err(e),
     }
