@@ -19,8 +19,10 @@ fi
 export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares ${FUZZ_RUSTFLAGS:-}"
-# The main workspace's CARGO_TARGET_DIR, if set, must not receive instrumented builds.
-export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$PWD/target}"
+# The main workspace's CARGO_TARGET_DIR, if set, must not receive instrumented builds: they go to
+# a directory of their own (their RUSTFLAGS differ, so sharing one would rebuild both each time),
+# inside the main target/ so that one `cargo clean` or `du -sh target` covers every build.
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$PWD/../target/fuzz}"
 # An explicit --target keeps RUSTFLAGS off build scripts and proc macros (which would not link).
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 profile="${FUZZ_PROFILE:-release}"

@@ -60,12 +60,14 @@ pub enum Command {
     Doctor(crate::doctor::DoctorArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
+        /// The shell to write the script for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
     /// Print the man page (roff) to stdout, or with --dir write ebs-node-agent.1 and one page
     /// per subcommand (ebs-node-agent-serve.1, ...) into that directory.
     Man {
+        /// Write the pages into this directory instead of printing the main page.
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -152,6 +154,7 @@ pub struct ServeArgs {
     /// Staging and target paths must lie under one of these (repeatable; env: comma-separated).
     #[arg(long = "allowed-path-prefix", env = "EBS_AGENT_ALLOWED_PATH_PREFIXES", value_delimiter = ',', value_parser = crate::request::parse_prefix)]
     pub allowed_path_prefixes: Vec<PathBuf>,
+    /// Log lines as text, or one JSON object per line.
     #[arg(
         long,
         alias = "logging-format",
@@ -271,17 +274,20 @@ impl ServeArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
+    /// The state directory to read when no agent answers on --endpoint.
     #[arg(long, env = "EBS_AGENT_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Ask the running agent on this socket first (redb locks its file while the agent runs).
     #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT, value_parser = Endpoint::parse_arg)]
     pub endpoint: Endpoint,
+    /// Print one JSON object (for scripts) instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct RecoverArgs {
+    /// The state directory whose state file to rebuild or reset.
     #[arg(long, env = "EBS_AGENT_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Rebuild staged volumes and publications from /proc/self/mountinfo.

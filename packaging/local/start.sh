@@ -6,7 +6,8 @@
 # the same socket and prefix (tests/tests/readme.rs checks that they agree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bash tests/deps.sh
+# Only what building and running the agent needs (tests/deps.sh adds the test lab).
+bash packaging/local/deps.sh
 cargo build --release --locked --bin ebs-node-agent
 endpoint="${CSI_ENDPOINT:-unix:///run/ebs-node-agent/csi.sock}"
 state_dir="${EBS_AGENT_STATE_DIR:-/var/lib/ebs-node-agent}"
@@ -19,7 +20,9 @@ mkdir -p "$mounts"
 install -d -m 0700 "$state_dir"
 cat <<MSG
 ebs-node-agent (loop backend) on $endpoint, state in $state_dir, mounts below $mounts.
-In another shell (README.md, Quick start, has the whole lifecycle):
+In another shell (README.md, Quick start, has the whole lifecycle; its checkout line is
+  R=$PWD
+):
   $bin client --endpoint $endpoint identity info
   $bin client --endpoint $endpoint controller create-volume --name demo --size 1GiB
   $bin status --endpoint $endpoint

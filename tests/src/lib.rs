@@ -14,6 +14,7 @@ pub mod k8s;
 pub mod legacy;
 pub mod log_writes;
 pub mod seccomp;
+pub mod tools;
 
 pub use agent::{Agent, AgentOpts, channel};
 
@@ -49,11 +50,32 @@ pub fn require_root(test: &str) -> bool {
     if is_root() {
         return true;
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
+    if is_ci() {
         panic!("{test} needs root and CI=true: refusing to skip");
     }
-    eprintln!("skipping {test}: needs root");
+    skip(test, "needs root");
     false
+}
+
+/// CI=true: nothing may skip there.
+pub fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// A test that returns early without checking anything says so out loud: cargo shows it as
+/// "ok", so the line also goes to `$EBS_SKIP_LOG`, which `tests/run.sh` prints in its summary.
+pub fn skip(test: &str, reason: &str) {
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    eprint!("{line}");
+    if let Some(log) = std::env::var_os("EBS_SKIP_LOG") {
+        use std::io::Write;
+        // One append-mode write per line: parallel tests never interleave within a line.
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
 }
 
 /// A scratch directory that, when dropped, unmounts everything below it, detaches loop devices

@@ -1,13 +1,16 @@
 //! csi-sanity, the CSI community's conformance suite (kubernetes-csi/csi-test), in mount mode
 //! and in block mode against `serve --backend loop --mode all`: every spec must pass or be
 //! skipped for a capability the plugin does not advertise, and at least 75 must pass per mode.
-//! The binary is `$CSI_SANITY`, or `shared/tools/csi-sanity` beside the checkout or above it; outside CI
-//! the test skips when it is absent, under CI=true it fails.
+//! The binary is found by `tests/tools.sh` (`$CSI_SANITY`, then `shared/tools/csi-sanity` beside
+//! the checkout or above it, then what `tests/run.sh` built into `target/tools/`); outside CI the
+//! test skips when it is absent (listed as SKIPPED in run.sh's summary), under CI=true it fails at
+//! once, saying how to provide it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ebs_tests::tools::tool;
 use ebs_tests::*;
 
 const MIN_PASSED: usize = 75;
@@ -16,42 +19,17 @@ const MIN_PASSED: usize = 75;
 const ATTACH_LIMIT: &str = "4";
 
 fn sanity_binary(test: &str) -> Option<PathBuf> {
-    let (found, looked) = match std::env::var_os("CSI_SANITY") {
-        Some(p) => {
-            let p = PathBuf::from(p);
-            (p.is_file().then(|| p.clone()), p.display().to_string())
+    match tool("csi-sanity") {
+        Ok(bin) => Some(bin),
+        Err(what_to_do) if is_ci() => {
+            panic!("{test}: CI=true: refusing to skip.\n{what_to_do}")
         }
-        None => (
-            beside_the_checkout(),
-            "shared/tools/csi-sanity beside the checkout or above it, or in /work/shared/tools"
-                .to_string(),
-        ),
-    };
-    if found.is_some() {
-        return found;
+        Err(what_to_do) => {
+            let one_line: Vec<&str> = what_to_do.split_whitespace().collect();
+            skip(test, &one_line.join(" "));
+            None
+        }
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!(
-            "{test}: csi-sanity is missing ({looked}) and CI=true: refusing to skip (set CSI_SANITY)"
-        );
-    }
-    eprintln!("skipping {test}: no csi-sanity ({looked}; set CSI_SANITY to its path)");
-    None
-}
-
-/// `shared/tools/csi-sanity` beside the checkout or beside any directory above it (a clone made
-/// elsewhere, as CI's, sits deeper than the project root), then the machine's copy in
-/// `/work/shared/tools`.
-fn beside_the_checkout() -> Option<PathBuf> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let repo = repo.canonicalize().unwrap_or(repo);
-    repo.ancestors()
-        .skip(1)
-        .map(|dir| dir.join("shared/tools/csi-sanity"))
-        .chain(std::iter::once(PathBuf::from(
-            "/work/shared/tools/csi-sanity",
-        )))
-        .find(|p| p.is_file())
 }
 
 #[derive(Debug, Default)]

@@ -27,7 +27,7 @@ async fn a_path_check_hanging_below_a_dead_mount_leaves_probe_and_other_volumes_
             Ok("true"),
             "{test} needs /dev/fuse and CI=true: refusing to skip"
         );
-        eprintln!("skipping {test}: no /dev/fuse");
+        skip(test, "no /dev/fuse");
         return;
     }
     let scratch = Scratch::new("hung-paths");

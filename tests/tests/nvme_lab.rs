@@ -16,8 +16,9 @@ fn nvme_lab_lifecycle_in_a_qemu_guest() {
             std::env::var("CI").as_deref() != Ok("true"),
             "qemu-system-x86_64 is missing under CI=true: tests/deps.sh should have installed it"
         );
-        eprintln!(
-            "skipping the NVMe lab: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86 busybox-static)"
+        ebs_tests::skip(
+            "nvme_lab_lifecycle_in_a_qemu_guest",
+            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86 busybox-static)",
         );
         return;
     }
@@ -42,7 +43,10 @@ fn nvme_lab_lifecycle_in_a_qemu_guest() {
         started.elapsed().as_secs_f64()
     );
     if out.status.code() == Some(3) && std::env::var("CI").as_deref() != Ok("true") {
-        eprintln!("skipping the NVMe lab: a prerequisite is missing (see above)");
+        ebs_tests::skip(
+            "nvme_lab_lifecycle_in_a_qemu_guest",
+            "a prerequisite is missing (see its LAB lines)",
+        );
         return;
     }
     assert!(

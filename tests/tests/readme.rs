@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use ebs_tests::*;
 
-const README_BIN: &str = "target/release/ebs-node-agent";
+/// The checkout line (start.sh prints the real one), and the binary below it.
+const README_CHECKOUT: &str = "R=~/ebs-node-agent";
+const README_BIN: &str = "$R/target/release/ebs-node-agent";
 const README_ENDPOINT: &str = "unix:///run/ebs-node-agent/csi.sock";
 const README_MOUNTS: &str = "/mnt/ebs-node-agent";
 
@@ -34,6 +36,23 @@ fn runnable_blocks(markdown: &str) -> Vec<String> {
     }
     assert!(current.is_none(), "an unclosed runnable block");
     blocks
+}
+
+/// Every path below `dir`, relative, sorted.
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            out.push(path.strip_prefix(root).unwrap_or(&path).to_path_buf());
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(root, &path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
 }
 
 #[test]
@@ -72,9 +91,15 @@ async fn the_quick_start_runs_and_leaves_the_host_clean() {
     assert!(blocks.len() >= 2, "the lifecycle and its teardown");
     let scratch = Scratch::new("readme");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let work_before = entries(&agent.work);
     let bin: PathBuf = agent_bin();
-    let script = blocks
-        .join("\n")
+    let script = blocks.join("\n");
+    assert!(
+        script.contains(README_CHECKOUT) && script.contains(README_BIN),
+        "the blocks say where the checkout is and name the binary below it:\n{script}"
+    );
+    let script = script
+        .replace(README_CHECKOUT, "R=/nonexistent")
         .replace(README_BIN, bin.to_str().unwrap())
         .replace(README_ENDPOINT, &agent.endpoint())
         .replace(README_MOUNTS, agent.work.to_str().unwrap());
@@ -82,8 +107,12 @@ async fn the_quick_start_runs_and_leaves_the_host_clean() {
         !script.contains("/run/ebs-node-agent") && !script.contains("/var/lib/ebs-node-agent"),
         "the blocks name only what the test replaces:\n{script}"
     );
+    // From a directory that is not the checkout: the blocks must not depend on where they run.
+    let elsewhere = scratch.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
     let out = std::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(&elsewhere)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -98,8 +127,13 @@ async fn the_quick_start_runs_and_leaves_the_host_clean() {
         "{stdout}"
     );
 
-    // Nothing left: no mounts, no loop devices, no volumes.
+    // Nothing left: no mounts, no loop devices, no volumes, no directories.
     assert!(mounts_below(&agent.work).is_empty(), "mounts left");
+    assert_eq!(
+        entries(&agent.work),
+        work_before,
+        "files or directories left below the mount prefix"
+    );
     assert!(
         loops_below(&agent.state_dir).is_empty(),
         "loop devices left"

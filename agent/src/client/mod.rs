@@ -29,10 +29,13 @@ pub struct ClientArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum Call {
+    /// Identity service: the plugin's name, capabilities and readiness.
     #[command(subcommand)]
     Identity(IdentityCall),
+    /// Controller service: create, attach, expand, list and delete volumes.
     #[command(subcommand)]
     Controller(ControllerCall),
+    /// Node service: stage, publish, expand and inspect volumes on this host.
     #[command(subcommand)]
     Node(NodeCall),
     /// Time the node cycle against the same host work done directly (see docs/performance.md).
@@ -41,8 +44,11 @@ pub enum Call {
 
 #[derive(Subcommand, Debug)]
 pub enum IdentityCall {
+    /// GetPluginInfo: the driver's name and version.
     Info,
+    /// GetPluginCapabilities: which services and features the plugin offers.
     Capabilities,
+    /// Probe: whether the plugin is ready, and what it lacks when not.
     Probe,
 }
 
@@ -64,10 +70,13 @@ pub struct CapArgs {
     /// Raw block access instead of a filesystem.
     #[arg(long)]
     pub block: bool,
+    /// Filesystem to format with and mount (ext4, xfs); ignored with --block.
     #[arg(long, default_value = "ext4")]
     pub fs_type: String,
+    /// A mount option such as noatime; repeat for more.
     #[arg(long = "mount-flag")]
     pub mount_flags: Vec<String>,
+    /// The access mode of the volume capability.
     #[arg(long, value_enum, default_value = "single-node-writer")]
     pub mode: ModeArg,
 }
@@ -76,11 +85,13 @@ pub struct CapArgs {
 pub enum ControllerCall {
     /// CreateVolume: make a volume (idempotent by name).
     CreateVolume {
+        /// The volume's name; the same name returns the same volume.
         #[arg(long)]
         name: String,
         /// Size such as 1GiB, 512MiB or a number of bytes.
         #[arg(long, default_value = "1GiB", value_parser = parse_size)]
         size: u64,
+        /// A CreateVolume parameter (key=value), e.g. type=gp3; repeat for more.
         #[arg(long = "param", value_parser = parse_kv)]
         params: Vec<(String, String)>,
         #[command(flatten)]
@@ -88,15 +99,19 @@ pub enum ControllerCall {
     },
     /// DeleteVolume.
     DeleteVolume {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
     },
     /// ControllerPublishVolume: attach a volume to a node.
     Publish {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// The node to attach to (NodeGetInfo's node_id).
         #[arg(long)]
         node_id: String,
+        /// Attach read-only.
         #[arg(long)]
         readonly: bool,
         #[command(flatten)]
@@ -104,22 +119,28 @@ pub enum ControllerCall {
     },
     /// ControllerUnpublishVolume: detach a volume from a node.
     Unpublish {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// The node to attach to (NodeGetInfo's node_id).
         #[arg(long)]
         node_id: String,
     },
     /// ControllerExpandVolume.
     Expand {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// The new size, such as 2GiB or a number of bytes.
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },
     /// ListVolumes.
     ListVolumes {
+        /// At most this many entries (0: as many as the plugin returns).
         #[arg(long, default_value_t = 0)]
         max_entries: i32,
+        /// Continue from the next_token of an earlier answer.
         #[arg(long, default_value = "")]
         starting_token: String,
     },
@@ -133,13 +154,16 @@ pub enum ControllerCall {
 pub enum NodeCall {
     /// NodeStageVolume: format if provably blank, check, mount at the staging path.
     Stage {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// The staging path: the volume's mount (or device record) on this host.
         #[arg(long)]
         staging_path: String,
         /// publish_context entries (key=value), e.g. devicePath=/dev/loop3.
         #[arg(long = "publish-context", value_parser = parse_kv)]
         publish_context: Vec<(String, String)>,
+        /// volume_context entries (key=value), as CreateVolume returned them.
         #[arg(long = "context", value_parser = parse_kv)]
         volume_context: Vec<(String, String)>,
         #[command(flatten)]
@@ -147,19 +171,25 @@ pub enum NodeCall {
     },
     /// NodeUnstageVolume.
     Unstage {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// The staging path: the volume's mount (or device record) on this host.
         #[arg(long)]
         staging_path: String,
     },
     /// NodePublishVolume: bind the staged volume into a target path.
     Publish {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// The staging path: the volume's mount (or device record) on this host.
         #[arg(long)]
         staging_path: String,
+        /// The target path: where the workload sees the volume.
         #[arg(long)]
         target_path: String,
+        /// Publish read-only.
         #[arg(long)]
         readonly: bool,
         #[command(flatten)]
@@ -167,24 +197,31 @@ pub enum NodeCall {
     },
     /// NodeUnpublishVolume.
     Unpublish {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// The target path: where the workload sees the volume.
         #[arg(long)]
         target_path: String,
     },
     /// NodeGetVolumeStats: usage and volume condition.
     Stats {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// A path where the volume is staged or published.
         #[arg(long)]
         volume_path: String,
     },
     /// NodeExpandVolume: grow the filesystem to the device size.
     Expand {
+        /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
         id: String,
+        /// A path where the volume is staged or published.
         #[arg(long)]
         volume_path: String,
+        /// The new size, such as 2GiB or a number of bytes.
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },

@@ -138,7 +138,8 @@ mod tests {
 
     #[test]
     fn a_tmpfs_mount_is_seen_with_its_facts() {
-        if !nix::unistd::geteuid().is_root() {
+        if !crate::host::loopdev::test_support::root_or_skip("a_tmpfs_mount_is_seen_with_its_facts")
+        {
             return;
         }
         let dir = TempDir::new("mounts-tmpfs");

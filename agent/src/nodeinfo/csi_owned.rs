@@ -150,9 +150,7 @@ mod tests {
         let t = table(&[
             "20 1 259:0 / / rw - ext4 /dev/nvme0n1p1 rw",
             &format!("30 20 259:3 / {k}/{DRIVER}/abc/globalmount rw - ext4 /dev/nvme1n1 rw"),
-            &format!(
-                "31 20 259:4 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/pv/mount rw - xfs /dev/nvme2n1 rw"
-            ),
+            "31 20 259:4 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/pv/mount rw - xfs /dev/nvme2n1 rw",
             &format!("32 20 0:5 /nvme3n1 {k}/volumeDevices/publish/pv-b/pod rw - devtmpfs udev rw"),
             &format!(
                 "33 20 259:6 / {k}/other.csi.example.com/abc/globalmount rw - ext4 /dev/nvme4n1 rw"

@@ -186,7 +186,7 @@ fn power_loss_at_every_flush_point() {
                 s.spawn(move || match record::record(fs)? {
                     Recorded::Missing(why) => {
                         assert!(!ci, "a prerequisite is missing under CI=true: {why}");
-                        eprintln!("skipping the power-loss test: {why}");
+                        ebs_tests::skip("power_loss_at_every_flush_point", &why);
                         Ok(None)
                     }
                     Recorded::Done(rec) => replay_all(&rec).map(Some),

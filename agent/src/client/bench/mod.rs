@@ -43,6 +43,7 @@ pub struct BenchArgs {
     /// Size of each volume.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub size: u64,
+    /// Filesystem of the bench's volumes (ext4, xfs).
     #[arg(long, default_value = "ext4")]
     pub fs_type: String,
     /// Where staging and target paths are made: must lie below one of the agent's allowed path
@@ -67,6 +68,7 @@ pub struct BenchArgs {
     /// --restart-volumes staged and published volumes.
     #[arg(long)]
     pub restart_check: bool,
+    /// How many volumes the restarted agent holds (--restart-check).
     #[arg(long, default_value_t = 128)]
     pub restart_volumes: usize,
     /// How many kill -9 / restart rounds; the median is reported.

@@ -10,8 +10,23 @@ pub fn root_or_skip(test: &str) -> bool {
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("{test}: requires root, and CI=true forbids skipping");
     }
-    eprintln!("{test}: skipped (requires root)");
+    skip(test, "requires root");
     false
+}
+
+/// As `ebs_tests::skip`: cargo shows a skipped test as "ok", so the skip is printed and added
+/// to `$EBS_SKIP_LOG`, which `tests/run.sh` lists in its summary.
+pub fn skip(test: &str, reason: &str) {
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    eprint!("{line}");
+    if let Some(log) = std::env::var_os("EBS_SKIP_LOG") {
+        use std::io::Write;
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
 }
 
 /// A sparse file removed on drop, even when the test panics.
