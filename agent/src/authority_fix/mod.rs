@@ -40,7 +40,7 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub use rewriter::{Refused, Rewriter};
+pub use rewriter::{HeaderList, Refused, Rewriter, decode_bounded};
 
 /// An accepted connection with the rewriter on its read side.
 pub struct AuthorityFix<S> {

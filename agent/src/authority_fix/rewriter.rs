@@ -246,27 +246,25 @@ impl Rewriter {
 }
 
 /// A decoded header list.
-pub(super) type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
+pub type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// Decodes a whole block (the dynamic table must follow every one of them), keeping the fields
 /// only while their list stays within [`MAX_HEADER_LIST`]: None once it is larger. Counted per
 /// field as it is decoded, before it is copied: an indexed field of one byte can stand for a
 /// table entry of 4 KiB, so the block's own size bounds nothing.
-pub(super) fn decode_bounded(
+pub fn decode_bounded(
     decoder: &mut loona_hpack::Decoder<'static>,
     fragment: &[u8],
 ) -> Result<Option<HeaderList>, loona_hpack::decoder::DecoderError> {
     let mut size = 0usize;
-    let mut list = Some(Vec::new());
+    let mut list = Vec::new();
     decoder.decode_with_cb(fragment, |name, value| {
         size = size.saturating_add(name.len() + value.len() + 32);
-        if size > MAX_HEADER_LIST {
-            list = None;
-        } else if let Some(l) = list.as_mut() {
-            l.push((name.into_owned(), value.into_owned()));
+        if size <= MAX_HEADER_LIST {
+            list.push((name.into_owned(), value.into_owned()));
         }
     })?;
-    Ok(list)
+    Ok((size <= MAX_HEADER_LIST).then_some(list))
 }
 
 /// What h2 accepts as `:authority`.
