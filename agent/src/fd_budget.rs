@@ -1,19 +1,11 @@
 //! Where the agent's file descriptors go. Host work (mkfs, fsck, mount, the state file, udev)
 //! needs descriptors at unpredictable moments, and a peer must never be able to use them up:
-//! every listener caps its connections, and the caps together take at most a quarter of
-//! RLIMIT_NOFILE, so three quarters always remain for host work however the ports are flooded.
+//! every listener caps its connections (the gRPC sockets' caps are applied in `connections`),
+//! and the caps together take at most a quarter of RLIMIT_NOFILE, so three quarters always
+//! remain for host work however the ports are flooded.
 //! The soft limit is first raised to the hard one (systemd's default soft limit is 1024).
 
-use std::io;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
-
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 
 /// How many connections each listener may hold open, derived from the descriptor limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,104 +74,6 @@ pub fn raise_nofile_limit() -> Budget {
     budget
 }
 
-/// A connection that holds one of its listener's slots until it is dropped.
-pub struct Capped<IO> {
-    io: IO,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Capped<IO> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Capped<IO> {
-    type ConnectInfo = IO::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
-    }
-}
-
-/// A gRPC socket's incoming connections, at most `cap` open at once: the next client waits in
-/// the kernel's backlog until one closes (a CO retries; nothing is refused). Accept errors
-/// (EMFILE) back off instead of spinning. The accept task ends when the server drops the stream.
-pub fn capped_incoming(
-    listener: UnixListener,
-    cap: usize,
-) -> ReceiverStream<io::Result<Capped<UnixStream>>> {
-    let (tx, rx) = mpsc::channel(1);
-    let slots = Arc::new(Semaphore::new(cap));
-    tokio::spawn(async move {
-        loop {
-            let slot = tokio::select! {
-                _ = tx.closed() => return,
-                slot = Arc::clone(&slots).acquire_owned() => match slot {
-                    Ok(slot) => slot,
-                    Err(_) => return,
-                },
-            };
-            let accepted = tokio::select! {
-                _ = tx.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((io, _)) => {
-                    if tx.send(Ok(Capped { io, _slot: slot })).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "gRPC socket: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    });
-    ReceiverStream::new(rx)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,35 +92,5 @@ mod tests {
         let b = Budget::for_limit(64);
         assert_eq!((b.metrics_connections, b.grpc_connections), (4, 8));
         assert_eq!(Budget::for_limit(8).reserve(), 0);
-    }
-
-    #[tokio::test]
-    async fn the_cap_holds_further_clients_in_the_backlog() {
-        use tokio_stream::StreamExt;
-        let dir = std::env::temp_dir().join(format!("fd-budget-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("s.sock");
-        let _ = std::fs::remove_file(&path);
-        let mut incoming = capped_incoming(UnixListener::bind(&path).unwrap(), 2);
-        let _clients: Vec<_> = futures_connect(&path, 3).await;
-        let first = incoming.next().await.unwrap().unwrap();
-        let _second = incoming.next().await.unwrap().unwrap();
-        let third = tokio::time::timeout(Duration::from_millis(300), incoming.next()).await;
-        assert!(third.is_err(), "a third connection got past a cap of 2");
-        drop(first);
-        let third = tokio::time::timeout(Duration::from_secs(5), incoming.next()).await;
-        assert!(
-            matches!(third, Ok(Some(Ok(_)))),
-            "a freed slot admits the next"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    async fn futures_connect(path: &std::path::Path, n: usize) -> Vec<UnixStream> {
-        let mut v = Vec::new();
-        for _ in 0..n {
-            v.push(UnixStream::connect(path).await.unwrap());
-        }
-        v
     }
 }

@@ -281,7 +281,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }
         None => None,
     };
-    let router = tonic::transport::Server::builder().add_service(
+    let router = crate::connections::server().add_service(
         ebs_proto::admin::admin_server::AdminServer::new(grpc::admin::AdminService {
             store: Arc::clone(&store),
             state_dir: args.state_dir.clone(),
@@ -321,9 +321,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         grpc::versions::add_services(router, &args.csi_versions, services, &args.state_dir);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    // Every accepted connection (at most the descriptor budget's share at once) gets the
-    // :authority fix (see authority_fix).
-    let incoming = crate::fd_budget::capped_incoming(listener, fds.grpc_connections)
+    // Every accepted connection (at most the descriptor budget's share at once, none holding a
+    // slot idly while another waits: see connections) gets the :authority fix (authority_fix).
+    let incoming = crate::connections::incoming(listener, fds.grpc_connections)
         .map(|conn| conn.map(crate::authority_fix::AuthorityFix::new));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = stop_rx.await;

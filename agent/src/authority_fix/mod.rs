@@ -18,6 +18,14 @@
 //! cannot read is passed on as it is, and everything after it: h2 then fails the connection
 //! with its own error, as it would without this layer.
 //!
+//! Memory is bounded per connection, whatever the client sends (docs/resources.md): at most one
+//! frame of h2's maximum size is buffered (a larger one is handed to h2 unbuffered, which
+//! refuses it), a header block at most four times h2's header list limit, and a decoded list at
+//! most that limit, counted field by field while decoding (one indexed byte can stand for a
+//! 4 KiB field). A block over a limit goes on to h2 as it came, to be refused by h2's own
+//! limits; on a connection already re-encoded (h2's table no longer follows the client's) it
+//! ends the connection with GOAWAY(PROTOCOL_ERROR).
+//!
 //! Dropping it: once h2 accepts such authorities (PR #487 or its successor is released and
 //! tonic depends on it), remove `AuthorityFix::new` from `server::serve` and this module; the
 //! test `path_authority` in tests/tests/grpc_clients.rs then shows whether h2 alone suffices.
@@ -32,7 +40,7 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub use rewriter::Rewriter;
+pub use rewriter::{HeaderList, Refused, Rewriter, decode_bounded};
 
 /// An accepted connection with the rewriter on its read side.
 pub struct AuthorityFix<S> {
@@ -41,6 +49,8 @@ pub struct AuthorityFix<S> {
     out: Vec<u8>,
     out_at: usize,
     eof: bool,
+    /// Once `out` is delivered, reads fail with this: the connection ends.
+    refused: Option<Refused>,
 }
 
 impl<S> AuthorityFix<S> {
@@ -51,6 +61,7 @@ impl<S> AuthorityFix<S> {
             out: Vec::new(),
             out_at: 0,
             eof: false,
+            refused: None,
         }
     }
 }
@@ -73,6 +84,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 }
                 return Poll::Ready(Ok(()));
             }
+            if let Some(why) = this.refused {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
+            }
             if this.eof {
                 return Poll::Ready(Ok(()));
             }
@@ -83,8 +97,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 // The client is gone: an unfinished frame goes to h2 as it is.
                 this.eof = true;
                 this.rewriter.give_up(0, &mut this.out);
-            } else {
-                this.rewriter.feed(read.filled(), &mut this.out);
+            } else if let Err(why) = this.rewriter.feed(read.filled(), &mut this.out) {
+                this.refused = Some(why);
             }
         }
     }

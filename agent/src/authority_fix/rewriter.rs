@@ -2,17 +2,21 @@
 
 const PREFACE_LEN: usize = 24;
 pub(super) const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
+pub(super) const CONTINUATION: u8 = 0x9;
 pub(super) const END_STREAM: u8 = 0x1;
 pub(super) const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
-/// h2's SETTINGS_MAX_FRAME_SIZE (the default; tonic does not change it): what we may send.
-const MAX_FRAME: usize = 16_384;
-/// Larger frames or header blocks are not ours to judge: passed on, h2 refuses them.
-const MAX_BUFFERED: usize = 1 << 20;
-/// h2's SETTINGS_HEADER_TABLE_SIZE (the default): the most a client's dynamic table may hold.
-const CLIENT_TABLE_MAX: usize = 4096;
+/// The largest frame h2 takes (what the server advertises): a larger one is passed on
+/// unbuffered, and h2 answers it with GOAWAY(FRAME_SIZE_ERROR) before reading its payload.
+pub(super) const MAX_FRAME: usize = crate::connections::MAX_FRAME_SIZE as usize;
+/// The largest decoded header list (names, values, 32 bytes per field) ever held.
+pub(super) const MAX_HEADER_LIST: usize = crate::connections::MAX_HEADER_LIST_SIZE as usize;
+/// The most a header block may weigh as sent (its frames, headers and padding included) to be
+/// buffered: four times the list limit, as h2's "way too large" rule.
+pub(super) const MAX_BLOCK: usize = 4 * MAX_HEADER_LIST;
+/// The client's dynamic table may never be larger than the server's SETTINGS allow.
+const CLIENT_TABLE_MAX: usize = crate::connections::HEADER_TABLE_SIZE;
 const REPLACEMENT: &[u8] = b"localhost";
 
 /// The client-to-server rewriter: bytes in, bytes for h2 out. No I/O: testable as it is.
@@ -27,7 +31,22 @@ pub struct Rewriter {
     rewriting: bool,
     /// The stream could not be followed: everything passes through unchanged.
     passthrough: bool,
+    /// A re-encoded connection sent a block it may not: h2 has been told to end the
+    /// connection and nothing more is read.
+    refused: bool,
 }
+
+/// Why a connection's bytes no longer reach h2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused(pub &'static str);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request headers refused: {}", self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 struct Block {
     stream: u32,
@@ -49,13 +68,18 @@ impl Default for Rewriter {
             decoder,
             rewriting: false,
             passthrough: false,
+            refused: false,
         }
     }
 }
 
 impl Rewriter {
-    /// Takes bytes read from the client and appends what h2 should read to `out`.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
+    /// Takes bytes read from the client and appends what h2 should read to `out`. An error
+    /// ends the connection: what `out` holds then makes h2 answer GOAWAY(PROTOCOL_ERROR).
+    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), Refused> {
+        if self.refused {
+            return Err(Refused("the connection is closing"));
+        }
         if self.preface_left > 0 {
             let n = self.preface_left.min(input.len());
             out.extend_from_slice(&input[..n]);
@@ -64,16 +88,16 @@ impl Rewriter {
         }
         if self.passthrough {
             out.extend_from_slice(input);
-            return;
+            return Ok(());
         }
         self.pending.extend_from_slice(input);
         let mut at = 0;
         while self.pending.len() - at >= 9 {
             let head = &self.pending[at..at + 9];
             let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
-            if len > MAX_BUFFERED {
+            if len > MAX_FRAME {
                 self.give_up(at, out);
-                return;
+                return Ok(());
             }
             if self.pending.len() - at < 9 + len {
                 break;
@@ -86,14 +110,19 @@ impl Rewriter {
             }
             let frame = self.pending[at..at + 9 + len].to_vec();
             at += 9 + len;
-            self.frame(&frame, out);
+            if let Err(e) = self.frame(&frame, out) {
+                self.pending = Vec::new();
+                self.block = None;
+                return Err(e);
+            }
             if self.passthrough {
                 out.extend_from_slice(&self.pending[at..]);
                 self.pending.clear();
-                return;
+                return Ok(());
             }
         }
         self.pending.drain(..at);
+        Ok(())
     }
 
     /// Stops following: what is buffered goes out as it came, and so does the rest.
@@ -106,7 +135,7 @@ impl Rewriter {
         self.passthrough = true;
     }
 
-    fn frame(&mut self, frame: &[u8], out: &mut Vec<u8>) {
+    fn frame(&mut self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), Refused> {
         let (kind, flags) = (frame[3], frame[4]);
         let stream = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
         let payload = &frame[9..];
@@ -124,43 +153,70 @@ impl Rewriter {
                 None => return self.passthrough_frame(frame, out),
             },
             (CONTINUATION, Some(b)) if b.stream == stream => {
+                if b.raw.len() + frame.len() > MAX_BLOCK {
+                    // Not buffered further. h2 refuses such a block by its own limits (if it
+                    // follows the client's table); a re-encoded connection is ended here.
+                    if self.rewriting {
+                        return Err(self.refuse(stream, "header block too large", out));
+                    }
+                    return self.passthrough_frame(frame, out);
+                }
                 b.fragment.extend_from_slice(payload);
                 b.raw.extend_from_slice(frame);
-                if b.raw.len() > MAX_BUFFERED {
-                    return self.passthrough_frame(&[], out);
-                }
             }
             // Anything else inside a header block breaks the protocol: h2 will say so.
             (_, Some(_)) => return self.passthrough_frame(frame, out),
             (_, None) => {
                 out.extend_from_slice(frame);
-                return;
+                return Ok(());
             }
         }
         if flags & END_HEADERS != 0
             && let Some(block) = self.block.take()
         {
-            self.finish(block, out);
+            return self.finish(block, out);
         }
+        Ok(())
     }
 
-    fn passthrough_frame(&mut self, frame: &[u8], out: &mut Vec<u8>) {
+    fn passthrough_frame(&mut self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), Refused> {
         if let Some(b) = self.block.take() {
             out.extend_from_slice(&b.raw);
         }
         out.extend_from_slice(frame);
         self.passthrough = true;
+        Ok(())
     }
 
-    fn finish(&mut self, block: Block, out: &mut Vec<u8>) {
-        let headers = match self.decoder.decode(&block.fragment) {
-            Ok(h) => h,
-            Err(e) => {
+    /// Ends a re-encoded connection: h2's table no longer follows the client's, so the block
+    /// cannot be handed on as it came. h2 gets a block it cannot decode (index 0, RFC 7541 6.1)
+    /// and answers GOAWAY(PROTOCOL_ERROR); the reader then fails the connection.
+    fn refuse(&mut self, stream: u32, why: &'static str, out: &mut Vec<u8>) -> Refused {
+        tracing::debug!(why, "request headers refused; closing the connection");
+        self.block = None;
+        self.refused = true;
+        frame_header(1, HEADERS, END_HEADERS, stream, out);
+        out.push(0x80);
+        Refused(why)
+    }
+
+    fn finish(&mut self, block: Block, out: &mut Vec<u8>) -> Result<(), Refused> {
+        let headers = match decode_bounded(&mut self.decoder, &block.fragment) {
+            Ok(Some(h)) => h,
+            Ok(None) if !self.rewriting => {
+                // Larger than h2 takes: h2, whose table follows the client's as ours does,
+                // refuses the stream (or the connection) by its own limits.
+                out.extend_from_slice(&block.raw);
+                return Ok(());
+            }
+            Ok(None) => return Err(self.refuse(block.stream, "header list too large", out)),
+            Err(e) if !self.rewriting => {
                 tracing::debug!(error = %e, "undecodable request headers; passing the connection through");
                 out.extend_from_slice(&block.raw);
                 self.passthrough = true;
-                return;
+                return Ok(());
             }
+            Err(_) => return Err(self.refuse(block.stream, "undecodable header block", out)),
         };
         let bad = headers
             .iter()
@@ -173,7 +229,7 @@ impl Rewriter {
         }
         if !self.rewriting {
             out.extend_from_slice(&block.raw);
-            return;
+            return Ok(());
         }
         let mut encoded = Vec::new();
         for (name, value) in &headers {
@@ -185,7 +241,30 @@ impl Rewriter {
             literal(name, value, &mut encoded);
         }
         write_headers(&block, &encoded, out);
+        Ok(())
     }
+}
+
+/// A decoded header list.
+pub type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Decodes a whole block (the dynamic table must follow every one of them), keeping the fields
+/// only while their list stays within [`MAX_HEADER_LIST`]: None once it is larger. Counted per
+/// field as it is decoded, before it is copied: an indexed field of one byte can stand for a
+/// table entry of 4 KiB, so the block's own size bounds nothing.
+pub fn decode_bounded(
+    decoder: &mut loona_hpack::Decoder<'static>,
+    fragment: &[u8],
+) -> Result<Option<HeaderList>, loona_hpack::decoder::DecoderError> {
+    let mut size = 0usize;
+    let mut list = Vec::new();
+    decoder.decode_with_cb(fragment, |name, value| {
+        size = size.saturating_add(name.len() + value.len() + 32);
+        if size <= MAX_HEADER_LIST {
+            list.push((name.into_owned(), value.into_owned()));
+        }
+    })?;
+    Ok((size <= MAX_HEADER_LIST).then_some(list))
 }
 
 /// What h2 accepts as `:authority`.

@@ -188,12 +188,12 @@ pub fn spawn(
     max_connections: usize,
 ) -> std::result::Result<AddonsServer, String> {
     let listener = endpoint.bind()?;
-    let router = tonic::transport::Server::builder()
+    let router = crate::connections::server()
         .add_service(addons_id::identity_server::IdentityServer::new(identity))
         .add_optional_service(node.map(rs::reclaim_space_node_server::ReclaimSpaceNodeServer::new));
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(router.serve_with_incoming_shutdown(
-        crate::fd_budget::capped_incoming(listener, max_connections),
+        crate::connections::incoming(listener, max_connections),
         async {
             let _ = stopped.await;
         },

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::connections::Router;
 use ebs_proto::csi::{self as v01, v0, v1};
-use tonic::transport::server::Router;
 use v1::controller_server::Controller;
 
 use super::controller::LoopControllerService;
