@@ -11,6 +11,7 @@ pub mod fs_size;
 pub mod fstools;
 pub mod loopdev;
 pub mod malloc;
+pub mod mount_api;
 pub mod mounter;
 pub mod mountinfo;
 pub mod mounts;

@@ -96,11 +96,16 @@ pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryRepor
     let pruning = Arc::clone(ctx);
     match blocking(move || Ok(super::journal::prune_never_staged(&pruning.store)?)).await {
         Ok(n) => report.pruned = n,
-        Err(e) => tracing::warn!(error = %e, "recovery: records of never-staged volumes not pruned"),
+        Err(e) => {
+            tracing::warn!(error = %e, "recovery: records of never-staged volumes not pruned")
+        }
     }
     let ctx = Arc::clone(ctx);
     match blocking(move || sweep_read_only_devices(&ctx)).await {
-        Ok(n) if n > 0 => tracing::info!(detached = n, "recovery: stray read-only block devices detached"),
+        Ok(n) if n > 0 => tracing::info!(
+            detached = n,
+            "recovery: stray read-only block devices detached"
+        ),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "recovery: stray read-only block devices not swept"),
     }

@@ -30,7 +30,6 @@ pub const UNKNOWN_TYPE: TableEntry = TableEntry {
     budget: Budget::Shared,
 };
 
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Budget {
     /// The limit is shared with network interfaces (the table's value already excludes one).

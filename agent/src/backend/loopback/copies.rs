@@ -67,9 +67,9 @@ pub fn blank_into_place(dst: &Path, len: u64) -> Result<()> {
             .truncate(true),
     )
     .and_then(|f| {
-            f.set_len(len)?;
-            f.sync_all()
-        });
+        f.set_len(len)?;
+        f.sync_all()
+    });
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
         let what = format!("making the {len}-byte file {}", dst.display());
