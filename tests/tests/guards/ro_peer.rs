@@ -164,3 +164,53 @@ async fn a_read_only_block_publish_is_read_only_in_a_peer() {
         .await
         .expect("unstage");
 }
+
+/// Without mount_setattr (a kernel before 5.12: ENOSYS) the bind + remount fallback keeps every
+/// guarantee it had in the agent's own namespace: read-only and noexec there, said once in the
+/// log. (Its peers' copies stay read-write: the fallback's known gap, see `host/mounter.rs`.)
+#[tokio::test]
+async fn without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace() {
+    if !require_root("without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace") {
+        return;
+    }
+    use ebs_tests::seccomp::{ENOSYS, MOUNT_SETATTR, filtered};
+    let scratch = Scratch::new("g-ropeerfb");
+    let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
+    agent.wrapper = filtered(&[(MOUNT_SETATTR, ENOSYS)]);
+    agent.spawn().await;
+    let vol = create_attached(&agent, "ropf", 64 * MIB).await;
+    let staging = agent.work.join("staging/ropf");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(
+        &vol,
+        &staging,
+        mount_cap("ext4", Mode::SingleNodeWriter),
+    ))
+    .await
+    .expect("stage");
+    let target = agent.work.join("pods/f/mount");
+    let cap = mount_cap_flags("ext4", Mode::SingleNodeWriter, &["noexec"]);
+    node.node_publish_volume(publish_req(&vol, &staging, &target, cap, true))
+        .await
+        .unwrap_or_else(|e| panic!("publish: {e:?}\n{}", agent.log_text()));
+    let opts = mount_options(&target).expect("in mountinfo");
+    assert!(
+        opts.iter().any(|o| o == "ro") && opts.iter().any(|o| o == "noexec"),
+        "{opts:?}"
+    );
+    erofs(&target.join("x")).unwrap();
+    let log = agent.log_text();
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("taking the fallback") && l.contains("mount_setattr"))
+            .count(),
+        1,
+        "{log}"
+    );
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+}
