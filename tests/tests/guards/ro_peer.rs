@@ -20,8 +20,7 @@ fn mount_options(path: &Path) -> Option<Vec<String>> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let wanted = path.to_string_lossy();
     text.lines()
-        .filter(|l| l.split(' ').nth(4) == Some(&*wanted))
-        .last()
+        .rfind(|l| l.split(' ').nth(4) == Some(&*wanted))
         .and_then(|l| l.split(' ').nth(5))
         .map(|o| o.split(',').map(str::to_string).collect())
 }
