@@ -10,6 +10,9 @@ pub const STATMOUNT: u32 = 457;
 pub const LISTMOUNT: u32 = 458;
 pub const OPENAT2: u32 = 437;
 pub const CLONE3: u32 = 435;
+pub const OPEN_TREE: u32 = 428;
+pub const MOVE_MOUNT: u32 = 429;
+pub const MOUNT_SETATTR: u32 = 442;
 pub const EPERM: u32 = 1;
 pub const ENOSYS: u32 = 38;
 

@@ -12,6 +12,7 @@ pub mod fstools;
 pub mod loopdev;
 pub mod malloc;
 pub mod mkfs_args;
+pub mod mount_api;
 pub mod mounter;
 pub mod mountinfo;
 pub mod mounts;

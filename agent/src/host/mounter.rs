@@ -1,4 +1,5 @@
-//! mount(2) and umount(2), through sys-mount and nix. No `mount` binary: its helpers and fstab
+//! mount(2) and umount(2), through sys-mount and nix; binds through the new mount API
+//! (open_tree, mount_setattr, move_mount) where the kernel and any seccomp filter allow it. No `mount` binary: its helpers and fstab
 //! lookups are exactly the surprises a node plugin must not have.
 //!
 //! Targets are never paths the kernel resolves anew: a mount goes onto the entry fd that was
@@ -9,9 +10,13 @@ use std::io;
 use std::path::Path;
 
 use nix::mount::{MntFlags, umount2};
+use rustix::fs::CWD;
+use rustix::mount::{MoveMountFlags, OpenTreeFlags, move_mount, open_tree};
 use sys_mount::{Mount, MountFlags as MsFlags};
 
 use super::anchor::{Anchored, EntryFd};
+use super::mount_api;
+use super::sandbox::{self, Newer};
 
 /// Mounts a filesystem from a block device onto `target`. `vfs_bits` are validated `MS_*` bits;
 /// `data` holds validated filesystem options only.
@@ -36,11 +41,82 @@ pub fn mount_device(
 }
 
 /// Bind-mounts `source` (a /proc/self/fd path of a checked mount root or device node) onto the
-/// entry. A read-only bind needs a second, remount step, because the kernel ignores MS_RDONLY on
-/// the first MS_BIND call; that step names the new mount through a fresh fd of the entry, and the
-/// bind is taken away again if it fails, so a writable bind never outlives a read-only request.
+/// entry, read-only when asked and with the per-mount bits of `vfs_bits` (nosuid, nodev, noexec,
+/// atime). The bind is made with those attributes while still detached (open_tree, then
+/// mount_setattr) and only then attached (move_mount onto the entry's fd): a shared target (the
+/// kubelet directory under Bidirectional propagation) clones the mount into its peers as it is
+/// attached, flags included, so no namespace ever sees it writable.
 pub fn bind(source: &Path, entry: &Anchored, read_only: bool, vfs_bits: u64) -> io::Result<()> {
     let target = entry.open_entry()?;
+    if sandbox::mount_api_usable() {
+        match bind_detached(source, &target, read_only, vfs_bits) {
+            Ok(()) => return Ok(()),
+            Err(Attach::Failed(e)) => return Err(e),
+            Err(Attach::Unavailable) => {}
+        }
+    }
+    bind_then_remount(source, entry, &target, read_only, vfs_bits)
+}
+
+enum Attach {
+    /// A call of the new mount API is missing or denied (logged once by `sandbox`); nothing was
+    /// attached.
+    Unavailable,
+    Failed(io::Error),
+}
+
+fn bind_detached(
+    source: &Path,
+    target: &EntryFd,
+    read_only: bool,
+    vfs_bits: u64,
+) -> Result<(), Attach> {
+    let fail = |call: Newer, e: rustix::io::Errno| {
+        if sandbox::unavailable(call, Some(e.raw_os_error())) {
+            Attach::Unavailable
+        } else {
+            Attach::Failed(e.into())
+        }
+    };
+    // The magic link is followed (no AT_SYMLINK_NOFOLLOW): the clone is of what the fd names.
+    // Not recursive, as MS_BIND without MS_REC. Dropped unattached, the tree is dissolved.
+    let tree = open_tree(
+        CWD,
+        source,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| fail(Newer::OpenTree, e))?;
+    let attr = mount_api::attr_from_ms(vfs_bits, read_only);
+    if attr != mount_api::MountAttr::default()
+        && let Err(e) = mount_api::set_attr(&tree, &attr)
+    {
+        let errno = rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::INVAL);
+        return Err(fail(Newer::MountSetattr, errno));
+    }
+    // Onto the checked entry through its fd, as mount(2) onto its /proc/self/fd path did.
+    move_mount(
+        &tree,
+        "",
+        target,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+    .map_err(|e| fail(Newer::MoveMount, e))
+}
+
+/// Without the new mount API (Linux before 5.12, or a seccomp filter denying it): a plain bind,
+/// then a remount step for read-only and the other bits, because the kernel ignores them on the
+/// first MS_BIND call. That step names the new mount through a fresh fd of the entry, and the
+/// bind is taken away again if it fails, so a writable bind never outlives a read-only request
+/// in this namespace. Known gap: a remount does not propagate, so the copies a shared target
+/// already cloned into its peers stay read-write (and without nosuid/nodev/noexec).
+fn bind_then_remount(
+    source: &Path,
+    entry: &Anchored,
+    target: &EntryFd,
+    read_only: bool,
+    vfs_bits: u64,
+) -> io::Result<()> {
     let before = target.stat()?.mnt_id;
     Mount::builder()
         .fstype("none")

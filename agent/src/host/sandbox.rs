@@ -26,13 +26,30 @@ pub enum Newer {
     /// Path resolution confined below a directory in one call (Linux 5.6); without it the path is
     /// walked one component at a time with O_NOFOLLOW, as race-free.
     Openat2,
+    /// A detached copy of a mount (Linux 5.2): with `MountSetattr` and `MoveMount`, a bind that
+    /// is read-only (and nosuid/nodev/noexec) before it is attached, so every propagated copy is.
+    OpenTree,
+    /// Attaches a detached tree (Linux 5.2).
+    MoveMount,
+    /// Per-mount attributes of a detached tree (Linux 5.12).
+    MountSetattr,
 }
 
-pub const ALL: [Newer; 3] = [Newer::Statmount, Newer::Listmount, Newer::Openat2];
+pub const ALL: [Newer; 6] = [
+    Newer::Statmount,
+    Newer::Listmount,
+    Newer::Openat2,
+    Newer::OpenTree,
+    Newer::MoveMount,
+    Newer::MountSetattr,
+];
+
+/// The three calls of a bind made read-only before it is attached.
+pub const MOUNT_API: [Newer; 3] = [Newer::OpenTree, Newer::MoveMount, Newer::MountSetattr];
 
 const SYS_STATMOUNT: libc::c_long = 457;
 const SYS_LISTMOUNT: libc::c_long = 458;
-/// A flag no kernel defines: statmount and listmount reject it with EINVAL before reading
+/// A flag no kernel defines: statmount, listmount and the mount API calls reject it with EINVAL before reading
 /// anything.
 const NO_SUCH_FLAG: libc::c_uint = 0x8000_0000;
 
@@ -42,6 +59,9 @@ impl Newer {
             Newer::Statmount => "statmount",
             Newer::Listmount => "listmount",
             Newer::Openat2 => "openat2",
+            Newer::OpenTree => "open_tree",
+            Newer::MoveMount => "move_mount",
+            Newer::MountSetattr => "mount_setattr",
         }
     }
 
@@ -50,6 +70,8 @@ impl Newer {
         match self {
             Newer::Statmount | Newer::Listmount => (6, 8),
             Newer::Openat2 => (5, 6),
+            Newer::OpenTree | Newer::MoveMount => (5, 2),
+            Newer::MountSetattr => (5, 12),
         }
     }
 
@@ -64,6 +86,11 @@ impl Newer {
                 "paths are resolved one component at a time with O_NOFOLLOW (as confined, a few \
                  more syscalls)"
             }
+            Newer::OpenTree | Newer::MoveMount | Newer::MountSetattr => {
+                "a bind is made read-only by a remount after it is attached: the copies a shared \
+                 target propagates it to stay read-write (nosuid/nodev/noexec do not reach them \
+                 either)"
+            }
         }
     }
 
@@ -74,7 +101,7 @@ impl Newer {
     /// The harmless call: the kernel answers EINVAL before it looks at anything else.
     fn call_invalid(self) -> io::Error {
         // SAFETY: every pointer argument is NULL and the kernel rejects the call on its flags
-        // (statmount, listmount) or its size argument (openat2: a size below `struct open_how`'s
+        // (statmount, listmount, open_tree, move_mount, mount_setattr) or its size argument (openat2: a size below `struct open_how`'s
         // first version) before it dereferences any; nothing is read or written in this process.
         let rc = unsafe {
             match self {
@@ -93,6 +120,28 @@ impl Newer {
                     libc::SYS_openat2,
                     libc::AT_FDCWD,
                     std::ptr::null::<libc::c_char>(),
+                    std::ptr::null::<u8>(),
+                    0usize,
+                ),
+                Newer::OpenTree => libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    std::ptr::null::<libc::c_char>(),
+                    NO_SUCH_FLAG,
+                ),
+                Newer::MoveMount => libc::syscall(
+                    libc::SYS_move_mount,
+                    libc::AT_FDCWD,
+                    std::ptr::null::<libc::c_char>(),
+                    libc::AT_FDCWD,
+                    std::ptr::null::<libc::c_char>(),
+                    NO_SUCH_FLAG,
+                ),
+                Newer::MountSetattr => libc::syscall(
+                    libc::SYS_mount_setattr,
+                    libc::AT_FDCWD,
+                    std::ptr::null::<libc::c_char>(),
+                    NO_SUCH_FLAG,
                     std::ptr::null::<u8>(),
                     0usize,
                 ),
@@ -156,11 +205,7 @@ const UNKNOWN: u8 = 0;
 const USABLE: u8 = 1;
 const UNUSABLE: u8 = 2;
 
-static STATE: [AtomicU8; 3] = [
-    AtomicU8::new(UNKNOWN),
-    AtomicU8::new(UNKNOWN),
-    AtomicU8::new(UNKNOWN),
-];
+static STATE: [AtomicU8; ALL.len()] = [const { AtomicU8::new(UNKNOWN) }; ALL.len()];
 
 /// Whether the agent may use `call`: probed on first use, then remembered.
 pub fn usable(call: Newer) -> bool {
@@ -177,6 +222,13 @@ pub fn survey() {
     for call in [Newer::Statmount, Newer::Openat2] {
         usable(call);
     }
+    mount_api_usable();
+}
+
+/// Whether a bind can be made read-only before it is attached (all three calls usable). Probed
+/// in order and stopped at the first no, so one missing call is logged once, not three times.
+pub fn mount_api_usable() -> bool {
+    MOUNT_API.iter().all(|&call| usable(call))
 }
 
 /// A real call of `call` answered `errno`: whether that means "not available here" (then the

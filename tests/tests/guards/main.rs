@@ -8,6 +8,7 @@ mod create_retry;
 mod races;
 mod ro_block;
 mod ro_flags;
+mod ro_peer;
 mod v01_retry;
 
 use std::path::Path;

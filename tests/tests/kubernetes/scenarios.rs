@@ -456,19 +456,17 @@ pub fn read_only(ctx: &mut Ctx) -> Result<(), String> {
         .lines()
         .find(|l| l.split(' ').nth(4) == Some(&*publish.to_string_lossy()))
         .ok_or_else(|| format!("{} not in mountinfo ({mounts:?})", publish.display()))?;
-    // Known defect, reported and not yet fixed: the agent makes the bind read-only with a
-    // second (remount) step, and a remount's flags do not propagate, so the host's copy of the
-    // publish mount stays read-write; the container's mount is read-only all the same (above).
+    // The host's copy of the publish mount (Bidirectional propagation) is read-only too: the
+    // agent makes the bind read-only before attaching it (open_tree + mount_setattr +
+    // move_mount), so the copy propagated here carries the flag. A bind + remount leaves it rw.
     if !line
         .split(' ')
         .nth(5)
         .is_some_and(|o| o.split(',').any(|o| o == "ro"))
     {
-        ctx.figures.push(
-            "KNOWN DEFECT: a read-only publish is read-write in the host's mount namespace \
-             (bind + remount in the agent's namespace; remount flags do not propagate)"
-                .into(),
-        );
+        return Err(format!(
+            "a read-only publish is read-write in the host's mount namespace: {line}"
+        ));
     }
     c.kubectl(&["delete", "pod", "ro", "--wait=true", "--timeout=90s"])?;
     wait_all_released(c)

@@ -25,6 +25,34 @@ async fn denied_statmount_and_openat2_eperm_change_nothing() {
     lifecycle_under_filter("filter-eperm", EPERM).await;
 }
 
+/// A kernel before 5.12 (mount_setattr ENOSYS) or a filter that denies the new mount API: binds
+/// take the bind + remount path, said once per process, and the lifecycle is as without it.
+#[tokio::test]
+async fn denied_mount_api_takes_the_remount_path() {
+    if !require_root("denied_mount_api_takes_the_remount_path") {
+        return;
+    }
+    let old_kernel = filtered(&[(MOUNT_SETATTR, ENOSYS)]);
+    let fallbacks = [
+        ("mount_setattr", Some(1)),
+        ("open_tree", Some(0)),
+        ("move_mount", Some(0)),
+    ];
+    lifecycle("filter-setattr", old_kernel, "ext4", 64 << 20, &fallbacks).await;
+    let denied = filtered(&[
+        (OPEN_TREE, EPERM),
+        (MOVE_MOUNT, EPERM),
+        (MOUNT_SETATTR, EPERM),
+    ]);
+    // The first no stops the probing: one line, not three.
+    let fallbacks = [
+        ("open_tree", Some(1)),
+        ("move_mount", Some(0)),
+        ("mount_setattr", Some(0)),
+    ];
+    lifecycle("filter-mount-api", denied, "ext4", 64 << 20, &fallbacks).await;
+}
+
 async fn grow(
     agent: &Agent,
     vol: &Vol,
