@@ -17,6 +17,10 @@ csi_sanity="$(bash tests/tools.sh provide csi-sanity)" && export CSI_SANITY="$cs
 hooks=(--features ebs-node-agent/test-hooks)
 cargo build --workspace --bins --locked "${hooks[@]}"
 failed=()
+# The code's standards are part of the suite: unformatted code or a clippy warning fails the run
+# (lints live in the workspace's Cargo.toml; fuzz/ is its own workspace, checked by fuzz/run.sh).
+cargo fmt --all --check || failed+=("cargo fmt --check (run: cargo fmt --all)")
+cargo clippy --workspace --all-targets --locked "${hooks[@]}" -- -D warnings || failed+=("cargo clippy -D warnings")
 # The release configuration (no feature): the hooks' flags are neither listed nor accepted.
 cargo test -p ebs-node-agent --lib --locked test_hooks || failed+=("test_hooks without the feature")
 # Every fuzz target for a few seconds (its own workspace and build; docs/fuzzing.md).

@@ -139,8 +139,9 @@ pub fn probe(device: &Path) -> Result<ProbeOutcome, BlkidError> {
         path: path.clone(),
         what,
     };
-    // SAFETY (for the four calls below): guard.0 is a live probe owned by this
-    // function; the calls only take integer arguments.
+    // The four calls below share one invariant: guard.0 is a live probe owned by this
+    // function, and the calls only take integer arguments.
+    // SAFETY: guard.0 is live (see above).
     if unsafe { blkid_probe_enable_superblocks(guard.0, 1) } != 0 {
         return Err(setup_err("enable superblocks"));
     }
