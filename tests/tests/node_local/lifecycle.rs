@@ -23,7 +23,7 @@ async fn a_node_local_volume_lives_through_v1_v0_and_v01() {
         return;
     }
     let scratch = Scratch::new("node-local-life");
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let disk = Disk::new(&scratch, "cache", SIZE);
     let vol = disk.vol();
 
@@ -51,6 +51,27 @@ async fn a_node_local_volume_lives_through_v1_v0_and_v01() {
         std::fs::read(targets[1].join("cache.bin")).unwrap(),
         b"from pod a"
     );
+    // A crash with the volume staged and published: the restarted agent recovers the handle's
+    // records from its journal and the host, and the calls below go on from there.
+    drop(node);
+    agent.restart(None).await;
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&vol, &staging, rwx()))
+        .await
+        .expect("stage retried after the restart");
+    // Another handle for the same disk (a link to it, as udev makes): its disk holds this
+    // volume's staging mount, so FAILED_PRECONDITION, and nothing is stacked on it.
+    let alias = super::DevLink::new(&disk.dev);
+    let mut r = stage_req(&vol, &agent.work.join("v1/alias"), rwx());
+    r.volume_id = alias.handle();
+    let e = node.node_stage_volume(r).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(
+        mounts_below(&agent.work).len(),
+        3,
+        "the staging mount and two binds"
+    );
+    drop(alias);
     // A second stage path for the same handle: the spec's ALREADY_EXISTS.
     let e = node
         .node_stage_volume(stage_req(&vol, &agent.work.join("v1/other"), rwx()))

@@ -59,6 +59,33 @@ impl Drop for Disk {
     }
 }
 
+/// A link in /dev to a test's device (another name for it, as udev's links are), removed on drop.
+pub struct DevLink {
+    pub path: PathBuf,
+}
+
+impl DevLink {
+    pub fn new(to: &Path) -> DevLink {
+        let path = PathBuf::from(format!("/dev/ebs-it-alias-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        std::os::unix::fs::symlink(to, &path).expect("link in /dev");
+        DevLink { path }
+    }
+
+    pub fn handle(&self) -> String {
+        format!(
+            "local-ebs://{}",
+            self.path.display().to_string().trim_start_matches('/')
+        )
+    }
+}
+
+impl Drop for DevLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 pub fn is_mounted(path: &Path) -> bool {
     path.parent()
         .is_some_and(|p| mounts_below(p).iter().any(|m| m == path))
