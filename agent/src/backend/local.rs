@@ -99,7 +99,7 @@ impl WithLocalVolumes {
             if !family.contains(&(m.major, m.minor)) {
                 continue;
             }
-            if ours.iter().any(|p| *p == m.mount_point) {
+            if ours.contains(&m.mount_point) {
                 mounted_here = true;
                 continue;
             }

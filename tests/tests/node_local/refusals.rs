@@ -239,7 +239,7 @@ async fn partitions(agent: &Agent, scratch: &Scratch) {
     std::fs::create_dir_all(&host_fs).unwrap();
     sh(&format!("mount {} {}", p(1).display(), host_fs.display()));
     refused(
-        &agent,
+        agent,
         "sibling-partition",
         &handle_of(&p(2)),
         Some(&p(2)),
@@ -247,7 +247,7 @@ async fn partitions(agent: &Agent, scratch: &Scratch) {
     )
     .await;
     refused(
-        &agent,
+        agent,
         "whole-disk",
         &handle_of(&parted.dev),
         None,
