@@ -6,6 +6,7 @@
 
 #![allow(deprecated)]
 
+mod ebs;
 mod lifecycle;
 mod refusals;
 
