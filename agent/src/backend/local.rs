@@ -55,6 +55,12 @@ impl WithLocalVolumes {
         })?;
         if let Some(real) = &real {
             match self.inner.expected_identity(real) {
+                // A disk without a serial (Xen) cannot be asked which volume it is: the handle,
+                // the operator's explicit choice, decides, as upstream's FindDevicePath does.
+                Some(_) if identity == DeviceIdentity::Unverified => {
+                    tracing::warn!(volume = %volume, real = %real,
+                        "node-local volume: the disk has no serial; volumeID cannot be checked")
+                }
                 Some(expected) if !proves(&expected, &identity) => {
                     return Err(Error::WrongDevice {
                         volume: volume.to_string(),

@@ -28,6 +28,11 @@ async fn on_ebs_the_volume_id_is_the_disks_serial() {
     let (major, minor) = ebs_node_agent::host::device::block_devnum(&disk.dev).expect("numbers");
     f.set_dev(&names[0], major, minor).expect("dev");
     f.link(&names[0], &disk.dev).expect("link");
+    // A second disk without a serial, as on Xen instances.
+    let xen = Disk::new(&scratch, "serial-less", 64 << 20);
+    let names2 = f.nvme(2, None, EBS_MODEL, &[1]).expect("nvme");
+    let (major, minor) = ebs_node_agent::host::device::block_devnum(&xen.dev).expect("numbers");
+    f.set_dev(&names2[0], major, minor).expect("dev");
     let (sys, dev) = (f.sys_root(), f.dev_root());
     let args = [
         "--backend",
@@ -104,4 +109,19 @@ async fn on_ebs_the_volume_id_is_the_disks_serial() {
         36,
         "an ext4 made on the blank disk"
     );
+
+    // Without a serial the disk cannot say which volume it is: the handle decides, as upstream.
+    let mut r = stage_req(
+        &xen.vol(),
+        &staging,
+        mount_cap("ext4", Mode::MultiNodeMultiWriter),
+    );
+    r.publish_context
+        .insert("volumeID".into(), "vol-0fedcba9876543210".into());
+    node.node_stage_volume(r)
+        .await
+        .expect("a serial-less disk, taken as the handle names it");
+    node.node_unstage_volume(unstage_req(&xen.vol(), &staging))
+        .await
+        .expect("unstage");
 }
