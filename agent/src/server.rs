@@ -200,6 +200,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }
     };
 
+    // Node-local handles (`local-ebs://`) are served the same way whatever the backend.
+    let backend: Arc<dyn Backend> = Arc::new(crate::backend::local::WithLocalVolumes::new(
+        backend,
+        Arc::clone(&store),
+    ));
     let attention = Arc::new(node::attention::Attention::new(args.attention_retry));
     let ctx = Arc::new(NodeCtx {
         store: Arc::clone(&store),

@@ -184,3 +184,76 @@ async fn volumes_staged_by_the_upstream_plugin_before_a_swap_are_not_reserved() 
     );
     sh(&format!("umount {} && losetup -d {dev}", ours.display()));
 }
+
+/// The rule in every layout kubelet uses for this driver, each with a real mount of a real
+/// device: the older `…/csi/pv/<pv>/globalmount` (its vol_data.json names the driver), and a
+/// block volume's device node bound at `…/volumeDevices/publish/<pv>/<pod>` (kubelet's
+/// `volumeDevices/<pv>/data/vol_data.json` names it). The same mounts for another driver still
+/// reserve a slot.
+#[tokio::test]
+async fn every_kubelet_layout_of_this_driver_proves_a_csi_volume_and_no_other() {
+    if !require_root("every_kubelet_layout_of_this_driver_proves_a_csi_volume_and_no_other") {
+        return;
+    }
+    let scratch = Scratch::new("attach-limits-layouts");
+    let img = scratch.join("upstream.img");
+    sh(&format!(
+        "truncate -s 64M {0} && mkfs.ext4 -q -F {0}",
+        img.display()
+    ));
+    let out = sh(&format!("losetup --find --show {}", img.display()));
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let name = dev.trim_start_matches("/dev/").to_string();
+    let out = sh(&format!("stat -c '%t %T' {dev}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let nums: Vec<u32> = text
+        .split_whitespace()
+        .map(|h| u32::from_str_radix(h, 16).expect("hex"))
+        .collect();
+
+    let sysfs = host(&scratch, 1);
+    let root_only = agent_limit(&sysfs, "m7i.large").await;
+    // Named as the kernel names the device: a block bind's root in devtmpfs is its name.
+    fixture::nvme_disk(&sysfs, &name, EBS_MODEL, "vol0aaaaaaaaaaaaaaaa2");
+    fixture::device_number(&sysfs, &name, nums[0], nums[1]);
+    assert_eq!(agent_limit(&sysfs, "m7i.large").await, root_only - 1);
+
+    let csi = scratch.join("kubelet/plugins/kubernetes.io/csi");
+    let vol_data = |dir: &Path, driver: &str| {
+        std::fs::create_dir_all(dir).expect("dir");
+        std::fs::write(
+            dir.join("vol_data.json"),
+            format!(r#"{{"driverName":"{driver}","volumeHandle":"vol-0aaaaaaaaaaaaaaaa2"}}"#),
+        )
+        .expect("vol_data.json");
+    };
+    for (driver, reserved) in [("other.csi.example.com", 1), (DRIVER, 0)] {
+        // The older filesystem layout.
+        let pv = csi.join(format!("pv/pv-{}", driver.len()));
+        vol_data(&pv, driver);
+        let globalmount = pv.join("globalmount");
+        std::fs::create_dir_all(&globalmount).expect("globalmount");
+        sh(&format!("mount {dev} {}", globalmount.display()));
+        assert_eq!(
+            agent_limit(&sysfs, "m7i.large").await,
+            root_only - reserved,
+            "{driver}: pv/<pv>/globalmount"
+        );
+        sh(&format!("umount {}", globalmount.display()));
+
+        // A block volume published to a pod: the device node bound onto a file.
+        let spec = format!("pvb-{}", driver.len());
+        vol_data(&csi.join(format!("volumeDevices/{spec}/data")), driver);
+        let publish = csi.join(format!("volumeDevices/publish/{spec}/pod-uid-1"));
+        std::fs::create_dir_all(publish.parent().expect("parent")).expect("publish dir");
+        std::fs::write(&publish, b"").expect("publish file");
+        sh(&format!("mount --bind {dev} {}", publish.display()));
+        assert_eq!(
+            agent_limit(&sysfs, "m7i.large").await,
+            root_only - reserved,
+            "{driver}: volumeDevices/publish/<pv>/<pod>"
+        );
+        sh(&format!("umount {}", publish.display()));
+    }
+    sh(&format!("losetup -d {dev}"));
+}

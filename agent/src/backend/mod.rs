@@ -1,6 +1,7 @@
 //! Backends turn a volume id into a block device and prove that the device is the volume.
 
 pub mod ebs;
+pub mod local;
 pub mod loopback;
 
 use std::collections::HashMap;

@@ -8,9 +8,10 @@
 //!   for this driver, `…/plugins/kubernetes.io/csi/<driver>/<sha256>/globalmount` (kubelet 1.24
 //!   and later); or at the older `…/plugins/kubernetes.io/csi/pv/<pv>/globalmount`, whose
 //!   `vol_data.json` beside it names the driver;
-//! - a block volume: the disk's device node is bind-mounted below
-//!   `…/plugins/kubernetes.io/csi/volumeDevices/`, where the mount's root is `/<disk name>` in
-//!   devtmpfs.
+//! - a block volume: the disk's device node is bind-mounted at kubelet's block paths,
+//!   `…/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod>` (or `…/staging/<pv>`), where
+//!   the mount's root is `/<disk name>` in devtmpfs, and `…/volumeDevices/<pv>/data/vol_data.json`
+//!   names the driver (the path itself names none).
 //!
 //! Anything else (the root volume, a disk mounted elsewhere, a disk nobody mounted) still counts
 //! as not CSI: a slot wrongly reserved costs one volume, a slot wrongly freed fails an attach.
@@ -39,7 +40,9 @@ pub fn csi_owned<'a>(
     let proofs: Vec<&MountEntry> = table
         .entries()
         .iter()
-        .filter(|m| is_staging_path(&m.mount_point, driver) || is_block_path(&m.mount_point))
+        .filter(|m| {
+            is_staging_path(&m.mount_point, driver) || is_block_path(&m.mount_point, driver)
+        })
         .collect();
     disks
         .into_iter()
@@ -49,7 +52,7 @@ pub fn csi_owned<'a>(
 }
 
 fn mounts_disk(m: &MountEntry, disk: &Disk, driver: &str) -> bool {
-    if is_block_path(&m.mount_point) {
+    if is_block_path(&m.mount_point, driver) {
         // A bind of the device node: devtmpfs's numbers, the node's name as the root.
         return m.root == Path::new("/").join(&disk.name);
     }
@@ -81,13 +84,29 @@ fn is_staging_path(path: &Path, driver: &str) -> bool {
     if rest[0] == driver {
         return true;
     }
-    rest[0] == "pv" && vol_data_names(path, driver)
+    rest[0] == "pv" && vol_data_beside(path, driver)
 }
 
-/// `…/plugins/kubernetes.io/csi/volumeDevices/…`: block volumes, staged and published alike.
-fn is_block_path(path: &Path) -> bool {
+/// `…/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod>` or `…/staging/<pv>`, whose
+/// `…/volumeDevices/<pv>/data/vol_data.json` names `driver`: kubelet's block paths for it.
+fn is_block_path(path: &Path, driver: &str) -> bool {
     let n = names(path);
-    csi_dir(&n).is_some_and(|at| n.get(at) == Some(&OsStr::new("volumeDevices")))
+    let Some(at) = csi_dir(&n) else { return false };
+    let rest = &n[at..];
+    let pv = match rest {
+        [dev, kind, pv, _pod] if *dev == "volumeDevices" && *kind == "publish" => pv,
+        [dev, kind, pv] if *dev == "volumeDevices" && *kind == "staging" => pv,
+        _ => return false,
+    };
+    // `…/volumeDevices` itself: the path up to and including that component.
+    let depth = n.len() - rest.len() + 1;
+    let mut dir = if path.is_absolute() {
+        std::path::PathBuf::from("/")
+    } else {
+        std::path::PathBuf::new()
+    };
+    dir.extend(&n[..depth]);
+    vol_data_names(&dir.join(pv).join("data"), driver)
 }
 
 /// The index just past `plugins/kubernetes.io/csi` in `n`.
@@ -105,11 +124,15 @@ fn csi_dir(n: &[&OsStr]) -> Option<usize> {
 
 /// kubelet writes `{"driverName":"…",…}` beside the old-layout globalmount. Read at most a few KiB:
 /// the file is kubelet's, small, and read only while the limit is recomputed.
-fn vol_data_names(globalmount: &Path, driver: &str) -> bool {
+fn vol_data_beside(globalmount: &Path, driver: &str) -> bool {
+    globalmount
+        .parent()
+        .is_some_and(|dir| vol_data_names(dir, driver))
+}
+
+/// Whether `dir/vol_data.json` names `driver`.
+fn vol_data_names(dir: &Path, driver: &str) -> bool {
     use std::io::Read;
-    let Some(dir) = globalmount.parent() else {
-        return false;
-    };
     let mut text = String::new();
     let read = std::fs::File::open(dir.join("vol_data.json"))
         .and_then(|f| f.take(16 * 1024).read_to_string(&mut text));
@@ -162,6 +185,7 @@ mod tests {
             disk("vol0staged", "nvme1n1", (259, 3)),
             // Mounted in a pod directory only: not kubelet's staging path, so not proven.
             disk("vol0podonly", "nvme2n1", (259, 4)),
+            // A block bind, but no vol_data.json names the driver: proves nothing.
             disk("vol0block", "nvme3n1", (259, 5)),
             disk("vol0otherdriver", "nvme4n1", (259, 6)),
             Disk {
@@ -173,7 +197,7 @@ mod tests {
         let owned = csi_owned(&disks, &t, DRIVER);
         let mut owned: Vec<_> = owned.into_iter().collect();
         owned.sort();
-        assert_eq!(owned, ["vol0block", "vol0partition", "vol0staged"]);
+        assert_eq!(owned, ["vol0partition", "vol0staged"]);
     }
 
     #[test]
@@ -202,6 +226,47 @@ mod tests {
         ];
         let owned = csi_owned(&disks, &t, DRIVER);
         assert_eq!(owned, HashSet::from(["vol0a".to_string()]));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// kubelet's block paths name no driver: `volumeDevices/<pv>/data/vol_data.json` does.
+    #[test]
+    fn block_binds_count_only_with_this_drivers_vol_data() {
+        let root = std::env::temp_dir().join(format!("csi-owned-block-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let k = root.join("plugins/kubernetes.io/csi/volumeDevices");
+        for (pv, driver) in [("pv-ours", DRIVER), ("pv-theirs", "other.example.com")] {
+            std::fs::create_dir_all(k.join(pv).join("data")).expect("dir");
+            std::fs::write(
+                k.join(pv).join("data/vol_data.json"),
+                format!(r#"{{"driverName":"{driver}","volumeHandle":"vol-1"}}"#),
+            )
+            .expect("vol_data");
+        }
+        let line = |id: u32, name: &str, at: &str| {
+            format!(
+                "{id} 1 0:5 /{name} {} rw - devtmpfs udev rw",
+                k.join(at).display()
+            )
+        };
+        let t = table(&[
+            &line(40, "nvme1n1", "publish/pv-ours/pod-1"),
+            &line(41, "nvme2n1", "publish/pv-theirs/pod-1"),
+            &line(42, "nvme3n1", "staging/pv-ours"),
+            // Not one of kubelet's block paths, although below volumeDevices.
+            &line(43, "nvme4n1", "pv-ours/dev/pod-1"),
+        ]);
+        let disks = [
+            disk("vol0a", "nvme1n1", (259, 1)),
+            disk("vol0b", "nvme2n1", (259, 2)),
+            disk("vol0c", "nvme3n1", (259, 3)),
+            disk("vol0d", "nvme4n1", (259, 4)),
+        ];
+        let owned = csi_owned(&disks, &t, DRIVER);
+        assert_eq!(
+            owned,
+            HashSet::from(["vol0a".to_string(), "vol0c".to_string()])
+        );
         let _ = std::fs::remove_dir_all(&root);
     }
 }

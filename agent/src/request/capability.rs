@@ -60,7 +60,8 @@ pub enum AccessMode {
     MultiNodeReaderOnly,
     SingleNodeSingleWriter,
     SingleNodeMultiWriter,
-    /// io2 Multi-Attach: raw block only, the application arbitrates writes.
+    /// io2 Multi-Attach: raw block only, the application arbitrates writes. Node-local handles
+    /// (`local-ebs://`): also in mount mode, each node's own disk.
     MultiNodeMultiWriter,
 }
 
@@ -100,6 +101,23 @@ pub struct Capability {
 
 impl Capability {
     pub fn from_proto(cap: Option<&csi::VolumeCapability>) -> Result<Self, ValidationError> {
+        Self::parse(cap, false)
+    }
+
+    /// The capability a node call asks for `volume`: as `from_proto`, and for a node-local
+    /// handle (`local-ebs://…`) MULTI_NODE_MULTI_WRITER in mount mode too, as upstream allows
+    /// (each node mounts its own disk; nothing is shared across nodes).
+    pub fn for_volume(
+        cap: Option<&csi::VolumeCapability>,
+        volume: &super::VolumeId,
+    ) -> Result<Self, ValidationError> {
+        Self::parse(cap, volume.is_local())
+    }
+
+    fn parse(
+        cap: Option<&csi::VolumeCapability>,
+        node_local: bool,
+    ) -> Result<Self, ValidationError> {
         let cap = cap.ok_or(ValidationError::Missing("volume_capability"))?;
         let raw_mode = cap
             .access_mode
@@ -123,13 +141,15 @@ impl Capability {
             Ok(Mode::MultiNodeReaderOnly) => AccessMode::MultiNodeReaderOnly,
             Ok(Mode::SingleNodeSingleWriter) => AccessMode::SingleNodeSingleWriter,
             Ok(Mode::SingleNodeMultiWriter) => AccessMode::SingleNodeMultiWriter,
-            Ok(Mode::MultiNodeMultiWriter) if access == AccessType::Block => {
+            Ok(Mode::MultiNodeMultiWriter) if node_local || access == AccessType::Block => {
                 AccessMode::MultiNodeMultiWriter
             }
             Ok(Mode::MultiNodeMultiWriter) | Ok(Mode::MultiNodeSingleWriter) => {
                 return Err(ValidationError::Unsupported(format!(
                     "access mode {} is not supported for this access type: EBS volumes attach \
-                     to several nodes only as raw block devices (MULTI_NODE_MULTI_WRITER)",
+                     to several nodes only as raw block devices (MULTI_NODE_MULTI_WRITER), and \
+                     node-local handles (local-ebs://…) are MULTI_NODE_MULTI_WRITER in either \
+                     mode",
                     Mode::try_from(raw_mode).map_or("?", |m| m.as_str_name())
                 )));
             }

@@ -5,6 +5,7 @@ mod capability;
 mod format_options;
 mod mount_flags;
 mod paths;
+mod volume_id;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ pub use capability::{AccessMode, AccessType, Capability, FsType};
 pub use format_options::FormatOptions;
 pub use mount_flags::MountFlags;
 pub use paths::{MAX_PATH_BYTES, RequestPath, Roots, parse_prefix};
+pub use volume_id::{LOCAL_EBS_PREFIX, VolumeId};
 
 /// CSI's limit for string fields.
 pub const MAX_STRING_BYTES: usize = 128;
@@ -55,43 +57,6 @@ impl ValidationError {
     }
 }
 
-/// A volume id as every node call carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct VolumeId(String);
-
-impl VolumeId {
-    pub fn parse(raw: &str) -> Result<Self, ValidationError> {
-        const FIELD: &str = "volume_id";
-        if raw.is_empty() {
-            return Err(ValidationError::Missing(FIELD));
-        }
-        if raw.len() > MAX_STRING_BYTES {
-            return Err(ValidationError::TooLong {
-                field: FIELD,
-                max: MAX_STRING_BYTES,
-            });
-        }
-        if raw.chars().any(|c| c == '/' || c.is_control()) {
-            return Err(ValidationError::bad(
-                FIELD,
-                raw,
-                "it must not contain '/' or control characters",
-            ));
-        }
-        Ok(VolumeId(raw.to_string()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for VolumeId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// Checks CSI's size limit on a map field (keys and values together).
 pub fn check_map(
     field: &'static str,
@@ -126,15 +91,6 @@ impl std::fmt::Debug for Secrets {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn volume_ids() {
-        assert!(VolumeId::parse("vol-0123456789abcdef0").is_ok());
-        assert!(VolumeId::parse("").is_err());
-        assert!(VolumeId::parse("a/b").is_err());
-        assert!(VolumeId::parse("a\0b").is_err());
-        assert!(VolumeId::parse(&"x".repeat(129)).is_err());
-    }
 
     #[test]
     fn secrets_do_not_print() {

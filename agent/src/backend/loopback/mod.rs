@@ -241,7 +241,11 @@ impl Backend for LoopBackend {
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
         let file = match self.store.loop_volume(volume.as_str()) {
             Ok(Some(v)) => v.file,
-            _ => self.volumes_dir.join(format!("{volume}.img")),
+            // A loop volume's id is one file name; a node-local handle names no file of ours.
+            _ if volume.is_local() => return None,
+            _ => self
+                .volumes_dir
+                .join(format!("{}.img", volume.file_name()?)),
         };
         file_identity(&file).ok()
     }

@@ -48,15 +48,11 @@ impl V01Node {
 
     fn staging_for(&self, raw_id: &str) -> Result<PathBuf, Status> {
         let id = VolumeId::parse(raw_id)?;
-        if matches!(id.as_str(), "." | "..") {
-            return Err(ValidationError::bad(
-                "volume_id",
-                raw_id,
-                "it cannot name a staging directory",
-            )
-            .into());
-        }
-        Ok(self.staging_root.join(id.as_str()))
+        // One component whatever the id (a node-local handle's '/' included), never `.`/`..`.
+        let name = id.file_name().ok_or_else(|| {
+            ValidationError::bad("volume_id", raw_id, "it cannot name a staging directory")
+        })?;
+        Ok(self.staging_root.join(name))
     }
 
     /// Whether the volume is staged in our directory with no publication left.

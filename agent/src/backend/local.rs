@@ -1,0 +1,302 @@
+//! Node-local volumes (`local-ebs://dev/<name>`, upstream v1.53+): a disk pre-attached to every
+//! node at the same device name. Any backend serves them: the handle names the device, the
+//! backend tells its identity (loop: the backing file; EBS: the NVMe serial), and upstream's
+//! `publish_context["volumeID"]`, when given, is the volume that device must be.
+//!
+//! A handle is a path a request chose, so before anything is done with it the device must be a
+//! block device and free: neither it, its whole disk nor any partition of that disk mounted
+//! anywhere but at this volume's own recorded paths (the root disk never is), and, when none of
+//! them is mounted here, not claimed by the kernel either (a mount in another namespace, swap,
+//! device-mapper, RAID). Everything else is delegated to the wrapped backend.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ebs_store::{DeviceIdentity, Store};
+
+use super::{Backend, ResolvedDevice, describe_identity, proves};
+use crate::error::{Error, Result};
+use crate::host::device::{devnum_of, still_claimed};
+use crate::request::{ValidationError, VolumeId};
+
+/// The publish_context key upstream's controller sets to the real EBS volume id.
+pub const VOLUME_ID_KEY: &str = "volumeID";
+
+/// A backend that also serves node-local handles.
+pub struct WithLocalVolumes {
+    inner: Arc<dyn Backend>,
+    store: Arc<Store>,
+}
+
+impl WithLocalVolumes {
+    pub fn new(inner: Arc<dyn Backend>, store: Arc<Store>) -> Self {
+        WithLocalVolumes { inner, store }
+    }
+
+    fn resolve_local(
+        &self,
+        volume: &VolumeId,
+        device: &Path,
+        publish_context: &HashMap<String, String>,
+    ) -> Result<ResolvedDevice> {
+        let real = real_volume(publish_context)?;
+        let node = device_node(volume, device)?;
+        let devnum = node.1;
+        self.check_free(volume, &node.0, devnum)?;
+        let identity = self.inner.identify(devnum).map_err(|why| {
+            Error::Precondition(format!(
+                "node-local volume {volume}: {} cannot be told apart from other devices: {why}",
+                device.display()
+            ))
+        })?;
+        if let Some(real) = &real {
+            match self.inner.expected_identity(real) {
+                // A disk without a serial (Xen) cannot be asked which volume it is: the handle,
+                // the operator's explicit choice, decides, as upstream's FindDevicePath does.
+                Some(_) if identity == DeviceIdentity::Unverified => {
+                    tracing::warn!(volume = %volume, real = %real,
+                        "node-local volume: the disk has no serial; volumeID cannot be checked")
+                }
+                Some(expected) if !proves(&expected, &identity) => {
+                    return Err(Error::WrongDevice {
+                        volume: volume.to_string(),
+                        device: device.to_path_buf(),
+                        reason: format!(
+                            "publish_context volumeID {real} is {}, but the device is {}",
+                            describe_identity(&expected),
+                            describe_identity(&identity)
+                        ),
+                    });
+                }
+                Some(_) => {}
+                None => tracing::warn!(volume = %volume, real = %real,
+                    "node-local volume: the backend cannot tell what volumeID must show; the device is used as the handle names it"),
+            }
+        }
+        Ok(ResolvedDevice {
+            path: node.0,
+            identity,
+        })
+    }
+
+    /// The device, its whole disk and the disk's partitions are mounted nowhere but at this
+    /// volume's recorded staging and target paths; when none is mounted here, the kernel shows no
+    /// claim on the disk either.
+    fn check_free(&self, volume: &VolumeId, node: &Path, devnum: (u32, u32)) -> Result<()> {
+        let (whole, family) = disk_family(devnum);
+        let mut ours: Vec<PathBuf> = Vec::new();
+        if let Some(staged) = self.store.staged(volume.as_str())? {
+            ours.push(staged.staging_path);
+        }
+        ours.extend(
+            self.store
+                .publications(volume.as_str())?
+                .into_iter()
+                .map(|p| p.target_path),
+        );
+        let table = crate::host::mounts::read_table()
+            .map_err(|e| Error::Internal(format!("reading the mount table: {e}")))?;
+        let mut mounted_here = false;
+        for m in table.entries() {
+            if !family.contains(&(m.major, m.minor)) {
+                continue;
+            }
+            if ours.contains(&m.mount_point) {
+                mounted_here = true;
+                continue;
+            }
+            let what = if m.mount_point == Path::new("/") {
+                "the root filesystem".to_string()
+            } else {
+                format!("a filesystem mounted at {}", m.mount_point.display())
+            };
+            return Err(Error::Precondition(format!(
+                "node-local volume {volume}: {} ({}:{}) is not free: its disk holds {what}; a \
+                 host disk is never a volume",
+                node.display(),
+                m.major,
+                m.minor
+            )));
+        }
+        if !mounted_here && still_claimed(whole) {
+            return Err(Error::Precondition(format!(
+                "node-local volume {volume}: {} is in use (its disk {}:{} is claimed: a mount in \
+                 another namespace, swap, device-mapper or RAID); refusing to touch it",
+                node.display(),
+                whole.0,
+                whole.1
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The `volumeID` upstream's controller puts in the publish context, parsed; a node-local handle
+/// there is no volume.
+fn real_volume(publish_context: &HashMap<String, String>) -> Result<Option<VolumeId>> {
+    let Some(raw) = publish_context.get(VOLUME_ID_KEY).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let id = VolumeId::parse(raw).map_err(|_| {
+        ValidationError::bad("publish_context volumeID", raw.as_str(), "not a volume id")
+    })?;
+    if id.is_local() {
+        return Err(ValidationError::bad(
+            "publish_context volumeID",
+            raw.as_str(),
+            "it must be the volume's own id, not a node-local handle",
+        )
+        .into());
+    }
+    Ok(Some(id))
+}
+
+/// The block device node the handle names (links followed: `/dev/xvdbz` is a udev link on Nitro
+/// instances), and its numbers. NOT_FOUND when no block device is there.
+fn device_node(volume: &VolumeId, device: &Path) -> Result<(PathBuf, (u32, u32))> {
+    let not_here = |why: String| {
+        Error::NotFound(format!(
+            "node-local volume {volume}: {why}; the volume is not attached to this node at {}",
+            device.display()
+        ))
+    };
+    let node = match std::fs::canonicalize(device) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_here("no such device".into()));
+        }
+        Err(e) => return Err(Error::io(format!("resolving {}", device.display()), e)),
+    };
+    let meta = std::fs::metadata(&node)
+        .map_err(|e| Error::io(format!("examining {}", node.display()), e))?;
+    if !node.starts_with("/dev") || !meta.file_type().is_block_device() {
+        return Err(not_here(format!(
+            "{} is not a block device",
+            node.display()
+        )));
+    }
+    Ok((node, devnum_of(meta.rdev())))
+}
+
+/// The whole disk a device belongs to (itself unless it is a partition), and the numbers of the
+/// disk and all its partitions, from sysfs. A device sysfs does not describe is its own family.
+fn disk_family(devnum: (u32, u32)) -> ((u32, u32), Vec<(u32, u32)>) {
+    let sys = PathBuf::from(format!("/sys/dev/block/{}:{}", devnum.0, devnum.1));
+    let Ok(dir) = std::fs::canonicalize(&sys) else {
+        return (devnum, vec![devnum]);
+    };
+    let whole_dir = if dir.join("partition").exists() {
+        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
+    } else {
+        dir
+    };
+    let whole = read_dev(&whole_dir).unwrap_or(devnum);
+    let mut family = vec![whole, devnum];
+    if let Ok(entries) = std::fs::read_dir(&whole_dir) {
+        for e in entries.flatten() {
+            if e.path().join("partition").exists()
+                && let Some(n) = read_dev(&e.path())
+            {
+                family.push(n);
+            }
+        }
+    }
+    (whole, family)
+}
+
+fn read_dev(dir: &Path) -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string(dir.join("dev")).ok()?;
+    let (a, b) = text.trim().split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+impl Backend for WithLocalVolumes {
+    fn resolve(
+        &self,
+        volume: &VolumeId,
+        publish_context: &HashMap<String, String>,
+        volume_context: &HashMap<String, String>,
+        deadline: Instant,
+    ) -> Result<ResolvedDevice> {
+        match volume.local_device() {
+            Some(device) => self.resolve_local(volume, device, publish_context),
+            None => self
+                .inner
+                .resolve(volume, publish_context, volume_context, deadline),
+        }
+    }
+
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
+        self.inner.identify(devnum)
+    }
+
+    /// A handle names a place, not a volume: only the records say what its device must show.
+    fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
+        if volume.is_local() {
+            return None;
+        }
+        self.inner.expected_identity(volume)
+    }
+
+    fn still_is(
+        &self,
+        device: &Path,
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        self.inner.still_is(device, identity)
+    }
+
+    fn is_at(
+        &self,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        self.inner.is_at(devnum, identity)
+    }
+
+    fn is_open_at(
+        &self,
+        dev: &File,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), String> {
+        self.inner.is_open_at(dev, devnum, identity)
+    }
+
+    fn prove_at(
+        &self,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<Option<File>, String> {
+        self.inner.prove_at(devnum, identity)
+    }
+
+    fn backing_file(
+        &self,
+        dev: &File,
+        devnum: (u32, u32),
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<Option<crate::host::blank::BackingFile>, String> {
+        self.inner.backing_file(dev, devnum, identity)
+    }
+
+    fn refresh_size(&self, device: &Path) -> Result<()> {
+        self.inner.refresh_size(device)
+    }
+
+    fn allocated_bytes(&self, identity: &DeviceIdentity) -> Option<u64> {
+        self.inner.allocated_bytes(identity)
+    }
+
+    /// Whether a node-local volume exists only resolving can tell.
+    fn exists(&self, volume: &VolumeId) -> Result<Option<bool>> {
+        if volume.is_local() {
+            return Ok(None);
+        }
+        self.inner.exists(volume)
+    }
+}

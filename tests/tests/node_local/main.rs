@@ -1,0 +1,93 @@
+//! Node-local volumes (`local-ebs://dev/<name>`, upstream aws-ebs-csi-driver v1.53+) on real
+//! loop devices the test attaches itself, as an operator pre-attaches a disk: the lifecycle
+//! through CSI v1, v0.3 and v0.1 with the data checked, MULTI_NODE_MULTI_WRITER in mount mode
+//! for handles only, the publish context's `volumeID`, and bad handles refused with the spec's
+//! code and the host unchanged.
+
+#![allow(deprecated)]
+
+mod ebs;
+mod lifecycle;
+mod refusals;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ebs_tests::*;
+
+/// A loop device over a file of `size` bytes below the scratch directory (detached by its
+/// Drop), as a disk pre-attached to the node.
+pub struct Disk {
+    pub dev: PathBuf,
+}
+
+impl Disk {
+    pub fn new(scratch: &Scratch, name: &str, size: u64) -> Disk {
+        let img = scratch.join(&format!("{name}.img"));
+        sh(&format!("truncate -s {size} {}", img.display()));
+        let out = sh(&format!("losetup --find --show {}", img.display()));
+        Disk {
+            dev: PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
+        }
+    }
+
+    /// `local-ebs://dev/loopN`: the device path without its leading slash.
+    pub fn handle(&self) -> String {
+        format!(
+            "local-ebs://{}",
+            self.dev.display().to_string().trim_start_matches('/')
+        )
+    }
+
+    /// The volume as the request builders take it: the handle as its id, the device as its
+    /// devicePath.
+    pub fn vol(&self) -> csi_req::Vol {
+        csi_req::Vol {
+            id: self.handle(),
+            device: self.dev.display().to_string(),
+        }
+    }
+
+    /// What upstream's controller publishes for a node-local volume: the device path.
+    pub fn publish_context(&self) -> HashMap<String, String> {
+        HashMap::from([("devicePath".to_string(), self.dev.display().to_string())])
+    }
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        detach_loop(&self.dev);
+    }
+}
+
+/// A link in /dev to a test's device (another name for it, as udev's links are), removed on drop.
+pub struct DevLink {
+    pub path: PathBuf,
+}
+
+impl DevLink {
+    pub fn new(to: &Path) -> DevLink {
+        let path = PathBuf::from(format!("/dev/ebs-it-alias-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        std::os::unix::fs::symlink(to, &path).expect("link in /dev");
+        DevLink { path }
+    }
+
+    pub fn handle(&self) -> String {
+        format!(
+            "local-ebs://{}",
+            self.path.display().to_string().trim_start_matches('/')
+        )
+    }
+}
+
+impl Drop for DevLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    path.parent()
+        .is_some_and(|p| mounts_below(p).iter().any(|m| m == path))
+}
