@@ -1,4 +1,5 @@
 pub mod anchor;
+pub mod attachment;
 pub mod blank;
 pub mod blkid;
 pub mod command;
@@ -18,6 +19,7 @@ pub mod mountinfo;
 pub mod mounts;
 pub mod nvme;
 pub mod private;
+pub mod private_bind;
 pub mod sandbox;
 pub mod statmount;
 pub mod trim;
