@@ -166,7 +166,7 @@ async fn a_read_only_block_publish_is_read_only_in_a_peer() {
 
 /// Without mount_setattr (a kernel before 5.12: ENOSYS) the bind + remount fallback keeps every
 /// guarantee it had in the agent's own namespace: read-only and noexec there, said once in the
-/// log. (Its peers' copies stay read-write: the fallback's known gap, see `host/mounter.rs`.)
+/// log. (Its peers' copies: the next test.)
 #[tokio::test]
 async fn without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace() {
     if !require_root("without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace") {
