@@ -288,5 +288,37 @@ async fn without_the_mount_api_a_read_only_publish_is_read_only_in_every_peer_to
         node.node_unstage_volume(unstage_req(&vol, &staging))
             .await
             .expect("unstage");
+
+        // A read-only raw block publication: a device node bound through the private place.
+        let vol = create_attached(&agent, "ropfb", 16 * MIB).await;
+        let staging = agent.work.join("staging/ropfb");
+        let cap = block_cap(Mode::SingleNodeWriter);
+        node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+            .await
+            .expect("block stage");
+        let (target, seen) = (shared.join("dev"), peer.join("dev"));
+        node.node_publish_volume(publish_req(&vol, &staging, &target, cap, true))
+            .await
+            .unwrap_or_else(|e| panic!("{name} block publish: {e:?}\n{}", agent.log_text()));
+        assert!(is_mounted(&seen), "the block bind did not propagate");
+        for at in [&target, &seen] {
+            let opts = mount_options(at).expect("in mountinfo");
+            assert!(
+                opts.iter().any(|o| o == "ro"),
+                "{name}: {}: {opts:?}",
+                at.display()
+            );
+            super::write_fails(at).unwrap();
+        }
+        node.node_unpublish_volume(unpublish_req(&vol, &target))
+            .await
+            .expect("block unpublish");
+        assert!(
+            !is_mounted(&seen),
+            "{name}: the unpublish left the peer's copy"
+        );
+        node.node_unstage_volume(unstage_req(&vol, &staging))
+            .await
+            .expect("block unstage");
     }
 }
