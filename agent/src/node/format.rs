@@ -112,6 +112,20 @@ pub fn decide(
         ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
             let found = sig.uuid.clone().unwrap_or_default();
             let existing = |adopt| {
+                // Not redone (no intent licenses it): an xfs whose mkfs never finished is
+                // nothing to mount, and is left for the operator.
+                let unfinished = blank::xfs_mkfs_unfinished(device.held.file())
+                    .map_err(|e| Error::io(format!("reading {}", device.path().display()), e))?;
+                if unfinished {
+                    return Err(Error::NotBlank {
+                        device: device.path().to_path_buf(),
+                        found: format!(
+                            "an xfs (UUID {found}) whose mkfs never finished, and no format \
+                             intent of this attachment vouches that it was ours; if it is not \
+                             wanted, wipe the whole device and stage again"
+                        ),
+                    });
+                }
                 Ok(Decision::Check(Existing {
                     uuid: found.clone(),
                     adopt,
