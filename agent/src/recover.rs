@@ -216,6 +216,7 @@ fn rebuild_mounts(
                         identity: k.identity.clone(),
                         state: FormatState::Done,
                         at_unix_ms: now_unix_ms(),
+                        attachment: None,
                     })
                 }
                 _ => None,

@@ -242,6 +242,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         state_dir = %args.state_dir.display(), version = env!("CARGO_PKG_VERSION"), "serving");
     // What a seccomp filter (systemd's unit, a container profile) denies is said once, now.
     crate::host::sandbox::survey();
+    // Read-only binds without the new mount API are made in a private place first (see
+    // host/private_bind.rs); made now, leftovers of a crash detached, where they will be needed.
+    crate::host::private_bind::set_dir(args.state_dir.join("binds"));
+    if !crate::host::sandbox::mount_api_usable()
+        && let Err(e) = crate::host::private_bind::prepare()
+    {
+        tracing::warn!(error = %e, "the private place for read-only binds cannot be made; read-only publishes will fail");
+    }
 
     let identity = grpc::identity::IdentityService {
         driver_name: args.driver_name.clone(),

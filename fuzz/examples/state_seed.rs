@@ -31,6 +31,7 @@ fn main() -> Result<(), StoreError> {
             identity: identity.clone(),
             state: FormatState::Done,
             at_unix_ms: 2,
+            attachment: None,
         })?;
         w.put_staged(&StagedVolume {
             volume_id: "v1".into(),

@@ -92,6 +92,11 @@ pub struct FormatRecord {
     pub identity: DeviceIdentity,
     pub state: FormatState,
     pub at_unix_ms: u64,
+    /// Which attachment of the device an intent was journaled on (the boot's id and the
+    /// kernel's disk sequence number, `boot:diskseq`). An intent licenses redoing its mkfs only
+    /// on that same attachment: a device detached in between may have been written anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -36,6 +36,7 @@ fn only_volumes_that_nothing_but_looking_lines_name_are_forgotten() {
                 identity: DeviceIdentity::Unverified,
                 state: FormatState::Done,
                 at_unix_ms: 1,
+                attachment: None,
             })?;
             line(w, "lv-created", "resolve_device", Phase::Failed)?;
             w.put_loop_volume(&LoopVolume {

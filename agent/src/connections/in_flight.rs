@@ -1,11 +1,12 @@
 //! Marks a connection busy while one of its calls is served: from the moment its request has
 //! fully arrived until its answer's body is dropped (sent, or abandoned). Idle-connection rules
-//! never close a busy connection.
+//! never close a busy connection. From the moment the answer is ready until its body is dropped,
+//! the answer is also "unread": one left so past the answer deadline closes the connection.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -58,6 +59,7 @@ where
         let call = Arc::new(Call {
             conn,
             counted: AtomicBool::new(false),
+            answer: AtomicU64::new(NO_ANSWER),
         });
         let req = req.map(|inner| {
             if inner.is_end_stream() {
@@ -71,6 +73,7 @@ where
         let answer = self.inner.call(req);
         Box::pin(async move {
             let response = answer.await?;
+            call.answer_ready();
             Ok(response.map(|inner| Body::new(ResponseBody { inner, _call: call })))
         })
     }
@@ -81,9 +84,18 @@ where
 struct Call {
     conn: Arc<Conn>,
     counted: AtomicBool,
+    /// The number of its ready answer on the connection, NO_ANSWER before.
+    answer: AtomicU64,
 }
 
+const NO_ANSWER: u64 = u64::MAX;
+
 impl Call {
+    fn answer_ready(&self) {
+        let n = self.conn.answer_ready(std::time::Instant::now());
+        self.answer.store(n, Ordering::SeqCst);
+    }
+
     fn received(&self) {
         if !self.counted.swap(true, Ordering::SeqCst) {
             self.conn.begin_call();
@@ -93,6 +105,10 @@ impl Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
+        let answer = self.answer.load(Ordering::SeqCst);
+        if answer != NO_ANSWER {
+            self.conn.answer_taken(answer);
+        }
         if self.counted.load(Ordering::SeqCst) {
             self.conn.end_call();
         }

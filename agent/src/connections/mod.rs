@@ -11,8 +11,11 @@
 //!   once (so the socket holds at most cap + 1 descriptors).
 //!
 //! A connection with a call being served (its request received, its answer not yet sent) is
-//! never closed. A request that is still arriving does not count: a client that starts a call
-//! and stalls is idle.
+//! never closed for idling. A request that is still arriving does not count: a client that starts
+//! a call and stalls is idle. But a client that does not take an answer (a flow-control window of
+//! 0, a socket it never reads) has its connection closed [`ANSWER_DEADLINE`] after the answer was
+//! ready, calls in flight or not: otherwise a few such clients hold every slot for ever. HTTP/2
+//! streams per connection are capped too ([`MAX_CONCURRENT_STREAMS`]).
 
 mod in_flight;
 mod registry;
@@ -46,6 +49,12 @@ pub const MAX_HEADER_LIST_SIZE: u32 = 16_384;
 pub const HEADER_TABLE_SIZE: usize = 4_096;
 /// How long a client has from the accept to send the 24-byte HTTP/2 client preface.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a ready answer may wait for the client to take it before its connection is closed.
+/// A gRPC client reads continuously; one that leaves an answer for seconds does not read at all.
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(5);
+/// SETTINGS_MAX_CONCURRENT_STREAMS: calls at once on one connection (h2's default is 200, each
+/// a task and buffers); kubelet and the sidecars make a few. Further calls wait client-side.
+pub const MAX_CONCURRENT_STREAMS: u32 = 32;
 /// Above three quarters of the cap, how long a connection may sit without a call.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the deadlines are checked.
@@ -60,6 +69,7 @@ pub fn server() -> Server {
     tonic::transport::Server::builder()
         .max_frame_size(MAX_FRAME_SIZE)
         .http2_max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .layer(InFlightLayer)
 }
 

@@ -2,12 +2,17 @@
 //! without a call. Owned by the socket's accept task alone; each connection's own state is
 //! shared with its I/O (which fails once closed) and with its calls (which mark it busy).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{HANDSHAKE_DEADLINE, IDLE_TIMEOUT, PREFACE_LEN};
+use super::{ANSWER_DEADLINE, HANDSHAKE_DEADLINE, IDLE_TIMEOUT, PREFACE_LEN};
+
+/// At the cap, how long an answer must have waited before its connection goes first: more than
+/// any reading client takes to take one.
+const UNREAD_AT_THE_CAP: Duration = Duration::from_secs(1);
 
 pub(crate) struct Conn {
     accepted: Instant,
@@ -17,6 +22,9 @@ pub(crate) struct Conn {
     calls: AtomicUsize,
     /// When the last call ended (the accept, before the first).
     idle_since: Mutex<Instant>,
+    /// Answers ready but not yet taken by the client, by number (oldest first): since when.
+    unread: Mutex<BTreeMap<u64, Instant>>,
+    next_answer: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -37,6 +45,8 @@ impl Conn {
             preface_left: AtomicUsize::new(PREFACE_LEN),
             calls: AtomicUsize::new(0),
             idle_since: Mutex::new(now),
+            unread: Mutex::default(),
+            next_answer: AtomicU64::new(0),
             state: Mutex::default(),
         }
     }
@@ -96,6 +106,28 @@ impl Conn {
         }
     }
 
+    /// A call's answer is ready to be sent: the client has [`ANSWER_DEADLINE`] to take it.
+    /// Returns the number `answer_taken` names it by.
+    pub(super) fn answer_ready(&self, now: Instant) -> u64 {
+        let n = self.next_answer.fetch_add(1, Ordering::Relaxed);
+        self.unread_answers().insert(n, now);
+        n
+    }
+
+    /// The answer was sent, or abandoned.
+    pub(super) fn answer_taken(&self, n: u64) {
+        self.unread_answers().remove(&n);
+    }
+
+    fn unread_answers(&self) -> MutexGuard<'_, BTreeMap<u64, Instant>> {
+        self.unread.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Since when the oldest answer not yet taken has waited.
+    fn oldest_unread(&self) -> Option<Instant> {
+        self.unread_answers().first_key_value().map(|(_, t)| *t)
+    }
+
     /// Since when the connection has had no call, or None while it has one.
     pub(super) fn idle_since(&self) -> Option<Instant> {
         let since = self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
@@ -140,17 +172,42 @@ impl Registry {
         live
     }
 
-    /// At the cap: closes the longest idle connection, so the one waiting gets its slot.
-    /// False when every connection has a call.
+    /// At the cap: closes a connection that leaves an answer unread (for a second or more,
+    /// oldest first), else the longest idle one, so the one waiting gets its slot. A client that
+    /// does not read goes before an idle one: otherwise a stream of such clients at the cap
+    /// would keep taking the slot of whoever just connected (idle until its request arrives).
+    /// False when every connection has a call and reads its answers.
     pub(super) fn reclaim_one(&mut self) -> bool {
-        let oldest = self
-            .live()
-            .into_iter()
-            .filter_map(|c| c.idle_since().map(|t| (t, c)))
-            .min_by_key(|(t, _)| *t);
-        match oldest {
-            Some((_, c)) => {
-                let closed = c.close("the connection cap is reached and it was the longest idle");
+        self.reclaim_one_at(Instant::now())
+    }
+
+    pub(super) fn reclaim_one_at(&mut self, now: Instant) -> bool {
+        let live = self.live();
+        let unread = live
+            .iter()
+            .filter_map(|c| c.oldest_unread().map(|t| (t, c)))
+            .filter(|(t, _)| now.saturating_duration_since(*t) >= UNREAD_AT_THE_CAP)
+            .min_by_key(|(t, _)| *t)
+            .map(|(_, c)| {
+                (
+                    c,
+                    "the connection cap is reached and it left an answer unread",
+                )
+            });
+        let chosen = unread.or_else(|| {
+            live.iter()
+                .filter_map(|c| c.idle_since().map(|t| (t, c)))
+                .min_by_key(|(t, _)| *t)
+                .map(|(_, c)| {
+                    (
+                        c,
+                        "the connection cap is reached and it was the longest idle",
+                    )
+                })
+        });
+        match chosen {
+            Some((c, why)) => {
+                let closed = c.close(why);
                 self.reclaimed += usize::from(closed);
                 closed
             }
@@ -158,7 +215,8 @@ impl Registry {
         }
     }
 
-    /// Applies the handshake deadline and, above three quarters of the cap, the idle timeout.
+    /// Applies the handshake deadline, the answer deadline and, above three quarters of the
+    /// cap, the idle timeout.
     pub(super) fn sweep(&mut self) {
         self.sweep_at(Instant::now());
     }
@@ -166,11 +224,21 @@ impl Registry {
     pub(super) fn sweep_at(&mut self, now: Instant) {
         let mut live = self.live();
         let mut late = 0;
+        let mut stalled = 0;
         live.retain(|c| {
             let late_preface = c.preface_left.load(Ordering::Relaxed) > 0
                 && now.saturating_duration_since(c.accepted) >= HANDSHAKE_DEADLINE;
             if late_preface && c.close("no HTTP/2 preface within the handshake deadline") {
                 late += 1;
+                return false;
+            }
+            // A client that leaves an answer unread (a flow-control window of 0, a socket it
+            // never reads) would hold its slot for ever, a call in flight or not: closed.
+            let unread = c
+                .oldest_unread()
+                .is_some_and(|t| now.saturating_duration_since(t) >= ANSWER_DEADLINE);
+            if unread && c.close("an answer was left unread past the answer deadline") {
+                stalled += 1;
                 return false;
             }
             true
@@ -189,14 +257,15 @@ impl Registry {
             }
         }
         let reclaimed = std::mem::take(&mut self.reclaimed);
-        if late + idle + reclaimed > 0 {
+        if late + stalled + idle + reclaimed > 0 {
             tracing::info!(
                 late_preface = late,
+                unread_answer = stalled,
                 idle,
                 taken_at_the_cap = reclaimed,
                 open = live.len() - idle,
                 cap = self.cap,
-                "gRPC socket: closed connections that held a slot without a call"
+                "gRPC socket: closed connections that held a slot without a call or without reading"
             );
         }
     }

@@ -215,3 +215,53 @@ async fn a_call_is_busy_from_its_whole_request_until_its_answer_is_gone() {
     drop(answer);
     assert!(conn.idle_since().is_some(), "still busy after its answer");
 }
+
+#[test]
+fn an_answer_left_unread_closes_its_connection_calls_in_flight_or_not() {
+    let mut r = Registry::new(8);
+    let t0 = Instant::now();
+    let reader = r.register();
+    let stalled = r.register();
+    let (close_reader, close_stalled) = (reader.clone(), stalled.clone());
+    for c in [&reader, &stalled] {
+        c.received(PREFACE_LEN);
+    }
+    // The reader takes its answer at once; the stalled client leaves one unread while another
+    // call of its is still being served (which idle rules alone would never close).
+    let taken = reader.answer_ready(t0);
+    reader.answer_taken(taken);
+    stalled.begin_call();
+    stalled.answer_ready(t0);
+    r.sweep_at(t0 + ANSWER_DEADLINE - Duration::from_millis(100));
+    let waker = std::task::Waker::noop();
+    assert!(
+        close_stalled.closed_for(waker).is_none(),
+        "closed too early"
+    );
+    r.sweep_at(t0 + ANSWER_DEADLINE + Duration::from_millis(100));
+    assert!(
+        close_stalled.closed_for(waker).is_some(),
+        "the stalled client kept its slot"
+    );
+    assert!(
+        close_reader.closed_for(waker).is_none(),
+        "a reading client was closed"
+    );
+}
+
+#[test]
+fn at_the_cap_a_client_that_leaves_an_answer_unread_goes_before_an_idle_one() {
+    let mut r = Registry::new(2);
+    let t0 = Instant::now();
+    let idle = r.register();
+    let stalled = r.register();
+    stalled.begin_call();
+    stalled.answer_ready(t0);
+    let waker = std::task::Waker::noop();
+    assert!(r.reclaim_one_at(t0 + Duration::from_secs(2)));
+    assert!(
+        stalled.closed_for(waker).is_some(),
+        "the stalled client kept its slot"
+    );
+    assert!(idle.closed_for(waker).is_none(), "the idle one went first");
+}

@@ -1,4 +1,5 @@
 pub mod anchor;
+pub mod attachment;
 pub mod blank;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod blkid;
@@ -26,6 +27,7 @@ pub mod mounts;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod nvme;
 pub mod private;
+pub mod private_bind;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod sandbox;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper

@@ -16,6 +16,7 @@ use sys_mount::{Mount, MountFlags as MsFlags};
 
 use super::anchor::{Anchored, EntryFd};
 use super::mount_api;
+use super::private_bind;
 use super::sandbox::{self, Newer};
 
 /// Mounts a filesystem from a block device onto `target`. `vfs_bits` are validated `MS_*` bits;
@@ -55,7 +56,7 @@ pub fn bind(source: &Path, entry: &Anchored, read_only: bool, vfs_bits: u64) -> 
             Err(Attach::Unavailable) => {}
         }
     }
-    bind_then_remount(source, entry, &target, read_only, vfs_bits)
+    bind_without_mount_api(source, &target, read_only, vfs_bits)
 }
 
 enum Attach {
@@ -104,53 +105,28 @@ fn bind_detached(
     .map_err(|e| fail(Newer::MoveMount, e))
 }
 
-/// Without the new mount API (Linux before 5.12, or a seccomp filter denying it): a plain bind,
-/// then a remount step for read-only and the other bits, because the kernel ignores them on the
-/// first MS_BIND call. That step names the new mount through a fresh fd of the entry, and the
-/// bind is taken away again if it fails, so a writable bind never outlives a read-only request
-/// in this namespace. Known gap: a remount does not propagate, so the copies a shared target
-/// already cloned into its peers stay read-write (and without nosuid/nodev/noexec).
-fn bind_then_remount(
+/// Without the new mount API (Linux before 5.12, or a seccomp filter denying it): a plain bind
+/// when no attribute is asked for; otherwise the bind gets its attributes in the agent's private
+/// place and only then is bound onto the entry (`private_bind`), so that a shared target's peers
+/// clone it with them too (a remount at the target would change the agent's copy alone).
+fn bind_without_mount_api(
     source: &Path,
-    entry: &Anchored,
     target: &EntryFd,
     read_only: bool,
     vfs_bits: u64,
 ) -> io::Result<()> {
-    let before = target.stat()?.mnt_id;
-    Mount::builder()
-        .fstype("none")
-        .flags(MsFlags::BIND)
-        .mount(source, target.proc_path())?;
-    let extra = MsFlags::from_bits_retain(vfs_bits) & !MsFlags::RDONLY;
-    if !read_only && extra.is_empty() {
-        return Ok(());
-    }
-    let remount = || -> io::Result<()> {
-        let bound = entry.open_entry()?;
-        if before.is_some() && bound.stat()?.mnt_id == before {
-            return Err(io::Error::other(
-                "the new bind mount is not at the entry any more",
-            ));
-        }
-        let mut flags = MsFlags::BIND | MsFlags::REMOUNT | extra;
-        if read_only {
-            flags |= MsFlags::RDONLY;
-        }
-        Mount::builder()
+    let mut flags = MsFlags::from_bits_retain(vfs_bits) & !MsFlags::RDONLY;
+    if !read_only && flags.is_empty() {
+        return Mount::builder()
             .fstype("none")
-            .flags(flags)
-            .mount("none", bound.proc_path())
-            .map(drop)
-    };
-    if let Err(e) = remount() {
-        let _ = umount2(
-            &entry.unmount_path(),
-            MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW,
-        );
-        return Err(e);
+            .flags(MsFlags::BIND)
+            .mount(source, target.proc_path())
+            .map(drop);
     }
-    Ok(())
+    if read_only {
+        flags |= MsFlags::RDONLY;
+    }
+    private_bind::bind_with(source, target, flags)
 }
 
 #[derive(Debug, PartialEq, Eq)]

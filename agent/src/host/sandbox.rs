@@ -87,9 +87,9 @@ impl Newer {
                  more syscalls)"
             }
             Newer::OpenTree | Newer::MoveMount | Newer::MountSetattr => {
-                "a bind is made read-only by a remount after it is attached: the copies a shared \
-                 target propagates it to stay read-write (nosuid/nodev/noexec do not reach them \
-                 either)"
+                "a bind gets its read-only and nosuid/nodev/noexec bits by a remount in a private \
+                 place below the state directory and is bound from there, so the copies a shared \
+                 target propagates it to have them too"
             }
         }
     }

@@ -13,7 +13,7 @@ use super::path_string;
 use crate::error::{Error, Result};
 use crate::host::blkid::{self, ProbeOutcome, Signature};
 use crate::host::fstools::filesystem_bytes_of;
-use crate::host::{blank, loopdev};
+use crate::host::{attachment, blank, loopdev};
 use crate::request::{FormatOptions, FsType};
 
 /// What the probe allows us to do with the device.
@@ -81,6 +81,11 @@ fn describe(sig: &Signature) -> String {
 /// The never-format rule: format only a provably blank device, or one whose interrupted mkfs was
 /// ours; use an existing filesystem only if it is the requested one and, once we formatted the
 /// volume, only if it carries our UUID.
+///
+/// A format intent proves that our mkfs wrote its UUID only while nobody else can have written
+/// the device since the intent: on the same attachment (`licenses_redo`), and never after the
+/// volume was handed out as a raw block device (block stage and publish forget the intent,
+/// `forget_intent`). Otherwise a filesystem carrying that UUID is used as found, never redone.
 pub fn decide(
     ctx: &NodeCtx,
     vol: &str,
@@ -96,6 +101,9 @@ pub fn decide(
         device: device.path().to_path_buf(),
         reason,
     };
+    // An intent that proves nothing counts as no record: a filesystem is used as found (and
+    // recorded), never redone; a device that is not provably blank is refused.
+    let format = format.filter(|f| f.state == FormatState::Done || licenses_redo(f, device));
     match outcome {
         ProbeOutcome::Ambivalent => Err(Error::NotBlank {
             device: device.path().to_path_buf(),
@@ -104,6 +112,20 @@ pub fn decide(
         ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
             let found = sig.uuid.clone().unwrap_or_default();
             let existing = |adopt| {
+                // Not redone (no intent licenses it): an xfs whose mkfs never finished is
+                // nothing to mount, and is left for the operator.
+                let unfinished = blank::xfs_mkfs_unfinished(device.held.file())
+                    .map_err(|e| Error::io(format!("reading {}", device.path().display()), e))?;
+                if unfinished {
+                    return Err(Error::NotBlank {
+                        device: device.path().to_path_buf(),
+                        found: format!(
+                            "an xfs (UUID {found}) whose mkfs never finished, and no format \
+                             intent of this attachment vouches that it was ours; if it is not \
+                             wanted, wipe the whole device and stage again"
+                        ),
+                    });
+                }
                 Ok(Decision::Check(Existing {
                     uuid: found.clone(),
                     adopt,
@@ -115,8 +137,8 @@ pub fn decide(
                     "it carries {fs} UUID {found}, but the volume was formatted with UUID {}",
                     f.uuid
                 ))),
-                // Our mkfs was interrupted (or finished just before its record): redo it; the
-                // volume was never mounted, so nothing of the user's can be on it.
+                // Our mkfs was interrupted (or finished just before its record), on this very
+                // attachment, and the device was never handed out since: redo it.
                 Some(f) if f.state == FormatState::Intent && !readonly => Ok(Decision::Format {
                     uuid: f.uuid.clone(),
                 }),
@@ -177,7 +199,7 @@ fn blank_or_ours(
         });
     };
     // Only our own mkfs wrote the superblock with the UUID it chose: the device was proven blank
-    // before that mkfs ran, and the volume was never mounted since.
+    // before that mkfs ran, and it was neither mounted, handed out raw nor detached since.
     if blank::carries_uuid(device.held.file(), &f.uuid).map_err(read_err)? {
         return Ok(Decision::Format {
             uuid: f.uuid.clone(),
@@ -193,6 +215,29 @@ fn blank_or_ours(
             found.what, f.uuid
         ),
     })
+}
+
+/// Whether a format record is an intent that still proves its mkfs was the last to write the
+/// device: journaled on this attachment of it (a detach and re-attach, a reboot or another
+/// device at the path gives another), so nobody can have used the device elsewhere since.
+fn licenses_redo(f: &FormatRecord, device: &VolumeDevice) -> bool {
+    f.state == FormatState::Intent
+        && f.attachment.is_some()
+        && f.attachment == attachment::of(device.devnum())
+}
+
+/// Drops a format intent in the commit that hands the volume out as a raw block device (block
+/// stage and block publish): from then on anything may be written to it, a filesystem with the
+/// intent's UUID included, so the intent may license nothing any more.
+pub fn forget_intent(
+    ctx: &NodeCtx,
+    vol: &str,
+    w: &mut ebs_store::Writer,
+) -> std::result::Result<(), ebs_store::StoreError> {
+    match ctx.store.format(vol)? {
+        Some(f) if f.state == FormatState::Intent => w.delete_format(vol),
+        _ => Ok(()),
+    }
 }
 
 /// The blank proof for this device: every allocated byte of its backing file where the backend
@@ -234,6 +279,7 @@ pub fn format_record(
         identity: dev.identity.clone(),
         state,
         at_unix_ms: now_unix_ms(),
+        attachment: attachment::of(dev.devnum()),
     }
 }
 

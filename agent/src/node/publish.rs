@@ -121,12 +121,19 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 ("readonly", readonly.to_string()),
             ]);
             check_target_is_ours_to_use(&target, block, prior.is_some())?;
+            // A raw block device may get anything written to it: a format intent stops
+            // licensing anything in the commit before the bind (see `format::forget_intent`).
             journal.record(
                 "bind",
                 Phase::Intent,
                 facts.clone(),
                 Durability::Immediate,
-                |w| w.put_publication(&record),
+                |w| {
+                    if block {
+                        super::format::forget_intent(ctx, vol, w)?;
+                    }
+                    w.put_publication(&record)
+                },
             )?;
             if let Err(e) = create_target(&target, block, prior.is_some()) {
                 // Someone made the path in between: the intent must not vouch for their file.

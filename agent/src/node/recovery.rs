@@ -72,10 +72,21 @@ pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryRepor
         {
             let ctx = Arc::clone(ctx);
             running.spawn(async move {
-                // Nothing else runs yet: the guard is free.
-                match ctx.locks.try_lock(&vol) {
+                // Calls that do not wait for readiness (the loop controller's) may hold the
+                // guard: wait for it as long as for a check, and never pass a volume by
+                // unchecked. Still held then: marked, so the background retry and the next call
+                // on it check it before anything else.
+                match ctx.locks.lock_within(&vol, wait).await {
                     Some(guard) => attention::check(&ctx, &vol, guard, wait).await,
-                    None => Checked::Refused(crate::error::Error::Busy(vol)),
+                    None => {
+                        let why = format!(
+                            "another call held it all through its start-up check ({} s); it \
+                             is checked again before anything else is done with it",
+                            wait.as_secs()
+                        );
+                        ctx.attention.mark(&vol, &why);
+                        Checked::Refused(crate::error::Error::Busy(vol))
+                    }
                 }
             });
         }
@@ -238,4 +249,109 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use ebs_store::{DeviceIdentity, StagedVolume, Store};
+
+    use super::*;
+    use crate::backend::loopback::LoopBackend;
+    use crate::host::fstools::FsTools;
+    use crate::request::Roots;
+
+    fn ctx(dir: &std::path::Path) -> Arc<NodeCtx> {
+        let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));
+        Arc::new(NodeCtx {
+            store: Arc::clone(&store),
+            backend: Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
+            fstools: FsTools::detect(),
+            locks: Default::default(),
+            device_locks: Default::default(),
+            claims: Default::default(),
+            roots: Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
+            crash_after: Default::default(),
+            health: Default::default(),
+            attention: Default::default(),
+        })
+    }
+
+    /// A volume recorded as staged whose staging mount is gone (a reboot): recovery drops it.
+    fn staged_without_its_mount(ctx: &NodeCtx, dir: &std::path::Path) {
+        let record = StagedVolume {
+            volume_id: "v".into(),
+            staging_path: dir.join("allowed/staging/v"),
+            device: "/dev/loop-none".into(),
+            devnum: None,
+            identity: DeviceIdentity::Unverified,
+            access: AccessRecord::Mount {
+                fs_type: "ext4".into(),
+                mount_flags: vec![],
+            },
+            access_mode: 1,
+            readonly: false,
+            progress: Progress::Complete,
+            at_unix_ms: 1,
+        };
+        ctx.store
+            .write(Durability::Immediate, |w| w.put_staged(&record))
+            .expect("record");
+    }
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("recov-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("allowed")).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_volume_whose_guard_is_held_at_start_up_is_still_recovered() {
+        let dir = temp("held");
+        let ctx = ctx(&dir);
+        staged_without_its_mount(&ctx, &dir);
+        // A loop-controller call holds the volume while recovery reaches it, and ends.
+        let held = ctx.locks.try_lock("v").expect("free");
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(held);
+        });
+        let report = recover(&ctx, Duration::from_secs(5))
+            .await
+            .expect("recover");
+        release.await.unwrap();
+        assert_eq!(
+            ctx.store.staged("v").unwrap().map(|s| s.staging_path),
+            None,
+            "the volume was passed by unchecked: its stale record stayed ({report:?})"
+        );
+        assert_eq!(report.dropped_stagings, 1, "{report:?}");
+        assert!(!ctx.attention.is_marked("v"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_guard_held_all_through_start_up_leaves_the_volume_marked_then_checked() {
+        let dir = temp("marked");
+        let ctx = ctx(&dir);
+        staged_without_its_mount(&ctx, &dir);
+        let held = ctx.locks.try_lock("v").expect("free");
+        let started = Instant::now();
+        let report = recover(&ctx, Duration::from_millis(300))
+            .await
+            .expect("recover");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(report.needing_attention, 1, "{report:?}");
+        assert!(ctx.attention.is_marked("v"), "neither checked nor marked");
+        drop(held);
+        // The next call on the volume checks it first (as run_locked does).
+        let guard = ctx.locks.try_lock("v").expect("free");
+        let checked = attention::check(&ctx, "v", guard, Duration::from_secs(5)).await;
+        assert!(matches!(checked, Checked::Recovered(..)));
+        assert!(!ctx.attention.is_marked("v"));
+        assert_eq!(ctx.store.staged("v").unwrap().map(|s| s.volume_id), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -12,7 +12,9 @@ use ebs_store::{
 use super::claims::Use;
 use super::compat::{access_record, check_compatible, verify_identity};
 use super::device::VolumeDevice;
-use super::format::{Decision, Existing, decide, format_device, format_record, probe_with_size};
+use super::format::{
+    Decision, Existing, decide, forget_intent, format_device, format_record, probe_with_size,
+};
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
@@ -85,14 +87,18 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         at_unix_ms: now_unix_ms(),
     };
     let AccessType::Mount { fs, flags } = &cmd.capability.access else {
-        // Block access: the device is verified and recorded; nothing is mounted.
+        // Block access: the device is verified and recorded; nothing is mounted. It is handed
+        // out raw from here on, so a format intent stops licensing anything in the same commit.
         record.progress = Progress::Complete;
         journal.record(
             "staged",
             Phase::Done,
             detail([("device", path_string(&resolved.path))]),
             Durability::Immediate,
-            |w| w.put_staged(&record),
+            |w| {
+                forget_intent(ctx, vol, w)?;
+                w.put_staged(&record)
+            },
         )?;
         ctx.claims.record(vol, staging_path, Use::Staging);
         return Ok(());

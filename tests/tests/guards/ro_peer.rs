@@ -166,7 +166,7 @@ async fn a_read_only_block_publish_is_read_only_in_a_peer() {
 
 /// Without mount_setattr (a kernel before 5.12: ENOSYS) the bind + remount fallback keeps every
 /// guarantee it had in the agent's own namespace: read-only and noexec there, said once in the
-/// log. (Its peers' copies stay read-write: the fallback's known gap, see `host/mounter.rs`.)
+/// log. (Its peers' copies: the next test.)
 #[tokio::test]
 async fn without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace() {
     if !require_root("without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace") {
@@ -212,4 +212,113 @@ async fn without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace
     node.node_unstage_volume(unstage_req(&vol, &staging))
         .await
         .expect("unstage");
+}
+
+/// The same without the new mount API (a kernel before 5.12, or a seccomp filter denying it):
+/// the fallback must not leave the peers' copies writable either (a remount does not
+/// propagate), nor without the noexec asked for.
+#[tokio::test]
+async fn without_the_mount_api_a_read_only_publish_is_read_only_in_every_peer_too() {
+    if !require_root("without_the_mount_api_a_read_only_publish_is_read_only_in_every_peer_too") {
+        return;
+    }
+    use ebs_tests::seccomp::{ENOSYS, EPERM, MOUNT_SETATTR, MOVE_MOUNT, OPEN_TREE, filtered};
+    let filters = [
+        ("setattr", filtered(&[(MOUNT_SETATTR, ENOSYS)])),
+        (
+            "api",
+            filtered(&[
+                (OPEN_TREE, EPERM),
+                (MOVE_MOUNT, EPERM),
+                (MOUNT_SETATTR, EPERM),
+            ]),
+        ),
+    ];
+    for (name, wrapper) in filters {
+        let scratch = Scratch::new(&format!("g-ropeerfb-{name}"));
+        let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
+        agent.wrapper = wrapper;
+        agent.spawn().await;
+        let shared = agent.work.join("pods");
+        let peer = scratch.join("peer");
+        shared_pair(&shared, &peer);
+        let vol = create_attached(&agent, "ropfp", 64 * MIB).await;
+        let staging = agent.work.join("staging/ropfp");
+        let mut node = agent.node().await;
+        node.node_stage_volume(stage_req(
+            &vol,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .expect("stage");
+        std::fs::write(staging.join("hello"), b"staged").unwrap();
+        let cases: [(&str, &[&str], bool); 2] =
+            [("a", &["noexec"], true), ("c", &["ro", "nodev"], false)];
+        for (case, flags, readonly) in cases {
+            let target = shared.join(format!("{case}/mount"));
+            let seen = peer.join(format!("{case}/mount"));
+            let cap = mount_cap_flags("ext4", Mode::SingleNodeWriter, flags);
+            node.node_publish_volume(publish_req(&vol, &staging, &target, cap, readonly))
+                .await
+                .unwrap_or_else(|e| panic!("{name} publish {case}: {e:?}\n{}", agent.log_text()));
+            assert!(is_mounted(&seen), "the bind did not propagate");
+            for at in [&target, &seen] {
+                let opts = mount_options(at).expect("in mountinfo");
+                for w in flags.iter().filter(|f| **f != "ro").chain(&["ro"]) {
+                    assert!(
+                        opts.iter().any(|o| o == w),
+                        "{name}: {} lacks {w}: {opts:?}",
+                        at.display()
+                    );
+                }
+                assert_eq!(std::fs::read(at.join("hello")).unwrap(), b"staged");
+                erofs(&at.join("x")).unwrap();
+            }
+            std::fs::write(staging.join("still-rw"), b"x").expect("the staging mount stays rw");
+            node.node_unpublish_volume(unpublish_req(&vol, &target))
+                .await
+                .expect("unpublish");
+            assert!(
+                mounts_below(&peer).iter().all(|m| m == &peer),
+                "{name}: the unpublish left copies: {:?}",
+                mounts_below(&peer)
+            );
+        }
+        node.node_unstage_volume(unstage_req(&vol, &staging))
+            .await
+            .expect("unstage");
+
+        // A read-only raw block publication: a device node bound through the private place.
+        let vol = create_attached(&agent, "ropfb", 16 * MIB).await;
+        let staging = agent.work.join("staging/ropfb");
+        let cap = block_cap(Mode::SingleNodeWriter);
+        node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+            .await
+            .expect("block stage");
+        let (target, seen) = (shared.join("dev"), peer.join("dev"));
+        node.node_publish_volume(publish_req(&vol, &staging, &target, cap, true))
+            .await
+            .unwrap_or_else(|e| panic!("{name} block publish: {e:?}\n{}", agent.log_text()));
+        assert!(is_mounted(&seen), "the block bind did not propagate");
+        for at in [&target, &seen] {
+            let opts = mount_options(at).expect("in mountinfo");
+            assert!(
+                opts.iter().any(|o| o == "ro"),
+                "{name}: {}: {opts:?}",
+                at.display()
+            );
+            super::write_fails(at).unwrap();
+        }
+        node.node_unpublish_volume(unpublish_req(&vol, &target))
+            .await
+            .expect("block unpublish");
+        assert!(
+            !is_mounted(&seen),
+            "{name}: the unpublish left the peer's copy"
+        );
+        node.node_unstage_volume(unstage_req(&vol, &staging))
+            .await
+            .expect("block unstage");
+    }
 }

@@ -6,6 +6,7 @@
 
 mod hpack;
 mod idle;
+mod unread;
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;

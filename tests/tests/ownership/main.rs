@@ -4,6 +4,7 @@
 mod devices;
 mod failures;
 mod foreign;
+mod intent;
 
 use std::path::{Path, PathBuf};
 

@@ -86,6 +86,14 @@ pub fn carries_uuid(device: &File, uuid: &str) -> io::Result<bool> {
     Ok(&xfs[0..4] == b"XFSB" && xfs[32..48] == want)
 }
 
+/// Whether the device carries an xfs primary superblock whose mkfs never finished
+/// (`sb_inprogress`, byte 126, is set until mkfs.xfs's last write): not a filesystem to mount.
+pub fn xfs_mkfs_unfinished(device: &File) -> io::Result<bool> {
+    let mut sb = [0u8; 128];
+    device.read_exact_at(&mut sb, 0)?;
+    Ok(&sb[0..4] == b"XFSB" && sb[126] != 0)
+}
+
 fn parse_uuid(uuid: &str) -> Option<[u8; 16]> {
     let hex: Vec<u8> = uuid.bytes().filter(|&b| b != b'-').collect();
     if hex.len() != 32 {

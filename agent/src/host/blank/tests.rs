@@ -278,3 +278,18 @@ fn corrupted_ext4_is_found_via_backup_superblock() {
         );
     }
 }
+
+#[test]
+fn an_xfs_whose_mkfs_never_finished_is_told_apart() {
+    let path = std::env::temp_dir().join(format!("xfs-inprogress-{}", std::process::id()));
+    let mut sb = vec![0u8; 4096];
+    sb[0..4].copy_from_slice(b"XFSB");
+    std::fs::write(&path, &sb).unwrap();
+    let f = File::open(&path).unwrap();
+    assert!(!super::xfs_mkfs_unfinished(&f).unwrap());
+    sb[126] = 1;
+    std::fs::write(&path, &sb).unwrap();
+    let f = File::open(&path).unwrap();
+    assert!(super::xfs_mkfs_unfinished(&f).unwrap());
+    let _ = std::fs::remove_file(&path);
+}

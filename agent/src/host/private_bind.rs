@@ -1,0 +1,115 @@
+//! The read-only (nosuid, nodev, noexec, atime) bind without the new mount API (Linux before
+//! 5.12, or a seccomp filter denying open_tree, move_mount or mount_setattr).
+//!
+//! mount(2) ignores those bits on the first MS_BIND call, and a later remount changes only the
+//! agent's own copy: a shared target (kubelet's directory under Bidirectional propagation) has
+//! already cloned the bind, writable, into every peer. So the bind is made and remounted first
+//! in a private place of the agent's own (a tmpfs below the state directory, made private, so
+//! nothing mounted in it propagates anywhere), and only the finished mount is bound onto the
+//! target: a bind copies the mount's flags, and so does every clone made for the target's peers.
+//! The private place's own tmpfs is made once per boot; if the state directory's mount is
+//! shared, its peers get an empty copy of that tmpfs, nothing else.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use nix::mount::{MntFlags, umount2};
+use sys_mount::{Mount, MountFlags as MsFlags};
+
+use super::anchor::EntryFd;
+use super::mountinfo::MountTable;
+
+/// The private tmpfs's source name, how a later process of the agent recognises it.
+const SOURCE: &str = "ebs-node-agent-binds";
+
+static DIR: OnceLock<PathBuf> = OnceLock::new();
+static READY: Mutex<bool> = Mutex::new(false);
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Where the private place is (the state directory's `binds`); set once at start.
+pub fn set_dir(dir: PathBuf) {
+    let _ = DIR.set(dir);
+}
+
+/// Binds `source` onto `target` with `flags` (MS_RDONLY and per-mount bits) already on the
+/// mount when it appears at the target, in this namespace and in every peer of it.
+pub fn bind_with(source: &Path, target: &EntryFd, flags: MsFlags) -> io::Result<()> {
+    let dir = prepared()?;
+    let place = dir.join(format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    if std::fs::metadata(source)?.is_dir() {
+        std::fs::create_dir(&place)?;
+    } else {
+        std::fs::File::create_new(&place)?;
+    }
+    let made = (|| {
+        Mount::builder()
+            .fstype("none")
+            .flags(MsFlags::BIND)
+            .mount(source, &place)?;
+        Mount::builder()
+            .fstype("none")
+            .flags(MsFlags::BIND | MsFlags::REMOUNT | flags)
+            .mount("none", &place)?;
+        Mount::builder()
+            .fstype("none")
+            .flags(MsFlags::BIND)
+            .mount(&place, target.proc_path())
+            .map(drop)
+    })();
+    // The private copy goes in every case; the target's stays.
+    let _ = umount2(&place, MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_file(&place).or_else(|_| std::fs::remove_dir(&place));
+    made
+}
+
+/// Makes the private place now (start-up, where the fallback is known to be needed).
+pub fn prepare() -> io::Result<()> {
+    prepared().map(drop)
+}
+
+/// The private place, made (or taken over from an earlier process, its leftovers detached) at
+/// the first use.
+fn prepared() -> io::Result<PathBuf> {
+    let dir = DIR
+        .get()
+        .ok_or_else(|| io::Error::other("no private place for a read-only bind was set"))?;
+    let mut ready = READY.lock().unwrap_or_else(|p| p.into_inner());
+    if *ready {
+        return Ok(dir.clone());
+    }
+    std::fs::create_dir_all(dir)?;
+    let table = MountTable::read().map_err(io::Error::other)?;
+    let ours = table.at(dir).is_some_and(|m| m.source == SOURCE);
+    if ours {
+        // A crash between a private bind and its detach left it: nothing needs it.
+        for m in table.entries().iter().rev() {
+            if m.mount_point.parent() == Some(dir.as_path()) {
+                let _ = umount2(&m.mount_point, MntFlags::MNT_DETACH);
+                let _ = std::fs::remove_file(&m.mount_point)
+                    .or_else(|_| std::fs::remove_dir(&m.mount_point));
+            }
+        }
+    } else {
+        Mount::builder()
+            .fstype("tmpfs")
+            .flags(MsFlags::NOSUID | MsFlags::NODEV | MsFlags::NOEXEC)
+            .data("mode=0700,size=64k")
+            .mount(SOURCE, dir)?;
+    }
+    // Private every time (also a tmpfs taken over): nothing below it may propagate.
+    nix::mount::mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    *ready = true;
+    Ok(dir.clone())
+}
