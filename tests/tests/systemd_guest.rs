@@ -21,7 +21,7 @@ fn systemd_guest_runs_the_shipped_unit() {
         // A loaded 2-core machine slows software emulation several times over.
         .env(
             "LAB_TIMEOUT",
-            std::env::var("LAB_TIMEOUT").unwrap_or_else(|_| "600".into()),
+            std::env::var("LAB_TIMEOUT").unwrap_or_else(|_| "900".into()),
         )
         .output()
         .expect("running tests/nvme-lab/systemd/run.sh");
@@ -29,13 +29,19 @@ fn systemd_guest_runs_the_shipped_unit() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    println!("sdguest: whole run {:.1} s", started.elapsed().as_secs_f64());
+    println!(
+        "sdguest: whole run {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     if out.status.code() == Some(3) {
         assert!(
             !ebs_tests::is_ci(),
             "a prerequisite of the systemd guest is missing under CI=true: {stderr}"
         );
-        ebs_tests::skip(TEST, "a prerequisite is missing (see the sdguest line above)");
+        ebs_tests::skip(
+            TEST,
+            "a prerequisite is missing (see the sdguest line above)",
+        );
         return;
     }
     assert!(
@@ -64,6 +70,15 @@ fn systemd_guest_runs_the_shipped_unit() {
         "LAB ok   journal: no EPERM, seccomp or denied line",
         "LAB ok   openat2 used under the unit",
         "LAB ok   doctor under the unit: openat2 usable",
+        // The shipped unit's choice, as the unit file and the guide state it: openat2 is let
+        // through (no RestrictSUIDSGID=); systemd 252 denies statmount with EPERM and the agent
+        // and `doctor` both name the fallback.
+        "syscall not available here; taking the fallback from now on syscall=\"statmount\" answer=\"EPERM",
+        "LAB doctor ok       openat2",
+        "LAB doctor warning  statmount/listmount ",
+        "statmount EPERM (Operation not permitted",
+        // docs/operations/systemd.md quotes this figure.
+        "Overall exposure level for ebs-node-agent.service: 4.7",
         "LAB DONE pass=",
     ] {
         assert!(

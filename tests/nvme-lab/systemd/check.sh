@@ -11,7 +11,7 @@ ok() { echo "LAB ok   $*"; pass=$((pass + 1)); }
 bad() { echo "LAB FAIL $*"; fail=$((fail + 1)); }
 now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 U=ebs-node-agent
-J() { journalctl -u "$U" -o cat --no-pager "$@"; }
+J() { journalctl -u "$U" -o cat --no-pager; }
 finish() {
   echo "LAB DONE pass=$pass fail=$fail"
   [ "$fail" -ne 0 ] && journalctl -u "$U" -o short-monotonic --no-pager | tail -n 80 | sed 's/^/LAB journal /'
@@ -39,8 +39,6 @@ wait_for() {
 C() { timeout 120 /usr/local/bin/ebs-node-agent client "$@"; }
 ready() { C --json identity probe 2>/dev/null | grep -q '"ready":true'; }
 restarted() { [ "$(prop NRestarts)" = "$1" ] && [ "$(prop ActiveState)" = active ]; }
-# recovered N: the last start-up recovery's line, with N volumes.
-recoveries() { J | grep -c 'start-up recovery done; ready'; }
 serial_of() { tr -d ' ' <"$1" 2>/dev/null; }
 ns_of() {
   for d in /sys/block/nvme*; do
@@ -60,10 +58,11 @@ step() {
 }
 
 echo "LAB guest kernel $(uname -r), $(systemctl --version | head -1), PID 1 $(cat /proc/1/comm)"
+echo "LAB boot $(systemd-analyze time 2>/dev/null | head -1)"
 
 # --- Install exactly as the guide says (its `install` lines, run from a tree shaped like the
 # checkout), then edit the env file, then its `systemctl daemon-reload && systemctl enable --now`.
-cd /lab && bash -e /lab/guide-install.sh && ok "installed as docs/operations/systemd.md says" || bad "guide install failed"
+if cd /lab && bash -e /lab/guide-install.sh; then ok "installed as docs/operations/systemd.md says"; else bad "guide install failed"; fi
 cd /
 cat >>/etc/ebs-node-agent/ebs-node-agent.env <<ENV
 EBS_AGENT_NODE_ID=i-lab
@@ -78,7 +77,7 @@ if systemctl daemon-reload && systemctl enable --now "$U" 2>/tmp/out; then
   took=$(($(now_ms) - t))
   # One probe, no retry: ready the moment `enable --now` returned.
   if ready; then ok "enable --now returned after READY=1 ($took ms); the first Probe answers ready"; else bad "not ready when enable --now returned"; fi
-  J | grep -m1 'start-up recovery done' | sed 's/^/LAB agent /' 
+  J | grep -m1 'start-up recovery done' | sed 's/^/LAB agent /'
 else
   bad "enable --now: $(cat /tmp/out)"
 fi
