@@ -16,7 +16,7 @@ lab=(
   python3-seccomp                       # tests/tests/operations/syscall_filter.rs: a seccomp filter
   etcd-server containerd runc           # tests/tests/kubernetes.rs: a one-node cluster (tests/k8s)
   containernetworking-plugins openssl   #   (loopback CNI; its certificates)
-  debootstrap                           #   (the agent's image root)
+  debootstrap                           #   (the agent's image root; the systemd guest's root, tests/nvme-lab/systemd)
   xz-utils                              # tests/tools.sh unpacks shared/tools/k8s/*.xz
 )
 bash "$repo/packaging/local/deps.sh" "${lab[@]}"

@@ -72,12 +72,12 @@ pack_initrd() {
 }
 
 # boot_guest LABEL CONSOLE MEMORY_MB APPEND DRIVE_ARGS...: boots the guest, prints its LAB lines
-# and succeeds only when it finished with `LAB DONE ... fail=0`.
+# and succeeds only when it finished with `LAB DONE ... fail=0`. `cpu`: QEMU's -cpu (default max).
 boot_guest() {
   local label=$1 console=$2 mem=$3 append=$4 started elapsed_ms rc=0
   shift 4
   started=$(date +%s%N)
-  timeout --kill-after=5 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
+  timeout --kill-after=5 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu "${cpu:-max}" -machine q35 \
     -smp 1 -m "$mem" -nodefaults -no-user-config -display none -serial stdio -no-reboot \
     -kernel "$kernel" -initrd "$work/initrd.gz" \
     -append "console=ttyS0 quiet panic=-1 $append" \
@@ -90,7 +90,7 @@ boot_guest() {
   tr -d '\r' <"$console" | grep '^LAB' || true
   if ! grep -q '^LAB DONE' "$console"; then
     echo "$label: the guest did not finish (qemu exit $rc, ${elapsed_ms} ms); console:" >&2
-    tr -d '\r' <"$console" | tail -40 >&2
+    tr -d '\r' <"$console" | tail -"${LAB_CONSOLE_LINES:-40}" >&2
     exit 1
   fi
   echo "$label: guest run ${elapsed_ms} ms (boot to poweroff)"
