@@ -174,6 +174,16 @@ impl crate::Store {
         outcome
     }
 
+    /// Makes every commit so far durable, the lazy ones included (one empty durable commit,
+    /// batched like any other). The agent calls it when it stops, so a clean stop leaves no
+    /// record for start-up recovery to complete.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let crate::Db::ReadWrite(live) = &self.db else {
+            return Err(StoreError::ReadOnly);
+        };
+        self.commit(live, Vec::new(), true)
+    }
+
     /// Why the last commit failed, while no commit has succeeded since (a full or failing
     /// state disk): the agent reports it as not ready.
     pub fn write_failure(&self) -> Option<String> {

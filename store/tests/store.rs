@@ -352,3 +352,31 @@ fn a_state_file_that_lost_its_magic_number_is_still_refused() {
         .expect("records were committed: refuse");
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
 }
+
+/// A lazy write is visible at once but on disk only after a durable commit: `sync` (what the
+/// agent calls when it stops) makes it so. Reopened from the file's bytes as they were on disk,
+/// a copy taken before the sync lacks the lazy record and one taken after has it.
+#[test]
+fn sync_makes_lazy_writes_durable() {
+    let dir = TempDir::new("sync");
+    let path = dir.0.join("s.redb");
+    let store = Store::open(&path).unwrap();
+    store
+        .write(Durability::Lazy, |w| w.put_staged(&staged("lazy")))
+        .unwrap();
+    assert!(store.staged("lazy").unwrap().is_some());
+    let before = dir.0.join("before.redb");
+    std::fs::copy(&path, &before).unwrap();
+    store.sync().unwrap();
+    let after = dir.0.join("after.redb");
+    std::fs::copy(&path, &after).unwrap();
+    let seen = |p: &std::path::Path| Store::open(p).unwrap().staged("lazy").unwrap().is_some();
+    assert!(
+        !seen(&before),
+        "the lazy record was durable before the sync"
+    );
+    assert!(
+        seen(&after),
+        "the sync did not make the lazy record durable"
+    );
+}
