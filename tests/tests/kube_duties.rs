@@ -67,9 +67,13 @@ async fn agent_on(
     node: &str,
     extra: &[&str],
 ) -> Agent {
-    let mut opts = AgentOpts::default();
-    opts.env = api.pod_env(sa, node);
-    opts.args.extend(extra.iter().map(|s| s.to_string()));
+    let mut args = AgentOpts::default().args;
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let opts = AgentOpts {
+        args,
+        env: api.pod_env(sa, node),
+        ..Default::default()
+    };
     Agent::start(scratch, opts).await
 }
 
@@ -159,15 +163,15 @@ async fn kubernetes_duties_against_a_real_api_server() {
     );
     let sa = api.service_account_dir("kube-system", "ebs-node-agent");
 
-    startup_taint(&api, &sa, &scratch).await;
+    startup_taint(&api, &sa).await;
     concurrent_taint_change(&api, &sa).await;
-    give_up(&api, &sa, &scratch).await;
+    give_up(&api, &sa).await;
     pre_stop(&api, &sa, &scratch);
 }
 
 /// Taint present → left alone while CSINode lacks the driver or its count → removed once it has
 /// both, every other taint kept. Readiness never waited for it.
-async fn startup_taint(api: &ApiServer, sa: &Path, scratch: &Scratch) {
+async fn startup_taint(api: &ApiServer, sa: &Path) {
     let node = "kd-taint";
     api.apply(&node_yaml(
         node,
@@ -209,7 +213,6 @@ async fn startup_taint(api: &ApiServer, sa: &Path, scratch: &Scratch) {
         "{}",
         agent.log_text()
     );
-    let _ = scratch;
 }
 
 /// The patch tests the taints it read: a taint added between the read and the patch makes the
@@ -251,7 +254,7 @@ async fn concurrent_taint_change(api: &ApiServer, sa: &Path) {
 }
 
 /// No registration within the window: the taint stays and one log line says so.
-async fn give_up(api: &ApiServer, sa: &Path, _scratch: &Scratch) {
+async fn give_up(api: &ApiServer, sa: &Path) {
     let node = "kd-giveup";
     api.apply(&node_yaml(node, &[(STARTUP_TAINT, "NoSchedule")], false));
     let sub = Scratch::new("kube-duties-giveup");

@@ -60,7 +60,7 @@ pub async fn remove_startup_taint(client: &Client, node_name: &str, s: &Settings
     let mut last = String::from("the node never carried the taint");
     let fail = |failures: &mut u32, what: &str, e: &Error| {
         // The first failure and every tenth after it: a down API server must not flood the log.
-        if *failures % 10 == 0 {
+        if failures.is_multiple_of(10) {
             tracing::warn!(error = %e, "startup taint: {what} failed; retrying");
         }
         *failures += 1;
