@@ -28,7 +28,8 @@ FUZZ_PROFILE=ci bash fuzz/run.sh "${FUZZ_SECONDS:-5}" || failed+=("fuzz (inputs 
 log=target/test-output.log
 set +e
 # Includes tests/tests/kubernetes.rs: a one-node cluster from shared/tools/k8s (beside the
-# checkout or above it, or $K8S_TOOLS); it skips without them, except under CI=true.
+# checkout or above it, or $K8S_TOOLS); it skips without them, except under CI=true. So does
+# tests/tests/kube_duties.rs (its own etcd and kube-apiserver only, on free loopback ports).
 cargo test --workspace --locked --no-fail-fast "${hooks[@]}" -- --test-threads="${TEST_THREADS:-4}" 2>&1 |
   tee "$log"
 rc=${PIPESTATUS[0]}

@@ -73,6 +73,10 @@ pub enum Command {
     },
     /// Print an EBS volume's NVMe performance statistics (log page 0xD0), like `nvme amzn stats`.
     EbsStats(crate::ebs_stats::EbsStatsArgs),
+    /// Kubernetes preStop hook: on a node being drained, wait until its VolumeAttachments of
+    /// this driver are gone (bounded); otherwise return at once. Upstream's `pre-stop-hook` too.
+    #[command(alias = "pre-stop-hook")]
+    PreStop(crate::kube_duties::PreStopArgs),
 }
 
 impl Cli {
@@ -236,6 +240,15 @@ pub struct ServeArgs {
     pub upstream: crate::upstream::UpstreamArgs,
     #[command(flatten)]
     pub upstream_flags: crate::upstream_cli::IgnoredFlags,
+    #[command(flatten)]
+    pub kube: crate::kube_duties::KubeArgs,
+    /// Kubernetes: leave the startup taint ebs.csi.aws.com/agent-not-ready alone (removed by
+    /// default once kubelet registered the driver; upstream's DISABLE_TAINT_WATCHER works too).
+    #[arg(long, env = "EBS_AGENT_STARTUP_TAINT_REMOVAL_DISABLED")]
+    pub startup_taint_removal_disabled: bool,
+    /// Kubernetes: how long after start the startup taint is watched for (upstream: 10 minutes).
+    #[arg(long, env = "EBS_AGENT_STARTUP_TAINT_WINDOW", default_value = "10m", value_parser = parse_duration, hide = true)]
+    pub startup_taint_window: Duration,
     /// ebs: where device nodes are (a fixture tree in tests).
     #[arg(long, env = "EBS_AGENT_DEV_ROOT", default_value = "/dev")]
     pub dev_root: PathBuf,

@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod health;
 pub mod host;
 pub mod inventory;
+pub mod kube_duties;
 pub mod logging;
 pub mod metrics;
 pub mod node;

@@ -91,6 +91,10 @@ fn main() {
         Command::Completions { shell } => packaging_output::completions(shell),
         Command::Man { dir } => packaging_output::man(dir.as_deref()),
         Command::EbsStats(args) => ebs_node_agent::ebs_stats::run(args),
+        Command::PreStop(args) => {
+            logging::init(ebs_node_agent::cli::LogFormat::Text, "info");
+            runtime.block_on(ebs_node_agent::kube_duties::pre_stop(args))
+        }
     };
     // Blocking host work still running after the grace period must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));

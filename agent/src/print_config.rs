@@ -33,6 +33,9 @@ pub fn print(args: &ServeArgs) {
         "zone": args.zone,
         "region": args.region,
         "imds_disabled": args.imds_disabled,
+        "kube_node_name": args.kube.kube_node_name,
+        "service_account_dir": args.kube.service_account_dir,
+        "startup_taint_removal": !args.startup_taint_removal_disabled,
         "ignored_upstream_flags": crate::upstream_cli::ignored(args)
             .iter()
             .map(|i| i.flag)

@@ -150,6 +150,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     }
     let health = Arc::new(Health::default());
     health.watch_store(Arc::clone(&store));
+    // In a pod with a service account: the startup taint, in the background (never waited for).
+    crate::kube_duties::spawn_taint_removal(&args);
     if args.mode.serves_node() {
         health.set_problems(health::node_problems(&fstools));
     }

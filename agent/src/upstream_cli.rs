@@ -74,7 +74,7 @@ pub fn ignored(args: &ServeArgs) -> Vec<Ignored> {
     add(
         f.kubeconfig.is_some(),
         "--kubeconfig",
-        "the agent never calls the Kubernetes API",
+        "the Kubernetes duties (startup taint, pre-stop) use the pod's service account",
     );
     add(
         f.enable_otel_tracing == Some(true),
@@ -107,8 +107,9 @@ pub fn warn_ignored(args: &ServeArgs) {
 }
 
 /// Environment variables the upstream chart sets, applied where a flag left a setting open:
-/// AWS_REGION gives the region, AWS_EC2_METADATA_DISABLED=true turns instance metadata off.
-/// CSI_NODE_NAME needs nothing: the node id is the instance id, found as upstream finds it.
+/// AWS_REGION gives the region, AWS_EC2_METADATA_DISABLED=true turns instance metadata off,
+/// DISABLE_TAINT_WATCHER turns startup-taint removal off. CSI_NODE_NAME names the Node for the
+/// Kubernetes duties only: the node id is the instance id, found as upstream finds it.
 /// Identity settings that are blank count as unset: the downward API gives an empty value for a
 /// label the pod lacks (`EBS_AGENT_ZONE` from `topology.kubernetes.io/zone`).
 pub fn apply_env(args: &mut ServeArgs, env: impl Fn(&str) -> Option<String>) {
@@ -132,6 +133,10 @@ pub fn apply_env(args: &mut ServeArgs, env: impl Fn(&str) -> Option<String>) {
     }
     if set("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
         args.imds_disabled = true;
+    }
+    // Upstream's switch: any value turns its taint watcher off.
+    if set("DISABLE_TAINT_WATCHER").is_some() {
+        args.startup_taint_removal_disabled = true;
     }
 }
 

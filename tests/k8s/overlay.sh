@@ -15,6 +15,9 @@ free_port() {
 HEALTH_PORT=${HEALTH_PORT:-$(free_port)}
 METRICS_PORT=${METRICS_PORT:-$(free_port)}
 SOCKET=${K8S_DRIVER_SOCKET:-$K/plugins/ebs.csi.aws.com/csi.sock}
+# The agent's Kubernetes duties (startup taint, pre-stop) call the API server: on 127.0.0.1, as
+# the service IP is not routed here (and nothing may leave the loopback).
+API_PORT=$(sed -n 's/^API_PORT=//p' "$D/env")
 mkdir -p "$D/deploy" "$D/sidecar" "$D/agent-state"
 kubectl --kubeconfig "$D/kubeconfig" config view --raw --flatten >"$D/sidecar/kubeconfig"
 printf 'HEALTH_PORT=%s\nMETRICS_PORT=%s\n' "$HEALTH_PORT" "$METRICS_PORT" >>"$D/env"
@@ -46,6 +49,8 @@ patches:
                 env:
                   - {name: EBS_AGENT_ALLOWED_PATH_PREFIXES, value: "$K"}
                   - {name: EBS_AGENT_METRICS_ADDRESS, value: "127.0.0.1:$METRICS_PORT"}
+                  - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
+                  - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
               - name: node-driver-registrar
                 args: ["--csi-address=/csi/csi.sock", "--kubelet-registration-path=$SOCKET", "--v=2"]
                 livenessProbe:

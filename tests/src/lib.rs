@@ -4,6 +4,7 @@
 
 pub mod addons;
 mod agent;
+pub mod apiserver;
 pub mod controller_cases;
 pub mod csi_req;
 pub mod fake_controller;

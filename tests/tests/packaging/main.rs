@@ -4,6 +4,7 @@
 //! agent would really run with. One source of truth: the agent's own flag parsing.
 
 mod hosts;
+mod kube_duties;
 mod manifests;
 mod release;
 mod upstream_chart;
@@ -64,11 +65,9 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
     );
     assert_eq!(labelled["zone"], "us-east-2b");
 
-    // Node only, no credentials, no API token.
+    // Node only, no cloud credentials; the API token for the agent's container alone.
     assert_eq!(cfg["mode"], "node");
     assert_eq!(cfg["serves_controller"], false);
-    assert_eq!(pod["automountServiceAccountToken"], false);
-    assert!(pod["serviceAccountName"].is_null());
     assert!(env.iter().all(|(k, _)| !k.starts_with("AWS_")), "{env:?}");
     assert!(
         pod["volumes"]
@@ -77,6 +76,7 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
             .iter()
             .all(|v| v["secret"].is_null())
     );
+    kube_duties::check_daemonset(&ds, &cfg);
     assert_eq!(agent["securityContext"]["privileged"], true);
     assert_eq!(driver["metadata"]["name"], cfg["driver_name"]);
     assert_eq!(driver["spec"]["attachRequired"], true);
@@ -147,9 +147,8 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
     assert_eq!(flag(&probe["args"], "health-port"), port.to_string());
     assert_eq!(agent["livenessProbe"]["httpGet"]["port"], "healthz");
 
-    // Shutdown: the pod's grace outlasts the agent's drain; metrics stay on loopback.
-    let grace_s = cfg["shutdown_grace_ms"].as_u64().unwrap() / 1000;
-    assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > grace_s);
+    // Shutdown: the pod's grace outlasts the pre-stop wait and the agent's drain after it
+    // (kube_duties); metrics stay on loopback.
     assert!(is_loopback(str_of(&cfg["metrics_address"], "metrics")));
 }
 

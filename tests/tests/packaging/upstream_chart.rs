@@ -55,12 +55,12 @@ fn upstream_chart_patch_runs_the_agent_as_the_charts_node_plugin() {
     let pod = &ds["spec"]["template"]["spec"];
     let agent = find(&pod["containers"], "ebs-plugin");
 
-    // The image's entrypoint; the chart's arguments untouched; its pre-stop binary gone with it.
+    // The image's entrypoint; the chart's arguments and its pre-stop hook untouched.
     let dockerfile = read("packaging/container/Dockerfile");
     let command = str_of(&agent["command"][0], "command");
     assert!(dockerfile.contains(&format!("ENTRYPOINT [\"{command}\"]")));
     assert_eq!(agent["args"], chart_args);
-    assert!(agent["lifecycle"].is_null(), "{}", agent["lifecycle"]);
+    crate::kube_duties::check_chart_hook(&ds, agent, command, &dockerfile);
     assert_eq!(agent["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(agent["securityContext"]["privileged"], true);
 
@@ -131,9 +131,8 @@ fn upstream_chart_patch_runs_the_agent_as_the_charts_node_plugin() {
         &cfg,
         "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/pv/mount"
     ));
-    // The pod's grace outlasts the agent's drain.
-    let grace_s = cfg["shutdown_grace_ms"].as_u64().unwrap() / 1000;
-    assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > grace_s);
+    // The pod's grace outlasts the pre-stop wait and the agent's drain after it.
+    crate::kube_duties::check_grace(pod, agent, &cfg);
 
     // Where kubectl is at hand, kustomize itself applies the patch the same way.
     if let Ok(out) = Command::new("kubectl")
