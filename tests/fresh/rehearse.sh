@@ -62,6 +62,9 @@ in_chroot() {
   # shellcheck disable=SC2016 # the inner script expands its own arguments
   unshare --mount --propagation private -- bash -euc '
     r="$1" s="$2"; shift 2
+    # The root a mount point, as on a booted machine: runc makes / rslave before a container
+    # starts, and fails with EINVAL ("error preparing rootfs: mount /") when it is none.
+    mount --bind "$r" "$r"
     mount -t proc proc "$r/proc"
     mount --rbind /sys "$r/sys"           # /sys/fs/cgroup too: containerd, kubelet
     mount --rbind /dev "$r/dev"           # loop-control and loop devices, pts, shm
