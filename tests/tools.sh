@@ -77,13 +77,17 @@ tool_missing() {
   } >&2
 }
 
-# The Go module proxy answers within a few seconds (go env GOPROXY, first entry).
+# The Go module proxy answers within a few seconds (go env GOPROXY, first entry); when not,
+# $go_proxy_why says why.
 go_proxy_answers() {
   local proxy="${GOPROXY:-}"
   [[ -z "$proxy" ]] && command -v go >/dev/null && proxy="$(go env GOPROXY 2>/dev/null)"
   proxy="${proxy:-https://proxy.golang.org}"
   proxy="${proxy%%[,|]*}"
-  case "$proxy" in off | direct) return 1 ;; esac
+  case "$proxy" in off | direct)
+    go_proxy_why="GOPROXY=$proxy: no Go module proxy to fetch csi-test from"; return 1 ;;
+  esac
+  go_proxy_why="the Go module proxy ($proxy) did not answer within 5 s"
   local url="$proxy/$CSI_SANITY_MODULE/@v/$CSI_SANITY_VERSION.info"
   if command -v curl >/dev/null; then
     curl -fsS -m 5 -o /dev/null "$url" 2>/dev/null
@@ -125,7 +129,7 @@ tool_provide() {
   tool_find "$name" && return 0
   [[ "$name" == csi-sanity && -z "${CSI_SANITY:-}" ]] || { tool_missing "$name"; return 1; }
   if ! go_proxy_answers; then
-    echo "tools: not building csi-sanity: the Go module proxy did not answer within 5 s" >&2
+    echo "tools: not building csi-sanity: $go_proxy_why" >&2
     tool_missing "$name"; return 1
   fi
   # Go's caches under target/ too, writable, so that cargo clean or rm -rf takes them.

@@ -169,3 +169,51 @@ async fn csi_sanity_passes_in_mount_and_block_mode() {
         }
     }
 }
+
+/// Where csi-sanity can be neither found nor built (no `../shared`, no Go proxy), the lookup
+/// fails at once and says why and what to do, in words that fit the case: GOPROXY=off is not
+/// "a proxy that did not answer". tools.sh runs from a copy in a directory with no shared/
+/// above it, so the real `../shared` of this checkout is not found.
+#[test]
+fn without_shared_or_go_proxy_csi_sanity_says_what_to_do() {
+    let scratch = Scratch::new("tools-missing");
+    let repo = scratch.join("checkout");
+    std::fs::create_dir_all(repo.join("tests")).expect("mkdir");
+    let tools = concat!(env!("CARGO_MANIFEST_DIR"), "/tools.sh");
+    std::fs::copy(tools, repo.join("tests/tools.sh")).expect("copy tools.sh");
+    let mut runs = Vec::new();
+    for (goproxy, why) in [
+        ("off", "GOPROXY=off"),
+        ("http://127.0.0.1:9", "did not answer"),
+    ] {
+        let out = Command::new("bash")
+            .arg(repo.join("tests/tools.sh"))
+            .args(["provide", "csi-sanity"])
+            .env_remove("CSI_SANITY")
+            .env_remove("CARGO_TARGET_DIR")
+            .env("GOPROXY", goproxy)
+            .stdin(Stdio::null())
+            .output();
+        runs.push((goproxy, why, out));
+    }
+    cleanup_dir(&scratch.path);
+    for (goproxy, why, out) in runs {
+        let out = out.expect("run tools.sh");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "GOPROXY={goproxy}: found a csi-sanity: {err}"
+        );
+        for want in [
+            why,
+            "CSI_SANITY=/path/to/csi-sanity",
+            "shared/tools/csi-sanity",
+            "go install",
+        ] {
+            assert!(
+                err.contains(want),
+                "GOPROXY={goproxy}: no {want:?} in:\n{err}"
+            );
+        }
+    }
+}
