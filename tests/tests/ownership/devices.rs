@@ -36,9 +36,11 @@ async fn a_reused_device_number_is_never_published() {
     node.node_stage_volume(stage_req(&a, &staging, cap.clone()))
         .await
         .unwrap();
-    // a's device is detached behind the agent's back and its number goes to b's file.
+    // a's device is detached behind the agent's back and its number goes to b's file. The
+    // detach completes when the last opener closes the device (a probe may still hold it for a
+    // moment, seen once as EBUSY), so the re-attach is retried for a few seconds.
     sh(&format!(
-        "losetup -d {0} && losetup {0} {1}",
+        "losetup -d {0} && for i in $(seq 50); do losetup {0} {1} && break; sleep 0.1; done",
         a.device,
         b_file.display()
     ));
