@@ -32,7 +32,22 @@ pub fn volume_id(data: &[u8]) {
     if let Ok(id) = VolumeId::parse(raw) {
         assert_eq!(id.as_str(), raw);
         assert!(!raw.is_empty() && raw.len() <= crate::request::MAX_STRING_BYTES);
-        assert!(!raw.contains('/'));
+        match id.local_device() {
+            // A node-local handle names a device below /dev, by plain components only.
+            Some(dev) => {
+                assert!(dev.starts_with("/dev/"));
+                assert!(
+                    dev.components()
+                        .skip(1)
+                        .all(|c| matches!(c, std::path::Component::Normal(_)))
+                );
+            }
+            None => assert!(!raw.contains('/')),
+        }
+        // What paths and journal keys are made of: one component, never `.` or `..`.
+        if let Some(name) = id.file_name() {
+            assert!(!name.is_empty() && !name.contains('/') && name != "." && name != "..");
+        }
         // The ebs backend's serial for it is derived, never parsed loosely.
         if let Ok(serial) = crate::backend::ebs::expected_serial(&id) {
             assert!(serial.starts_with("vol") && !serial.contains('-'));
