@@ -17,7 +17,7 @@ METRICS_PORT=${METRICS_PORT:-$(free_port)}
 SOCKET=${K8S_DRIVER_SOCKET:-$K/plugins/ebs.csi.aws.com/csi.sock}
 # The agent's Kubernetes duties (startup taint, pre-stop) call the API server: on 127.0.0.1, as
 # the service IP is not routed here (and nothing may leave the loopback).
-API_PORT=$(sed -n 's/^API_PORT=//p' "$D/env")
+API_PORT=$(sed -n 's/^API_PORT=//p' "$D/env" | tr -d '"')  # declare -p quotes it
 mkdir -p "$D/deploy" "$D/sidecar" "$D/agent-state"
 kubectl --kubeconfig "$D/kubeconfig" config view --raw --flatten >"$D/sidecar/kubeconfig"
 printf 'HEALTH_PORT=%s\nMETRICS_PORT=%s\n' "$HEALTH_PORT" "$METRICS_PORT" >>"$D/env"

@@ -103,6 +103,12 @@ pub fn decide(
     };
     // An intent that proves nothing counts as no record: a filesystem is used as found (and
     // recorded), never redone; a device that is not provably blank is refused.
+    // A stale intent still names the UUID its mkfs chose: a device proven blank is formatted
+    // with it (a UUID is no licence, and the journal keeps one name for the volume's filesystem
+    // across a power cut that lost mkfs's writes).
+    let stale_uuid = format
+        .filter(|f| f.state == FormatState::Intent)
+        .map(|f| f.uuid.clone());
     let format = format.filter(|f| f.state == FormatState::Done || licenses_redo(f, device));
     match outcome {
         ProbeOutcome::Ambivalent => Err(Error::NotBlank {
@@ -162,7 +168,7 @@ pub fn decide(
             // Never format unless provably blank, an earlier attempt of ours included: a failed
             // or interrupted mkfs licenses a redo only while the whole device is still proven
             // blank, or its superblock carries exactly the UUID that attempt chose.
-            intent => blank_or_ours(ctx, vol, device, intent),
+            intent => blank_or_ours(ctx, vol, device, intent, stale_uuid),
         },
     }
 }
@@ -172,6 +178,7 @@ fn blank_or_ours(
     vol: &str,
     device: &VolumeDevice,
     intent: Option<&FormatRecord>,
+    stale_uuid: Option<String>,
 ) -> Result<Decision> {
     let path = device.path();
     let read_err = |e| Error::io(format!("reading {}", path.display()), e);
@@ -185,9 +192,10 @@ fn blank_or_ours(
     }
     let proof = prove_blank(ctx, device, size)?;
     let Some(found) = proof.found else {
-        let uuid = match intent {
-            Some(f) => f.uuid.clone(),
-            None => random_uuid()?,
+        let uuid = match (intent, stale_uuid) {
+            (Some(f), _) => f.uuid.clone(),
+            (None, Some(stale)) => stale,
+            (None, None) => random_uuid()?,
         };
         return Ok(Decision::Format { uuid });
     };
