@@ -12,6 +12,7 @@ pub mod http;
 pub mod hung_mount;
 pub mod imds;
 pub mod k8s;
+pub mod lab;
 pub mod legacy;
 pub mod log_writes;
 pub mod seccomp;

@@ -3,7 +3,6 @@
 //! tests/deps.sh installs it.
 
 use std::process::Command;
-use std::time::Instant;
 
 #[test]
 fn nvme_lab_lifecycle_in_a_qemu_guest() {
@@ -22,26 +21,8 @@ fn nvme_lab_lifecycle_in_a_qemu_guest() {
         );
         return;
     }
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("nvme-lab/run.sh");
-    let started = Instant::now();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(ebs_tests::agent_bin())
-        // A loaded 2-core CI machine slows software emulation several times over.
-        .env(
-            "LAB_TIMEOUT",
-            std::env::var("LAB_TIMEOUT").unwrap_or_else(|_| "300".into()),
-        )
-        .output()
-        .expect("running tests/nvme-lab/run.sh");
+    let out = ebs_tests::lab::run("nvme-lab/run.sh", "nvme-lab", 300);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    println!(
-        "nvme-lab: whole run {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
     if out.status.code() == Some(3) && std::env::var("CI").as_deref() != Ok("true") {
         ebs_tests::skip(
             "nvme_lab_lifecycle_in_a_qemu_guest",

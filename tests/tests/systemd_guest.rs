@@ -3,8 +3,6 @@
 //! real (tests/nvme-lab/systemd/run.sh). Root-only; outside root, or where QEMU or debootstrap is
 //! missing, it skips loudly, except under CI=true, where tests/deps.sh installs them.
 
-use std::process::Command;
-use std::time::Instant;
 
 const TEST: &str = "systemd_guest_runs_the_shipped_unit";
 
@@ -13,26 +11,9 @@ fn systemd_guest_runs_the_shipped_unit() {
     if !ebs_tests::require_root(TEST) {
         return;
     }
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("nvme-lab/systemd/run.sh");
-    let started = Instant::now();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(ebs_tests::agent_bin())
-        // A loaded 2-core machine slows software emulation several times over.
-        .env(
-            "LAB_TIMEOUT",
-            std::env::var("LAB_TIMEOUT").unwrap_or_else(|_| "900".into()),
-        )
-        .output()
-        .expect("running tests/nvme-lab/systemd/run.sh");
+    let out = ebs_tests::lab::run("nvme-lab/systemd/run.sh", "sdguest", 900);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    println!(
-        "sdguest: whole run {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
     if out.status.code() == Some(3) {
         assert!(
             !ebs_tests::is_ci(),
