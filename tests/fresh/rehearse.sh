@@ -65,6 +65,10 @@ in_chroot() {
     # The root a mount point, as on a booted machine: runc makes / rslave before a container
     # starts, and fails with EINVAL ("error preparing rootfs: mount /") when it is none.
     mount --bind "$r" "$r"
+    # Shared, as systemd makes / on a booted machine: the agent container'"'"'s Bidirectional
+    # mounts must reach kubelet and the pods (peers inside this namespace only: it is private).
+    # Without it the tier'"'"'s pod saw an empty volume directory (rehearsal of 2026-11-26).
+    mount --make-rshared "$r"
     mount -t proc proc "$r/proc"
     mount --rbind /sys "$r/sys"           # /sys/fs/cgroup too: containerd, kubelet
     mount --rbind /dev "$r/dev"           # loop-control and loop devices, pts, shm
