@@ -3,7 +3,6 @@
 //! real (tests/nvme-lab/systemd/run.sh). Root-only; outside root, or where QEMU or debootstrap is
 //! missing, it skips loudly, except under CI=true, where tests/deps.sh installs them.
 
-
 const TEST: &str = "systemd_guest_runs_the_shipped_unit";
 
 #[test]
