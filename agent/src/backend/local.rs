@@ -208,10 +208,10 @@ fn disk_family(devnum: (u32, u32)) -> ((u32, u32), Vec<(u32, u32)>) {
     (whole, family)
 }
 
+/// A sysfs block directory's `dev` attribute (`maj:min`), parsed as discovery parses it.
 fn read_dev(dir: &Path) -> Option<(u32, u32)> {
     let text = std::fs::read_to_string(dir.join("dev")).ok()?;
-    let (a, b) = text.trim().split_once(':')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
+    super::ebs::discovery::parse_dev(text.trim())
 }
 
 impl Backend for WithLocalVolumes {
