@@ -267,8 +267,7 @@ pub fn registration_after_identity(ctx: &mut Ctx) -> Result<(), String> {
     let kubelet = std::fs::read_to_string(c.dir.join("logs/kubelet.log")).unwrap_or_default();
     let last_register = kubelet
         .lines()
-        .filter(|l| l.contains("Register new plugin with name: ebs.csi.aws.com"))
-        .last()
+        .rfind(|l| l.contains("Register new plugin with name: ebs.csi.aws.com"))
         .and_then(klog_time);
     let detail = match (resolved, last_register) {
         (Some(r), Some(k)) => format!(
@@ -334,8 +333,8 @@ patches:
       - {{op: test, path: /spec/template/spec/containers/0/name, value: ebs-plugin}}
       - {{op: test, path: /spec/template/spec/containers/0/args/2, value: "--csi-mount-point-prefix=/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/"}}
       - {{op: replace, path: /spec/template/spec/containers/0/args/2, value: "--csi-mount-point-prefix={k}/plugins/kubernetes.io/csi/ebs.csi.aws.com/"}}
-      - {{op: test, path: /spec/template/spec/containers/0/volumeMounts/0/name, value: kubelet-dir}}
-      - {{op: replace, path: /spec/template/spec/containers/0/volumeMounts/0/mountPath, value: "{k}"}}
+      - {{op: test, path: /spec/template/spec/containers/0/volumeMounts/2/name, value: kubelet-dir}}
+      - {{op: replace, path: /spec/template/spec/containers/0/volumeMounts/2/mountPath, value: "{k}"}}
       - {{op: replace, path: /spec/template/spec/containers/0/ports/0/containerPort, value: {port}}}
       - {{op: test, path: /spec/template/spec/containers/1/env/1/name, value: DRIVER_REG_SOCK_PATH}}
       - {{op: replace, path: /spec/template/spec/containers/1/env/1/value, value: "{k}/plugins/ebs.csi.aws.com/csi.sock"}}
