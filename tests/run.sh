@@ -16,6 +16,20 @@ csi_sanity="$(bash tests/tools.sh provide csi-sanity)" && export CSI_SANITY="$cs
 # `test-hooks` feature, which no release build enables (agent/src/test_hooks.rs).
 hooks=(--features ebs-node-agent/test-hooks)
 cargo build --workspace --bins --locked "${hooks[@]}"
+# The Kubernetes tier loads the agent's image under the release image's name, so it is built from
+# the release binary, without the hooks (tests/k8s/images.sh refuses a test-hooks build).
+k8s_tools() {
+  [[ -n ${K8S_TOOLS:-} ]] && return 0
+  local d=$PWD
+  while [[ $d != / ]]; do
+    d=$(dirname "$d")
+    [[ -f $d/shared/tools/k8s/kubelet.xz ]] && return 0
+  done
+  [[ -f /work/shared/tools/k8s/kubelet.xz ]]
+}
+if [[ ${CI:-} == true ]] || k8s_tools; then
+  cargo build --release --locked -p ebs-node-agent --bin ebs-node-agent
+fi
 failed=()
 # The code's standards are part of the suite: unformatted code or a clippy warning fails the run
 # (lints live in the workspace's Cargo.toml; fuzz/ is its own workspace, checked by fuzz/run.sh).

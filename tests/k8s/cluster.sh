@@ -3,6 +3,7 @@
 #   tests/k8s/cluster.sh up   DIR   # etcd, apiserver, controller-manager, scheduler, containerd, kubelet
 #   tests/k8s/cluster.sh down DIR   # stops what `up` started and removes DIR (also after a failed up)
 #   tests/k8s/cluster.sh restart-kubelet DIR
+#   tests/k8s/cluster.sh reboot DIR   # everything dies, what a reboot loses goes, then it starts again
 # Binaries: $K8S_TOOLS (shared/tools/k8s: kube-*.xz, kubelet.xz, kubectl.xz), unpacked once into
 # $K8S_BIN (default target/k8s/bin). etcd, containerd, runc and the CNI plugins come from Debian
 # (tests/deps.sh). Facts behind the flags: shared/tools/k8s/README.md (loopback only, cgroup v1,
@@ -86,7 +87,7 @@ containerd_config() {
   # Every registry the manifests name points at a closed loopback port: a missing image fails
   # at once instead of reaching out.
   local r
-  for r in registry.k8s.io ghcr.io docker.io _default; do
+  for r in registry.k8s.io ghcr.io docker.io public.ecr.aws _default; do
     mkdir -p "$c/certs.d/$r"
     printf 'server = "http://127.0.0.1:1"\n[host."http://127.0.0.1:1"]\n  capabilities = ["pull", "resolve"]\n' \
       >"$c/certs.d/$r/hosts.toml"
@@ -170,16 +171,7 @@ ours() { grep -qF -- "$D/" "/proc/$1/cmdline" 2>/dev/null; }
 
 # Stops kubelet (SIGKILL: no chance to tidy up, as a crash) and starts it again on the same state.
 restart_kubelet() {
-  local name pid
-  while read -r name pid; do
-    if [[ $name == kubelet ]] && ours "$pid"; then
-      kill -9 "$pid"
-      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    fi
-  done <"$D/pids"
-  grep -v '^kubelet ' "$D/pids" >"$D/pids.new" || true
-  mv "$D/pids.new" "$D/pids"
-  mv "$D/logs/kubelet.log" "$D/logs/kubelet.log.$(date +%s)"
+  stop kubelet
   start_kubelet
 }
 
@@ -254,9 +246,101 @@ pod_pids() {
   true
 }
 
+# kill_pods: every pod process and shim (kubelet must be stopped first, so that it restarts
+# nothing); the shims' ids are kept for their sockets under /run/containerd/s.
+kill_pods() {
+  local shim args id ns round pids
+  for shim in $(grep -lF -- "$D/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
+    args=$(tr '\0' '\n' <"/proc/$shim/cmdline" 2>/dev/null || true)
+    id=$(grep -A1 -x -- -id <<<"$args" | tail -n1 || true)
+    ns=$(grep -A1 -x -- -namespace <<<"$args" | tail -n1 || true)
+    [[ -n $id && -n $ns ]] && echo "$ns/$id" >>"$D/shim-ids"
+  done
+  for round in 1 2 3 4 5; do
+    pids=$(pod_pids | sort -u)
+    [[ -z $pids ]] && break
+    # shellcheck disable=SC2086
+    kill -9 $pids 2>/dev/null || true
+    sleep 0.5
+  done
+}
+
+# stop NAME: kills the recorded process NAME (SIGKILL, as a crash or power cut) and forgets it.
+stop() {
+  local name pid
+  while read -r name pid; do
+    if [[ $name == "$1" ]] && ours "$pid"; then
+      kill -9 "$pid" 2>/dev/null || true
+      while ours "$pid"; do sleep 0.1; done
+    fi
+  done <"$D/pids"
+  grep -v "^$1 " "$D/pids" >"$D/pids.new" || true
+  mv "$D/pids.new" "$D/pids"
+  [[ -f $D/logs/$1.log ]] && mv "$D/logs/$1.log" "$D/logs/$1.log.$(date +%s%N)"
+  true
+}
+
+# unmount_under DIR [KEEP]: every mount below DIR, deepest first (KEEP itself stays).
+unmount_under() {
+  local m round left
+  for round in 1 2 3; do
+    left=0
+    while read -r m; do
+      [[ -n $m && $m != "${2:-}" ]] || continue
+      left=1
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done < <(findmnt -rn -o TARGET | awk -v d="$1" 'index($0, d "/") == 1 || $0 == d' | sort -r)
+    ((left)) || break
+  done
+}
+
+# Loop devices whose backing files are ours: the agent's volume files, kubelet's block pins.
+# The agent names its files by its own mount namespace's path (/var/lib/ebs-node-agent/...),
+# so the files are matched by device and inode, not by the path losetup shows.
+detach_ours() {
+  local dev back ino majmin f ours_files=""
+  for f in "$D"/agent-state*/volumes/* "$D"/agent-state*/snapshots/*; do
+    [[ -f $f ]] && ours_files+="$(stat -c '%Hd:%Ld %i' "$f")"$'\n'
+  done
+  while read -r dev ino majmin back; do
+    if [[ $back == "$D"/* ]] || { [[ -n $ino ]] && grep -qxF "$majmin $ino" <<<"$ours_files"; }; then
+      losetup -d "$dev" 2>/dev/null || true
+    fi
+  done < <(losetup -l -n -O NAME,BACK-INO,BACK-MAJ:MIN,BACK-FILE 2>/dev/null)
+}
+
+remove_kubepods_cgroups() {
+  local h
+  for h in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
+    [[ -d $h ]] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  true
+}
+
+# A node "reboot": kubelet, the pods, the shims and containerd die at once (SIGKILL); what a
+# reboot loses goes: every mount under kubelet's directory (pods' volumes, the agent's staging
+# mounts) but the directory itself (the root filesystem), containerd's and runc's run-time state
+# (tmpfs on a real node: sandboxes' shm, container rootfs mounts), loop devices, the kubepods
+# cgroups. Disks (the agent's volume files), kubelet's and the agent's state stay. Then
+# containerd and kubelet start again.
+reboot() {
+  stop kubelet
+  kill_pods
+  stop containerd
+  unmount_under "$D/kubelet" "$D/kubelet"
+  unmount_under "$D/containerd/state"
+  detach_ours
+  remove_kubepods_cgroups
+  rm -rf --one-file-system "$D/containerd/state" "$D/runc"
+  mkdir -p "$D/containerd/state"
+  start containerd containerd --config "$D/containerd/config.toml"
+  wait_for 30 "containerd" ctr --address "$D/containerd.sock" version
+  start_kubelet
+}
+
 down() {
   [[ -d $D ]] || return 0
-  local name pid id ns
+  local name pid id
   # kubelet first, so that it restarts nothing; then the pods and shims; then the rest.
   if [[ -f $D/pids ]]; then
     while read -r name pid; do
@@ -264,24 +348,7 @@ down() {
     done <"$D/pids"
   fi
   log "down: pods and shims"
-  # The shims' sockets (/run/containerd/s/sha256(<address>/<namespace>/<id>)), named from each
-  # shim's own arguments before it is killed.
-  local shim args
-  for shim in $(grep -lF -- "$D/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
-    args=$(tr '\0' '\n' <"/proc/$shim/cmdline" 2>/dev/null || true)
-    id=$(grep -A1 -x -- -id <<<"$args" | tail -n1 || true)
-    ns=$(grep -A1 -x -- -namespace <<<"$args" | tail -n1 || true)
-    [[ -n $id && -n $ns ]] && echo "$ns/$id" >>"$D/shim-ids"
-  done
-  local round
-  for round in 1 2 3 4 5; do
-    local pids
-    pids=$(pod_pids | sort -u)
-    [[ -z $pids ]] && break
-    # shellcheck disable=SC2086
-    kill -9 $pids 2>/dev/null || true
-    sleep 0.5
-  done
+  kill_pods
   if [[ -f $D/pids ]]; then
     while read -r name pid; do ours "$pid" && kill -9 "$pid" 2>/dev/null || true; done <"$D/pids"
     while read -r name pid; do
@@ -291,38 +358,14 @@ down() {
   log "down: mounts, loop devices, cgroups"
   # Mounts under DIR, deepest first (pods' volumes, the agent's staging mounts, container
   # rootfs and shm, the kubelet bind mount itself).
-  local m
-  for round in 1 2 3; do
-    local left=0
-    while read -r m; do
-      [[ -n $m ]] || continue
-      left=1
-      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-    done < <(findmnt -rn -o TARGET | awk -v d="$D" 'index($0, d "/") == 1' | sort -r)
-    ((left)) || break
-  done
-  # Loop devices whose backing files are ours: the agent's volume files, kubelet's block pins.
-  # The agent names its files by its own mount namespace's path (/var/lib/ebs-node-agent/...),
-  # so the files are matched by device and inode, not by the path losetup shows.
-  local dev back ino majmin f ours_files=""
-  for f in "$D"/agent-state/volumes/* "$D"/agent-state/snapshots/*; do
-    [[ -f $f ]] && ours_files+="$(stat -c '%Hd:%Ld %i' "$f")"$'\n'
-  done
-  while read -r dev ino majmin back; do
-    if [[ $back == "$D"/* ]] || { [[ -n $ino ]] && grep -qxF "$majmin $ino" <<<"$ours_files"; }; then
-      losetup -d "$dev" 2>/dev/null || true
-    fi
-  done < <(losetup -l -n -O NAME,BACK-INO,BACK-MAJ:MIN,BACK-FILE 2>/dev/null)
-  # The kubepods cgroups kubelet made, deepest first.
-  local h
-  for h in /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods; do
-    [[ -d $h ]] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
-  done
+  unmount_under "$D"
+  detach_ours
+  remove_kubepods_cgroups
   # Outside DIR: the links kubelet made to our pods' logs, the sockets of our shims (containerd
   # names them sha256(<its address>/<namespace>/<id>) under /run/containerd/s), and the host
   # paths that did not exist before up.
   find /var/log/containers -maxdepth 1 -type l -lname "$D/*" -delete 2>/dev/null || true
-  local task
+  local task h
   for task in "$D"/containerd/state/io.containerd.runtime.v2.task/*/*; do
     [[ -d $task ]] && echo "$(basename "$(dirname "$task")")/$(basename "$task")" >>"$D/shim-ids"
   done
@@ -346,5 +389,6 @@ case $cmd in
   up) up ;;
   down) down ;;
   restart-kubelet) restart_kubelet ;;
-  *) echo "usage: $0 up|down DIR" >&2; exit 2 ;;
+  reboot) reboot ;;
+  *) echo "usage: $0 up|down|restart-kubelet|reboot DIR" >&2; exit 2 ;;
 esac

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the images the manifests name, without a registry or a container builder, and loads them
 # into the test cluster's containerd:
-#   tests/k8s/images.sh DIR AGENT_BINARY
+#   tests/k8s/images.sh DIR RELEASE_AGENT_BINARY
+# The agent's image carries the name the shipped manifests use, so it is built from the release
+# binary (cargo build --release, no features): a binary with the test hooks (--crash-after) is
+# refused, and can never be loaded under the release image's name.
 # - the agent: packaging/container/Dockerfile's runtime stage (bookworm minbase with e2fsprogs,
 #   xfsprogs, util-linux, libblkid1, libudev1, ca-certificates; the root tree is made once with
 #   debootstrap and kept under target/k8s) plus the binary at /usr/local/bin/ebs-node-agent;
@@ -17,6 +20,13 @@ cache=${K8S_CACHE:-$repo/target/k8s}
 : "${K8S_TOOLS:?K8S_TOOLS: the directory with the .xz binaries of the sidecars}"
 work=$D/images
 mkdir -p "$work" "$cache"
+# The hooks' environment variables exist in a test-hooks build only (agent/src/test_hooks.rs).
+if grep -qaF EBS_AGENT_CRASH_AFTER "$agent"; then
+  echo "images.sh: $agent is a test-hooks build (it knows EBS_AGENT_CRASH_AFTER); the image named" \
+    "like the release image is built from the release binary only:" \
+    "cargo build --release --locked -p ebs-node-agent --bin ebs-node-agent" >&2
+  exit 1
+fi
 
 log() { printf '[images %s] %s\n' "$(date +%T)" "$*" >&2; }
 
@@ -87,6 +97,10 @@ static_image() {
     mv "$work/$bin.tar" "$out"
   fi
   import "$out"
+  local also
+  for also in "${@:3}"; do
+    ctr --address "$D/containerd.sock" -n k8s.io images tag --force "$ref" "$also" >/dev/null
+  done
 }
 
 base_layer
@@ -112,8 +126,11 @@ import "$out"
 
 log "sidecar images"
 static_image pause registry.k8s.io/pause:3.10.1
-static_image csi-node-driver-registrar registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0
-static_image livenessprobe registry.k8s.io/sig-storage/livenessprobe:v2.15.0
+# Also under the names in the upstream chart's rendered node manifest (tests/fixtures).
+static_image csi-node-driver-registrar registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0 \
+  public.ecr.aws/csi-components/csi-node-driver-registrar:placeholder
+static_image livenessprobe registry.k8s.io/sig-storage/livenessprobe:v2.15.0 \
+  public.ecr.aws/csi-components/livenessprobe:placeholder
 static_image csi-provisioner registry.k8s.io/sig-storage/csi-provisioner:v6.3.0
 static_image csi-attacher registry.k8s.io/sig-storage/csi-attacher:v4.12.0
 static_image csi-resizer registry.k8s.io/sig-storage/csi-resizer:v2.2.1

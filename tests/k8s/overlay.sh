@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Writes DIR/deploy/kustomization.yaml: tests/k8s/loop (the shipped manifests plus the loop
-# backend in mode `all` and the controller sidecars) with every host path moved under DIR
-# (kubelet's root directory DIR/kubelet, the agent's state DIR/agent-state, /run/udev: DIR/udev,
-# which the loop backend does not need) and the health and
-# metrics ports on free ports. Deploy with `kubectl apply -k DIR/deploy`.
-#   tests/k8s/overlay.sh DIR
+# Writes DIR/NAME/kustomization.yaml: BASE (a kustomization of the shipped DaemonSet
+# ebs-node-agent) with every host path moved under DIR (kubelet's root directory DIR/kubelet,
+# the agent's state DIR/agent-state[-NAME], /run/udev: DIR/udev, which neither the loop backend
+# nor the tests need) and the health and metrics ports on free ports. Nothing else is changed but
+# the agent's environment items in $AGENT_ENV (YAML flow mappings, one a line), e.g. the
+# instance-metadata endpoint. Deploy with `kubectl apply -k DIR/NAME`.
+#   tests/k8s/overlay.sh DIR                 # NAME deploy, BASE tests/k8s/loop (+ the sidecars' kubeconfig)
+#   tests/k8s/overlay.sh DIR NAME BASE       # BASE: a directory, e.g. packaging/kubernetes
 set -euo pipefail
 D=${1:?cluster directory}
+NAME=${2:-deploy}
 here="$(cd "$(dirname "$0")" && pwd)"
+BASE=${3:-$here/loop}
 K=$D/kubelet
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -18,16 +22,25 @@ SOCKET=${K8S_DRIVER_SOCKET:-$K/plugins/ebs.csi.aws.com/csi.sock}
 # The agent's Kubernetes duties (startup taint, pre-stop) call the API server: on 127.0.0.1, as
 # the service IP is not routed here (and nothing may leave the loopback).
 API_PORT=$(sed -n 's/^API_PORT=//p' "$D/env" | tr -d '"')  # declare -p quotes it
-mkdir -p "$D/deploy" "$D/sidecar" "$D/agent-state"
+STATE=$D/agent-state
+[[ $NAME == deploy ]] || STATE=$D/agent-state-$NAME
+O=$D/$NAME
+mkdir -p "$O" "$D/sidecar" "$STATE"
 kubectl --kubeconfig "$D/kubeconfig" config view --raw --flatten >"$D/sidecar/kubeconfig"
-printf 'HEALTH_PORT=%s\nMETRICS_PORT=%s\n' "$HEALTH_PORT" "$METRICS_PORT" >>"$D/env"
+printf 'HEALTH_PORT=%s\nMETRICS_PORT=%s\n' "$HEALTH_PORT" "$METRICS_PORT" >"$O/ports"
 # kustomize reads bases only below or beside the overlay: link the tree in.
-ln -sfn "$here" "$D/deploy/k8s"
-cat >"$D/deploy/kustomization.yaml" <<YAML
+ln -sfn "$(cd "$BASE" && pwd)" "$O/base"
+extra_volumes=""
+[[ $NAME == deploy ]] && extra_volumes="              - {name: sidecar-kubeconfig, hostPath: {path: \"$D/sidecar\", type: Directory}}"
+extra_env=""
+while IFS= read -r item; do
+  [[ -n $item ]] && extra_env+="                  - $item"$'\n'
+done <<<"${AGENT_ENV:-}"
+cat >"$O/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
-  - k8s/loop
+  - base
 patches:
   - target: {kind: DaemonSet, name: ebs-node-agent}
     patch: |-
@@ -51,7 +64,7 @@ patches:
                   - {name: EBS_AGENT_METRICS_ADDRESS, value: "127.0.0.1:$METRICS_PORT"}
                   - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
                   - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
-              - name: node-driver-registrar
+$extra_env              - name: node-driver-registrar
                 args: ["--csi-address=/csi/csi.sock", "--kubelet-registration-path=$SOCKET", "--v=2"]
                 livenessProbe:
                   exec:
@@ -63,7 +76,7 @@ patches:
               - {name: kubelet-dir, hostPath: {path: "$K", type: Directory}}
               - {name: plugin-dir, hostPath: {path: "$K/plugins/ebs.csi.aws.com/", type: DirectoryOrCreate}}
               - {name: registration-dir, hostPath: {path: "$K/plugins_registry/", type: Directory}}
-              - {name: state-dir, hostPath: {path: "$D/agent-state", type: DirectoryOrCreate}}
-              - {name: sidecar-kubeconfig, hostPath: {path: "$D/sidecar", type: Directory}}
+              - {name: state-dir, hostPath: {path: "$STATE", type: DirectoryOrCreate}}
               - {name: udev-dir, hostPath: {path: "$D/udev", type: DirectoryOrCreate}}
+$extra_volumes
 YAML

@@ -135,6 +135,58 @@ impl Cluster {
         }
     }
 
+    /// `tests/k8s/<script> DIR args...` with extra environment variables.
+    pub fn script_env(
+        &self,
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let path = repo_root().join("tests/k8s").join(script);
+        let mut cmd = self.command(&path, timeout);
+        cmd.arg(&self.dir).args(args).stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let status = cmd.status().map_err(|e| format!("{script}: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("tests/k8s/{script} {args:?} failed: {status}"))
+        }
+    }
+
+    /// Runs `program` (kubectl on its PATH) with `input` on stdin; its stdout.
+    pub fn run_with_input(
+        &self,
+        program: &Path,
+        input: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, String> {
+        use std::io::Write;
+        let mut child = self
+            .command(program, timeout)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input).map_err(|e| e.to_string())?;
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            Err(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
     /// kubectl against the cluster; its stdout, or its stderr as the error.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         let out = self

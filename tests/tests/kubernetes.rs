@@ -2,26 +2,39 @@
 //! controller-manager, scheduler, containerd, kubelet, all on 127.0.0.1, state in one temp
 //! directory) runs the shipped manifests (`kubectl apply -k` of tests/k8s/loop over
 //! packaging/kubernetes: the loop backend in mode `all` with the controller sidecars), with the
-//! agent's image built from the built binary (tests/k8s/images.sh). The scenarios share the
-//! cluster and run in order, each with its own pass/fail; a failure skips the rest, and the
-//! cluster is torn down in any case (Drop). Own harness (harness = false in Cargo.toml).
+//! agent's image built from the release binary (tests/k8s/images.sh; `cargo build --release
+//! -p ebs-node-agent`, never a test-hooks build, since the image carries the release image's
+//! name). Then the shipped ebs-mode DaemonSet against a local instance-metadata emulator, and the
+//! upstream chart's node DaemonSet through packaging/kubernetes/upstream-chart. The scenarios
+//! share the cluster and run in order, each with its own pass/fail; a failure skips the rest, and
+//! the cluster is torn down in any case (Drop). Own harness (harness = false in Cargo.toml).
 //!
 //! The binaries are `$K8S_TOOLS` or `shared/tools/k8s` beside the checkout or above it; outside
-//! CI the test skips without them, under CI=true it fails.
+//! CI the test skips without them (or without a fresh release binary), under CI=true it fails.
 
 use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ebs_tests::k8s::{Cluster, find_tools, missing_host_programs, now};
 
+#[path = "kubernetes/ebs_mode.rs"]
+mod ebs_mode;
+#[path = "kubernetes/lifecycle.rs"]
+mod lifecycle;
 #[path = "kubernetes/scenarios.rs"]
 mod scenarios;
 
 pub struct Ctx {
     pub cluster: Cluster,
+    /// The release binary the agent's image is built from.
+    pub agent: PathBuf,
     /// Measured figures, printed at the end.
     pub figures: Vec<String>,
+    /// The instance-metadata emulator of the ebs-mode scenarios, and the runtime it runs on.
+    pub imds: Option<ebs_tests::imds::Imds>,
+    pub rt: tokio::runtime::Runtime,
 }
 
 type Scenario = fn(&mut Ctx) -> Result<(), String>;
@@ -52,6 +65,23 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         scenarios::pvc_deletion,
     ),
     ("k8s_block_mode", scenarios::block_mode),
+    (
+        "k8s_node_reboot_keeps_the_filesystem",
+        lifecycle::node_reboot,
+    ),
+    ("k8s_expansion_online_xfs", lifecycle::expand_online_xfs),
+    ("k8s_expansion_offline_ext4", lifecycle::expand_offline_ext4),
+    ("k8s_fs_group", lifecycle::fs_group),
+    ("k8s_agent_memory", lifecycle::agent_memory),
+    (
+        "k8s_ebs_mode_shipped_daemonset_registers",
+        ebs_mode::shipped_ebs_mode,
+    ),
+    (
+        "k8s_registration_after_node_get_info_failed",
+        ebs_mode::registration_after_identity,
+    ),
+    ("k8s_upstream_chart_registers", ebs_mode::upstream_chart),
 ];
 
 fn cluster_up(ctx: &mut Ctx) -> Result<(), String> {
@@ -63,8 +93,7 @@ fn cluster_up(ctx: &mut Ctx) -> Result<(), String> {
         t.elapsed().as_secs_f64()
     ));
     let t = Instant::now();
-    let agent = ebs_tests::agent_bin();
-    let agent = agent.to_string_lossy().into_owned();
+    let agent = ctx.agent.to_string_lossy().into_owned();
     c.script("images.sh", None, &[&agent], Duration::from_secs(900))?;
     ctx.figures.push(format!(
         "images built and loaded: {:.1} s",
@@ -76,6 +105,65 @@ fn cluster_up(ctx: &mut Ctx) -> Result<(), String> {
     c.kubectl(&["apply", "-k", &deploy])?;
     std::fs::write(c.dir.join("applied-at"), applied.to_string()).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The newest modification time of the files below `dir` (None: nothing there).
+fn newest(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut best = None;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if let Ok(t) = m.modified() {
+                best = best.max(Some(t));
+            }
+        }
+    }
+    best
+}
+
+/// The release binary (`$EBS_K8S_AGENT_BIN`, or target/release/ebs-node-agent beside the test
+/// build's directory), not older than the sources it is built from.
+fn release_agent() -> Result<PathBuf, String> {
+    let build = "cargo build --release --locked -p ebs-node-agent --bin ebs-node-agent";
+    let bin = match std::env::var_os("EBS_K8S_AGENT_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            // target/debug/deps/<this test> → target
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let target = exe.ancestors().nth(3).ok_or("no target directory")?;
+            target.join("release/ebs-node-agent")
+        }
+    };
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .map_err(|e| {
+            format!(
+                "{}: {e}: the agent's image is the release build: {build}",
+                bin.display()
+            )
+        })?;
+    let repo = ebs_tests::k8s::repo_root();
+    let sources = ["agent", "store", "proto", "Cargo.lock", "Cargo.toml"]
+        .iter()
+        .filter_map(|p| {
+            let p = repo.join(p);
+            if p.is_dir() {
+                newest(&p)
+            } else {
+                p.metadata().and_then(|m| m.modified()).ok()
+            }
+        })
+        .max();
+    if sources.is_some_and(|s| s > built) {
+        return Err(format!(
+            "{} is older than its sources: {build}",
+            bin.display()
+        ));
+    }
+    Ok(bin)
 }
 
 /// libtest's arguments as far as they matter here: `--list`, `--ignored`, and name filters.
@@ -144,11 +232,30 @@ fn main() -> ExitCode {
         eprintln!("skipping kubernetes: {e}");
         return ExitCode::SUCCESS;
     }
+    let agent = match release_agent() {
+        Ok(a) => a,
+        Err(e) if ci => panic!("kubernetes: {e}; CI=true: refusing to skip"),
+        Err(e) => {
+            ebs_tests::skip("kubernetes", &e);
+            return ExitCode::SUCCESS;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("kubernetes: a tokio runtime for the IMDS emulator: {e}"),
+    };
     println!("\nrunning {} tests", SCENARIOS.len());
     let started = Instant::now();
     let mut ctx = Ctx {
         cluster: Cluster::new(&tools),
+        agent,
         figures: Vec::new(),
+        imds: None,
+        rt,
     };
     let (mut passed, mut failed, mut skipped) = (0, Vec::new(), 0);
     for (name, run) in SCENARIOS {

@@ -8,7 +8,7 @@ use ebs_tests::k8s::{Cluster, loops_backed_by, now, parse_rfc3339, wait_until};
 
 use super::Ctx;
 
-const DRIVER: &str = "ebs.csi.aws.com";
+pub(super) const DRIVER: &str = "ebs.csi.aws.com";
 const TOPOLOGY_KEY: &str = "loop.ebs-node-agent.io/node";
 /// EBS_AGENT_VOLUME_ATTACH_LIMIT in tests/k8s/loop/loop-all.yaml.
 const ATTACH_LIMIT: i64 = 8;
@@ -52,7 +52,7 @@ fn agent_state(c: &Cluster) -> PathBuf {
 }
 
 /// Creates a pod and waits for it to be Ready; the seconds it took.
-fn start_pod(c: &Cluster, yaml: &str, name: &str) -> Result<f64, String> {
+pub(super) fn start_pod(c: &Cluster, yaml: &str, name: &str) -> Result<f64, String> {
     let t = Instant::now();
     c.apply(yaml)?;
     c.kubectl(&[
@@ -65,7 +65,7 @@ fn start_pod(c: &Cluster, yaml: &str, name: &str) -> Result<f64, String> {
 }
 
 /// The agent's per-call log lines (JSON) logged at or after `since`: (rpc, ms).
-fn agent_calls(c: &Cluster, since: f64) -> Result<Vec<(String, f64)>, String> {
+pub(super) fn agent_calls(c: &Cluster, since: f64) -> Result<Vec<(String, f64)>, String> {
     let log = c.agent_log()?;
     Ok(log
         .lines()
@@ -80,13 +80,13 @@ fn agent_calls(c: &Cluster, since: f64) -> Result<Vec<(String, f64)>, String> {
         .collect())
 }
 
-fn loops_of_the_agent(c: &Cluster) -> Vec<PathBuf> {
+pub(super) fn loops_of_the_agent(c: &Cluster) -> Vec<PathBuf> {
     loops_backed_by(&agent_state(c))
 }
 
 /// Waits until no CSI volume is mounted under kubelet's directory, no VolumeAttachment is left
 /// and the agent's loop devices are detached.
-fn wait_all_released(c: &Cluster) -> Result<(), String> {
+pub(super) fn wait_all_released(c: &Cluster) -> Result<(), String> {
     wait_until(
         Duration::from_secs(90),
         "the volume to be unmounted",
@@ -186,7 +186,7 @@ pub fn registration(ctx: &mut Ctx) -> Result<(), String> {
 }
 
 /// `I1125 20:45:37.306209 ...` → seconds into the day.
-fn klog_time(line: &str) -> Option<f64> {
+pub(super) fn klog_time(line: &str) -> Option<f64> {
     let t = line.split_whitespace().nth(1)?;
     let mut p = t.split(':');
     let h: f64 = p.next()?.parse().ok()?;
