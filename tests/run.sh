@@ -15,9 +15,11 @@ csi_sanity="$(bash tests/tools.sh provide csi-sanity)" && export CSI_SANITY="$cs
 # The agent under test carries the crash points (--crash-after) the crash matrix needs: the
 # `test-hooks` feature, which no release build enables (agent/src/test_hooks.rs).
 hooks=(--features ebs-node-agent/test-hooks)
-cargo build --workspace --bins --locked "${hooks[@]}"
-# The Kubernetes tier loads the agent's image under the release image's name, so it is built from
-# the release binary, without the hooks (tests/k8s/images.sh refuses a test-hooks build).
+# The Kubernetes tier's image carries the release image's name, so its binary is the agent as
+# it ships: no features, never the test hooks (tests/k8s/images.sh refuses a hooks build). It is
+# the dev profile's, not --release's: a cold release build takes 5.5 min on 2 cores, most of the
+# tier's budget, and the optimisation level changes nothing the tier checks. Built before the
+# hooks build, which then leaves target/debug/ebs-node-agent with the hooks for the other tests.
 k8s_tools() {
   [[ -n ${K8S_TOOLS:-} ]] && return 0
   local d=$PWD
@@ -25,11 +27,15 @@ k8s_tools() {
     d=$(dirname "$d")
     [[ -f $d/shared/tools/k8s/kubelet.xz ]] && return 0
   done
-  [[ -f /work/shared/tools/k8s/kubelet.xz ]]
+  [[ -f /work/shared/tools/k8s/kubelet.xz ]] # tests/src/k8s.rs's last place to look
 }
 if [[ ${CI:-} == true ]] || k8s_tools; then
-  cargo build --release --locked -p ebs-node-agent --bin ebs-node-agent
+  cargo build --locked -p ebs-node-agent --bin ebs-node-agent
+  mkdir -p target/k8s
+  cp target/debug/ebs-node-agent target/k8s/ebs-node-agent.partial
+  mv target/k8s/ebs-node-agent.partial target/k8s/ebs-node-agent
 fi
+cargo build --workspace --bins --locked "${hooks[@]}"
 failed=()
 # The code's standards are part of the suite: unformatted code or a clippy warning fails the run
 # (lints live in the workspace's Cargo.toml; fuzz/ is its own workspace, checked by fuzz/run.sh).

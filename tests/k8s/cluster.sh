@@ -251,7 +251,8 @@ pod_pids() {
 kill_pods() {
   local shim args id ns round pids
   for shim in $(grep -lF -- "$D/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
-    args=$(tr '\0' '\n' <"/proc/$shim/cmdline" 2>/dev/null || true)
+    # (a shim may exit in between: the redirection's error is silenced too)
+    args=$({ tr '\0' '\n' <"/proc/$shim/cmdline"; } 2>/dev/null || true)
     id=$(grep -A1 -x -- -id <<<"$args" | tail -n1 || true)
     ns=$(grep -A1 -x -- -namespace <<<"$args" | tail -n1 || true)
     [[ -n $id && -n $ns ]] && echo "$ns/$id" >>"$D/shim-ids"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the images the manifests name, without a registry or a container builder, and loads them
 # into the test cluster's containerd:
-#   tests/k8s/images.sh DIR RELEASE_AGENT_BINARY
-# The agent's image carries the name the shipped manifests use, so it is built from the release
-# binary (cargo build --release, no features): a binary with the test hooks (--crash-after) is
-# refused, and can never be loaded under the release image's name.
+#   tests/k8s/images.sh DIR AGENT_BINARY
+# The agent's image carries the name the shipped manifests use, so it is built from the agent as
+# it ships (no features; tests/run.sh builds it in the dev profile, a release binary works the
+# same): a binary with the test hooks (--crash-after) is refused, and can never be loaded under
+# the release image's name.
 # - the agent: packaging/container/Dockerfile's runtime stage (bookworm minbase with e2fsprogs,
 #   xfsprogs, util-linux, libblkid1, libudev1, ca-certificates; the root tree is made once with
-#   debootstrap and kept under target/k8s) plus the binary at /usr/local/bin/ebs-node-agent;
+#   debootstrap and kept under /var/cache/ebs-node-agent-tests) plus the binary at
+#   /usr/local/bin/ebs-node-agent;
 # - the CSI sidecars and pause: one static binary each, at / as upstream's images have them.
 # Each image is written as a docker-save archive (kept in target/k8s/images, made again when its
 # binary changed) and imported with `ctr -n k8s.io images import`.
@@ -17,22 +19,27 @@ agent=${2:?agent binary}
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cache=${K8S_CACHE:-$repo/target/k8s}
+# The base (debootstrap's tree and its layer) outlives checkouts, as the systemd guest's does: a
+# fresh clone on a machine that built it once skips the download. Its name carries the package
+# list, so a change to the list makes a new base.
+pkgs=e2fsprogs,xfsprogs,util-linux,libblkid1,libudev1,ca-certificates
+base=${K8S_BASE_CACHE:-/var/cache/ebs-node-agent-tests/k8s-bookworm-$(sha256sum <<<"$pkgs" | cut -c1-12)}
 : "${K8S_TOOLS:?K8S_TOOLS: the directory with the .xz binaries of the sidecars}"
 work=$D/images
-mkdir -p "$work" "$cache"
+mkdir -p "$work" "$cache" "$base"
 # The hooks' environment variables exist in a test-hooks build only (agent/src/test_hooks.rs).
 if grep -qaF EBS_AGENT_CRASH_AFTER "$agent"; then
   echo "images.sh: $agent is a test-hooks build (it knows EBS_AGENT_CRASH_AFTER); the image named" \
-    "like the release image is built from the release binary only:" \
-    "cargo build --release --locked -p ebs-node-agent --bin ebs-node-agent" >&2
+    "like the release image is built from a build without features only:" \
+    "cargo build --locked -p ebs-node-agent --bin ebs-node-agent" >&2
   exit 1
 fi
 
 log() { printf '[images %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 base_layer() {
-  if [[ -f $cache/bookworm-base.tar && -f $cache/bookworm-base.tar.sha256 ]]; then return; fi
-  local root=$cache/bookworm-root
+  if [[ -f $base/bookworm-base.tar && -f $base/bookworm-base.tar.sha256 ]]; then return; fi
+  local root=$base/bookworm-root
   if [[ ! -x $root/usr/sbin/mkfs.xfs ]]; then
     log "debootstrap bookworm (once; kept in $root)"
     rm -rf "$root.partial"
@@ -40,16 +47,16 @@ base_layer() {
     mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
     [[ -n $mirror ]] || mirror=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
     debootstrap --variant=minbase \
-      --include=e2fsprogs,xfsprogs,util-linux,libblkid1,libudev1,ca-certificates \
-      bookworm "$root.partial" "${mirror:-http://deb.debian.org/debian}" >"$cache/debootstrap.log" 2>&1
+      --include="$pkgs" \
+      bookworm "$root.partial" "${mirror:-http://deb.debian.org/debian}" >"$base/debootstrap.log" 2>&1
     rm -rf "$root.partial"/var/lib/apt/lists/* "$root.partial"/var/cache/apt/*.bin \
       "$root.partial"/var/cache/apt/archives/*.deb "$root.partial"/usr/share/doc/* \
       "$root.partial"/usr/share/man/* "$root.partial"/usr/share/info/* "$root.partial"/usr/share/locale/*
     mv "$root.partial" "$root"
   fi
-  tar -C "$root" --numeric-owner --xattrs -cf "$cache/bookworm-base.tar.partial" .
-  sha256sum "$cache/bookworm-base.tar.partial" | cut -d' ' -f1 >"$cache/bookworm-base.tar.sha256"
-  mv "$cache/bookworm-base.tar.partial" "$cache/bookworm-base.tar"
+  tar -C "$root" --numeric-owner --xattrs -cf "$base/bookworm-base.tar.partial" .
+  sha256sum "$base/bookworm-base.tar.partial" | cut -d' ' -f1 >"$base/bookworm-base.tar.sha256"
+  mv "$base/bookworm-base.tar.partial" "$base/bookworm-base.tar"
 }
 
 # archive NAME REF ENTRYPOINT_JSON LAYER...: writes DIR/images/NAME.tar (docker-save format).
@@ -59,7 +66,7 @@ archive() {
   rm -rf "$a"; mkdir -p "$a"
   local layers="" diffs="" l sum i=0
   for l in "$@"; do
-    if [[ $l == "$cache/bookworm-base.tar" ]]; then sum=$(cat "$cache/bookworm-base.tar.sha256")
+    if [[ $l == "$base/bookworm-base.tar" ]]; then sum=$(cat "$base/bookworm-base.tar.sha256")
     else sum=$(sha256sum "$l" | cut -d' ' -f1); fi
     mkdir -p "$a/l$i"
     ln "$l" "$a/l$i/layer.tar" 2>/dev/null || cp "$l" "$a/l$i/layer.tar"
@@ -106,7 +113,7 @@ static_image() {
 base_layer
 log "agent image"
 out=$cache/images/agent.tar
-stamp="$(stat -L -c '%s %Y %i' "$agent") $(cat "$cache/bookworm-base.tar.sha256")"
+stamp="$(stat -L -c '%s %Y %i' "$agent") $(cat "$base/bookworm-base.tar.sha256")"
 if [[ ! -f $out || $(cat "$out.stamp" 2>/dev/null) != "$stamp" ]]; then
   root=$work/agent-root
   mkdir -p "$root/usr/local/bin"
@@ -117,7 +124,7 @@ if [[ ! -f $out || $(cat "$out.stamp" 2>/dev/null) != "$stamp" ]]; then
   rm -rf "$root"
   EXTRA_ENV=',"CSI_ENDPOINT=unix:///csi/csi.sock","EBS_AGENT_STATE_DIR=/var/lib/ebs-node-agent"' \
   CMD_JSON='["serve"]' archive agent ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0 \
-    '["/usr/local/bin/ebs-node-agent"]' "$cache/bookworm-base.tar" "$work/agent-layer.tar"
+    '["/usr/local/bin/ebs-node-agent"]' "$base/bookworm-base.tar" "$work/agent-layer.tar"
   rm -f "$work/agent-layer.tar"
   mv "$work/agent.tar" "$out"
   echo "$stamp" >"$out.stamp"

@@ -2,15 +2,15 @@
 //! controller-manager, scheduler, containerd, kubelet, all on 127.0.0.1, state in one temp
 //! directory) runs the shipped manifests (`kubectl apply -k` of tests/k8s/loop over
 //! packaging/kubernetes: the loop backend in mode `all` with the controller sidecars), with the
-//! agent's image built from the release binary (tests/k8s/images.sh; `cargo build --release
-//! -p ebs-node-agent`, never a test-hooks build, since the image carries the release image's
-//! name). Then the shipped ebs-mode DaemonSet against a local instance-metadata emulator, and the
-//! upstream chart's node DaemonSet through packaging/kubernetes/upstream-chart. The scenarios
+//! agent's image built from the agent as it ships (tests/k8s/images.sh; `cargo build -p
+//! ebs-node-agent` with no features, copied to target/k8s by tests/run.sh; never a test-hooks
+//! build, since the image carries the release image's name). Then the shipped ebs-mode
+//! DaemonSet against a local instance-metadata emulator, and the upstream chart's node DaemonSet through packaging/kubernetes/upstream-chart. The scenarios
 //! share the cluster and run in order, each with its own pass/fail; a failure skips the rest, and
 //! the cluster is torn down in any case (Drop). Own harness (harness = false in Cargo.toml).
 //!
 //! The binaries are `$K8S_TOOLS` or `shared/tools/k8s` beside the checkout or above it; outside
-//! CI the test skips without them (or without a fresh release binary), under CI=true it fails.
+//! CI the test skips without them (or without a fresh agent build), under CI=true it fails.
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ mod scenarios;
 
 pub struct Ctx {
     pub cluster: Cluster,
-    /// The release binary the agent's image is built from.
+    /// The agent binary (no features, no test hooks) the image is built from.
     pub agent: PathBuf,
     /// Measured figures, printed at the end.
     pub figures: Vec<String>,
@@ -124,24 +124,25 @@ fn newest(dir: &Path) -> Option<std::time::SystemTime> {
     best
 }
 
-/// The release binary (`$EBS_K8S_AGENT_BIN`, or target/release/ebs-node-agent beside the test
-/// build's directory), not older than the sources it is built from.
-fn release_agent() -> Result<PathBuf, String> {
-    let build = "cargo build --release --locked -p ebs-node-agent --bin ebs-node-agent";
+/// The agent the image is built from (`$EBS_K8S_AGENT_BIN`, or target/k8s/ebs-node-agent: the
+/// no-feature build tests/run.sh copies there), not older than the sources it is built from.
+fn image_agent() -> Result<PathBuf, String> {
+    let build = "tests/run.sh (or: cargo build --locked -p ebs-node-agent --bin ebs-node-agent \
+                 && cp target/debug/ebs-node-agent target/k8s/)";
     let bin = match std::env::var_os("EBS_K8S_AGENT_BIN") {
         Some(p) => PathBuf::from(p),
         None => {
             // target/debug/deps/<this test> → target
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
             let target = exe.ancestors().nth(3).ok_or("no target directory")?;
-            target.join("release/ebs-node-agent")
+            target.join("k8s/ebs-node-agent")
         }
     };
     let built = std::fs::metadata(&bin)
         .and_then(|m| m.modified())
         .map_err(|e| {
             format!(
-                "{}: {e}: the agent's image is the release build: {build}",
+                "{}: {e}: the agent's image is built from a no-feature build: {build}",
                 bin.display()
             )
         })?;
@@ -232,7 +233,7 @@ fn main() -> ExitCode {
         eprintln!("skipping kubernetes: {e}");
         return ExitCode::SUCCESS;
     }
-    let agent = match release_agent() {
+    let agent = match image_agent() {
         Ok(a) => a,
         Err(e) if ci => panic!("kubernetes: {e}; CI=true: refusing to skip"),
         Err(e) => {

@@ -251,19 +251,18 @@ pub fn registration_after_identity(ctx: &mut Ctx) -> Result<(), String> {
     check_ebs_registration(c)?;
     // The agent's own "identity found" moment, from its log, against kubelet's registration.
     let log = c.agent_log().unwrap_or_default();
-    let resolved =
-        log.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| {
-                v["message"].as_str().is_some_and(|m| {
-                    m.contains("node identity") && !m.contains("instance metadata:")
-                }) && v["level"] == "INFO"
-            })
-            .and_then(|v| {
-                v["timestamp"]
-                    .as_str()
-                    .and_then(ebs_tests::k8s::parse_rfc3339)
-            });
+    let resolved = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            // agent/src/nodeinfo/sources.rs: the line once the identity is complete.
+            v["message"] == "node identity known" && v["level"] == "INFO"
+        })
+        .and_then(|v| {
+            v["timestamp"]
+                .as_str()
+                .and_then(ebs_tests::k8s::parse_rfc3339)
+        });
     let kubelet = std::fs::read_to_string(c.dir.join("logs/kubelet.log")).unwrap_or_default();
     let last_register = kubelet
         .lines()
