@@ -2,9 +2,10 @@
 # Writes DIR/NAME/kustomization.yaml: BASE (a kustomization of the shipped DaemonSet
 # ebs-node-agent) with every host path moved under DIR (kubelet's root directory DIR/kubelet,
 # the agent's state DIR/agent-state[-NAME], /run/udev: DIR/udev, which neither the loop backend
-# nor the tests need) and the health and metrics ports on free ports. Nothing else is changed but
-# the agent's environment items in $AGENT_ENV (YAML flow mappings, one a line), e.g. the
-# instance-metadata endpoint. Deploy with `kubectl apply -k DIR/NAME`.
+# nor the tests need; the path allow-list and the registrar's socket path follow), the health and
+# metrics ports on free ports, and the API server at 127.0.0.1 (no service network here).
+# Nothing else is changed but the agent's environment items in $AGENT_ENV (YAML flow mappings,
+# one a line), e.g. the instance-metadata endpoint. Deploy with `kubectl apply -k DIR/NAME`.
 #   tests/k8s/overlay.sh DIR                 # NAME deploy, BASE tests/k8s/loop (+ the sidecars' kubeconfig)
 #   tests/k8s/overlay.sh DIR NAME BASE       # BASE: a directory, e.g. packaging/kubernetes
 set -euo pipefail

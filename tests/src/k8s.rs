@@ -284,6 +284,27 @@ impl Cluster {
     }
 
     /// Mounts of CSI volumes under kubelet's directory: staging (globalmount) and publish.
+    /// A port cluster.sh chose, from DIR/env (`NAME="port"`, as `declare -p` writes it).
+    pub fn env_port(&self, name: &str) -> Result<u16, String> {
+        let env = std::fs::read_to_string(self.dir.join("env")).map_err(|e| e.to_string())?;
+        env.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.trim().trim_matches('"').parse().ok())
+            .ok_or_else(|| format!("no {name} in {}/env", self.dir.display()))
+    }
+
+    /// The processes cluster.sh started (DIR/pids: `name pid` a line).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        std::fs::read_to_string(self.dir.join("pids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (name, pid) = l.split_once(' ')?;
+                Some((name.to_string(), pid.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
     pub fn volume_mounts(&self) -> Vec<(PathBuf, String, String)> {
         Self::mounts_under(&self.dir.join("kubelet"))
             .into_iter()
@@ -365,6 +386,25 @@ pub fn parse_rfc3339(ts: &str) -> Option<f64> {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146097 + doe - 719468;
     Some(days as f64 * 86400.0 + h * 3600.0 + min * 60.0 + s)
+}
+
+/// Loop devices whose backing file's name, as losetup reports it, is below `dir`: those set up
+/// by a process on the host (kubelet's pins of block volumes, over a device node it
+/// bind-mounted under its directory, which the inode walk of `loops_backed_by` does not see).
+pub fn loops_named_under(dir: &Path) -> Vec<String> {
+    let out = Command::new("timeout")
+        .args(["10", "losetup", "-l", "-n", "-O", "NAME,BACK-FILE"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let dir = dir.to_string_lossy();
+    out.lines()
+        .filter_map(|l| {
+            let (name, back) = l.trim().split_once(char::is_whitespace)?;
+            let back = back.trim().trim_end_matches(" (deleted)");
+            (back.starts_with(&format!("{dir}/"))).then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// Loop devices backed by a file below `dir`, matched by device and inode: a loop device set up

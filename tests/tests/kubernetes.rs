@@ -23,6 +23,10 @@ use ebs_tests::k8s::{Cluster, find_tools, missing_host_programs, now};
 mod ebs_mode;
 #[path = "kubernetes/lifecycle.rs"]
 mod lifecycle;
+#[path = "kubernetes/observe.rs"]
+mod observe;
+#[path = "kubernetes/restarts.rs"]
+mod restarts;
 #[path = "kubernetes/scenarios.rs"]
 mod scenarios;
 
@@ -35,6 +39,9 @@ pub struct Ctx {
     /// The instance-metadata emulator of the ebs-mode scenarios, and the runtime it runs on.
     pub imds: Option<ebs_tests::imds::Imds>,
     pub rt: tokio::runtime::Runtime,
+    /// The first pod's volume directory under kubelet's pods/ (vol_data.json and the target),
+    /// which must be gone once the pod is.
+    pub publish_dir: Option<PathBuf>,
 }
 
 type Scenario = fn(&mut Ctx) -> Result<(), String>;
@@ -53,18 +60,19 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("k8s_second_pod_sees_the_data", scenarios::second_pod),
     (
         "k8s_kubelet_restart_no_duplicate_mounts",
-        scenarios::kubelet_restart,
+        restarts::kubelet_restart,
     ),
-    (
-        "k8s_agent_restart_while_published",
-        scenarios::agent_restart,
-    ),
+    ("k8s_agent_restart_while_published", restarts::agent_restart),
     ("k8s_read_only_claim", scenarios::read_only),
     (
         "k8s_pvc_deletion_removes_the_volume",
         scenarios::pvc_deletion,
     ),
     ("k8s_block_mode", scenarios::block_mode),
+    (
+        "k8s_read_write_once_pod_access_mode",
+        lifecycle::read_write_once_pod,
+    ),
     (
         "k8s_node_reboot_keeps_the_filesystem",
         lifecycle::node_reboot,
@@ -167,6 +175,44 @@ fn image_agent() -> Result<PathBuf, String> {
     Ok(bin)
 }
 
+/// What the teardown left: a process it started, a mount or loop device under `dir` (or one of
+/// the agent's, seen before), or `dir` itself.
+fn left_behind(dir: &Path, pids: &[(String, u32)], agent_loops: &[PathBuf]) -> Vec<String> {
+    let mut left = Vec::new();
+    let d = dir.to_string_lossy();
+    for (name, pid) in pids {
+        // Still ours: every program cluster.sh starts names its directory in its arguments (a
+        // PID reused since runs something else).
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(d.as_ref()) {
+            left.push(format!("process {name} ({pid}) still runs"));
+        }
+    }
+    for (target, _, source) in Cluster::mounts_under(dir) {
+        left.push(format!("mount {} ({source})", target.display()));
+    }
+    for name in ebs_tests::k8s::loops_named_under(dir) {
+        left.push(format!("loop device {name} backed under {}", dir.display()));
+    }
+    let attached = std::process::Command::new("timeout")
+        .args(["10", "losetup", "-l", "-n", "-O", "NAME"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for l in agent_loops {
+        if attached.lines().any(|a| Path::new(a.trim()) == l) {
+            left.push(format!(
+                "the agent's loop device {} is still attached",
+                l.display()
+            ));
+        }
+    }
+    if dir.exists() {
+        left.push(format!("{} still exists", dir.display()));
+    }
+    left
+}
+
 /// libtest's arguments as far as they matter here: `--list`, `--ignored`, and name filters.
 struct Args {
     list: bool,
@@ -201,6 +247,7 @@ fn main() -> ExitCode {
         for (name, _) in SCENARIOS {
             println!("{name}: test");
         }
+        println!("k8s_teardown_leaves_nothing: test");
         return ExitCode::SUCCESS;
     }
     let selected = args.filters.is_empty()
@@ -249,7 +296,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => panic!("kubernetes: a tokio runtime for the IMDS emulator: {e}"),
     };
-    println!("\nrunning {} tests", SCENARIOS.len());
+    println!("\nrunning {} tests", SCENARIOS.len() + 1);
     let started = Instant::now();
     let mut ctx = Ctx {
         cluster: Cluster::new(&tools),
@@ -257,6 +304,7 @@ fn main() -> ExitCode {
         figures: Vec::new(),
         imds: None,
         rt,
+        publish_dir: None,
     };
     let (mut passed, mut failed, mut skipped) = (0, Vec::new(), 0);
     for (name, run) in SCENARIOS {
@@ -291,7 +339,21 @@ fn main() -> ExitCode {
         }
     }
     let figures = std::mem::take(&mut ctx.figures);
+    // Teardown leaves nothing: what cluster.sh started, every mount and loop device under the
+    // cluster's directory, the directory itself, and the agent's loop devices.
+    let dir = ctx.cluster.dir.clone();
+    let pids = ctx.cluster.pids();
+    let agent_loops = ebs_tests::k8s::loops_backed_by(&dir);
     drop(ctx);
+    let left = left_behind(&dir, &pids, &agent_loops);
+    if left.is_empty() {
+        println!("test k8s_teardown_leaves_nothing ... ok");
+        passed += 1;
+    } else {
+        println!("test k8s_teardown_leaves_nothing ... FAILED");
+        eprintln!("---- k8s_teardown_leaves_nothing ----\n{}", left.join("\n"));
+        failed.push("k8s_teardown_leaves_nothing");
+    }
     println!("\nfigures:");
     for f in &figures {
         println!("  {f}");

@@ -2,8 +2,11 @@
 //! (packaging/kubernetes: node mode, backend ebs), then the upstream chart's node DaemonSet
 //! through packaging/kubernetes/upstream-chart. Instance metadata is an emulator on 127.0.0.1
 //! (tests/src/imds.rs) serving a real instance type; the pods use the host's network, as the
-//! shipped DaemonSet does. Host paths are moved under the cluster's directory (its kubelet's root
-//! directory is there); the instance-metadata endpoint is the one other change.
+//! shipped DaemonSet does. What differs from the shipped files is what this cluster needs and
+//! nothing of the agent's behaviour: host paths under the cluster's directory (its kubelet's
+//! root directory is there, so the path allow-list and the registrar's socket path follow),
+//! free health and metrics ports, the API server's address (127.0.0.1: no service network
+//! here), and the instance-metadata endpoint.
 
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
@@ -35,6 +38,19 @@ fn csinode_driver(c: &Cluster) -> Result<Option<serde_json::Value>, String> {
         .and_then(|d| d.iter().find(|d| d["name"] == DRIVER).cloned()))
 }
 
+/// Takes the zone labels a registration put on the node, so that the next registration's
+/// labels are its own (kubelet does not remove them when a driver goes).
+fn unlabel_node(c: &Cluster) -> Result<(), String> {
+    c.kubectl(&[
+        "label",
+        "node",
+        "127.0.0.1",
+        "topology.kubernetes.io/zone-",
+        "topology.ebs.csi.aws.com/zone-",
+    ])
+    .map(|_| ())
+}
+
 /// Removes a deployment and waits until its pods are gone and kubelet has dropped the driver.
 fn remove(c: &Cluster, kustomization: &str, selector: &str) -> Result<(), String> {
     let dir = c.dir.join(kustomization).to_string_lossy().into_owned();
@@ -57,7 +73,8 @@ fn remove(c: &Cluster, kustomization: &str, selector: &str) -> Result<(), String
         Duration::from_secs(60),
         "kubelet to drop the driver",
         || Ok(csinode_driver(c)?.is_none()),
-    )
+    )?;
+    unlabel_node(c)
 }
 
 /// The ebs registration as kubelet recorded it: node id, topology keys, allocatable count; and
@@ -99,7 +116,7 @@ fn check_ebs_registration(c: &Cluster) -> Result<(), String> {
 }
 
 /// GET http://127.0.0.1:port/healthz: livenessprobe's answer, which is the agent's Probe.
-fn healthz(port: u16) -> Result<String, String> {
+pub(super) fn healthz(port: u16) -> Result<String, String> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
@@ -201,6 +218,23 @@ fn registrar_restarts(c: &Cluster) -> Result<i64, String> {
         .unwrap_or(0))
 }
 
+/// The exit code of the registrar's last run.
+fn registrar_last_exit(c: &Cluster) -> Result<i64, String> {
+    let v = c.json(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=ebs-node-agent",
+    ])?;
+    v["items"][0]["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "node-driver-registrar"))
+        .and_then(|s| s["lastState"]["terminated"]["exitCode"].as_i64())
+        .ok_or_else(|| "the registrar has no last terminated state".to_string())
+}
+
 /// The agent starts while instance metadata does not answer: NodeGetInfo fails at
 /// registration, kubelet refuses the plugin, the registrar exits and restarts. Once instance
 /// metadata answers, the node registers: how long that takes is measured.
@@ -232,6 +266,7 @@ pub fn registration_after_identity(ctx: &mut Ctx) -> Result<(), String> {
         "kubelet to drop the driver",
         || Ok(csinode_driver(c)?.is_none()),
     )?;
+    unlabel_node(c)?;
     // The registration fails (the registrar restarts) and the driver stays out of CSINode.
     wait_until(
         Duration::from_secs(120),
@@ -240,6 +275,29 @@ pub fn registration_after_identity(ctx: &mut Ctx) -> Result<(), String> {
     )?;
     if csinode_driver(c)?.is_some() {
         return Err("the driver registered while NodeGetInfo had no identity".into());
+    }
+    // It exited because the registration failed (not, say, a liveness probe's kill).
+    let why = registrar_last_exit(c)?;
+    if why != 1 {
+        return Err(format!(
+            "the registrar's last exit code is {why}, expected 1"
+        ));
+    }
+    let previous = c
+        .kubectl(&[
+            "-n",
+            "kube-system",
+            "logs",
+            "-p",
+            "ds/ebs-node-agent",
+            "-c",
+            "node-driver-registrar",
+        ])
+        .unwrap_or_default();
+    if !previous.contains("Registration process failed") {
+        return Err(format!(
+            "the registrar's previous run did not fail its registration: {previous}"
+        ));
     }
     let restarts = registrar_restarts(c)?;
     let up = Instant::now();

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ebs_tests::k8s::{Cluster, loops_backed_by, now, parse_rfc3339, wait_until};
+use ebs_tests::k8s::{Cluster, loops_named_under, now, parse_rfc3339, wait_until};
+
+pub(super) use super::observe::*;
 
 use super::Ctx;
 
@@ -12,7 +14,7 @@ pub(super) const DRIVER: &str = "ebs.csi.aws.com";
 const TOPOLOGY_KEY: &str = "loop.ebs-node-agent.io/node";
 /// EBS_AGENT_VOLUME_ATTACH_LIMIT in tests/k8s/loop/loop-all.yaml.
 const ATTACH_LIMIT: i64 = 8;
-const WRITTEN: &str = "hello-from-writer";
+pub(super) const WRITTEN: &str = "hello-from-writer";
 
 /// A pod on the test PVC `data`: hostNetwork (nothing but loopback here), the agent's image (it
 /// has a shell), no service account token.
@@ -47,10 +49,6 @@ spec:
   resources: {requests: {storage: 64Mi}}
 "#;
 
-fn agent_state(c: &Cluster) -> PathBuf {
-    c.dir.join("agent-state")
-}
-
 /// Creates a pod and waits for it to be Ready; the seconds it took.
 pub(super) fn start_pod(c: &Cluster, yaml: &str, name: &str) -> Result<f64, String> {
     let t = Instant::now();
@@ -62,46 +60,6 @@ pub(super) fn start_pod(c: &Cluster, yaml: &str, name: &str) -> Result<f64, Stri
         "--timeout=120s",
     ])?;
     Ok(t.elapsed().as_secs_f64())
-}
-
-/// The agent's per-call log lines (JSON) logged at or after `since`: (rpc, ms).
-pub(super) fn agent_calls(c: &Cluster, since: f64) -> Result<Vec<(String, f64)>, String> {
-    let log = c.agent_log()?;
-    Ok(log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| {
-            v["timestamp"]
-                .as_str()
-                .and_then(parse_rfc3339)
-                .is_some_and(|t| t >= since)
-        })
-        .filter_map(|v| Some((v["rpc"].as_str()?.to_string(), v["ms"].as_f64()?)))
-        .collect())
-}
-
-pub(super) fn loops_of_the_agent(c: &Cluster) -> Vec<PathBuf> {
-    loops_backed_by(&agent_state(c))
-}
-
-/// Waits until no CSI volume is mounted under kubelet's directory, no VolumeAttachment is left
-/// and the agent's loop devices are detached.
-pub(super) fn wait_all_released(c: &Cluster) -> Result<(), String> {
-    wait_until(
-        Duration::from_secs(90),
-        "the volume to be unmounted",
-        || Ok(c.volume_mounts().is_empty()),
-    )?;
-    wait_until(Duration::from_secs(90), "the attachment to go", || {
-        Ok(c.kubectl(&["get", "volumeattachments", "-o", "name"])?
-            .trim()
-            .is_empty())
-    })?;
-    wait_until(
-        Duration::from_secs(30),
-        "the loop device to be detached",
-        || Ok(loops_of_the_agent(c).is_empty()),
-    )
 }
 
 pub fn registration(ctx: &mut Ctx) -> Result<(), String> {
@@ -185,18 +143,8 @@ pub fn registration(ctx: &mut Ctx) -> Result<(), String> {
     Ok(())
 }
 
-/// `I1125 20:45:37.306209 ...` → seconds into the day.
-pub(super) fn klog_time(line: &str) -> Option<f64> {
-    let t = line.split_whitespace().nth(1)?;
-    let mut p = t.split(':');
-    let h: f64 = p.next()?.parse().ok()?;
-    let m: f64 = p.next()?.parse().ok()?;
-    let s: f64 = p.next()?.parse().ok()?;
-    Some(h * 3600.0 + m * 60.0 + s)
-}
-
 /// The one publish mount of `pod`'s volume and the one staging mount, as the host sees them.
-fn host_mounts(c: &Cluster, pod: &str) -> Result<(PathBuf, PathBuf, String), String> {
+pub(super) fn host_mounts(c: &Cluster, pod: &str) -> Result<(PathBuf, PathBuf, String), String> {
     let uid = c.kubectl(&["get", "pod", pod, "-o", "jsonpath={.metadata.uid}"])?;
     let pv = c.kubectl(&["get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}"])?;
     let publish = c
@@ -256,6 +204,36 @@ pub fn pvc_pod_data(ctx: &mut Ctx) -> Result<(), String> {
     if through.trim() != WRITTEN {
         return Err(format!("kubectl exec read {through:?}"));
     }
+    // Kubelet's side of the target path: it made the parent and wrote vol_data.json there (the
+    // driver and the handle it will unpublish with); the agent made the target and mounted it.
+    let parent = publish.parent().ok_or("the publish path has no parent")?;
+    let vol_data = std::fs::read_to_string(parent.join("vol_data.json"))
+        .map_err(|e| format!("kubelet's vol_data.json beside the target: {e}"))?;
+    let vol_data: serde_json::Value =
+        serde_json::from_str(&vol_data).map_err(|e| format!("vol_data.json: {e}"))?;
+    let pv = c.kubectl(&["get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}"])?;
+    let handle = c.kubectl(&[
+        "get",
+        "pv",
+        pv.trim(),
+        "-o",
+        "jsonpath={.spec.csi.volumeHandle}",
+    ])?;
+    if vol_data["driverName"] != DRIVER || vol_data["volumeHandle"] != handle.trim() {
+        return Err(format!(
+            "vol_data.json {vol_data}, expected driver {DRIVER} and handle {handle}"
+        ));
+    }
+    // ReadWriteOnce reaches the agent as SINGLE_NODE_MULTI_WRITER: the agent advertises
+    // SINGLE_NODE_MULTI_WRITER, so kubelet sends the new modes instead of SINGLE_NODE_WRITER.
+    let mode = staged_access_mode(c, handle.trim())?;
+    if mode != SINGLE_NODE_MULTI_WRITER {
+        return Err(format!(
+            "a ReadWriteOnce claim was staged with access mode {mode}, expected \
+             SINGLE_NODE_MULTI_WRITER ({SINGLE_NODE_MULTI_WRITER})"
+        ));
+    }
+    ctx.publish_dir = Some(parent.to_path_buf());
     let mut by_rpc: Vec<(String, f64)> = Vec::new();
     for (rpc, ms) in calls
         .iter()
@@ -285,6 +263,15 @@ pub fn pod_deletion(ctx: &mut Ctx) -> Result<(), String> {
     let t = Instant::now();
     c.kubectl(&["delete", "pod", "writer", "--wait=true", "--timeout=90s"])?;
     wait_all_released(c)?;
+    // The agent removed the target it made, and kubelet its parent with vol_data.json.
+    if let Some(parent) = ctx.publish_dir.take()
+        && parent.exists()
+    {
+        return Err(format!(
+            "{} is left after the pod's deletion",
+            parent.display()
+        ));
+    }
     ctx.figures.push(format!(
         "pod deletion to unmounted, unstaged and detached: {:.1} s",
         t.elapsed().as_secs_f64()
@@ -313,106 +300,6 @@ pub fn second_pod(ctx: &mut Ctx) -> Result<(), String> {
     Ok(())
 }
 
-pub fn kubelet_restart(ctx: &mut Ctx) -> Result<(), String> {
-    let c = &ctx.cluster;
-    let before = host_mounts(c, "reader")?;
-    c.script(
-        "cluster.sh",
-        Some("restart-kubelet"),
-        &[],
-        Duration::from_secs(60),
-    )?;
-    let restarted = Instant::now();
-    // Ready again, and kubelet's volume manager through its reconstruction and a few syncs.
-    wait_until(Duration::from_secs(90), "kubelet's health", || {
-        Ok(c.kubectl(&["get", "--raw", "/api/v1/nodes/127.0.0.1"])
-            .is_ok()
-            && std::fs::read_to_string(c.dir.join("logs/kubelet.log"))
-                .unwrap_or_default()
-                .contains("Starting to sync pod status with apiserver"))
-    })?;
-    c.kubectl(&[
-        "wait",
-        "--for=condition=Ready",
-        "node/127.0.0.1",
-        "--timeout=90s",
-    ])?;
-    std::thread::sleep(Duration::from_secs(15).saturating_sub(restarted.elapsed()));
-    c.kubectl(&[
-        "wait",
-        "--for=condition=Ready",
-        "pod/reader",
-        "--timeout=60s",
-    ])?;
-    let after = host_mounts(c, "reader")?;
-    if after != before {
-        return Err(format!(
-            "mounts changed over a kubelet restart: {before:?} → {after:?}"
-        ));
-    }
-    let got = c.kubectl(&["exec", "reader", "--", "cat", "/data/hello"])?;
-    if got.trim() != WRITTEN {
-        return Err(format!("after the kubelet restart the pod read {got:?}"));
-    }
-    Ok(())
-}
-
-pub fn agent_restart(ctx: &mut Ctx) -> Result<(), String> {
-    let c = &ctx.cluster;
-    let before = host_mounts(c, "reader")?;
-    let old = c.kubectl(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ebs-node-agent",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
-    let t = Instant::now();
-    c.kubectl(&[
-        "-n",
-        "kube-system",
-        "delete",
-        "pod",
-        old.trim(),
-        "--wait=true",
-        "--timeout=90s",
-    ])?;
-    c.kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "ds/ebs-node-agent",
-        "--timeout=120s",
-    ])?;
-    ctx.figures.push(format!(
-        "agent pod deleted to its successor ready: {:.1} s",
-        t.elapsed().as_secs_f64()
-    ));
-    // The published volume was untouched, and the pod still writes through it.
-    if host_mounts(c, "reader")? != before {
-        return Err("mounts changed over an agent restart".into());
-    }
-    c.kubectl(&[
-        "exec",
-        "reader",
-        "--",
-        "sh",
-        "-c",
-        "echo second > /data/second && sync",
-    ])?;
-    let got = std::fs::read_to_string(before.0.join("second")).map_err(|e| e.to_string())?;
-    if got.trim() != "second" {
-        return Err(format!("the host read {got:?} after the agent restart"));
-    }
-    // The new agent unpublishes, unstages and detaches what the old one set up.
-    c.kubectl(&["delete", "pod", "reader", "--wait=true", "--timeout=90s"])?;
-    wait_all_released(c)
-}
-
 pub fn pvc_deletion(ctx: &mut Ctx) -> Result<(), String> {
     let c = &ctx.cluster;
     let pv = c.kubectl(&["get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}"])?;
@@ -422,8 +309,10 @@ pub fn pvc_deletion(ctx: &mut Ctx) -> Result<(), String> {
     })?;
     let volumes = agent_state(c).join("volumes");
     let left: Vec<_> = std::fs::read_dir(&volumes)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+        .map_err(|e| format!("{}: {e}", volumes.display()))?
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     if !left.is_empty() {
         return Err(format!(
             "{} left after deleting {pv}: {left:?}",
@@ -518,6 +407,13 @@ pub fn block_mode(ctx: &mut Ctx) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", p.display()))?;
         Ok(b)
     };
+    // Kubelet pins a block volume with a loop device of its own over the device node it
+    // bind-mounted under its directory (named by that host path).
+    let kubelet_dir = c.dir.join("kubelet");
+    let pins = loops_named_under(&kubelet_dir);
+    if pins.is_empty() {
+        return Err("kubelet pinned no loop device over the block volume".into());
+    }
     if head(&loops[0])? != b"block-data" {
         return Err(format!(
             "{} does not start with the pod's bytes",
@@ -526,7 +422,7 @@ pub fn block_mode(ctx: &mut Ctx) -> Result<(), String> {
     }
     c.kubectl(&["delete", "pod", "blk", "--wait=true", "--timeout=90s"])?;
     wait_all_released(c)?;
-    let kubelet_pins = loops_backed_by(&c.dir.join("kubelet"));
+    let kubelet_pins = loops_named_under(&kubelet_dir);
     if !kubelet_pins.is_empty() {
         return Err(format!("kubelet's loop devices left: {kubelet_pins:?}"));
     }
