@@ -38,6 +38,7 @@ fn volume(store: &Store, id: &str) -> Result<Value, ebs_store::StoreError> {
         "staged": staged.as_ref().map(|s| json!({
             "staging_path": s.staging_path, "device": s.device,
             "progress": s.progress, "readonly": s.readonly, "access": s.access,
+            "access_mode": access_mode_name(s.access_mode),
         })),
         "published": publications.iter().map(|p| json!({
             "target_path": p.target_path, "readonly": p.readonly, "progress": p.progress,
@@ -49,6 +50,14 @@ fn volume(store: &Store, id: &str) -> Result<Value, ebs_store::StoreError> {
             "op": s.op, "step": s.step, "phase": s.phase, "at_unix_ms": s.at_unix_ms,
         })),
     }))
+}
+
+/// The access mode a volume was staged with, by the CSI enum's name (what the CO asked for:
+/// kubelet sends SINGLE_NODE_MULTI_WRITER for ReadWriteOnce, SINGLE_NODE_SINGLE_WRITER for
+/// ReadWriteOncePod); a number the enum does not know is shown as the number.
+fn access_mode_name(raw: i32) -> Value {
+    use ebs_proto::csi::v1::volume_capability::access_mode::Mode;
+    Mode::try_from(raw).map_or_else(|_| json!(raw), |m| json!(m.as_str_name()))
 }
 
 /// The running agent's marks (`node::attention`): each marked volume's `needs_attention`.
@@ -65,5 +74,18 @@ pub fn add_attention(doc: &mut Value, mut marks: std::collections::HashMap<Strin
     rest.sort_by(|a, b| a.0.cmp(&b.0));
     for (id, mark) in rest {
         volumes.push(json!({ "volume_id": id, "published": [], "needs_attention": mark }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::access_mode_name;
+
+    #[test]
+    fn access_modes_show_by_their_csi_names_and_unknown_ones_by_number() {
+        assert_eq!(access_mode_name(7), "SINGLE_NODE_MULTI_WRITER");
+        assert_eq!(access_mode_name(6), "SINGLE_NODE_SINGLE_WRITER");
+        assert_eq!(access_mode_name(1), "SINGLE_NODE_WRITER");
+        assert_eq!(access_mode_name(99), 99);
     }
 }

@@ -185,9 +185,12 @@ up() {
     [[ -e $h ]] || echo "$h" >>"$D/created-host-paths"
   done
   # The kubelet directory is its own shared mount, so that Bidirectional propagation (the
-  # agent's mounts reaching kubelet and pods) works whatever the host's / propagation is.
+  # agent's mounts reaching kubelet and pods) works whatever the host's / propagation is. Its
+  # own peer group: a bind on a shared / joins /'s group, and every volume mount would then be
+  # copied onto / below the bind too, each listed twice (seen in a chroot whose / is shared).
   mkdir -p "$D/kubelet"
   mount --bind "$D/kubelet" "$D/kubelet"
+  mount --make-private "$D/kubelet"
   mount --make-rshared "$D/kubelet"
   unpack
   ETCD_PORT=$(free_port); ETCD_PEER_PORT=$(free_port); API_PORT=$(free_port)

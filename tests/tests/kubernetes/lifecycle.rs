@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 use ebs_tests::k8s::{Cluster, wait_until};
 
 use super::Ctx;
-use super::scenarios::{
-    SINGLE_NODE_SINGLE_WRITER, loops_of_the_agent, staged_access_mode, start_pod, wait_all_released,
-};
+use super::scenarios::{loops_of_the_agent, staged_access_mode, start_pod, wait_all_released};
 
 const IMAGE: &str = "ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0";
 const MIB: u64 = 1 << 20;
@@ -140,10 +138,10 @@ pub fn read_write_once_pod(ctx: &mut Ctx) -> Result<(), String> {
         "jsonpath={.spec.csi.volumeHandle}",
     ])?;
     let mode = staged_access_mode(c, handle.trim())?;
-    if mode != SINGLE_NODE_SINGLE_WRITER {
+    if mode != "SINGLE_NODE_SINGLE_WRITER" {
         return Err(format!(
             "a ReadWriteOncePod claim was staged with access mode {mode}, expected \
-             SINGLE_NODE_SINGLE_WRITER ({SINGLE_NODE_SINGLE_WRITER})"
+             SINGLE_NODE_SINGLE_WRITER"
         ));
     }
     exec(c, "rwop", "echo one-pod > /data/w && sync")?;

@@ -83,19 +83,17 @@ pub(super) fn agent_status(c: &Cluster) -> Result<serde_json::Value, String> {
     serde_json::from_str(&out).map_err(|e| format!("status --json: {e}: {out}"))
 }
 
-/// The access mode the agent staged `pv` with, as kubelet sent it (the CSI enum's number).
-pub(super) fn staged_access_mode(c: &Cluster, pv: &str) -> Result<i64, String> {
+/// The access mode the agent staged `pv` with, as kubelet sent it (the CSI enum's name, from
+/// `status --json`'s `staged.access_mode`).
+pub(super) fn staged_access_mode(c: &Cluster, pv: &str) -> Result<String, String> {
     let status = agent_status(c)?;
     status["volumes"]
         .as_array()
         .and_then(|v| v.iter().find(|v| v["volume_id"] == pv))
-        .and_then(|v| v["staged"]["access_mode"].as_i64())
+        .and_then(|v| v["staged"]["access_mode"].as_str())
+        .map(str::to_string)
         .ok_or_else(|| format!("no staged access mode of {pv} in the agent's status: {status}"))
 }
-
-/// csi.proto's VolumeCapability.AccessMode.Mode.
-pub(super) const SINGLE_NODE_SINGLE_WRITER: i64 = 6;
-pub(super) const SINGLE_NODE_MULTI_WRITER: i64 = 7;
 
 /// Waits until no CSI volume is mounted under kubelet's directory, no VolumeAttachment is left
 /// and the agent's loop devices are detached.

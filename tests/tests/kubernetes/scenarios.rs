@@ -227,10 +227,10 @@ pub fn pvc_pod_data(ctx: &mut Ctx) -> Result<(), String> {
     // ReadWriteOnce reaches the agent as SINGLE_NODE_MULTI_WRITER: the agent advertises
     // SINGLE_NODE_MULTI_WRITER, so kubelet sends the new modes instead of SINGLE_NODE_WRITER.
     let mode = staged_access_mode(c, handle.trim())?;
-    if mode != SINGLE_NODE_MULTI_WRITER {
+    if mode != "SINGLE_NODE_MULTI_WRITER" {
         return Err(format!(
             "a ReadWriteOnce claim was staged with access mode {mode}, expected \
-             SINGLE_NODE_MULTI_WRITER ({SINGLE_NODE_MULTI_WRITER})"
+             SINGLE_NODE_MULTI_WRITER"
         ));
     }
     ctx.publish_dir = Some(parent.to_path_buf());
