@@ -8,6 +8,7 @@
 #     quickstart  packaging/local/start.sh serves; the README's lifecycle blocks from $HOME;
 #                 Ctrl-C (SIGINT); nothing left: no mount, loop device, socket or directory
 #     tests       CI=true ./tests/run.sh, under flock /run/lock/ebs-k8s.lock (one cluster a host)
+#     k8s         the Kubernetes tier alone, on the tests phase's build
 #     noshared    no ../shared and no Go proxy: tools.sh and the conformance test must fail at
 #                 once, saying what to do (reuses the tests phase's build)
 # Environment: FRESH_ROOT (/work/chroot/bookworm), FRESH_SRC (/work/main), FRESH_REV (HEAD of
@@ -29,15 +30,20 @@ phases=("$@")
 [[ $(id -u) -eq 0 ]] || { echo "rehearse.sh: run as root" >&2; exit 1; }
 out="$root/work/rehearsal"
 times="$out/times"
+namespaces="$out/namespaces"
 
 log() { printf '%s rehearse: %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$times" >&2; }
 
-# Stops every process whose root is the chroot (only this script starts any), by PID.
+# Stops every process of the phases' mount namespaces (recorded by in_chroot) or whose root is
+# the chroot (only this script starts any), by PID.
 stop_chroot_processes() {
-  local p r pids=()
+  local p r n pids=()
   for p in /proc/[0-9]*; do
     r="$(readlink "$p/root" 2>/dev/null)" || continue
-    [[ "$r" == "$root" || "$r" == "$root"/* ]] && pids+=("${p#/proc/}")
+    n="$(readlink "$p/ns/mnt" 2>/dev/null)" || continue
+    if [[ "$r" == "$root" || "$r" == "$root"/* ]] || grep -qxF -- "$n" "$namespaces" 2>/dev/null; then
+      pids+=("${p#/proc/}")
+    fi
   done
   ((${#pids[@]})) || return 0
   echo "rehearse: stopping leftover processes ${pids[*]}" >&2
@@ -57,33 +63,35 @@ trap cleanup EXIT
 
 # Runs bash -c "$2" as root inside the chroot, in a mount namespace of its own; $1: bind
 # ../shared (1) or not (0). The environment is what a login shell after rustup's installer has.
+# The chroot becomes the namespace's root by pivot_root, not chroot(2), as a booted machine's /
+# is its namespace's root: in a chroot, runc's pivot_root moves the chroot's mount and not the
+# namespace's root, so `runc exec` (kubectl exec) joined the container's mount namespace at the
+# host's / and saw none of the container's files (rehearsal of 2026-11-26). / is then made
+# rshared, as systemd makes it: the agent container's Bidirectional mounts must reach kubelet and
+# the pods (the namespace is private: peers inside it only). Its id is recorded for the clean-up.
 in_chroot() {
   local with_shared="$1" cmd="$2"
   # shellcheck disable=SC2016 # the inner script expands its own arguments
   unshare --mount --propagation private -- bash -euc '
-    r="$1" s="$2"; shift 2
-    # The root a mount point, as on a booted machine: runc makes / rslave before a container
-    # starts, and fails with EINVAL ("error preparing rootfs: mount /") when it is none.
-    mount --bind "$r" "$r"
-    # Shared, as systemd makes / on a booted machine: the agent container'"'"'s Bidirectional
-    # mounts must reach kubelet and the pods (peers inside this namespace only: it is private).
-    # Without it the tier'"'"'s pod saw an empty volume directory (rehearsal of 2026-11-26).
-    mount --make-rshared "$r"
+    r="$1" s="$2" ns="$3"; shift 3
+    readlink /proc/self/ns/mnt >>"$ns"
+    mount --bind "$r" "$r"                # pivot_root wants a mount point
     mount -t proc proc "$r/proc"
     mount --rbind /sys "$r/sys"           # /sys/fs/cgroup too: containerd, kubelet
     mount --rbind /dev "$r/dev"           # loop-control and loop devices, pts, shm
     mount -t tmpfs -o mode=0755 run "$r/run"
-    mkdir -p "$r/run/lock"
-    mkdir -p "$r/work/shared"
+    mkdir -p "$r/run/lock" "$r/work/shared" "$r/.oldroot"
     if [[ -n "$s" ]]; then
       mount --bind "$s" "$r/work/shared"
       mount -o remount,bind,ro "$r/work/shared"
     fi
-    exec chroot "$r" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb USER=root \
+    cd "$r"
+    pivot_root . .oldroot
+    exec /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb USER=root \
       PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
       RUSTUP_HOME=/root/.rustup CARGO_HOME=/root/.cargo ${GOPROXY+GOPROXY="$GOPROXY"} \
-      ${CI+CI="$CI"} bash -c "$1"
-  ' _ "$root" "$([[ $with_shared == 1 ]] && echo "$shared")" "$cmd"
+      ${CI+CI="$CI"} bash -c "umount -l /.oldroot && mount --make-rshared / && cd / && $1"
+  ' _ "$root" "$([[ $with_shared == 1 ]] && echo "$shared")" "$namespaces" "$cmd"
 }
 
 # Wall time of a phase: runs "$@", logs its seconds and exit code, returns the code.
@@ -181,6 +189,18 @@ phase_tests() {
   return "$rc"
 }
 
+# The Kubernetes tier alone, on the tests phase's build (to check a fix to the chroot's setup).
+phase_k8s() {
+  local rc=0
+  {
+    flock 9
+    CI=true timed k8s in_chroot 1 'cd /work/main && cargo test --locked -p ebs-tests \
+      --features ebs-node-agent/test-hooks --test kubernetes' >"$out/k8s.log" 2>&1 || rc=$?
+  } 9>/run/lock/ebs-k8s.lock
+  grep -E '^test |^test result' "$out/k8s.log"
+  return "$rc"
+}
+
 phase_noshared() {
   cat >"$out/noshared.sh" <<'EOF'
 cd /work/main
@@ -205,9 +225,10 @@ EOF
 }
 
 mkdir -p "$out"
+: >"$namespaces"
 for p in "${phases[@]}"; do
   case "$p" in
-    setup | quickstart | tests | noshared) "phase_$p" || log "$p failed" ;;
+    setup | quickstart | tests | k8s | noshared) "phase_$p" || log "$p failed" ;;
     *) echo "rehearse.sh: unknown phase $p" >&2; exit 2 ;;
   esac
 done

@@ -4,10 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ebs_tests::k8s::{Cluster, wait_until};
+use ebs_tests::k8s::{Cluster, now, wait_until};
 
 use super::Ctx;
-use super::scenarios::{loops_of_the_agent, staged_access_mode, start_pod, wait_all_released};
+use super::scenarios::{
+    agent_calls, agent_failures, loops_of_the_agent, staged_access_mode, start_pod,
+    wait_all_released,
+};
 
 const IMAGE: &str = "ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0";
 const MIB: u64 = 1 << 20;
@@ -223,6 +226,20 @@ fn wait_fs_at_least(c: &Cluster, pod: &str, bytes: u64) -> Result<u64, String> {
     Ok(last)
 }
 
+/// The filesystem grew through the agent: NodeExpandVolume answered ok since `since`.
+fn grown_by_the_agent(c: &Cluster, since: f64) -> Result<(), String> {
+    let calls = agent_calls(c, since)?;
+    let failed = agent_failures(c, since)?;
+    if calls.iter().any(|(rpc, _)| rpc == "NodeExpandVolume")
+        && !failed.iter().any(|f| f.contains("NodeExpandVolume"))
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "no NodeExpandVolume answered ok since the resize: calls {calls:?}, failures {failed:?}"
+    ))
+}
+
 fn resize(c: &Cluster, claim: &str, size: &str) -> Result<(), String> {
     let patch = format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{size}"}}}}}}}}"#);
     c.kubectl(&["patch", "pvc", claim, "--type=merge", "-p", &patch])
@@ -259,9 +276,11 @@ pub fn expand_online_xfs(ctx: &mut Ctx) -> Result<(), String> {
     exec(c, "gx", "echo grown > /data/g && sync")?;
     let before = fs_bytes(c, "gx")?;
     let t = Instant::now();
+    let since = now();
     resize(c, "gx", "640Mi")?;
     let after = wait_fs_at_least(c, "gx", before + 300 * MIB)?;
     wait_claim_capacity(c, "gx", "640Mi")?;
+    grown_by_the_agent(c, since)?;
     ctx.figures.push(format!(
         "online xfs growth 320 -> 640 MiB, PVC patched to the pod seeing it: {:.1} s ({} -> {} MiB)",
         t.elapsed().as_secs_f64(),
@@ -303,9 +322,11 @@ pub fn expand_offline_ext4(ctx: &mut Ctx) -> Result<(), String> {
         ])? == "128Mi")
     })?;
     let t = Instant::now();
+    let since = now();
     start_pod(c, &pod_on("ge2", "ge", ""), "ge2")?;
     let after = wait_fs_at_least(c, "ge2", before + 56 * MIB)?;
     wait_claim_capacity(c, "ge", "128Mi")?;
+    grown_by_the_agent(c, since)?;
     ctx.figures.push(format!(
         "offline ext4 growth 64 -> 128 MiB: the next pod Ready on the grown filesystem in {:.1} s ({} -> {} MiB)",
         t.elapsed().as_secs_f64(),
