@@ -16,7 +16,7 @@ use ebs_tests::imds::{Imds, Instance};
 use ebs_tests::k8s::{Cluster, repo_root, wait_until};
 
 use super::Ctx;
-use super::scenarios::{DRIVER, klog_time};
+use super::scenarios::{AGENT_PODS, DRIVER, agent_pod_name, agent_pods, klog_time, rollout};
 
 const INSTANCE_ID: &str = "i-0c0ffee0k8s00001";
 const INSTANCE_TYPE: &str = "m7i.large";
@@ -148,16 +148,16 @@ fn wait_probe_ready(port: u16) -> Result<(), String> {
     )
 }
 
-fn rollout(c: &Cluster, ds: &str) -> Result<(), String> {
-    c.kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        ds,
-        "--timeout=120s",
-    ])
-    .map(|_| ())
+/// Applies the kustomization `dir` and waits for DaemonSet `ds` and the driver in CSINode; the
+/// seconds from `kubectl apply` to the registration.
+fn apply_until_registered(c: &Cluster, dir: &str, ds: &str) -> Result<f64, String> {
+    let applied = Instant::now();
+    c.kubectl(&["apply", "-k", dir])?;
+    rollout(c, ds)?;
+    wait_until(Duration::from_secs(60), "the driver in CSINode", || {
+        Ok(csinode_driver(c)?.is_some())
+    })?;
+    Ok(applied.elapsed().as_secs_f64())
 }
 
 /// The shipped packaging/kubernetes (node mode, backend ebs) registers with the zone keys and
@@ -177,7 +177,7 @@ pub fn shipped_ebs_mode(ctx: &mut Ctx) -> Result<(), String> {
     wait_until(Duration::from_secs(60), "the loop volumes to go", || {
         Ok(c.kubectl(&["get", "pv", "-o", "name"])?.trim().is_empty())
     })?;
-    remove(c, "deploy", "app.kubernetes.io/name=ebs-node-agent")?;
+    remove(c, "deploy", AGENT_PODS)?;
     let shipped = repo_root().join("packaging/kubernetes");
     let shipped = shipped.to_string_lossy().into_owned();
     let env = format!("{{name: EBS_AGENT_IMDS_ENDPOINT, value: \"{endpoint}\"}}");
@@ -188,29 +188,16 @@ pub fn shipped_ebs_mode(ctx: &mut Ctx) -> Result<(), String> {
         Duration::from_secs(60),
     )?;
     let dir = c.dir.join("deploy-ebs").to_string_lossy().into_owned();
-    let applied = Instant::now();
-    c.kubectl(&["apply", "-k", &dir])?;
-    rollout(c, "ds/ebs-node-agent")?;
-    wait_until(Duration::from_secs(60), "the driver in CSINode", || {
-        Ok(csinode_driver(c)?.is_some())
-    })?;
+    let secs = apply_until_registered(c, &dir, "ds/ebs-node-agent")?;
     ctx.figures.push(format!(
-        "ebs mode: kubectl apply -k to the driver in CSINode: {:.1} s",
-        applied.elapsed().as_secs_f64()
+        "ebs mode: kubectl apply -k to the driver in CSINode: {secs:.1} s"
     ));
     check_ebs_registration(c)?;
     wait_probe_ready(health_port(c, "deploy-ebs")?)
 }
 
 fn registrar_restarts(c: &Cluster) -> Result<i64, String> {
-    let v = c.json(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ebs-node-agent",
-    ])?;
+    let v = agent_pods(c)?;
     Ok(v["items"][0]["status"]["containerStatuses"]
         .as_array()
         .and_then(|s| s.iter().find(|s| s["name"] == "node-driver-registrar"))
@@ -220,14 +207,7 @@ fn registrar_restarts(c: &Cluster) -> Result<i64, String> {
 
 /// The exit code of the registrar's last run.
 fn registrar_last_exit(c: &Cluster) -> Result<i64, String> {
-    let v = c.json(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ebs-node-agent",
-    ])?;
+    let v = agent_pods(c)?;
     v["items"][0]["status"]["containerStatuses"]
         .as_array()
         .and_then(|s| s.iter().find(|s| s["name"] == "node-driver-registrar"))
@@ -242,16 +222,7 @@ pub fn registration_after_identity(ctx: &mut Ctx) -> Result<(), String> {
     let imds = ctx.imds.as_ref().ok_or("no instance-metadata emulator")?;
     let c = &ctx.cluster;
     imds.switches.down.store(true, Ordering::SeqCst);
-    let old = c.kubectl(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ebs-node-agent",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
+    let old = agent_pod_name(c)?;
     c.kubectl(&[
         "-n",
         "kube-system",
@@ -356,7 +327,7 @@ pub fn upstream_chart(ctx: &mut Ctx) -> Result<(), String> {
         .as_ref()
         .ok_or("no instance-metadata emulator")?
         .endpoint();
-    remove(c, "deploy-ebs", "app.kubernetes.io/name=ebs-node-agent")?;
+    remove(c, "deploy-ebs", AGENT_PODS)?;
     let dir = c.dir.join("chart");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let fixture = repo_root().join("tests/fixtures/aws-ebs-csi-driver-2.64-node.yaml");
@@ -419,15 +390,9 @@ patches:
 "#
     );
     std::fs::write(dir.join("kustomization.yaml"), kustomization).map_err(|e| e.to_string())?;
-    let applied = Instant::now();
-    c.kubectl(&["apply", "-k", &dir.to_string_lossy()])?;
-    rollout(c, "ds/ebs-csi-node")?;
-    wait_until(Duration::from_secs(60), "the driver in CSINode", || {
-        Ok(csinode_driver(c)?.is_some())
-    })?;
+    let secs = apply_until_registered(c, &dir.to_string_lossy(), "ds/ebs-csi-node")?;
     ctx.figures.push(format!(
-        "upstream chart path: kubectl apply -k to the driver in CSINode: {:.1} s",
-        applied.elapsed().as_secs_f64()
+        "upstream chart path: kubectl apply -k to the driver in CSINode: {secs:.1} s"
     ));
     check_ebs_registration(c)?;
     wait_probe_ready(port)

@@ -8,11 +8,10 @@ use ebs_tests::k8s::{Cluster, now, wait_until};
 
 use super::Ctx;
 use super::scenarios::{
-    agent_calls, agent_failures, loops_of_the_agent, staged_access_mode, start_pod,
-    wait_all_released,
+    agent_calls, agent_container, agent_failures, loops_of_the_agent, pod_yaml, staged_access_mode,
+    start_pod, wait_all_released,
 };
 
-const IMAGE: &str = "ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0";
 const MIB: u64 = 1 << 20;
 
 fn claim(name: &str, class: &str, size: &str) -> String {
@@ -30,30 +29,7 @@ spec:
 
 /// A pod with `claim` at /data; `security` is the pod's securityContext (flow YAML) or "".
 fn pod_on(name: &str, claim: &str, security: &str) -> String {
-    let security = if security.is_empty() {
-        String::new()
-    } else {
-        format!("  securityContext: {security}\n")
-    };
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}}}
-spec:
-  hostNetwork: true
-  automountServiceAccountToken: false
-  enableServiceLinks: false
-  terminationGracePeriodSeconds: 1
-{security}  containers:
-    - name: main
-      image: {IMAGE}
-      command: ["/bin/sh", "-c", "exec sleep 3600"]
-      volumeMounts: [{{name: data, mountPath: /data}}]
-  volumes:
-    - name: data
-      persistentVolumeClaim: {{claimName: {claim}}}
-"#
-    )
+    pod_yaml(name, claim, "exec sleep 3600", security)
 }
 
 fn exec(c: &Cluster, pod: &str, script: &str) -> Result<String, String> {
@@ -403,17 +379,12 @@ pub fn fs_group(ctx: &mut Ctx) -> Result<(), String> {
 /// pages) and its RSS, from its cgroup v1 memory controller, after every loop scenario ran.
 pub fn agent_memory(ctx: &mut Ctx) -> Result<(), String> {
     let c = &ctx.cluster;
-    let id = c.kubectl(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ebs-node-agent",
-        "-o",
-        "jsonpath={.items[0].status.containerStatuses[?(@.name==\"ebs-node-agent\")].containerID}",
-    ])?;
-    let id = id.trim().trim_start_matches("containerd://").to_string();
+    let agent = agent_container(c, "ebs-node-agent")?;
+    let id = agent["containerID"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("containerd://")
+        .to_string();
     if id.is_empty() {
         return Err("no agent container".into());
     }

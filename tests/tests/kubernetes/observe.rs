@@ -95,6 +95,44 @@ pub(super) fn staged_access_mode(c: &Cluster, pv: &str) -> Result<String, String
         .ok_or_else(|| format!("no staged access mode of {pv} in the agent's status: {status}"))
 }
 
+/// The label of the agent's pods in the shipped DaemonSet.
+pub(super) const AGENT_PODS: &str = "app.kubernetes.io/name=ebs-node-agent";
+
+/// The agent's pods, as `kubectl get -o json` lists them.
+pub(super) fn agent_pods(c: &Cluster) -> Result<serde_json::Value, String> {
+    c.json(&["-n", "kube-system", "get", "pods", "-l", AGENT_PODS])
+}
+
+/// The name of the (one) agent pod.
+pub(super) fn agent_pod_name(c: &Cluster) -> Result<String, String> {
+    let pods = agent_pods(c)?;
+    pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("no agent pod: {pods}"))
+}
+
+/// The status of container `name` in the (one) agent pod.
+pub(super) fn agent_container(c: &Cluster, name: &str) -> Result<serde_json::Value, String> {
+    agent_pods(c)?["items"][0]["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == name).cloned())
+        .ok_or_else(|| format!("no container {name} in the agent pod"))
+}
+
+/// Waits for a DaemonSet in kube-system to be rolled out.
+pub(super) fn rollout(c: &Cluster, ds: &str) -> Result<(), String> {
+    c.kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        ds,
+        "--timeout=120s",
+    ])
+    .map(|_| ())
+}
+
 /// Waits until no CSI volume is mounted under kubelet's directory, no VolumeAttachment is left
 /// and the agent's loop devices are detached.
 pub(super) fn wait_all_released(c: &Cluster) -> Result<(), String> {

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 use ebs_tests::k8s::{now, wait_until};
 
 use super::Ctx;
-use super::scenarios::{WRITTEN, agent_failures, host_mounts, mount_ids, wait_all_released};
+use super::scenarios::{
+    WRITTEN, agent_failures, agent_pod_name, agent_pods, host_mounts, mount_ids, rollout,
+    wait_all_released,
+};
 
 /// Kubelet killed and started again while a pod runs: it reconstructs the volume from its
 /// directories and the agent's answers, and changes nothing: the same mounts (by mount id, so
@@ -74,16 +77,7 @@ pub fn agent_restart(ctx: &mut Ctx) -> Result<(), String> {
     let c = &ctx.cluster;
     let before = host_mounts(c, "reader")?;
     let ids = mount_ids(&[&before.0, &before.1]);
-    let old = c.kubectl(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ebs-node-agent",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
+    let old = agent_pod_name(c)?;
     let t = Instant::now();
     c.kubectl(&[
         "-n",
@@ -94,24 +88,10 @@ pub fn agent_restart(ctx: &mut Ctx) -> Result<(), String> {
         "--wait=true",
         "--timeout=90s",
     ])?;
-    c.kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "ds/ebs-node-agent",
-        "--timeout=120s",
-    ])?;
+    rollout(c, "ds/ebs-node-agent")?;
     // rollout status may answer before the controller saw the deletion: a successor by name.
     wait_until(Duration::from_secs(120), "a new agent pod Ready", || {
-        let v = c.json(&[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=ebs-node-agent",
-        ])?;
+        let v = agent_pods(c)?;
         Ok(v["items"].as_array().is_some_and(|items| {
             items.iter().any(|p| {
                 p["metadata"]["name"] != old.trim()

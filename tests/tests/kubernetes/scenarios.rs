@@ -16,9 +16,15 @@ const TOPOLOGY_KEY: &str = "loop.ebs-node-agent.io/node";
 const ATTACH_LIMIT: i64 = 8;
 pub(super) const WRITTEN: &str = "hello-from-writer";
 
-/// A pod on the test PVC `data`: hostNetwork (nothing but loopback here), the agent's image (it
-/// has a shell), no service account token.
-fn pod(name: &str, command: &str) -> String {
+/// A pod with `claim` at /data running `command`: hostNetwork (nothing but loopback here), the
+/// agent's image (it has a shell), no service account token; `security` is the pod's
+/// securityContext (flow YAML) or "".
+pub(super) fn pod_yaml(name: &str, claim: &str, command: &str, security: &str) -> String {
+    let security = if security.is_empty() {
+        String::new()
+    } else {
+        format!("  securityContext: {security}\n")
+    };
     format!(
         r#"apiVersion: v1
 kind: Pod
@@ -28,16 +34,21 @@ spec:
   automountServiceAccountToken: false
   enableServiceLinks: false
   terminationGracePeriodSeconds: 1
-  containers:
+{security}  containers:
     - name: main
       image: ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0
       command: ["/bin/sh", "-c", {command:?}]
       volumeMounts: [{{name: data, mountPath: /data}}]
   volumes:
     - name: data
-      persistentVolumeClaim: {{claimName: data}}
+      persistentVolumeClaim: {{claimName: {claim}}}
 "#
     )
+}
+
+/// A pod on the test PVC `data`.
+fn pod(name: &str, command: &str) -> String {
+    pod_yaml(name, "data", command, "")
 }
 
 const PVC: &str = r#"apiVersion: v1
@@ -64,14 +75,7 @@ pub(super) fn start_pod(c: &Cluster, yaml: &str, name: &str) -> Result<f64, Stri
 
 pub fn registration(ctx: &mut Ctx) -> Result<(), String> {
     let c = &ctx.cluster;
-    c.kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "ds/ebs-node-agent",
-        "--timeout=120s",
-    ])?;
+    rollout(c, "ds/ebs-node-agent")?;
     wait_until(Duration::from_secs(60), "the driver in CSINode", || {
         let v = c.json(&["get", "csinode", "127.0.0.1"])?;
         Ok(v["spec"]["drivers"]
