@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ebs_node_agent::backend::Backend;
 use ebs_node_agent::backend::ebs::fixture::Fixture;
 use ebs_node_agent::backend::ebs::{EBS_MODEL, EbsBackend, EbsConfig};
-use ebs_node_agent::request::VolumeId;
+use ebs_node_core::request::VolumeId;
 
 fn median_resolve(disks: u32, device_path: bool) -> Duration {
     let f = Fixture::temp(&format!("bench-{disks}")).expect("fixture");

@@ -156,7 +156,7 @@ pub struct ServeArgs {
     #[arg(long, env = "EBS_AGENT_NODE_ID")]
     pub node_id: Option<String>,
     /// Staging and target paths must lie under one of these (repeatable; env: comma-separated).
-    #[arg(long = "allowed-path-prefix", env = "EBS_AGENT_ALLOWED_PATH_PREFIXES", value_delimiter = ',', value_parser = crate::request::parse_prefix)]
+    #[arg(long = "allowed-path-prefix", env = "EBS_AGENT_ALLOWED_PATH_PREFIXES", value_delimiter = ',', value_parser = ebs_node_core::request::parse_prefix)]
     pub allowed_path_prefixes: Vec<PathBuf>,
     /// Log lines as text, or one JSON object per line.
     #[arg(

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 
-use crate::host::nvme::ReadError;
-use crate::host::nvme::ebs_page::{self, EbsStats, Histogram, LOG_ID};
+use ebs_node_host::nvme::ReadError;
+use ebs_node_host::nvme::ebs_page::{self, EbsStats, Histogram, LOG_ID};
 
 #[derive(clap::Args, Debug)]
 pub struct EbsStatsArgs {
@@ -133,7 +133,7 @@ fn histogram(out: &mut String, title: &str, h: &Histogram) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::nvme::ebs_page::Bin;
+    use ebs_node_host::nvme::ebs_page::Bin;
 
     fn sample() -> EbsStats {
         EbsStats {

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::host::command::CommandError;
-use crate::request::ValidationError;
+use ebs_node_core::request::ValidationError;
+use ebs_node_host::command::CommandError;
+use ebs_node_host::fstools::FsToolError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -81,6 +82,42 @@ impl Error {
         Error::Io {
             context: context.into(),
             source,
+        }
+    }
+}
+
+/// The host's words for a filesystem tool's failure, as the domain's: the same messages, and
+/// `grpc::status` chooses their codes.
+impl From<FsToolError> for Error {
+    fn from(e: FsToolError) -> Self {
+        match e {
+            FsToolError::Unavailable { fs, why } => Error::FsUnavailable(fs.name().into(), why),
+            FsToolError::FsckFailed {
+                device,
+                code,
+                summary,
+            } => Error::FsckFailed {
+                device,
+                code,
+                summary,
+            },
+            FsToolError::ToolFailed {
+                tool,
+                device,
+                code,
+                stderr,
+            } => Error::ToolFailed {
+                tool,
+                device,
+                code,
+                stderr,
+            },
+            e @ FsToolError::DoesNotFit { .. } => Error::OutOfRange(e.to_string()),
+            FsToolError::Sizing { device, source } => {
+                Error::io(format!("sizing {}", device.display()), source)
+            }
+            e @ FsToolError::NonUtf8Path(_) => Error::Internal(e.to_string()),
+            FsToolError::Command(e) => Error::Command(e),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
 use crate::backend::ebs::discovery;
-use crate::request::{FormatOptions, FsType, MountFlags, RequestPath, VolumeId};
+use ebs_node_core::request::{FormatOptions, FsType, MountFlags, RequestPath, VolumeId};
 
 /// Splits fuzz input at newlines into UTF-8 strings (invalid bytes replaced, as a gRPC layer
 /// never hands the parsers anything but UTF-8).
@@ -31,7 +31,7 @@ pub fn volume_id(data: &[u8]) {
     };
     if let Ok(id) = VolumeId::parse(raw) {
         assert_eq!(id.as_str(), raw);
-        assert!(!raw.is_empty() && raw.len() <= crate::request::MAX_STRING_BYTES);
+        assert!(!raw.is_empty() && raw.len() <= ebs_node_core::request::MAX_STRING_BYTES);
         match id.local_device() {
             // A node-local handle names a device below /dev, by plain components only.
             Some(dev) => {
@@ -61,7 +61,7 @@ pub fn request_path(data: &[u8]) {
     let Ok(raw) = std::str::from_utf8(data) else {
         return;
     };
-    let roots = crate::request::Roots::new(
+    let roots = ebs_node_core::request::Roots::new(
         vec![
             PathBuf::from("/var/lib/kubelet"),
             PathBuf::from("/var/lib/kubelet/plugins"),
@@ -95,7 +95,7 @@ pub fn request_path(data: &[u8]) {
                 .all(|c| matches!(c, Component::RootDir | Component::Normal(_))),
             "{p:?} keeps a . or .. component"
         );
-        assert!(p.as_os_str().len() <= crate::request::MAX_PATH_BYTES);
+        assert!(p.as_os_str().len() <= ebs_node_core::request::MAX_PATH_BYTES);
     }
 }
 
@@ -146,7 +146,7 @@ pub fn grpc_timeout(data: &[u8]) {
 }
 
 pub fn mountinfo(data: &[u8]) {
-    if let Ok(table) = crate::host::mountinfo::MountTable::parse_bytes(data) {
+    if let Ok(table) = ebs_node_host::mountinfo::MountTable::parse_bytes(data) {
         for entry in table.entries() {
             let _ = entry.is_read_only();
             let _ = entry.super_read_only();

@@ -88,7 +88,7 @@ impl Health {
 }
 
 /// The hard dependencies of node work, checked at start.
-pub fn node_problems(fstools: &crate::host::fstools::FsTools) -> Vec<String> {
+pub fn node_problems(fstools: &ebs_node_host::fstools::FsTools) -> Vec<String> {
     let mut problems = Vec::new();
     match caps::has_cap(
         None,
@@ -102,7 +102,7 @@ pub fn node_problems(fstools: &crate::host::fstools::FsTools) -> Vec<String> {
         ),
         Err(e) => problems.push(format!("cannot read the agent's capabilities: {e}")),
     }
-    if let Err(why) = fstools.supports(crate::request::FsType::Ext4) {
+    if let Err(why) = fstools.supports(ebs_node_core::request::FsType::Ext4) {
         problems.push(format!("ext4, the default filesystem, is unusable: {why}"));
     }
     problems

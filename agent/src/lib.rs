@@ -1,4 +1,7 @@
 //! ebs-node-agent: a crash-safe CSI node plugin for AWS EBS, any block device, or loop files.
+//! The daemon and its tools; every `unsafe` line lives in the host crate (ebs-node-host).
+
+#![forbid(unsafe_code)]
 
 pub mod authority_fix;
 pub mod backend;
@@ -14,7 +17,7 @@ pub mod fd_budget;
 pub mod fuzzing;
 pub mod grpc;
 pub mod health;
-pub mod host;
+
 pub mod inventory;
 pub mod kube_duties;
 pub mod logging;
@@ -24,7 +27,7 @@ pub mod nodeinfo;
 pub mod notify;
 pub mod print_config;
 pub mod recover;
-pub mod request;
+
 pub mod server;
 pub mod settings;
 pub mod status;

@@ -49,7 +49,7 @@ mod packaging_output {
 fn main() {
     let cli = Cli::parse_args();
     if matches!(cli.command, Command::Serve(_)) {
-        ebs_node_agent::host::malloc::tune();
+        ebs_node_host::malloc::tune();
     }
     // The client's calls are light and mostly wait on the agent; one thread drives them without
     // waking a second runtime thread at every reply (under the bench that costs the agent CPU).

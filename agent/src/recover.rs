@@ -16,9 +16,9 @@ use ebs_store::{
 use crate::backend::block_dev_numbers;
 use crate::backend::loopback::file_inode;
 use crate::cli::RecoverArgs;
-use crate::host::blkid::{self, ProbeOutcome};
-use crate::host::{loopdev, mountinfo::MountTable};
 use crate::server::STATE_FILE;
+use ebs_node_host::blkid::{self, ProbeOutcome};
+use ebs_node_host::{loopdev, mountinfo::MountTable};
 
 /// A device the agent can tell is one of its volumes.
 struct Known {
@@ -58,7 +58,7 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
         println!("moved the old state file to {}", aside.display());
     }
     let store = Store::open(path).map_err(|e| e.to_string())?;
-    crate::host::private::restrict_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    ebs_node_host::private::restrict_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if !from_mounts {
         return Ok("started an empty state file".into());
     }

@@ -15,10 +15,10 @@ use crate::backend::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
 use crate::cli::{BackendKind, ServeArgs};
 use crate::grpc;
 use crate::health::{self, Health};
-use crate::host::fstools::FsTools;
 use crate::node::{self, NodeCtx, VolumeLocks};
 use crate::nodeinfo::{self, NodeInfo, NodeInfoSource};
-use crate::request::{FsType, Roots};
+use ebs_node_core::request::{FsType, Roots};
+use ebs_node_host::fstools::FsTools;
 
 /// Start-up failures: the message is printed and the agent exits with this code.
 pub struct Fatal {
@@ -46,7 +46,7 @@ pub use crate::settings::STATE_FILE;
 
 /// Opens the state directory and file; an unwritable directory or a corrupt file stops here.
 pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
-    use crate::host::private;
+    use ebs_node_host::private;
     // What an older agent, a packaging step or an operator left readable to others first (one
     // log line each), then whatever is missing is created private.
     private::tighten_state_dir(state_dir).map_err(|e| {
@@ -243,12 +243,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     tracing::info!(endpoint = %args.endpoint, mode = ?args.mode, backend = ?args.backend,
         state_dir = %args.state_dir.display(), version = env!("CARGO_PKG_VERSION"), "serving");
     // What a seccomp filter (systemd's unit, a container profile) denies is said once, now.
-    crate::host::sandbox::survey();
+    ebs_node_host::sandbox::survey();
     // Read-only binds without the new mount API are made in a private place first (see
     // host/private_bind.rs); made now, leftovers of a crash detached, where they will be needed.
-    crate::host::private_bind::set_dir(args.state_dir.join("binds"));
-    if !crate::host::sandbox::mount_api_usable()
-        && let Err(e) = crate::host::private_bind::prepare()
+    ebs_node_host::private_bind::set_dir(args.state_dir.join("binds"));
+    if !ebs_node_host::sandbox::mount_api_usable()
+        && let Err(e) = ebs_node_host::private_bind::prepare()
     {
         tracing::warn!(error = %e, "the private place for read-only binds cannot be made; read-only publishes will fail");
     }
@@ -368,7 +368,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     health.set_ready();
     crate::notify::ready();
     crate::notify::spawn_watchdog();
-    crate::host::malloc::spawn_periodic_release(std::time::Duration::from_secs(10));
+    ebs_node_host::malloc::spawn_periodic_release(std::time::Duration::from_secs(10));
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| fatal(e.to_string()))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| fatal(e.to_string()))?;

@@ -20,8 +20,8 @@ use ebs_store::{DeviceIdentity, Store};
 
 use super::{Backend, ResolvedDevice, describe_identity, proves};
 use crate::error::{Error, Result};
-use crate::host::device::{devnum_of, still_claimed};
-use crate::request::{ValidationError, VolumeId};
+use ebs_node_core::request::{ValidationError, VolumeId};
+use ebs_node_host::device::{devnum_of, still_claimed};
 
 /// The publish_context key upstream's controller sets to the real EBS volume id.
 pub const VOLUME_ID_KEY: &str = "volumeID";
@@ -98,7 +98,7 @@ impl WithLocalVolumes {
                 .into_iter()
                 .map(|p| p.target_path),
         );
-        let table = crate::host::mounts::read_table()
+        let table = ebs_node_host::mounts::read_table()
             .map_err(|e| Error::Internal(format!("reading the mount table: {e}")))?;
         let mut mounted_here = false;
         for m in table.entries() {
@@ -280,7 +280,7 @@ impl Backend for WithLocalVolumes {
         dev: &File,
         devnum: (u32, u32),
         identity: &DeviceIdentity,
-    ) -> std::result::Result<Option<crate::host::blank::BackingFile>, String> {
+    ) -> std::result::Result<Option<ebs_node_host::blank::BackingFile>, String> {
         self.inner.backing_file(dev, devnum, identity)
     }
 

@@ -12,7 +12,7 @@ use std::time::Instant;
 use ebs_store::DeviceIdentity;
 
 use crate::error::Result;
-use crate::request::VolumeId;
+use ebs_node_core::request::VolumeId;
 
 /// A device found for a volume, with what proves it is the volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub trait Backend: Send + Sync {
         device: &Path,
         identity: &DeviceIdentity,
     ) -> std::result::Result<(), String> {
-        let devnum = crate::host::device::block_devnum(device)
+        let devnum = ebs_node_host::device::block_devnum(device)
             .map_err(|e| format!("{}: {e}", device.display()))?;
         self.is_at(devnum, identity)
     }
@@ -105,7 +105,7 @@ pub trait Backend: Send + Sync {
         _dev: &File,
         _devnum: (u32, u32),
         _identity: &DeviceIdentity,
-    ) -> std::result::Result<Option<crate::host::blank::BackingFile>, String> {
+    ) -> std::result::Result<Option<ebs_node_host::blank::BackingFile>, String> {
         Ok(None)
     }
 
@@ -129,7 +129,7 @@ pub trait Backend: Send + Sync {
 
 /// Reads the major:minor of a block device node.
 pub fn block_dev_numbers(device: &Path) -> std::io::Result<(u32, u32)> {
-    crate::host::device::block_devnum(device)
+    ebs_node_host::device::block_devnum(device)
 }
 
 /// Whether what the host shows (`found`) proves the identity a volume must have (`expected`).

@@ -7,9 +7,9 @@ use caps::{CapSet, Capability};
 
 use super::host_paths::{kubelet_propagation, writable_dir};
 use super::{Check, DoctorArgs};
-use crate::host::fstools::FsTools;
-use crate::request::FsType;
 use crate::settings::BackendKind;
+use ebs_node_core::request::FsType;
+use ebs_node_host::fstools::FsTools;
 
 pub async fn all(args: &DoctorArgs) -> Vec<Check> {
     let node = args.mode.serves_node();

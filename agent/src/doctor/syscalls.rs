@@ -4,7 +4,7 @@
 //! needed: each fallback keeps every guarantee and costs only speed, so these are warnings.
 
 use super::Check;
-use crate::host::sandbox::{self, Newer, Probe};
+use ebs_node_host::sandbox::{self, Newer, Probe};
 
 fn unavailable(call: Newer, found: Probe) -> String {
     format!(

@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::health::Health;
 use crate::node::NodeCtx;
 use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
-use crate::request::{RequestPath, Roots, Secrets, VolumeId};
+use ebs_node_core::request::{RequestPath, Roots, Secrets, VolumeId};
 
 pub struct AddonsIdentity {
     pub driver_name: String,

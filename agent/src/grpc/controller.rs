@@ -9,12 +9,12 @@ use ebs_proto::csi::v1 as csi;
 use ebs_store::LoopVolume;
 use tonic::{Request, Response, Status};
 
-use super::logged;
 use super::spec_order::required;
+use super::{capability, logged};
 use crate::backend::loopback::{CreateVolume, LoopController, TOPOLOGY_KEY};
 use crate::error::{Error, Result, blocking};
 use crate::node::{VolumeGuard, VolumeLocks};
-use crate::request::{Capability, MAX_STRING_BYTES, ValidationError, VolumeId, check_map};
+use ebs_node_core::request::{Capability, MAX_STRING_BYTES, ValidationError, VolumeId, check_map};
 
 pub struct LoopControllerService {
     pub controller: Arc<LoopController>,
@@ -83,7 +83,7 @@ fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
         return Err(ValidationError::Missing("volume_capabilities").into());
     }
     caps.iter()
-        .map(|c| Capability::from_proto(Some(c)).map_err(Error::from))
+        .map(|c| capability::parse(Some(c)).map_err(Error::from))
         .collect()
 }
 
@@ -162,7 +162,7 @@ impl Controller for LoopControllerService {
         let device = logged("ControllerPublishVolume", &r.volume_id.clone(), async {
             required(&r)?;
             let id = VolumeId::parse(&r.volume_id)?;
-            Capability::from_proto(r.volume_capability.as_ref())?;
+            capability::parse(r.volume_capability.as_ref())?;
             let node = r.node_id;
             let readonly = r.readonly;
             self.run(move |c| c.publish(id.as_str(), &node, readonly))
@@ -316,7 +316,7 @@ impl Controller for LoopControllerService {
                 return Err(ValidationError::Missing("capacity_range").into());
             }
             let block = match r.volume_capability.as_ref() {
-                Some(c) => Capability::from_proto(Some(c))?.is_block(),
+                Some(c) => capability::parse(Some(c))?.is_block(),
                 None => false,
             };
             let size = self

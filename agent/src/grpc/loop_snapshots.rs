@@ -8,7 +8,7 @@ use ebs_store::{LoopSnapshot, LoopSource};
 use super::controller::{LoopControllerService, name_key};
 use crate::backend::loopback::SnapshotQuery;
 use crate::error::Result;
-use crate::request::{MAX_STRING_BYTES, ValidationError, VolumeId};
+use ebs_node_core::request::{MAX_STRING_BYTES, ValidationError, VolumeId};
 
 /// A CreateVolume source as the controller records it. A source without an id, or of a kind
 /// this plugin does not know, is INVALID_ARGUMENT, the spec's code for an unsupported source.

@@ -3,6 +3,7 @@
 
 pub mod addons;
 pub mod admin;
+pub mod capability;
 pub mod controller;
 pub mod identity;
 mod loop_snapshots;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use tonic::{Code, Status};
 
 use crate::error::Error;
-use crate::request::ValidationError;
+use ebs_node_core::request::ValidationError;
 
 /// The one mapping from domain errors to the codes the CSI spec names.
 pub fn status(err: &Error) -> Status {
@@ -50,15 +51,15 @@ pub fn status(err: &Error) -> Status {
     Status::new(code, err.to_string())
 }
 
+/// A request that failed validation, as its status (the core's error type is not ours to give a
+/// `From` impl for tonic's).
+pub fn invalid(err: ValidationError) -> Status {
+    status(&Error::Invalid(err))
+}
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         status(&err)
-    }
-}
-
-impl From<ValidationError> for Status {
-    fn from(err: ValidationError) -> Self {
-        status(&Error::Invalid(err))
     }
 }
 

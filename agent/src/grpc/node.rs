@@ -9,12 +9,12 @@ use csi::node_service_capability::{self, rpc};
 use ebs_proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
-use super::logged;
 use super::spec_order::{self, Rule};
+use super::{capability, logged};
 use crate::error::{Error, Result, blocking};
 use crate::node::{self, NodeCtx, VolumeGuard, VolumeLocks};
 use crate::nodeinfo::NodeInfoSource;
-use crate::request::{
+use ebs_node_core::request::{
     AccessType, Capability, FormatOptions, RequestPath, Roots, Secrets, ValidationError, VolumeId,
     check_map,
 };
@@ -116,7 +116,7 @@ impl NodeService {
         }
         let staging = self.path("staging_target_path", &r.staging_target_path)?;
         let target = self.path("target_path", &r.target_path)?;
-        let capability = Capability::for_volume(r.volume_capability.as_ref(), &volume)?;
+        let capability = capability::for_volume(r.volume_capability.as_ref(), &volume)?;
         check_map("publish_context", &r.publish_context)?;
         check_map("volume_context", &r.volume_context)?;
         let checked = CheckedPublish {
@@ -172,7 +172,7 @@ impl Node for NodeService {
         logged("NodeStageVolume", &r.volume_id.clone(), async {
             let volume = self.admit(&r, &r.volume_id).await?;
             let staging = self.path("staging_target_path", &r.staging_target_path)?;
-            let capability = Capability::for_volume(r.volume_capability.as_ref(), &volume)?;
+            let capability = capability::for_volume(r.volume_capability.as_ref(), &volume)?;
             check_map("publish_context", &r.publish_context)?;
             check_map("volume_context", &r.volume_context)?;
             let format = match &capability.access {
@@ -296,7 +296,7 @@ impl Node for NodeService {
             let (required_bytes, limit_bytes) =
                 super::node_stats::capacity_range(r.capacity_range.as_ref())?;
             let capability = match r.volume_capability.as_ref() {
-                Some(c) => Some(Capability::for_volume(Some(c), &volume)?),
+                Some(c) => Some(capability::for_volume(Some(c), &volume)?),
                 None => None,
             };
             self.locked(volume, move |ctx, volume| {

@@ -5,7 +5,7 @@ use ebs_proto::csi::v1 as csi;
 
 use crate::error::Result;
 use crate::node::{Counts, Usage, VolumeStats};
-use crate::request::ValidationError;
+use ebs_node_core::request::ValidationError;
 
 /// (required, limit) with 0 for "not set"; negative sizes are INVALID_ARGUMENT.
 pub fn capacity_range(range: Option<&csi::CapacityRange>) -> Result<(u64, u64)> {

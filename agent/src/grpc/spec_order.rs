@@ -15,7 +15,7 @@
 use ebs_proto::csi::v1 as csi;
 
 use crate::node::Known;
-use crate::request::ValidationError;
+use ebs_node_core::request::ValidationError;
 
 /// A REQUIRED field: its name, and whether a request carries it.
 pub type Field<R> = (&'static str, fn(&R) -> bool);

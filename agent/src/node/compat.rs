@@ -10,7 +10,7 @@ use super::paths;
 use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
 use crate::node::identity::same_identity;
-use crate::request::{AccessType, Capability, RequestPath, VolumeId};
+use ebs_node_core::request::{AccessType, Capability, RequestPath, VolumeId};
 
 /// A volume is staged at one path with one capability; anything else is ALREADY_EXISTS. A
 /// stage that failed or was interrupted before its mount never holds a corrected retry to its
@@ -41,7 +41,7 @@ pub fn check_compatible(
         same_kind(&existing.access, &access_record(capability))
     } else {
         existing.access == access_record(capability)
-            && existing.access_mode == capability.mode.to_proto() as i32
+            && existing.access_mode == capability.mode.csi_number()
     };
     if !compatible {
         return Err(Error::AlreadyExists(format!(

@@ -9,7 +9,7 @@ use ebs_store::{DeviceIdentity, StagedVolume};
 use super::{NodeCtx, VolumeGuard};
 use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
-use crate::host::device::HeldDevice;
+use ebs_node_host::device::HeldDevice;
 
 pub struct VolumeDevice {
     pub held: HeldDevice,

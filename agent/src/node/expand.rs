@@ -15,9 +15,9 @@ use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
-use crate::host::anchor::EntryFd;
-use crate::host::loopdev;
-use crate::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
+use ebs_node_core::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
+use ebs_node_host::anchor::EntryFd;
+use ebs_node_host::loopdev;
 
 pub struct ExpandCommand {
     pub volume: VolumeId,

@@ -11,10 +11,10 @@ use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
 use super::path_string;
 use crate::error::{Error, Result};
-use crate::host::blkid::{self, ProbeOutcome, Signature};
-use crate::host::fstools::filesystem_bytes_of;
-use crate::host::{attachment, blank, loopdev};
-use crate::request::{FormatOptions, FsType};
+use ebs_node_core::request::{FormatOptions, FsType};
+use ebs_node_host::blkid::{self, ProbeOutcome, Signature};
+use ebs_node_host::fstools::filesystem_bytes_of;
+use ebs_node_host::{attachment, blank, loopdev};
 
 /// What the probe allows us to do with the device.
 pub enum Decision {
@@ -322,7 +322,7 @@ pub fn format_device(
     device.held.release_exclusive();
     let made = device
         .reverify(ctx)
-        .and_then(|()| ctx.fstools.mkfs(fs, device.path(), uuid, options));
+        .and_then(|()| Ok(ctx.fstools.mkfs(fs, device.path(), uuid, options)?));
     if let Err(e) = made {
         let mut failed = facts;
         failed.insert("error".into(), e.to_string());

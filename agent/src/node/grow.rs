@@ -10,9 +10,9 @@ use super::NodeCtx;
 use super::journal::{Journal, detail};
 use super::path_string;
 use crate::error::{Error, Result};
-use crate::host::anchor::EntryFd;
-use crate::host::loopdev;
-use crate::request::FsType;
+use ebs_node_core::request::FsType;
+use ebs_node_host::anchor::EntryFd;
+use ebs_node_host::loopdev;
 
 /// Slack below which a device is not "larger": mkfs rounds the filesystem down to whole blocks.
 const GROW_SLACK: u64 = 1 << 20;
@@ -30,10 +30,10 @@ pub fn grow_if_needed(
 ) -> Result<bool> {
     let mount_point = root.path_for_tools();
     let mount_point = mount_point.as_path();
-    let fs_bytes = crate::host::fs_size::mounted_bytes(fs, device, mount_point)
+    let fs_bytes = ebs_node_host::fs_size::mounted_bytes(fs, device, mount_point)
         .map_err(|e| Error::io(format!("sizing the filesystem on {}", device.display()), e))?;
     grow_when_larger(journal, device, fs_bytes, true, || {
-        ctx.fstools.grow(fs, device, mount_point)
+        Ok(ctx.fstools.grow(fs, device, mount_point)?)
     })
 }
 
@@ -51,11 +51,11 @@ pub fn grow_offline_if_needed(
     }
     let fs_bytes = match known_bytes {
         Some(b) => b,
-        None => crate::host::fstools::filesystem_bytes(fs, device)
+        None => ebs_node_host::fstools::filesystem_bytes(fs, device)
             .map_err(|e| Error::io(format!("reading the superblock of {}", device.display()), e))?,
     };
     grow_when_larger(journal, device, fs_bytes, false, || {
-        ctx.fstools.grow_offline(fs, device)
+        Ok(ctx.fstools.grow_offline(fs, device)?)
     })
 }
 

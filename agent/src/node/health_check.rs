@@ -13,8 +13,8 @@ use super::ownership::{Expected, Holder, holder};
 use super::paths;
 use super::read_probe::{self, ReadOutcome};
 use crate::backend::block_dev_numbers;
-use crate::host::loopdev;
-use crate::host::mounts::MountFacts;
+use ebs_node_host::loopdev;
+use ebs_node_host::mounts::MountFacts;
 
 /// What NodeGetVolumeStats reports as VolumeCondition.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use super::NodeCtx;
 use crate::error::{Error, Result};
-use crate::request::VolumeId;
+use ebs_node_core::request::VolumeId;
 
 /// Whose word decides that a volume exists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

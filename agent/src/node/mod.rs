@@ -43,8 +43,8 @@ pub use unstage::{UnstageCommand, unstage};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::host::fstools::FsTools;
-use crate::request::Roots;
+use ebs_node_core::request::Roots;
+use ebs_node_host::fstools::FsTools;
 
 /// Everything a node operation needs, shared by all calls.
 pub struct NodeCtx {

@@ -15,10 +15,10 @@ use ebs_store::{DeviceIdentity, StagedVolume};
 use super::NodeCtx;
 use crate::backend::describe_identity;
 use crate::error::{Error, Result};
-use crate::host::anchor::{Anchored, EntryFd};
-use crate::host::device::block_devnum;
-use crate::host::mounts::{self, MountFacts};
-use crate::request::VolumeId;
+use ebs_node_core::request::VolumeId;
+use ebs_node_host::anchor::{Anchored, EntryFd};
+use ebs_node_host::device::block_devnum;
+use ebs_node_host::mounts::{self, MountFacts};
 
 /// What a volume's device must show, from the record or, without one, from the backend. One
 /// per call: it keeps the device it proved open for the rest of the call.

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use super::NodeCtx;
 use crate::error::{Error, Result};
-use crate::host::anchor::Anchored;
-use crate::request::{RequestPath, ValidationError};
+use ebs_node_core::request::{RequestPath, ValidationError};
+use ebs_node_host::anchor::Anchored;
 
 /// A request path for work that creates it (stage, publish): missing parents are made.
 pub fn prepare(path: &RequestPath) -> Result<Anchored> {

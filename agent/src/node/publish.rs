@@ -12,9 +12,9 @@ use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::{NodeCtx, path_string, paths, ro_block};
 use crate::error::{Error, Result};
-use crate::host::anchor::{Anchored, EntryFd};
-use crate::host::mounter;
-use crate::request::{AccessType, Capability, RequestPath, VolumeId};
+use ebs_node_core::request::{AccessType, Capability, RequestPath, VolumeId};
+use ebs_node_host::anchor::{Anchored, EntryFd};
+use ebs_node_host::mounter;
 
 pub struct PublishCommand {
     pub volume: VolumeId,
@@ -64,7 +64,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         staging_path: staged.staging_path.clone(),
         block,
         readonly,
-        access_mode: cmd.capability.mode.to_proto() as i32,
+        access_mode: cmd.capability.mode.csi_number(),
         mount_flags: flags_raw,
         progress: Progress::InProgress,
         at_unix_ms: now_unix_ms(),

@@ -10,7 +10,7 @@ use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use super::lock;
-use crate::host::direct_read;
+use ebs_node_host::direct_read;
 
 /// How long a stats call waits for the read: a healthy device answers 4 KiB in milliseconds.
 pub const READ_WAIT: Duration = Duration::from_secs(2);

@@ -17,8 +17,8 @@ use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder_of};
 use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
-use crate::host::trim::trim_free_space;
-use crate::request::{RequestPath, VolumeId};
+use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_host::trim::trim_free_space;
 
 /// Where the caller says the volume is: the CSI-Addons sidecar sends the staging path; a caller
 /// that knows only a workload's mount sends that publication's target path.

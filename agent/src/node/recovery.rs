@@ -259,8 +259,8 @@ mod tests {
 
     use super::*;
     use crate::backend::loopback::LoopBackend;
-    use crate::host::fstools::FsTools;
-    use crate::request::Roots;
+    use ebs_node_core::request::Roots;
+    use ebs_node_host::fstools::FsTools;
 
     fn ctx(dir: &std::path::Path) -> Arc<NodeCtx> {
         let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use super::NodeCtx;
 use super::device::VolumeDevice;
 use crate::error::{Error, Result};
-use crate::host::loopdev::{self, overlay};
+use ebs_node_host::loopdev::{self, overlay};
 
 /// Every agent's tags start so; the loop controller refuses to detach a volume under one.
 const PREFIX: &str = overlay::TAG_PREFIX;

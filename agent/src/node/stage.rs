@@ -20,12 +20,12 @@ use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
-use crate::host::anchor::Anchored;
-use crate::host::fstools::FsckOutcome;
-use crate::host::mounter;
-use crate::request::{
+use ebs_node_core::request::{
     AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, VolumeId,
 };
+use ebs_node_host::anchor::Anchored;
+use ebs_node_host::fstools::FsckOutcome;
+use ebs_node_host::mounter;
 
 pub struct StageCommand {
     pub volume: VolumeId,
@@ -81,7 +81,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         devnum: Some(device.devnum()),
         identity: resolved.identity.clone(),
         access: access_record(&cmd.capability),
-        access_mode: cmd.capability.mode.to_proto() as i32,
+        access_mode: cmd.capability.mode.csi_number(),
         readonly,
         progress: Progress::InProgress,
         at_unix_ms: now_unix_ms(),
@@ -305,7 +305,7 @@ impl MountSteps<'_> {
             "check",
             detail([("device", path_string(device.path())), ("uuid", uuid)]),
             Durability::Lazy,
-            || ctx.fstools.check(fs, device.path()),
+            || Ok(ctx.fstools.check(fs, device.path())?),
         )?;
         if let FsckOutcome::Repaired(code) = outcome {
             tracing::warn!(

@@ -12,8 +12,8 @@ use ebs_store::{AccessRecord, Progress, StagedVolume};
 use super::NodeCtx;
 use super::health_check::{self, Condition};
 use crate::error::{Error, Result};
-use crate::host::loopdev;
-use crate::request::{RequestPath, VolumeId};
+use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_host::loopdev;
 
 pub struct StatsCommand {
     pub volume: VolumeId,

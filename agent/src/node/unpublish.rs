@@ -8,9 +8,9 @@ use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder};
 use super::{NodeCtx, path_string, paths, ro_block};
 use crate::error::{Error, Result};
-use crate::host::anchor::{Anchored, Removed};
-use crate::host::mounter::{self, Unmounted};
-use crate::request::{RequestPath, VolumeId};
+use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_host::anchor::{Anchored, Removed};
+use ebs_node_host::mounter::{self, Unmounted};
 
 pub struct UnpublishCommand {
     pub volume: VolumeId,

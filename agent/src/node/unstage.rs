@@ -10,8 +10,8 @@ use super::ownership::{Expected, holder};
 use super::unpublish::take_down;
 use super::{NodeCtx, path_string, paths};
 use crate::error::{Error, Result};
-use crate::host::device::{held_still_claimed, still_claimed};
-use crate::request::{RequestPath, VolumeId};
+use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_host::device::{held_still_claimed, still_claimed};
 
 pub struct UnstageCommand {
     pub volume: VolumeId,

@@ -10,7 +10,7 @@ use super::discovery::{BlockDevices, Disk, disk_in_use, disk_of, partition_node}
 use super::wait::Look;
 use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
-use crate::request::{ValidationError, VolumeId};
+use ebs_node_core::request::{ValidationError, VolumeId};
 
 /// The NVMe serial EBS gives a volume: its id without the dash (`vol-0abc` → `vol0abc`).
 pub fn expected_serial(volume: &VolumeId) -> Result<String> {

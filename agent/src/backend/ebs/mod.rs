@@ -19,7 +19,7 @@ pub use udev_scan::UdevDisks;
 
 use super::{Backend, ResolvedDevice};
 use crate::error::{Error, Result};
-use crate::request::VolumeId;
+use ebs_node_core::request::VolumeId;
 use lookup::Wanted;
 pub(crate) use lookup::{expected_serial, partition_of};
 
@@ -169,7 +169,7 @@ impl Backend for EbsBackend {
         let real_host = self.devices.sys_root() == Path::new("/sys")
             && self.devices.dev_root() == Path::new("/dev");
         let held = real_host
-            .then(|| crate::host::device::open_devnum(devnum).ok())
+            .then(|| ebs_node_host::device::open_devnum(devnum).ok())
             .flatten();
         self.is_at(devnum, identity)?;
         Ok(held)

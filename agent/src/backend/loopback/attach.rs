@@ -7,7 +7,7 @@ use ebs_store::{Durability, LoopAttachment};
 
 use super::LoopController;
 use crate::error::{Error, Result};
-use crate::host::{freeze, loopdev, mounts::read_table};
+use ebs_node_host::{freeze, loopdev, mounts::read_table};
 
 fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
     let attached = if readonly {

@@ -10,7 +10,7 @@ use ebs_store::{Durability, LoopSource, LoopVolume, Store, now_unix_ms};
 
 use super::paging::{Page, page};
 use crate::error::{Error, Result};
-use crate::host::loopdev;
+use ebs_node_host::loopdev;
 
 pub const DEFAULT_CAPACITY: u64 = 1 << 30;
 const ALIGN: u64 = 1 << 20;
@@ -32,7 +32,7 @@ pub struct CreateVolume {
     pub parameters: HashMap<String, String>,
     pub source: Option<LoopSource>,
     /// The filesystems the capabilities ask for: a size mkfs would refuse is refused here.
-    pub filesystems: Vec<crate::request::FsType>,
+    pub filesystems: Vec<ebs_node_core::request::FsType>,
 }
 
 pub struct LoopController {
@@ -84,7 +84,7 @@ impl LoopController {
             }
         };
         for &fs in &req.filesystems {
-            crate::host::fs_limits::SizeLimits::of(fs, None, None)
+            ebs_node_host::fs_limits::SizeLimits::of(fs, None, None)
                 .check(fs, capacity)
                 .map_err(Error::OutOfRange)?;
         }
@@ -112,7 +112,7 @@ impl LoopController {
                     existing
                 }
                 None => {
-                    crate::host::private::ensure_dir(&self.volumes_dir).map_err(|e| {
+                    ebs_node_host::private::ensure_dir(&self.volumes_dir).map_err(|e| {
                         Error::io(format!("creating {}", self.volumes_dir.display()), e)
                     })?;
                     let id = format!("lv-{}", random_hex()?);
@@ -197,7 +197,7 @@ impl LoopController {
 
     /// Free bytes on the filesystem that holds the volume files.
     pub fn capacity(&self) -> Result<u64> {
-        crate::host::private::ensure_dir(&self.volumes_dir)
+        ebs_node_host::private::ensure_dir(&self.volumes_dir)
             .map_err(|e| Error::io(format!("creating {}", self.volumes_dir.display()), e))?;
         let st = nix::sys::statvfs::statvfs(&self.volumes_dir)
             .map_err(|e| Error::io("statvfs on the volume directory", e.into()))?;
@@ -245,7 +245,7 @@ fn passed_parameters(given: &HashMap<String, String>) -> Result<BTreeMap<String,
         } else if k == "csi.storage.k8s.io/fstype" {
             parameters.insert("fsType".into(), v.clone());
         } else if !k.starts_with("csi.storage.k8s.io/") {
-            return Err(crate::request::ValidationError::bad(
+            return Err(ebs_node_core::request::ValidationError::bad(
                 "parameters",
                 k.clone(),
                 format!("unknown parameter; known: {}", PASSED_PARAMETERS.join(", ")),

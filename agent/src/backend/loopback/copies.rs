@@ -20,8 +20,8 @@ use ebs_store::{LoopSource, LoopVolume};
 
 use super::LoopController;
 use crate::error::{Error, Result};
-use crate::host::file_copy::{self, CopyKind};
-use crate::host::{freeze, loopdev};
+use ebs_node_host::file_copy::{self, CopyKind};
+use ebs_node_host::{freeze, loopdev};
 
 fn partial(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
@@ -59,7 +59,7 @@ pub fn copy_into_place(src: &Path, dst: &Path, len: u64) -> Result<CopyKind> {
 pub fn blank_into_place(dst: &Path, len: u64) -> Result<()> {
     let tmp = partial(dst);
     // A volume image: private whatever the umask (host::private).
-    let made = crate::host::private::open_file(
+    let made = ebs_node_host::private::open_file(
         &tmp,
         std::fs::OpenOptions::new()
             .write(true)
@@ -113,7 +113,7 @@ fn mounted_at(device: &Path) -> Result<Option<PathBuf>> {
         return Ok(None);
     };
     let table =
-        crate::host::mounts::read_table().map_err(|e| Error::io("reading the mount table", e))?;
+        ebs_node_host::mounts::read_table().map_err(|e| Error::io("reading the mount table", e))?;
     Ok(table
         .mounts_of_device(major, minor)
         .next()

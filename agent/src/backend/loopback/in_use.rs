@@ -7,9 +7,9 @@ use std::path::Path;
 use ebs_store::Store;
 
 use crate::error::{Error, Result};
-use crate::host::device::{block_devnum, still_claimed};
-use crate::host::loopdev::overlay;
-use crate::host::mounts::read_table;
+use ebs_node_host::device::{block_devnum, still_claimed};
+use ebs_node_host::loopdev::overlay;
+use ebs_node_host::mounts::read_table;
 
 fn busy(id: &str, why: String) -> Result<()> {
     Err(Error::Precondition(format!(

@@ -25,9 +25,9 @@ pub use snapshots::SnapshotQuery;
 
 use super::{Backend, ResolvedDevice};
 use crate::error::{Error, Result};
-use crate::host::blank::BackingFile;
-use crate::host::loopdev;
-use crate::request::VolumeId;
+use ebs_node_core::request::VolumeId;
+use ebs_node_host::blank::BackingFile;
+use ebs_node_host::loopdev;
 
 /// The topology key of the loop backend: its volumes live on this host only.
 pub const TOPOLOGY_KEY: &str = "loop.ebs-node-agent.io/node";
@@ -107,7 +107,7 @@ fn open_loop(devnum: (u32, u32)) -> std::result::Result<File, String> {
             devnum.0, devnum.1
         ));
     }
-    crate::host::device::open_devnum(devnum)
+    ebs_node_host::device::open_devnum(devnum)
         .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))
 }
 

@@ -69,7 +69,7 @@ impl LoopController {
             };
             (snapshot, volume)
         };
-        crate::host::private::ensure_dir(&self.snapshots_dir)
+        ebs_node_host::private::ensure_dir(&self.snapshots_dir)
             .map_err(|e| Error::io(format!("creating {}", self.snapshots_dir.display()), e))?;
         self.copy_volume(&volume, &snapshot.file, volume.capacity_bytes)?;
         let _guard = self.lock();

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::host::blkid;
-use crate::host::fstools::FsTools;
-use crate::request::FsType;
+use ebs_node_core::request::FsType;
+use ebs_node_host::blkid;
+use ebs_node_host::fstools::FsTools;
 
 use super::stats::Series;
 
@@ -186,7 +186,7 @@ fn undo(v: &FloorVolume) {
 
 /// The block device mounted at `path`, as the mount table names it (or by its numbers).
 pub fn device_mounted_at(path: &Path) -> Option<PathBuf> {
-    let table = crate::host::mountinfo::MountTable::read().ok()?;
+    let table = ebs_node_host::mountinfo::MountTable::read().ok()?;
     let m = table.at(path)?;
     let source = Path::new(&m.source);
     if source.is_absolute() && source.exists() {

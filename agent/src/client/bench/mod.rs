@@ -24,8 +24,8 @@ use clap::Args;
 use self::cycle::{BenchVolume, Csi};
 use self::report::{MemoryReport, Report};
 use super::{ClientArgs, parse_size};
-use crate::request::FsType;
 use crate::settings::parse_duration;
+use ebs_node_core::request::FsType;
 
 #[derive(Args, Debug, Clone)]
 // A later flag wins, so that wrapper scripts can pass defaults and callers override them.
@@ -344,7 +344,7 @@ fn set(reg: &Registry, i: usize, v: &BenchVolume) {
 /// Removes the run's directories, unless something is still mounted below them: removing files
 /// through a live mount would delete the volume's contents.
 fn remove_if_unmounted(dir: &Path, problems: &mut Vec<String>) {
-    let mounted = crate::host::mountinfo::MountTable::read()
+    let mounted = ebs_node_host::mountinfo::MountTable::read()
         .map(|t| t.entries().iter().any(|m| m.mount_point.starts_with(dir)))
         .unwrap_or(true);
     if mounted {

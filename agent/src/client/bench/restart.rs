@@ -138,7 +138,7 @@ impl Drop for Scratch {
 
 /// Unmounts, detaches and removes whatever is left below `dir`.
 fn scrub(dir: &Path) {
-    if let Ok(table) = crate::host::mountinfo::MountTable::read() {
+    if let Ok(table) = ebs_node_host::mountinfo::MountTable::read() {
         for m in table.entries().iter().rev() {
             if m.mount_point.starts_with(dir) {
                 let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
@@ -148,14 +148,14 @@ fn scrub(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir("/sys/block") {
         for e in entries.flatten() {
             let dev = Path::new("/dev").join(e.file_name());
-            if let Ok(Some(file)) = crate::host::loopdev::backing_file(&dev)
+            if let Ok(Some(file)) = ebs_node_host::loopdev::backing_file(&dev)
                 && file.starts_with(dir)
             {
-                let _ = crate::host::loopdev::detach(&dev);
+                let _ = ebs_node_host::loopdev::detach(&dev);
             }
         }
     }
-    let still_mounted = crate::host::mountinfo::MountTable::read()
+    let still_mounted = ebs_node_host::mountinfo::MountTable::read()
         .map(|t| t.entries().iter().any(|m| m.mount_point.starts_with(dir)))
         .unwrap_or(true);
     if !still_mounted {

@@ -10,7 +10,8 @@ use v1::controller_server::Controller as V1Controller;
 
 use super::{check_version, probe, recode_all, recode_opt};
 use crate::grpc::identity::IdentityService;
-use crate::request::ValidationError;
+use crate::grpc::invalid;
+use ebs_node_core::request::ValidationError;
 
 pub struct V01Controller {
     pub v1: Arc<dyn V1Controller>,
@@ -19,7 +20,8 @@ pub struct V01Controller {
 
 fn signed(field: &'static str, bytes: u64) -> Result<i64, Status> {
     i64::try_from(bytes)
-        .map_err(|_| ValidationError::bad(field, bytes.to_string(), "too large").into())
+        .map_err(|_| ValidationError::bad(field, bytes.to_string(), "too large"))
+        .map_err(invalid)
 }
 
 fn volume_info(v: Option<v1::Volume>) -> Option<v01::VolumeInfo> {

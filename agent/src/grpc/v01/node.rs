@@ -17,9 +17,10 @@ use v1::node_server::Node as V1Node;
 use super::{check_version, probe, recode_opt};
 use crate::error::{Error, blocking};
 use crate::grpc::identity::IdentityService;
+use crate::grpc::invalid;
 use crate::grpc::node::NodeService;
 use crate::node::{VolumeGuard, VolumeLocks};
-use crate::request::{ValidationError, VolumeId};
+use ebs_node_core::request::{ValidationError, VolumeId};
 
 /// Below the state directory: where v0.1 volumes are staged.
 pub const STAGING_DIR: &str = "v01-staging";
@@ -40,17 +41,21 @@ impl V01Node {
     /// The volume's v0.1 turn: ABORTED (CSI's "operation pending") while another v0.1 call on
     /// the volume runs.
     fn turn(&self, raw_id: &str) -> Result<VolumeGuard, Status> {
-        let id = VolumeId::parse(raw_id)?;
+        let id = VolumeId::parse(raw_id).map_err(invalid)?;
         self.calls
             .try_lock(id.as_str())
             .ok_or_else(|| Error::Busy(id.to_string()).into())
     }
 
     fn staging_for(&self, raw_id: &str) -> Result<PathBuf, Status> {
-        let id = VolumeId::parse(raw_id)?;
+        let id = VolumeId::parse(raw_id).map_err(invalid)?;
         // One component whatever the id (a node-local handle's '/' included), never `.`/`..`.
         let name = id.file_name().ok_or_else(|| {
-            ValidationError::bad("volume_id", raw_id, "it cannot name a staging directory")
+            invalid(ValidationError::bad(
+                "volume_id",
+                raw_id,
+                "it cannot name a staging directory",
+            ))
         })?;
         Ok(self.staging_root.join(name))
     }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use ebs_store::Store;
 
-use crate::host::nvme::ReadError;
-use crate::host::nvme::ebs_page::{self, EbsStats, PageError};
 use crate::nodeinfo::NodeInfoSource;
+use ebs_node_host::nvme::ReadError;
+use ebs_node_host::nvme::ebs_page::{self, EbsStats, PageError};
 pub use reads::{InFlight, Limits, NvmeReader, Outcome, PageReader, read_all};
 pub use volumes::{NvmeDisk, Wanted, disks_by_serial, serial_of, wanted_volumes};
 

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::{DURATION_BUCKETS, EbsScrape};
-use crate::host::nvme::ebs_page::{EbsStats, Histogram};
 use crate::metrics::histogram::{escape, header};
+use ebs_node_host::nvme::ebs_page::{EbsStats, Histogram};
 
 const US_PER_SECOND: f64 = 1e6;
 

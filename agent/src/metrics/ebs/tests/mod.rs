@@ -18,8 +18,8 @@ use nix::errno::Errno;
 use super::*;
 use crate::backend::ebs::EBS_MODEL;
 use crate::backend::ebs::fixture::Fixture;
-use crate::host::nvme::ebs_page::{Bin, Histogram, encode};
 use crate::nodeinfo::NodeInfo;
+use ebs_node_host::nvme::ebs_page::{Bin, Histogram, encode};
 
 pub const INSTANCE: &str = "i-0123456789abcdef0";
 

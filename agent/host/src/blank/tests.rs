@@ -1,7 +1,7 @@
 use super::extents::prove_extents;
 use super::windows::layout;
 use super::*;
-use crate::host::loopdev::test_support::{Loop, TempFile, root_or_skip};
+use crate::loopdev::test_support::{Loop, TempFile, root_or_skip};
 use std::io::Write;
 use std::process::Command;
 
@@ -265,7 +265,7 @@ fn corrupted_ext4_is_found_via_backup_superblock() {
                 Ok("true"),
                 "{test}: no mkfs.ext4"
             );
-            crate::host::loopdev::test_support::skip(test, "no mkfs.ext4");
+            crate::loopdev::test_support::skip(test, "no mkfs.ext4");
             return;
         }
         poke(&t, 0, &vec![0u8; MIB as usize]);

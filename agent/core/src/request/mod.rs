@@ -10,9 +10,11 @@ mod volume_id;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-pub use capability::{AccessMode, AccessType, Capability, FsType};
+pub use capability::{
+    AccessMode, AccessType, Capability, FsType, RawAccess, RawCapability, csi_mode,
+};
 pub use format_options::FormatOptions;
-pub use mount_flags::MountFlags;
+pub use mount_flags::{MountFlags, ms};
 pub use paths::{MAX_PATH_BYTES, RequestPath, Roots, parse_prefix};
 pub use volume_id::{LOCAL_EBS_PREFIX, VolumeId};
 

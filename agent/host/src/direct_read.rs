@@ -82,7 +82,7 @@ pub fn read_exact_direct(file: &File, buf: &mut [u8], offset: u64) -> io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::loopdev::test_support::{Loop, TempFile, root_or_skip};
+    use crate::loopdev::test_support::{Loop, TempFile, root_or_skip};
 
     #[test]
     fn reads_what_is_on_the_device() {

@@ -6,15 +6,51 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::host::command;
-use crate::host::fs_limits::{SizeLimits, parse_xfsprogs_version};
-use crate::host::mkfs_args::mkfs_args;
-use crate::request::{FormatOptions, FsType};
+use crate::command;
+use crate::fs_limits::{SizeLimits, parse_xfsprogs_version};
+use crate::mkfs_args::mkfs_args;
+use ebs_node_core::request::{FormatOptions, FsType};
 
 pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
 pub const FSCK_TIMEOUT: Duration = Duration::from_secs(600);
 pub const GROW_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What went wrong with a filesystem tool, in the host's words; the daemon chooses the code.
+#[derive(Debug, thiserror::Error)]
+pub enum FsToolError {
+    #[error("filesystem {fs} is not available on this host: {why}")]
+    Unavailable { fs: FsType, why: String },
+    #[error(
+        "filesystem check of {device} failed (e2fsck exit {code}): {summary}; the volume was not \
+         mounted, repair it by hand"
+    )]
+    FsckFailed {
+        device: PathBuf,
+        code: i32,
+        summary: String,
+    },
+    #[error("{tool} on {device} failed (exit {code}): {stderr}")]
+    ToolFailed {
+        tool: String,
+        device: PathBuf,
+        code: i32,
+        stderr: String,
+    },
+    /// The device is too small or too large for the filesystem and its options.
+    #[error("cannot format {device}: {why}")]
+    DoesNotFit { device: PathBuf, why: String },
+    #[error("sizing {device}: {source}")]
+    Sizing {
+        device: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("non-UTF-8 path {0:?}")]
+    NonUtf8Path(PathBuf),
+    #[error(transparent)]
+    Command(#[from] command::CommandError),
+}
+
+pub type Result<T, E = FsToolError> = std::result::Result<T, E>;
 
 const SEARCH_PATH: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
@@ -100,11 +136,14 @@ impl FsTools {
 
     fn tool(&self, fs: FsType, name: &'static str) -> Result<&Path> {
         self.supports(fs)
-            .map_err(|why| Error::FsUnavailable(fs.name().into(), why))?;
+            .map_err(|why| FsToolError::Unavailable { fs, why })?;
         self.tools
             .get(name)
             .map(PathBuf::as_path)
-            .ok_or_else(|| Error::FsUnavailable(fs.name().into(), format!("missing {name}")))
+            .ok_or_else(|| FsToolError::Unavailable {
+                fs,
+                why: format!("missing {name}"),
+            })
     }
 
     /// Formats `device` with a UUID chosen in advance, so that an interrupted mkfs can be
@@ -136,7 +175,7 @@ impl FsTools {
         match out.code {
             0 => Ok(FsckOutcome::Clean),
             1 | 2 => Ok(FsckOutcome::Repaired(out.code)),
-            code => Err(Error::FsckFailed {
+            code => Err(FsToolError::FsckFailed {
                 device: device.into(),
                 code,
                 summary: reason(&format!("{}{}", out.stdout, out.stderr)),
@@ -159,8 +198,10 @@ impl FsTools {
     /// Refuses, before anything is journaled or run, a device whose size mkfs would refuse for
     /// `fs`: OUT_OF_RANGE naming the limit, instead of a failed mkfs after a journaled intent.
     pub fn check_size(&self, fs: FsType, device: &Path, opts: &FormatOptions) -> Result<()> {
-        let bytes = crate::host::loopdev::device_size(device)
-            .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+        let bytes = crate::loopdev::device_size(device).map_err(|e| FsToolError::Sizing {
+            device: device.into(),
+            source: e,
+        })?;
         let xfsprogs = match fs {
             FsType::Xfs => self.xfsprogs_version(),
             _ => None,
@@ -168,7 +209,10 @@ impl FsTools {
         let limits = SizeLimits::of(fs, xfsprogs, opts.block_size);
         limits
             .check(fs, bytes)
-            .map_err(|why| Error::OutOfRange(format!("cannot format {}: {why}", device.display())))
+            .map_err(|why| FsToolError::DoesNotFit {
+                device: device.into(),
+                why,
+            })
     }
 
     fn xfsprogs_version(&self) -> Option<(u32, u32)> {
@@ -192,7 +236,7 @@ impl FsTools {
             FSCK_TIMEOUT,
         )?;
         if out.code >= 4 {
-            return Err(Error::FsckFailed {
+            return Err(FsToolError::FsckFailed {
                 device: device.into(),
                 code: out.code,
                 summary: reason(&format!("{}{}", out.stdout, out.stderr)),
@@ -231,7 +275,7 @@ fn succeeded(tool: &Path, device: &Path, out: &command::CommandOutput) -> Result
     if out.code == 0 {
         return Ok(());
     }
-    Err(Error::ToolFailed {
+    Err(FsToolError::ToolFailed {
         tool: tool.display().to_string(),
         device: device.into(),
         code: out.code,
@@ -242,7 +286,7 @@ fn succeeded(tool: &Path, device: &Path, out: &command::CommandOutput) -> Result
 fn device_arg(path: &Path) -> Result<String> {
     path.to_str()
         .map(str::to_string)
-        .ok_or_else(|| Error::Internal(format!("non-UTF-8 path {path:?}")))
+        .ok_or_else(|| FsToolError::NonUtf8Path(path.into()))
 }
 
 /// Where a tool says why it failed: stderr, or stdout when stderr is empty.

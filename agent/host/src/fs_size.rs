@@ -8,8 +8,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use crate::host::fstools::filesystem_bytes;
-use crate::request::FsType;
+use crate::fstools::filesystem_bytes;
+use ebs_node_core::request::FsType;
 
 /// Mirror of the kernel's `struct xfs_fsop_geom_v1` (fs/xfs/libxfs/xfs_fs.h).
 #[repr(C)]

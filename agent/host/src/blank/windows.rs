@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use super::{Coverage, MIB, Proof, data_at, first_nonzero};
-use crate::host::direct_read::{AlignedBuf, open_direct, read_exact_direct};
+use crate::direct_read::{AlignedBuf, open_direct, read_exact_direct};
 
 /// How many windows are spread evenly over the device, and how long each is.
 pub const SPREAD_WINDOWS: u64 = 256;

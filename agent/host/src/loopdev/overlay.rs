@@ -101,7 +101,7 @@ pub fn status_by_devnum(devnum: (u32, u32)) -> io::Result<Option<Overlay>> {
     if devnum.0 != super::LOOP_MAJOR {
         return Ok(None);
     }
-    let dev = crate::host::device::open_devnum(devnum)?;
+    let dev = crate::device::open_devnum(devnum)?;
     let path = PathBuf::from(format!("/dev/block/{}:{}", devnum.0, devnum.1));
     status_of(&dev, &path).map_err(|e| io::Error::other(e.to_string()))
 }

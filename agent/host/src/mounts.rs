@@ -124,7 +124,7 @@ fn emergency_ro(options: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::loopdev::test_support::TempDir;
+    use crate::loopdev::test_support::TempDir;
 
     #[test]
     fn a_plain_directory_is_no_mount_and_costs_no_table_read() {
@@ -138,8 +138,7 @@ mod tests {
 
     #[test]
     fn a_tmpfs_mount_is_seen_with_its_facts() {
-        if !crate::host::loopdev::test_support::root_or_skip("a_tmpfs_mount_is_seen_with_its_facts")
-        {
+        if !crate::loopdev::test_support::root_or_skip("a_tmpfs_mount_is_seen_with_its_facts") {
             return;
         }
         let dir = TempDir::new("mounts-tmpfs");

@@ -1,7 +1,7 @@
 //! The sizes mkfs accepts per filesystem: checked before a format is journaled, so a volume
 //! mkfs would refuse is refused up front with the limit named.
 
-use crate::request::FsType;
+use ebs_node_core::request::FsType;
 
 /// The sizes mkfs accepts for a filesystem, in bytes.
 #[derive(Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! mkfs's command line, apart from the device: what the agent always asks of mkfs, and the
 //! caller's validated options merged in.
 
-use crate::request::FsType;
+use ebs_node_core::request::FsType;
 
 /// mkfs's arguments before the device. mkfs never discards (`-E nodiscard`, `-K`): the blank
 /// proof looked at what it could, and a discard would destroy whatever else the device holds
@@ -45,7 +45,7 @@ pub fn mkfs_args(fs: FsType, uuid: &str, legacy_xfs: &[String], extra: Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::FormatOptions;
+    use ebs_node_core::request::FormatOptions;
 
     #[test]
     fn mkfs_never_discards_and_passes_one_extended_list() {
@@ -63,7 +63,7 @@ mod tests {
             );
             assert!(args.ends_with(&["-b".into(), "4096".into()]), "{args:?}");
         }
-        let legacy = crate::host::fstools::legacy_xfs_args(Some((6, 1)));
+        let legacy = crate::fstools::legacy_xfs_args(Some((6, 1)));
         for legacy in [&[][..], &legacy[..]] {
             let args = mkfs_args(FsType::Xfs, "u", legacy, opts.mkfs_args(FsType::Xfs));
             assert!(args.contains(&"-K".to_string()), "{args:?}");

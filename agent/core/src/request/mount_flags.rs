@@ -16,20 +16,36 @@ const MAX_ITEM_BYTES: usize = 256;
 /// SELinux's mount options; each takes one security context.
 const SELINUX_KEYS: &[&str] = &["context", "fscontext", "defcontext", "rootcontext"];
 
+/// mount(2)'s flag bits (Linux's uapi `MS_*`, a stable ABI). The core crate links no libc; the
+/// host crate's tests hold these equal to libc's (its lib.rs, `abi`).
+pub mod ms {
+    pub const RDONLY: u64 = 1;
+    pub const NOSUID: u64 = 2;
+    pub const NODEV: u64 = 4;
+    pub const NOEXEC: u64 = 8;
+    pub const SYNCHRONOUS: u64 = 16;
+    pub const DIRSYNC: u64 = 128;
+    pub const NOATIME: u64 = 1024;
+    pub const NODIRATIME: u64 = 2048;
+    pub const RELATIME: u64 = 1 << 21;
+    pub const STRICTATIME: u64 = 1 << 24;
+    pub const LAZYTIME: u64 = 1 << 25;
+}
+
 /// Options that are mount(2) flags rather than filesystem data.
 const VFS_FLAGS: &[(&str, u64)] = &[
-    ("ro", libc::MS_RDONLY),
+    ("ro", ms::RDONLY),
     ("rw", 0),
-    ("noatime", libc::MS_NOATIME),
-    ("nodiratime", libc::MS_NODIRATIME),
-    ("relatime", libc::MS_RELATIME),
-    ("strictatime", libc::MS_STRICTATIME),
-    ("lazytime", libc::MS_LAZYTIME),
-    ("nodev", libc::MS_NODEV),
-    ("nosuid", libc::MS_NOSUID),
-    ("noexec", libc::MS_NOEXEC),
-    ("sync", libc::MS_SYNCHRONOUS),
-    ("dirsync", libc::MS_DIRSYNC),
+    ("noatime", ms::NOATIME),
+    ("nodiratime", ms::NODIRATIME),
+    ("relatime", ms::RELATIME),
+    ("strictatime", ms::STRICTATIME),
+    ("lazytime", ms::LAZYTIME),
+    ("nodev", ms::NODEV),
+    ("nosuid", ms::NOSUID),
+    ("noexec", ms::NOEXEC),
+    ("sync", ms::SYNCHRONOUS),
+    ("dirsync", ms::DIRSYNC),
     ("dev", 0),
     ("suid", 0),
     ("exec", 0),
@@ -198,7 +214,7 @@ impl MountFlags {
     }
 
     pub fn wants_read_only(&self) -> bool {
-        self.vfs & libc::MS_RDONLY != 0
+        self.vfs & ms::RDONLY != 0
     }
 }
 
@@ -298,7 +314,7 @@ mod tests {
             &["noatime", "data=ordered", "commit=30", "ro"],
         )
         .unwrap();
-        assert_eq!(f.vfs_bits(), libc::MS_NOATIME | libc::MS_RDONLY);
+        assert_eq!(f.vfs_bits(), ms::NOATIME | ms::RDONLY);
         assert_eq!(f.data(), ["data=ordered", "commit=30"]);
         assert!(f.wants_read_only());
         let x = parse(FsType::Xfs, &["inode64", "logbsize=256k"]).unwrap();

@@ -220,12 +220,12 @@ mod tests {
             rustix::fs::CWD,
             "/proc/self",
             rustix::fs::AtFlags::empty(),
-            rustix::fs::StatxFlags::from_bits_retain(crate::host::anchor::STATX_MNT_ID_UNIQUE),
+            rustix::fs::StatxFlags::from_bits_retain(crate::anchor::STATX_MNT_ID_UNIQUE),
         ) else {
             return;
         };
         let unique = rustix::fs::StatxFlags::from_bits_retain(st.stx_mask).contains(
-            rustix::fs::StatxFlags::from_bits_retain(crate::host::anchor::STATX_MNT_ID_UNIQUE),
+            rustix::fs::StatxFlags::from_bits_retain(crate::anchor::STATX_MNT_ID_UNIQUE),
         );
         if !unique {
             return; // before 6.8: nothing to ask

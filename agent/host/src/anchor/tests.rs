@@ -1,5 +1,5 @@
 use super::*;
-use crate::host::loopdev::test_support::TempDir;
+use crate::loopdev::test_support::TempDir;
 
 #[test]
 fn prepare_creates_parents_and_lookup_does_not() {

@@ -211,7 +211,7 @@ mod tests {
         let mut agent = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "host::command::tests::tools_die_with_the_agent",
+                "command::tests::tools_die_with_the_agent",
                 "--test-threads=1",
             ])
             .env("EBS_TEST_PDEATH_CHILD", &marker)

@@ -40,7 +40,7 @@ impl Drop for Claim {
     fn drop(&mut self) {
         if let Some(file) = self.0.take() {
             drop(file);
-            crate::host::command::without_spawns(|| ());
+            crate::command::without_spawns(|| ());
         }
     }
 }
@@ -49,7 +49,7 @@ impl Drop for Claim {
 /// the try leaves no copy behind). Whether the device was free; errors other than EBUSY count as
 /// free (the tool that follows reports them).
 fn free_now(fd_path: &Path) -> bool {
-    crate::host::command::without_spawns(|| {
+    crate::command::without_spawns(|| {
         match OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_EXCL)
@@ -241,7 +241,7 @@ pub fn held_still_claimed(device: &File) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::loopdev::test_support::{Loop, TempDir, TempFile};
+    use crate::loopdev::test_support::{Loop, TempDir, TempFile};
 
     #[test]
     fn regular_files_are_not_held() {
@@ -255,7 +255,7 @@ mod tests {
     /// numbers, or a device renamed) is never what is opened: sysfs is asked again.
     #[test]
     fn a_stale_device_name_is_never_what_is_opened() {
-        if !crate::host::loopdev::test_support::root_or_skip(
+        if !crate::loopdev::test_support::root_or_skip(
             "a_stale_device_name_is_never_what_is_opened",
         ) {
             return;
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn an_exclusive_claim_excludes_a_second_one_until_released() {
-        if !crate::host::loopdev::test_support::root_or_skip(
+        if !crate::loopdev::test_support::root_or_skip(
             "an_exclusive_claim_excludes_a_second_one_until_released",
         ) {
             return;
@@ -312,14 +312,14 @@ mod tests {
     #[test]
     fn a_released_claim_is_gone_while_other_threads_spawn_tools() {
         use nix::mount::{MntFlags, MsFlags, mount, umount2};
-        if !crate::host::loopdev::test_support::root_or_skip(
+        if !crate::loopdev::test_support::root_or_skip(
             "a_released_claim_is_gone_while_other_threads_spawn_tools",
         ) {
             return;
         }
         let file = TempFile::sparse("held-spawn", 8 << 20);
         let lo = Loop::attach(&file.0);
-        let mkfs = crate::host::command::run(
+        let mkfs = crate::command::run(
             "mkfs.ext4",
             &["-q", &lo.0.to_string_lossy()],
             std::time::Duration::from_secs(30),
@@ -339,7 +339,7 @@ mod tests {
                 let stop = stop.clone();
                 std::thread::spawn(move || {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let _ = crate::host::command::run(
+                        let _ = crate::command::run(
                             "true",
                             &[] as &[&str],
                             std::time::Duration::from_secs(5),

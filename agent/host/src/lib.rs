@@ -1,0 +1,62 @@
+//! The host: every syscall, ioctl and FFI call the agent makes, and the external tools it runs.
+//! The only crate of the workspace allowed `unsafe`, one module at a time (below); each block
+//! carries its SAFETY invariant. It knows the core's request types and nothing of gRPC.
+
+pub mod anchor;
+pub mod attachment;
+pub mod blank;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod blkid;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod command;
+pub mod device;
+pub mod direct_read;
+pub mod file_copy;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod freeze;
+pub mod fs_limits;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod fs_size;
+pub mod fstools;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod loopdev;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod malloc;
+pub mod mkfs_args;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod mount_api;
+pub mod mounter;
+pub mod mountinfo;
+pub mod mounts;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod nvme;
+pub mod private;
+pub mod private_bind;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod sandbox;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod statmount;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod trim;
+
+/// The core crate carries mount(2)'s flag bits without libc (`request::ms`); they are the
+/// kernel's ABI, held equal to libc's here.
+#[cfg(test)]
+mod abi {
+    use ebs_node_core::request::ms;
+
+    #[test]
+    fn the_cores_mount_flags_are_libcs() {
+        assert_eq!(ms::RDONLY, libc::MS_RDONLY);
+        assert_eq!(ms::NOSUID, libc::MS_NOSUID);
+        assert_eq!(ms::NODEV, libc::MS_NODEV);
+        assert_eq!(ms::NOEXEC, libc::MS_NOEXEC);
+        assert_eq!(ms::SYNCHRONOUS, libc::MS_SYNCHRONOUS);
+        assert_eq!(ms::DIRSYNC, libc::MS_DIRSYNC);
+        assert_eq!(ms::NOATIME, libc::MS_NOATIME);
+        assert_eq!(ms::NODIRATIME, libc::MS_NODIRATIME);
+        assert_eq!(ms::RELATIME, libc::MS_RELATIME);
+        assert_eq!(ms::STRICTATIME, libc::MS_STRICTATIME);
+        assert_eq!(ms::LAZYTIME, libc::MS_LAZYTIME);
+    }
+}
