@@ -13,7 +13,8 @@ use super::claims::Use;
 use super::compat::{access_record, check_compatible, verify_identity};
 use super::device::VolumeDevice;
 use super::format::{
-    Decision, Existing, decide, forget_intent, format_device, format_record, probe_with_size,
+    Decision, Existing, HeldEvidence, decide, forget_intent, format_device, format_record,
+    probe_with_size,
 };
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
@@ -229,7 +230,9 @@ impl MountSteps<'_> {
                 |w| w.put_staged(record),
             )
         };
-        let size_settled = match decide(ctx, vol, fs, device, self.format, probed, self.readonly)? {
+        let evidence = HeldEvidence { ctx, device };
+        let decision = decide(&evidence, vol, fs, self.format, probed, self.readonly)?;
+        let size_settled = match decision {
             Decision::Format { uuid } => {
                 format_device(ctx, journal, fs, device, &uuid, &self.cmd.format)?;
                 mount_intent()?;

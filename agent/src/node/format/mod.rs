@@ -6,23 +6,31 @@ use std::time::Instant;
 
 use ebs_store::{Durability, FormatRecord, FormatState, Phase, now_unix_ms};
 
+mod evidence;
+#[cfg(test)]
+mod tests;
+
+pub use evidence::{DeviceEvidence, HeldEvidence};
+
 use super::NodeCtx;
 use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
 use super::path_string;
 use crate::error::{Error, Result};
 use ebs_node_core::request::{FormatOptions, FsType};
+use ebs_node_host::attachment;
 use ebs_node_host::blkid::{self, ProbeOutcome, Signature};
 use ebs_node_host::fstools::filesystem_bytes_of;
-use ebs_node_host::{attachment, blank, loopdev};
 
 /// What the probe allows us to do with the device.
+#[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
     Format { uuid: String },
     Check(Existing),
 }
 
 /// A filesystem of the requested type that the probe found on the device.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Existing {
     pub uuid: String,
     /// Made elsewhere: recorded as ours before it is used.
@@ -86,11 +94,12 @@ fn describe(sig: &Signature) -> String {
 /// the device since the intent: on the same attachment (`licenses_redo`), and never after the
 /// volume was handed out as a raw block device (block stage and publish forget the intent,
 /// `forget_intent`). Otherwise a filesystem carrying that UUID is used as found, never redone.
+///
+/// Everything it reads of the device comes through `dev` (the seam its table tests use).
 pub fn decide(
-    ctx: &NodeCtx,
+    dev: &impl DeviceEvidence,
     vol: &str,
     fs: FsType,
-    device: &VolumeDevice,
     format: Option<&FormatRecord>,
     probed: Probed,
     readonly: bool,
@@ -98,7 +107,7 @@ pub fn decide(
     let Probed { outcome, fs_bytes } = probed;
     let wrong = |reason: String| Error::WrongDevice {
         volume: vol.to_string(),
-        device: device.path().to_path_buf(),
+        device: dev.path().to_path_buf(),
         reason,
     };
     // An intent that proves nothing counts as no record: a filesystem is used as found (and
@@ -109,10 +118,10 @@ pub fn decide(
     let stale_uuid = format
         .filter(|f| f.state == FormatState::Intent)
         .map(|f| f.uuid.clone());
-    let format = format.filter(|f| f.state == FormatState::Done || licenses_redo(f, device));
+    let format = format.filter(|f| f.state == FormatState::Done || licenses_redo(f, dev));
     match outcome {
         ProbeOutcome::Ambivalent => Err(Error::NotBlank {
-            device: device.path().to_path_buf(),
+            device: dev.path().to_path_buf(),
             found: "several conflicting signatures (ambivalent probe)".into(),
         }),
         ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
@@ -120,11 +129,12 @@ pub fn decide(
             let existing = |adopt| {
                 // Not redone (no intent licenses it): an xfs whose mkfs never finished is
                 // nothing to mount, and is left for the operator.
-                let unfinished = blank::xfs_mkfs_unfinished(device.held.file())
-                    .map_err(|e| Error::io(format!("reading {}", device.path().display()), e))?;
+                let unfinished = dev
+                    .xfs_mkfs_unfinished()
+                    .map_err(|e| Error::io(format!("reading {}", dev.path().display()), e))?;
                 if unfinished {
                     return Err(Error::NotBlank {
-                        device: device.path().to_path_buf(),
+                        device: dev.path().to_path_buf(),
                         found: format!(
                             "an xfs (UUID {found}) whose mkfs never finished, and no format \
                              intent of this attachment vouches that it was ours; if it is not \
@@ -153,7 +163,7 @@ pub fn decide(
             }
         }
         ProbeOutcome::Found(sig) => Err(Error::NotBlank {
-            device: device.path().to_path_buf(),
+            device: dev.path().to_path_buf(),
             found: format!("it carries a {}, not the requested {fs}", describe(&sig)),
         }),
         ProbeOutcome::Blank => match format {
@@ -168,21 +178,21 @@ pub fn decide(
             // Never format unless provably blank, an earlier attempt of ours included: a failed
             // or interrupted mkfs licenses a redo only while the whole device is still proven
             // blank, or its superblock carries exactly the UUID that attempt chose.
-            intent => blank_or_ours(ctx, vol, device, intent, stale_uuid),
+            intent => blank_or_ours(dev, vol, intent, stale_uuid),
         },
     }
 }
 
 fn blank_or_ours(
-    ctx: &NodeCtx,
+    dev: &impl DeviceEvidence,
     vol: &str,
-    device: &VolumeDevice,
     intent: Option<&FormatRecord>,
     stale_uuid: Option<String>,
 ) -> Result<Decision> {
-    let path = device.path();
+    let path = dev.path();
     let read_err = |e| Error::io(format!("reading {}", path.display()), e);
-    let size = loopdev::device_size_of(device.held.file())
+    let size = dev
+        .size()
         .map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
     if size == 0 {
         return Err(Error::Precondition(format!(
@@ -190,12 +200,12 @@ fn blank_or_ours(
             path.display()
         )));
     }
-    let proof = prove_blank(ctx, device, size)?;
+    let proof = dev.prove_blank(size)?;
     let Some(found) = proof.found else {
         let uuid = match (intent, stale_uuid) {
             (Some(f), _) => f.uuid.clone(),
             (None, Some(stale)) => stale,
-            (None, None) => random_uuid()?,
+            (None, None) => dev.fresh_uuid()?,
         };
         return Ok(Decision::Format { uuid });
     };
@@ -208,7 +218,7 @@ fn blank_or_ours(
     };
     // Only our own mkfs wrote the superblock with the UUID it chose: the device was proven blank
     // before that mkfs ran, and it was neither mounted, handed out raw nor detached since.
-    if blank::carries_uuid(device.held.file(), &f.uuid).map_err(read_err)? {
+    if dev.carries_uuid(&f.uuid).map_err(read_err)? {
         return Ok(Decision::Format {
             uuid: f.uuid.clone(),
         });
@@ -228,10 +238,8 @@ fn blank_or_ours(
 /// Whether a format record is an intent that still proves its mkfs was the last to write the
 /// device: journaled on this attachment of it (a detach and re-attach, a reboot or another
 /// device at the path gives another), so nobody can have used the device elsewhere since.
-fn licenses_redo(f: &FormatRecord, device: &VolumeDevice) -> bool {
-    f.state == FormatState::Intent
-        && f.attachment.is_some()
-        && f.attachment == attachment::of(device.devnum())
+fn licenses_redo(f: &FormatRecord, dev: &impl DeviceEvidence) -> bool {
+    f.state == FormatState::Intent && f.attachment.is_some() && f.attachment == dev.attachment()
 }
 
 /// Drops a format intent in the commit that hands the volume out as a raw block device (block
@@ -246,31 +254,6 @@ pub fn forget_intent(
         Some(f) if f.state == FormatState::Intent => w.delete_format(vol),
         _ => Ok(()),
     }
-}
-
-/// The blank proof for this device: every allocated byte of its backing file where the backend
-/// has one (loop), the bounded windows of a block device otherwise.
-fn prove_blank(ctx: &NodeCtx, device: &VolumeDevice, size: u64) -> Result<blank::Proof> {
-    let path = device.path();
-    let dev = device.held.file();
-    let backing = ctx
-        .backend
-        .backing_file(dev, device.devnum(), &device.identity)
-        .map_err(|why| {
-            Error::Precondition(format!(
-                "{} cannot be proven blank, so it is not formatted: {why}",
-                path.display()
-            ))
-        })?;
-    let started = Instant::now();
-    let proof = match &backing {
-        Some(b) => blank::prove_backing(dev, b, size),
-        None => blank::prove_windows(dev, size),
-    }
-    .map_err(|e| Error::io(format!("proving {} blank", path.display()), e))?;
-    tracing::debug!(device = %path.display(), blank = proof.found.is_none(),
-        coverage = %proof.coverage, us = started.elapsed().as_micros() as u64, "blank proof");
-    Ok(proof)
 }
 
 pub fn format_record(
