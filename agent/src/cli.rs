@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::client::ClientArgs;
 use crate::endpoint::Endpoint;
+use ebs_node_tools::client::ClientArgs;
 // The settings' types live below the command line, so that modules it names (client, upstream)
 // can use them without depending on it.
 pub use crate::settings::{

@@ -9,14 +9,7 @@ pub struct Endpoint {
     path: PathBuf,
 }
 
-/// The socket path of a `unix:` endpoint: `unix:///abs/path` (the CSI spec's form) or
-/// `unix:/abs/path` (one slash, as the upstream EBS chart sets CSI_ENDPOINT). `None` for anything
-/// else, `unix://relative` included (Go reads its first part as a host name).
-pub fn unix_socket_path(raw: &str) -> Option<&str> {
-    let rest = raw.strip_prefix("unix:")?;
-    let path = rest.strip_prefix("//").unwrap_or(rest);
-    path.starts_with('/').then_some(path)
-}
+pub use ebs_node_core::config::unix_socket_path;
 
 impl Endpoint {
     /// CSI allows only unix endpoints; the path must be absolute and end in `.sock`.

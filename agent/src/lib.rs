@@ -6,7 +6,7 @@
 pub mod authority_fix;
 pub mod backend;
 pub mod cli;
-pub mod client;
+
 pub mod connections;
 pub mod doctor;
 pub mod ebs_stats;

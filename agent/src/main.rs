@@ -1,5 +1,6 @@
 use ebs_node_agent::cli::{Cli, Command};
-use ebs_node_agent::{client, logging, recover, server, status};
+use ebs_node_agent::{logging, recover, server, status};
+use ebs_node_tools::client;
 
 /// What packagers install beside the binary, generated from the clap definitions.
 mod packaging_output {

@@ -2,9 +2,10 @@
 //! backends, protocol versions, the default locations, and duration parsing. It depends on
 //! nothing in the crate, so `cli`, `client`, `upstream` and `status` all sit above it.
 
-use std::time::Duration;
-
 use clap::ValueEnum;
+
+// The pure parts live in the core crate, so the client (ebs-node-tools) shares them.
+pub use ebs_node_core::config::{DEFAULT_ENDPOINT, parse_duration};
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -66,40 +67,8 @@ pub enum LogFormat {
     Json,
 }
 
-pub const DEFAULT_ENDPOINT: &str = "unix:///run/ebs-node-agent/csi.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ebs-node-agent";
 pub const DEFAULT_DRIVER_NAME: &str = "ebs.csi.aws.com";
 
 /// The state file inside the state directory.
 pub const STATE_FILE: &str = "state.redb";
-
-/// Durations such as `30s`, `500ms`, `2m` or a bare number of seconds.
-pub fn parse_duration(raw: &str) -> Result<Duration, String> {
-    let raw = raw.trim();
-    let (num, unit) = raw
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((raw, "s"), |i| raw.split_at(i));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {raw:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("invalid duration {raw:?}: use ms, s or m")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("x").is_err());
-    }
-}

@@ -4,4 +4,5 @@
 
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod request;

@@ -26,7 +26,9 @@ pub fn print(value: &Value, as_json: bool, source: &Source) {
 }
 
 async fn from_agent(endpoint: &str) -> Option<Value> {
-    let channel = crate::client::connect::channel(endpoint).await.ok()?;
+    let channel = ebs_node_tools::client::connect::channel(endpoint)
+        .await
+        .ok()?;
     let mut admin = ebs_proto::admin::admin_client::AdminClient::new(channel);
     let mut req = tonic::Request::new(ebs_proto::admin::StatusRequest {});
     req.set_timeout(std::time::Duration::from_secs(10));

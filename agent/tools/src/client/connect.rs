@@ -8,7 +8,7 @@ use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
 /// Connects to `unix:///path.sock`, `unix:/path.sock` or a bare absolute path. The channel
 /// reconnects lazily.
 pub async fn channel(endpoint: &str) -> Result<Channel, String> {
-    let path = PathBuf::from(crate::endpoint::unix_socket_path(endpoint).unwrap_or(endpoint));
+    let path = PathBuf::from(ebs_node_core::config::unix_socket_path(endpoint).unwrap_or(endpoint));
     if !path.is_absolute() {
         return Err(format!(
             "endpoint {endpoint:?}: use unix:///absolute/path.sock"

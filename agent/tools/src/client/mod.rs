@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::settings::{DEFAULT_ENDPOINT, parse_duration};
+use ebs_node_core::config::{DEFAULT_ENDPOINT, parse_duration};
 
 #[derive(Args, Debug)]
 pub struct ClientArgs {

@@ -24,7 +24,7 @@ use clap::Args;
 use self::cycle::{BenchVolume, Csi};
 use self::report::{MemoryReport, Report};
 use super::{ClientArgs, parse_size};
-use crate::settings::parse_duration;
+use ebs_node_core::config::parse_duration;
 use ebs_node_core::request::FsType;
 
 #[derive(Args, Debug, Clone)]
