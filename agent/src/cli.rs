@@ -57,7 +57,7 @@ pub enum Command {
     /// Rebuild or reset a state file that the agent refuses to open.
     Recover(RecoverArgs),
     /// Check whether this host can run the agent: one line per check, with the fix.
-    Doctor(crate::doctor::DoctorArgs),
+    Doctor(crate::commands::doctor::DoctorArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         /// The shell to write the script for.
@@ -72,7 +72,7 @@ pub enum Command {
         dir: Option<PathBuf>,
     },
     /// Print an EBS volume's NVMe performance statistics (log page 0xD0), like `nvme amzn stats`.
-    EbsStats(crate::ebs_stats::EbsStatsArgs),
+    EbsStats(crate::commands::ebs_stats::EbsStatsArgs),
     /// Kubernetes preStop hook: on a node being drained, wait until its VolumeAttachments of
     /// this driver are gone (bounded); otherwise return at once. Upstream's `pre-stop-hook` too.
     #[command(alias = "pre-stop-hook")]

@@ -1,4 +1,4 @@
-//! The one domain error enum. Domain code returns it; `grpc::status` maps it to a gRPC code in one
+//! The one domain error enum. Domain code returns it; `grpc::to_status` maps it to a gRPC code in one
 //! place, so the CSI-specified codes are decided once.
 
 use std::path::PathBuf;
@@ -87,7 +87,7 @@ impl Error {
 }
 
 /// The host's words for a filesystem tool's failure, as the domain's: the same messages, and
-/// `grpc::status` chooses their codes.
+/// `grpc::to_status` chooses their codes.
 impl From<FsToolError> for Error {
     fn from(e: FsToolError) -> Self {
         match e {

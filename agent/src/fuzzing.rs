@@ -146,7 +146,7 @@ pub fn grpc_timeout(data: &[u8]) {
 }
 
 pub fn mountinfo(data: &[u8]) {
-    if let Ok(table) = ebs_node_host::mountinfo::MountTable::parse_bytes(data) {
+    if let Ok(table) = ebs_node_host::mount::table::MountTable::parse_bytes(data) {
         for entry in table.entries() {
             let _ = entry.is_read_only();
             let _ = entry.super_read_only();

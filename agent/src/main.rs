@@ -1,5 +1,6 @@
 use ebs_node_agent::cli::{Cli, Command};
-use ebs_node_agent::{logging, recover, server, status};
+use ebs_node_agent::commands::{recover, status};
+use ebs_node_agent::{logging, server};
 use ebs_node_tools::client;
 
 /// What packagers install beside the binary, generated from the clap definitions.
@@ -70,7 +71,7 @@ fn main() {
     };
     let code = match cli.command {
         Command::Serve(args) if args.print_config => {
-            ebs_node_agent::print_config::print(&args);
+            ebs_node_agent::commands::print_config::print(&args);
             0
         }
         Command::Serve(args) => {
@@ -88,10 +89,10 @@ fn main() {
         Command::Client(args) => runtime.block_on(client::run(args)),
         Command::Status(args) => runtime.block_on(status::status(args)),
         Command::Recover(args) => recover::run(args),
-        Command::Doctor(args) => runtime.block_on(ebs_node_agent::doctor::run(args)),
+        Command::Doctor(args) => runtime.block_on(ebs_node_agent::commands::doctor::run(args)),
         Command::Completions { shell } => packaging_output::completions(shell),
         Command::Man { dir } => packaging_output::man(dir.as_deref()),
-        Command::EbsStats(args) => ebs_node_agent::ebs_stats::run(args),
+        Command::EbsStats(args) => ebs_node_agent::commands::ebs_stats::run(args),
         Command::PreStop(args) => {
             logging::init(ebs_node_agent::cli::LogFormat::Text, "info");
             runtime.block_on(ebs_node_agent::kube_duties::pre_stop(args))

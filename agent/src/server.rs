@@ -246,9 +246,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     ebs_node_host::sandbox::survey();
     // Read-only binds without the new mount API are made in a private place first (see
     // host/private_bind.rs); made now, leftovers of a crash detached, where they will be needed.
-    ebs_node_host::private_bind::set_dir(args.state_dir.join("binds"));
+    ebs_node_host::mount::private_bind::set_dir(args.state_dir.join("binds"));
     if !ebs_node_host::sandbox::mount_api_usable()
-        && let Err(e) = ebs_node_host::private_bind::prepare()
+        && let Err(e) = ebs_node_host::mount::private_bind::prepare()
     {
         tracing::warn!(error = %e, "the private place for read-only binds cannot be made; read-only publishes will fail");
     }

@@ -198,7 +198,7 @@ impl FsTools {
     /// Refuses, before anything is journaled or run, a device whose size mkfs would refuse for
     /// `fs`: OUT_OF_RANGE naming the limit, instead of a failed mkfs after a journaled intent.
     pub fn check_size(&self, fs: FsType, device: &Path, opts: &FormatOptions) -> Result<()> {
-        let bytes = crate::loopdev::device_size(device).map_err(|e| FsToolError::Sizing {
+        let bytes = crate::device::size(device).map_err(|e| FsToolError::Sizing {
             device: device.into(),
             source: e,
         })?;

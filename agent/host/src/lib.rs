@@ -23,19 +23,12 @@ pub mod loopdev;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod malloc;
 pub mod mkfs_args;
-#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
-pub mod mount_api;
-pub mod mounter;
-pub mod mountinfo;
-pub mod mounts;
+pub mod mount;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod nvme;
 pub mod private;
-pub mod private_bind;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod sandbox;
-#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
-pub mod statmount;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod trim;
 

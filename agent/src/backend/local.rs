@@ -98,7 +98,7 @@ impl WithLocalVolumes {
                 .into_iter()
                 .map(|p| p.target_path),
         );
-        let table = ebs_node_host::mounts::read_table()
+        let table = ebs_node_host::mount::at_path::read_table()
             .map_err(|e| Error::Internal(format!("reading the mount table: {e}")))?;
         let mut mounted_here = false;
         for m in table.entries() {

@@ -127,11 +127,6 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// Reads the major:minor of a block device node.
-pub fn block_dev_numbers(device: &Path) -> std::io::Result<(u32, u32)> {
-    ebs_node_host::device::block_devnum(device)
-}
-
 /// Whether what the host shows (`found`) proves the identity a volume must have (`expected`).
 /// An unverified identity proves nothing: hosts without serials rest on the agent's records
 /// (see the `--allow-unverified-devices` flag).

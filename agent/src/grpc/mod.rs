@@ -24,7 +24,7 @@ use crate::error::Error;
 use ebs_node_core::request::ValidationError;
 
 /// The one mapping from domain errors to the codes the CSI spec names.
-pub fn status(err: &Error) -> Status {
+pub fn to_status(err: &Error) -> Status {
     let code = match err {
         Error::Invalid(ValidationError::Unsupported(_)) => Code::FailedPrecondition,
         Error::Invalid(_) => Code::InvalidArgument,
@@ -54,12 +54,12 @@ pub fn status(err: &Error) -> Status {
 /// A request that failed validation, as its status (the core's error type is not ours to give a
 /// `From` impl for tonic's).
 pub fn invalid(err: ValidationError) -> Status {
-    status(&Error::Invalid(err))
+    to_status(&Error::Invalid(err))
 }
 
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
-        status(&err)
+        to_status(&err)
     }
 }
 
@@ -71,13 +71,13 @@ where
     let started = Instant::now();
     let result = fut.await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
-    crate::metrics::observe_rpc(rpc, result.as_ref().err().map(|e| status(e).code()), ms);
+    crate::metrics::observe_rpc(rpc, result.as_ref().err().map(|e| to_status(e).code()), ms);
     // A number in JSON logs, two decimals in text ones.
     let ms = (ms * 100.0).round() / 100.0;
     match &result {
         Ok(_) => tracing::info!(rpc, volume, ms, "ok"),
         Err(e) => {
-            let st = status(e);
+            let st = to_status(e);
             tracing::warn!(rpc, volume, ms, code = ?st.code(), error = %e, "failed");
         }
     }

@@ -116,7 +116,7 @@ pub fn render(g: &Gauges) -> String {
          kernel about one path.\n\
          # TYPE ebs_agent_mount_table_reads_total counter\n\
          ebs_agent_mount_table_reads_total {}",
-        ebs_node_host::mounts::mount_table_reads()
+        ebs_node_host::mount::at_path::mount_table_reads()
     );
     gauge(
         &mut out,

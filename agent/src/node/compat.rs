@@ -6,7 +6,7 @@ use ebs_store::{AccessRecord, FormatRecord, Progress, StagedVolume};
 
 use super::NodeCtx;
 use super::ownership::{Expected, holder};
-use super::paths;
+use super::path_handles;
 use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
 use crate::node::identity::same_identity;
@@ -58,7 +58,7 @@ pub fn staged_mount_present(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool
     if matches!(staged.access, AccessRecord::Block) {
         return Ok(true);
     }
-    let Some(entry) = paths::lookup_recorded(ctx, &staged.staging_path)? else {
+    let Some(entry) = path_handles::lookup_recorded(ctx, &staged.staging_path)? else {
         return Ok(false);
     };
     let expected = Expected::of(ctx, &staged.volume_id, Some(staged));

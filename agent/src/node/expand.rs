@@ -9,15 +9,15 @@ use std::path::Path;
 
 use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 
-use super::device::VolumeDevice;
 use super::grow::grow_if_needed;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
-use super::{NodeCtx, path_string, paths};
+use super::volume_device::VolumeDevice;
+use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
 use ebs_node_host::anchor::EntryFd;
-use ebs_node_host::loopdev;
+use ebs_node_host::device;
 
 pub struct ExpandCommand {
     pub volume: VolumeId,
@@ -70,8 +70,8 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
         Durability::Lazy,
         || ctx.backend.refresh_size(device),
     )?;
-    let size = loopdev::device_size(device)
-        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    let size =
+        device::size(device).map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     if size < required {
         return Err(Error::OutOfRange(format!(
             "the device {} of volume {vol} has {size} bytes, fewer than the required {required}: \
@@ -183,7 +183,7 @@ fn check_mounts(
     };
     let expected = Expected::of(ctx, vol, Some(staged));
     if is_target {
-        let published = match paths::lookup(&cmd.volume_path)? {
+        let published = match path_handles::lookup(&cmd.volume_path)? {
             Some(entry) => holder(ctx, &entry, &expected)?.is_volume(),
             None => false,
         };
@@ -204,7 +204,8 @@ fn check_mounts(
             staged.staging_path.display()
         ))
     };
-    let staging = paths::lookup_recorded(ctx, &staged.staging_path)?.ok_or_else(not_mounted)?;
+    let staging =
+        path_handles::lookup_recorded(ctx, &staged.staging_path)?.ok_or_else(not_mounted)?;
     let root = staging
         .open_entry()
         .map_err(|e| Error::io(format!("opening {}", staged.staging_path.display()), e))?;

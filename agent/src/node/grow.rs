@@ -12,7 +12,7 @@ use super::path_string;
 use crate::error::{Error, Result};
 use ebs_node_core::request::FsType;
 use ebs_node_host::anchor::EntryFd;
-use ebs_node_host::loopdev;
+use ebs_node_host::device;
 
 /// Slack below which a device is not "larger": mkfs rounds the filesystem down to whole blocks.
 const GROW_SLACK: u64 = 1 << 20;
@@ -67,8 +67,8 @@ fn grow_when_larger(
     mounted: bool,
     grow: impl FnOnce() -> Result<()>,
 ) -> Result<bool> {
-    let dev_bytes = loopdev::device_size(device)
-        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    let dev_bytes =
+        device::size(device).map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     if dev_bytes <= fs_bytes + GROW_SLACK {
         return Ok(false);
     }

@@ -4,17 +4,15 @@
 pub mod attention;
 mod claims;
 mod compat;
-mod device;
 mod expand;
 mod format;
 mod grow;
-mod health_check;
 pub mod identity;
 pub mod journal;
 mod known;
 mod locks;
 pub mod ownership;
-mod paths;
+mod path_handles;
 mod publish;
 mod read_probe;
 pub mod reclaim;
@@ -24,6 +22,8 @@ mod stage;
 mod stats;
 mod unpublish;
 mod unstage;
+mod volume_condition;
+mod volume_device;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,7 +32,6 @@ use ebs_store::Store;
 
 pub use claims::{PathClaims, Use};
 pub use expand::{ExpandCommand, expand};
-pub use health_check::Condition;
 pub use known::{Known, require_known};
 pub use locks::{VolumeGuard, VolumeLocks};
 pub use publish::{PublishCommand, check_publish_paths, publish};
@@ -40,6 +39,7 @@ pub use stage::{StageCommand, stage};
 pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
 pub use unpublish::{UnpublishCommand, unpublish};
 pub use unstage::{UnstageCommand, unstage};
+pub use volume_condition::Condition;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};

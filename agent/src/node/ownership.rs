@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use ebs_node_core::request::VolumeId;
 use ebs_node_host::anchor::{Anchored, EntryFd};
 use ebs_node_host::device::block_devnum;
-use ebs_node_host::mounts::{self, MountFacts};
+use ebs_node_host::mount::at_path::{self, MountFacts};
 
 /// What a volume's device must show, from the record or, without one, from the backend. One
 /// per call: it keeps the device it proved open for the rest of the call.
@@ -129,7 +129,7 @@ impl Holder {
 
 /// What holds `entry`, judged against `expected`.
 pub fn holder(ctx: &NodeCtx, entry: &Anchored, expected: &Expected) -> Result<Holder> {
-    let facts = mounts::mounted_at(entry).map_err(|e| examine_error(entry, e))?;
+    let facts = at_path::mounted_at(entry).map_err(|e| examine_error(entry, e))?;
     Ok(judge(ctx, facts, expected))
 }
 
@@ -140,7 +140,7 @@ pub fn holder_of(
     entry: &Anchored,
     expected: &Expected,
 ) -> Result<Holder> {
-    let facts = mounts::mount_of(fd, entry.path()).map_err(|e| examine_error(entry, e))?;
+    let facts = at_path::mount_of(fd, entry.path()).map_err(|e| examine_error(entry, e))?;
     Ok(judge(ctx, facts, expected))
 }
 

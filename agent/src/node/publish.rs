@@ -7,14 +7,14 @@ use ebs_store::{Durability, Phase, Progress, Publication, StagedVolume, now_unix
 
 use super::claims::Use;
 use super::compat::{access_record, same_kind, staged_mount_present};
-use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
-use super::{NodeCtx, path_string, paths, ro_block};
+use super::volume_device::VolumeDevice;
+use super::{NodeCtx, path_handles, path_string, ro_block};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{AccessType, Capability, RequestPath, VolumeId};
 use ebs_node_host::anchor::{Anchored, EntryFd};
-use ebs_node_host::mounter;
+use ebs_node_host::mount;
 
 pub struct PublishCommand {
     pub volume: VolumeId,
@@ -44,7 +44,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let target_path = cmd.target.as_path();
     // A path that leads through a symlink is a bad request whatever the volume's state. The
     // handle is kept: its parent stays the one checked, and it is not resolved a second time.
-    let looked_up = paths::lookup(&cmd.target)?;
+    let looked_up = path_handles::lookup(&cmd.target)?;
     let staged = staged_here(ctx, cmd)?;
     let block = cmd.capability.is_block();
     let (flags_raw, vfs_bits, ro_flag) = match &cmd.capability.access {
@@ -74,7 +74,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let _turn = ctx.claims.take(vol, target_path, Use::Target, true)?;
     let target = match looked_up {
         Some(target) => target,
-        None => paths::prepare(&cmd.target)?,
+        None => path_handles::prepare(&cmd.target)?,
     };
     let published_here = holder(ctx, &target, &expected)?;
     if let Some(existing) = &prior
@@ -162,7 +162,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 Some(ro) => ro.proc_path(),
                 None => source.proc_path(),
             };
-            if let Err(e) = mounter::bind(&from, &target, readonly, vfs_bits) {
+            if let Err(e) = mount::ops::bind(&from, &target, readonly, vfs_bits) {
                 if ro_device.is_some()
                     && let Err(undo) = ro_block::remove(&tag)
                 {
@@ -194,7 +194,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
 /// The path checks of a publish that ask the host, without changing anything: v0.1 runs them
 /// before its internal stage, so a target below a symlink leaves no staged volume behind.
 pub fn check_publish_paths(cmd: &PublishCommand) -> Result<()> {
-    paths::lookup(&cmd.target).map(drop)
+    path_handles::lookup(&cmd.target).map(drop)
 }
 
 /// The staged record, checked against the request: staged (or its in-progress stage mounted
@@ -235,7 +235,7 @@ fn check_single_publication(
         if other.target_path == cmd.target.as_path() {
             continue;
         }
-        let Some(entry) = paths::lookup_recorded(ctx, &other.target_path)? else {
+        let Some(entry) = path_handles::lookup_recorded(ctx, &other.target_path)? else {
             continue;
         };
         if holder(ctx, &entry, expected)?.is_volume() {
@@ -272,7 +272,7 @@ fn source(
             })?,
         ));
     }
-    let staging = paths::lookup_recorded(ctx, &staged.staging_path)?;
+    let staging = path_handles::lookup_recorded(ctx, &staged.staging_path)?;
     let nothing = || {
         Error::Precondition(format!(
             "nothing is mounted at the staging path {}: the volume's filesystem is not there \

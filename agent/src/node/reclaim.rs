@@ -15,7 +15,7 @@ use nix::errno::Errno;
 
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder_of};
-use super::{NodeCtx, path_string, paths};
+use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_host::trim::trim_free_space;
@@ -80,7 +80,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     }
     // The descriptor, not the path, is what gets trimmed: it is proven to be the volume's
     // filesystem root (its device asked for its identity right now).
-    let entry = paths::lookup(given)?.ok_or_else(not_here)?;
+    let entry = path_handles::lookup(given)?.ok_or_else(not_here)?;
     let dir = entry.open_dir().map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => not_here(),
         _ => Error::io(format!("opening {}", path.display()), e),

@@ -18,7 +18,7 @@ use super::NodeCtx;
 use super::attention::{self, Checked};
 use super::compat::staged_mount_present;
 use super::ownership::{Expected, Holder, holder};
-use super::paths;
+use super::path_handles;
 use crate::error::{Result, blocking};
 
 /// How long start-up waits for one volume's check; a check still running then (a stat hanging
@@ -209,7 +209,7 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
     for publication in store.publications(vol)? {
         let target = publication.target_path.as_path();
         let expected = Expected::of(ctx, vol, staged.as_ref());
-        let found = match paths::lookup_recorded(ctx, target)? {
+        let found = match path_handles::lookup_recorded(ctx, target)? {
             Some(entry) => holder(ctx, &entry, &expected)?,
             None => Holder::Nothing,
         };

@@ -16,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::NodeCtx;
-use super::device::VolumeDevice;
+use super::volume_device::VolumeDevice;
 use crate::error::{Error, Result};
 use ebs_node_host::loopdev::{self, overlay};
 

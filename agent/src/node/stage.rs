@@ -11,7 +11,6 @@ use ebs_store::{
 
 use super::claims::Use;
 use super::compat::{access_record, check_compatible, verify_identity};
-use super::device::VolumeDevice;
 use super::format::{
     Decision, Existing, HeldEvidence, decide, forget_intent, format_device, format_record,
     probe_with_size,
@@ -19,14 +18,15 @@ use super::format::{
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
-use super::{NodeCtx, path_string, paths};
+use super::volume_device::VolumeDevice;
+use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{
     AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, VolumeId,
 };
 use ebs_node_host::anchor::Anchored;
 use ebs_node_host::fstools::FsckOutcome;
-use ebs_node_host::mounter;
+use ebs_node_host::mount;
 
 pub struct StageCommand {
     pub volume: VolumeId,
@@ -109,7 +109,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     // that every publication of it is read-only too.
     let readonly = readonly || flags.wants_read_only();
     record.readonly = readonly;
-    let staging = paths::prepare(&cmd.staging)?;
+    let staging = path_handles::prepare(&cmd.staging)?;
     staging
         .mkdir()
         .map_err(|e| Error::Precondition(format!("staging path {staging_path:?}: {e}")))?;
@@ -252,7 +252,7 @@ impl MountSteps<'_> {
             let target = staging
                 .open_entry()
                 .map_err(|e| Error::io(format!("opening {}", staging_path.display()), e))?;
-            mounter::mount_device(
+            mount::ops::mount_device(
                 device.path(),
                 &target,
                 fs.name(),

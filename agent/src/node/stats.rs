@@ -10,10 +10,10 @@ use std::path::Path;
 use ebs_store::{AccessRecord, Progress, StagedVolume};
 
 use super::NodeCtx;
-use super::health_check::{self, Condition};
+use super::volume_condition::{self, Condition};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
-use ebs_node_host::loopdev;
+use ebs_node_host::device;
 
 pub struct StatsCommand {
     pub volume: VolumeId,
@@ -80,7 +80,7 @@ pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
             },
         });
     }
-    let findings = health_check::examine(ctx, &staged, path);
+    let findings = volume_condition::examine(ctx, &staged, path);
     let usage = match staged.access {
         AccessRecord::Mount { .. } if findings.fs_mounted => Some(filesystem_usage(path)?),
         AccessRecord::Block if findings.device_ok => Some(block_usage(&staged)?),
@@ -113,7 +113,7 @@ fn filesystem_usage(path: &Path) -> Result<Usage> {
 }
 
 fn block_usage(staged: &StagedVolume) -> Result<Usage> {
-    let total_bytes = loopdev::device_size(&staged.device)
+    let total_bytes = device::size(&staged.device)
         .map_err(|e| Error::io(format!("sizing {}", staged.device.display()), e))?;
     Ok(Usage::Block { total_bytes })
 }

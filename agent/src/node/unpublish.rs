@@ -6,11 +6,11 @@ use ebs_store::{Durability, Phase};
 use super::claims::Use;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder};
-use super::{NodeCtx, path_string, paths, ro_block};
+use super::{NodeCtx, path_handles, path_string, ro_block};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_host::anchor::{Anchored, Removed};
-use ebs_node_host::mounter::{self, Unmounted};
+use ebs_node_host::mount::{self, ops::Unmounted};
 
 pub struct UnpublishCommand {
     pub volume: VolumeId,
@@ -27,7 +27,7 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     let ro_device = record.as_ref().is_some_and(|p| p.block && p.readonly);
     let journal = Journal::new(&ctx.store, vol, "unpublish", ctx.crash_after());
     let facts = detail([("target", path_string(target_path))]);
-    let Some(target) = paths::lookup(&cmd.target)? else {
+    let Some(target) = path_handles::lookup(&cmd.target)? else {
         if ro_device {
             detach_ro_device(ctx, &journal, vol, target_path)?;
         }
@@ -128,7 +128,7 @@ pub fn take_down(
                     detail([("path", path_string(path))]),
                     Durability::Lazy,
                     || {
-                        mounter::unmount(entry)
+                        mount::ops::unmount(entry)
                             .map_err(|e| Error::io(format!("unmounting {}", path.display()), e))
                     },
                 )?;

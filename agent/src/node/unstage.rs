@@ -8,7 +8,7 @@ use super::claims::Use;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, holder};
 use super::unpublish::take_down;
-use super::{NodeCtx, path_string, paths};
+use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_host::device::{held_still_claimed, still_claimed};
@@ -31,7 +31,7 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     // Each recorded publication, asked of the host: a workload still using the volume keeps it.
     let mut published = Vec::new();
     for p in ctx.store.publications(vol)? {
-        if let Some(entry) = paths::lookup_recorded(ctx, &p.target_path)?
+        if let Some(entry) = path_handles::lookup_recorded(ctx, &p.target_path)?
             && holder(ctx, &entry, &expected)?.is_volume()
         {
             published.push(p.target_path.display().to_string());
@@ -47,7 +47,7 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     let journal = Journal::new(&ctx.store, vol, "unstage", ctx.crash_after());
     let facts = detail([("staging", path_string(staging_path))]);
     let mut device = expected.recorded_devnum();
-    if let Some(entry) = paths::lookup(&cmd.staging)? {
+    if let Some(entry) = path_handles::lookup(&cmd.staging)? {
         if let super::ownership::Holder::Volume(m) = holder(ctx, &entry, &expected)? {
             device = Some(m.dev);
         }

@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::path::{Component, Path};
 
-use ebs_node_host::mountinfo::{MountEntry, MountTable};
+use ebs_node_host::mount::table::{MountEntry, MountTable};
 
 /// An attached EBS disk: its serial (as sysfs gives it), kernel name, and the device numbers of
 /// the disk and of its partitions (sysfs lists both).

@@ -128,7 +128,7 @@ impl LiveLimit {
         {
             return owned.clone();
         }
-        let owned = match ebs_node_host::mounts::read_table() {
+        let owned = match ebs_node_host::mount::at_path::read_table() {
             Ok(table) => csi_owned::csi_owned(&unknown, &table, &self.driver),
             Err(e) => {
                 tracing::warn!(error = %e, "attach limit: cannot read the mount table");

@@ -8,7 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileTypeExt;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -72,12 +72,6 @@ mod sys {
     nix::ioctl_none_bad!(loop_set_capacity, 0x4C07);
     nix::ioctl_write_ptr_bad!(loop_configure, 0x4C0A, LoopConfig);
     nix::ioctl_none_bad!(loop_ctl_get_free, 0x4C82);
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t); the kernel always writes a u64.
-    nix::ioctl_read_bad!(
-        blkgetsize64,
-        nix::request_code_read!(0x12, 114, std::mem::size_of::<libc::size_t>()),
-        u64
-    );
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -283,39 +277,6 @@ pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
     unsafe { sys::loop_set_capacity(dev.as_raw_fd()) }
         .map_err(ioctl_err("LOOP_SET_CAPACITY", device))?;
     Ok(())
-}
-
-/// Size in bytes of a block device (regular files are accepted too, which
-/// keeps callers and tests simple).
-pub fn device_size(device: &Path) -> io::Result<u64> {
-    let file = File::open(device)?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() && !kind.is_block_device() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} is not a block device", device.display()),
-        ));
-    }
-    device_size_of(&file)
-}
-
-/// As [`device_size`], of a device already open (the held one).
-pub fn device_size_of(file: &File) -> io::Result<u64> {
-    let meta = file.metadata()?;
-    if meta.file_type().is_file() {
-        return Ok(meta.len());
-    }
-    if !meta.file_type().is_block_device() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a block device",
-        ));
-    }
-    let mut size: u64 = 0;
-    // SAFETY: file is an open block device; &mut size is a valid u64 the
-    // kernel writes exactly 8 bytes into.
-    unsafe { sys::blkgetsize64(file.as_raw_fd(), &mut size) }.map_err(io::Error::from)?;
-    Ok(size)
 }
 
 pub mod overlay;

@@ -30,7 +30,7 @@ fn loop_names() {
 #[test]
 fn device_size_of_regular_file() {
     let f = TempFile::sparse("size", 3 << 20);
-    assert_eq!(device_size(&f.0).unwrap(), 3 << 20);
+    assert_eq!(crate::device::size(&f.0).unwrap(), 3 << 20);
 }
 
 #[test]
@@ -41,7 +41,7 @@ fn attach_inspect_grow_detach() {
     let file = TempFile::sparse("loop", 16 << 20);
     let lo = Loop::attach(&file.0);
     assert!(lo.0.to_string_lossy().starts_with("/dev/loop"));
-    assert_eq!(device_size(&lo.0).unwrap(), 16 << 20);
+    assert_eq!(crate::device::size(&lo.0).unwrap(), 16 << 20);
 
     assert_eq!(
         backing_file(&lo.0).unwrap().as_deref(),
@@ -62,7 +62,7 @@ fn attach_inspect_grow_detach() {
         .set_len(32 << 20)
         .unwrap();
     set_capacity(&lo.0).unwrap();
-    assert_eq!(device_size(&lo.0).unwrap(), 32 << 20);
+    assert_eq!(crate::device::size(&lo.0).unwrap(), 32 << 20);
 
     // The binding must survive our fds being closed (no autoclear).
     let sysfs_name = format!("/sys/block/{}/loop/autoclear", loop_name(&lo.0).unwrap());
@@ -96,7 +96,7 @@ fn legacy_binding_path() {
         backing_file(&lo.0).unwrap().as_deref(),
         Some(file.0.as_path())
     );
-    assert_eq!(device_size(&lo.0).unwrap(), 2 << 20);
+    assert_eq!(crate::device::size(&lo.0).unwrap(), 2 << 20);
     let mut info = LoopInfo64::zeroed();
     let dev = File::open(&lo.0).unwrap();
     // SAFETY: dev is open and info is a writable loop_info64.
@@ -168,5 +168,5 @@ fn non_loop_paths_are_rejected() {
         backing_file(Path::new("/dev/null")),
         Err(LoopError::NotLoopDevice { .. })
     ));
-    assert!(device_size(Path::new("/dev/null")).is_err());
+    assert!(crate::device::size(Path::new("/dev/null")).is_err());
 }

@@ -238,7 +238,7 @@ pub fn disk_in_use(disk: &Disk) -> io::Result<Option<String>> {
         }
     }
     let numbers = devnums_of_disk(disk);
-    let table = ebs_node_host::mounts::read_table()?;
+    let table = ebs_node_host::mount::at_path::read_table()?;
     Ok(table
         .entries()
         .iter()

@@ -7,7 +7,8 @@ use ebs_store::{Durability, LoopAttachment};
 
 use super::LoopController;
 use crate::error::{Error, Result};
-use ebs_node_host::{freeze, loopdev, mounts::read_table};
+use ebs_node_host::mount::at_path::read_table;
+use ebs_node_host::{freeze, loopdev};
 
 fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
     let attached = if readonly {
@@ -171,7 +172,7 @@ impl LoopController {
             let Some(att) = &volume.attachment else {
                 continue;
             };
-            let Ok((major, minor)) = crate::backend::block_dev_numbers(&att.device) else {
+            let Ok((major, minor)) = ebs_node_host::device::block_devnum(&att.device) else {
                 continue;
             };
             if let Some(m) = table.mounts_of_device(major, minor).next() {

@@ -9,7 +9,7 @@ use ebs_store::Store;
 use crate::error::{Error, Result};
 use ebs_node_host::device::{block_devnum, still_claimed};
 use ebs_node_host::loopdev::overlay;
-use ebs_node_host::mounts::read_table;
+use ebs_node_host::mount::at_path::read_table;
 
 fn busy(id: &str, why: String) -> Result<()> {
     Err(Error::Precondition(format!(

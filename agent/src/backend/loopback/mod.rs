@@ -149,7 +149,7 @@ impl Backend for LoopBackend {
         };
         let given = publish_context.get("devicePath").map(PathBuf::from);
         if let Some(path) = &given {
-            match super::block_dev_numbers(path) {
+            match ebs_node_host::device::block_devnum(path) {
                 Ok(_) => {}
                 // A reboot renumbers loop devices, so the devicePath a CO kept from before can
                 // name nothing now: the backing file still says which device is the volume's.

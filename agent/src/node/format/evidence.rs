@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::super::NodeCtx;
-use super::super::device::VolumeDevice;
+use super::super::volume_device::VolumeDevice;
 use crate::error::{Error, Result};
-use ebs_node_host::{attachment, blank, loopdev};
+use ebs_node_host::{attachment, blank, device};
 
 pub trait DeviceEvidence {
     /// The device's path, for messages.
@@ -50,7 +50,7 @@ impl DeviceEvidence for HeldEvidence<'_> {
     }
 
     fn size(&self) -> io::Result<u64> {
-        loopdev::device_size_of(self.device.held.file())
+        device::size_of(self.device.held.file())
     }
 
     fn xfs_mkfs_unfinished(&self) -> io::Result<bool> {

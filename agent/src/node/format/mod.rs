@@ -13,9 +13,9 @@ mod tests;
 pub use evidence::{DeviceEvidence, HeldEvidence};
 
 use super::NodeCtx;
-use super::device::VolumeDevice;
 use super::journal::{Journal, detail};
 use super::path_string;
+use super::volume_device::VolumeDevice;
 use crate::error::{Error, Result};
 use ebs_node_core::request::{FormatOptions, FsType};
 use ebs_node_host::attachment;

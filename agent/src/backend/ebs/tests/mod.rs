@@ -7,7 +7,7 @@ use ebs_store::DeviceIdentity;
 
 use super::fixture::{Fixture, INSTANCE_STORE_MODEL};
 use super::*;
-use crate::grpc::status;
+use crate::grpc::to_status;
 
 const VOL: &str = "vol-0123456789abcdef0";
 const SERIAL: &str = "vol0123456789abcdef0";
@@ -148,7 +148,7 @@ fn a_stale_device_path_link_is_refused() {
         Duration::ZERO,
     )
     .unwrap_err();
-    assert_eq!(status(&err).code(), tonic::Code::FailedPrecondition);
+    assert_eq!(to_status(&err).code(), tonic::Code::FailedPrecondition);
     let text = err.to_string();
     assert!(
         text.contains("xvdba") && text.contains(OTHER) && text.contains("stale"),
@@ -177,7 +177,7 @@ fn a_stale_by_id_link_is_refused_even_without_device_path() {
     )
     .unwrap();
     let err = resolve(&f).unwrap_err();
-    assert_eq!(status(&err).code(), tonic::Code::FailedPrecondition);
+    assert_eq!(to_status(&err).code(), tonic::Code::FailedPrecondition);
     assert!(err.to_string().contains("by-id"), "{err}");
 }
 
@@ -240,7 +240,7 @@ fn the_partition_key_selects_a_partition_and_waits_for_it() {
     let whole = resolve_with(&f, &[], &[("partition", "0")], Duration::ZERO).unwrap();
     assert_eq!(whole.path, f.dev_root().join("nvme0n1"));
     let bad = resolve_with(&f, &[], &[("partition", "x")], Duration::ZERO).unwrap_err();
-    assert_eq!(status(&bad).code(), tonic::Code::InvalidArgument);
+    assert_eq!(to_status(&bad).code(), tonic::Code::InvalidArgument);
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn a_device_that_never_appears_gives_a_clean_error_at_the_deadline() {
     )
     .unwrap_err();
     assert!(started.elapsed() >= Duration::from_secs(1));
-    assert_eq!(status(&err).code(), tonic::Code::NotFound);
+    assert_eq!(to_status(&err).code(), tonic::Code::NotFound);
     let text = err.to_string();
     for part in [
         VOL,
@@ -306,6 +306,6 @@ fn volume_ids_that_are_not_ebs_ids_are_not_found() {
     assert_eq!(lookup::expected_serial(&vol(VOL)).unwrap(), SERIAL);
     for bad in ["pvc-123", "vol-", "vol-xyz"] {
         let err = lookup::expected_serial(&vol(bad)).unwrap_err();
-        assert_eq!(status(&err).code(), tonic::Code::NotFound);
+        assert_eq!(to_status(&err).code(), tonic::Code::NotFound);
     }
 }

@@ -9,7 +9,7 @@ use ebs_store::DeviceIdentity;
 use super::super::fixture::Fixture;
 use super::super::*;
 use super::{SERIAL, VOL, backend, backend_unverified, nvme_identity, vol};
-use crate::grpc::status;
+use crate::grpc::to_status;
 
 /// The numbers of the device the host's root filesystem lives on.
 fn root_devnum() -> (u32, u32) {
@@ -41,7 +41,7 @@ fn a_disk_holding_host_filesystems_is_never_taken_unverified() {
             .resolve(&vol(VOL), &publish, &ctx, Instant::now())
             .unwrap_err();
         assert_eq!(
-            status(&err).code(),
+            to_status(&err).code(),
             tonic::Code::FailedPrecondition,
             "{err}"
         );

@@ -186,7 +186,7 @@ fn undo(v: &FloorVolume) {
 
 /// The block device mounted at `path`, as the mount table names it (or by its numbers).
 pub fn device_mounted_at(path: &Path) -> Option<PathBuf> {
-    let table = ebs_node_host::mountinfo::MountTable::read().ok()?;
+    let table = ebs_node_host::mount::table::MountTable::read().ok()?;
     let m = table.at(path)?;
     let source = Path::new(&m.source);
     if source.is_absolute() && source.exists() {

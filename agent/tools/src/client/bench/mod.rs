@@ -344,7 +344,7 @@ fn set(reg: &Registry, i: usize, v: &BenchVolume) {
 /// Removes the run's directories, unless something is still mounted below them: removing files
 /// through a live mount would delete the volume's contents.
 fn remove_if_unmounted(dir: &Path, problems: &mut Vec<String>) {
-    let mounted = ebs_node_host::mountinfo::MountTable::read()
+    let mounted = ebs_node_host::mount::table::MountTable::read()
         .map(|t| t.entries().iter().any(|m| m.mount_point.starts_with(dir)))
         .unwrap_or(true);
     if mounted {

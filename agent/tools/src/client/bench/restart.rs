@@ -138,7 +138,7 @@ impl Drop for Scratch {
 
 /// Unmounts, detaches and removes whatever is left below `dir`.
 fn scrub(dir: &Path) {
-    if let Ok(table) = ebs_node_host::mountinfo::MountTable::read() {
+    if let Ok(table) = ebs_node_host::mount::table::MountTable::read() {
         for m in table.entries().iter().rev() {
             if m.mount_point.starts_with(dir) {
                 let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
@@ -155,7 +155,7 @@ fn scrub(dir: &Path) {
             }
         }
     }
-    let still_mounted = ebs_node_host::mountinfo::MountTable::read()
+    let still_mounted = ebs_node_host::mount::table::MountTable::read()
         .map(|t| t.entries().iter().any(|m| m.mount_point.starts_with(dir)))
         .unwrap_or(true);
     if !still_mounted {

@@ -8,7 +8,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::sandbox::{self, Newer};
+use crate::sandbox::{self, Newer};
 
 const SYS_STATMOUNT: libc::c_long = 457;
 

@@ -20,6 +20,10 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+mod size;
+pub use size::{size, size_of};
+
 #[derive(Debug)]
 pub struct HeldDevice {
     path: PathBuf,

@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn sees_a_real_mount_with_a_space_in_its_path() {
-        use super::super::loopdev::test_support::{Loop, TempFile, root_or_skip, sh};
+        use crate::loopdev::test_support::{Loop, TempFile, root_or_skip, sh};
         if !root_or_skip("sees_a_real_mount_with_a_space_in_its_path") {
             return;
         }

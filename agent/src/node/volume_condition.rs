@@ -10,11 +10,11 @@ use ebs_store::{AccessRecord, StagedVolume};
 
 use super::NodeCtx;
 use super::ownership::{Expected, Holder, holder};
-use super::paths;
+use super::path_handles;
 use super::read_probe::{self, ReadOutcome};
-use crate::backend::block_dev_numbers;
-use ebs_node_host::loopdev;
-use ebs_node_host::mounts::MountFacts;
+use ebs_node_host::device;
+use ebs_node_host::device::block_devnum;
+use ebs_node_host::mount::at_path::MountFacts;
 
 /// What NodeGetVolumeStats reports as VolumeCondition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Find
     let mut problems = Vec::new();
     let device = staged.device.as_path();
     let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
-    let device_ok = match block_dev_numbers(device) {
+    let device_ok = match block_devnum(device) {
         Ok(devnum) => check_device(ctx, &expected, staged, devnum, &mut problems),
         Err(e) => {
             problems.push(format!(
@@ -91,7 +91,7 @@ fn check_device(
     problems: &mut Vec<String>,
 ) -> bool {
     let device = staged.device.as_path();
-    match loopdev::device_size(device) {
+    match device::size(device) {
         Ok(0) => {
             problems.push(format!(
                 "the device {} has disappeared (it reports a size of 0: detached); check the \
@@ -190,7 +190,7 @@ fn check_path(
     path: &Path,
     problems: &mut Vec<String>,
 ) -> Option<MountFacts> {
-    let found = paths::lookup_recorded(ctx, path).and_then(|entry| match entry {
+    let found = path_handles::lookup_recorded(ctx, path).and_then(|entry| match entry {
         Some(entry) => holder(ctx, &entry, expected),
         None => Ok(Holder::Nothing),
     });

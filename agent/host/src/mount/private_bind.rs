@@ -18,8 +18,8 @@ use std::sync::{Mutex, OnceLock};
 use nix::mount::{MntFlags, umount2};
 use sys_mount::{Mount, MountFlags as MsFlags};
 
-use super::anchor::EntryFd;
-use super::mountinfo::MountTable;
+use super::table::MountTable;
+use crate::anchor::EntryFd;
 
 /// The private tmpfs's source name, how a later process of the agent recognises it.
 const SOURCE: &str = "ebs-node-agent-binds";

@@ -13,12 +13,13 @@ use ebs_store::{
     LoopVolume, Progress, Publication, StagedVolume, Store, now_unix_ms,
 };
 
-use crate::backend::block_dev_numbers;
 use crate::backend::loopback::file_inode;
 use crate::cli::RecoverArgs;
 use crate::server::STATE_FILE;
 use ebs_node_host::blkid::{self, ProbeOutcome};
-use ebs_node_host::{loopdev, mountinfo::MountTable};
+use ebs_node_host::device::block_devnum;
+use ebs_node_host::loopdev;
+use ebs_node_host::mount::table::MountTable;
 
 /// A device the agent can tell is one of its volumes.
 struct Known {
@@ -165,7 +166,7 @@ fn rebuild_mounts(
 ) -> Result<(usize, usize), String> {
     let mut by_numbers: HashMap<(u32, u32), &Known> = HashMap::new();
     for k in known {
-        if let Ok(n) = block_dev_numbers(&k.device) {
+        if let Ok(n) = block_devnum(&k.device) {
             by_numbers.insert(n, k);
         }
     }
@@ -199,7 +200,7 @@ fn rebuild_mounts(
                 volume_id: vol.to_string(),
                 staging_path: staging_path.clone(),
                 device: k.device.clone(),
-                devnum: block_dev_numbers(&k.device).ok(),
+                devnum: block_devnum(&k.device).ok(),
                 identity: k.identity.clone(),
                 access,
                 access_mode: 0,

@@ -14,10 +14,10 @@ use rustix::fs::CWD;
 use rustix::mount::{MoveMountFlags, OpenTreeFlags, move_mount, open_tree};
 use sys_mount::{Mount, MountFlags as MsFlags};
 
-use super::anchor::{Anchored, EntryFd};
-use super::mount_api;
 use super::private_bind;
-use super::sandbox::{self, Newer};
+use super::setattr;
+use crate::anchor::{Anchored, EntryFd};
+use crate::sandbox::{self, Newer};
 
 /// Mounts a filesystem from a block device onto `target`. `vfs_bits` are validated `MS_*` bits;
 /// `data` holds validated filesystem options only.
@@ -87,9 +87,9 @@ fn bind_detached(
         OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
     )
     .map_err(|e| fail(Newer::OpenTree, e))?;
-    let attr = mount_api::attr_from_ms(vfs_bits, read_only);
-    if attr != mount_api::MountAttr::default()
-        && let Err(e) = mount_api::set_attr(&tree, &attr)
+    let attr = setattr::attr_from_ms(vfs_bits, read_only);
+    if attr != setattr::MountAttr::default()
+        && let Err(e) = setattr::set_attr(&tree, &attr)
     {
         let errno = rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::INVAL);
         return Err(fail(Newer::MountSetattr, errno));

@@ -13,9 +13,9 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::anchor::{Anchored, EntryFd, EntryStat};
-use super::mountinfo::{MountEntry, MountTable};
 use super::statmount::statmount;
+use super::table::{MountEntry, MountTable};
+use crate::anchor::{Anchored, EntryFd, EntryStat};
 
 /// How often this process read the whole mount table (a metric, and a test's witness that the
 /// per-path calls do not).
