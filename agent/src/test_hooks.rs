@@ -11,6 +11,9 @@
 
 #[cfg(feature = "test-hooks")]
 mod hooks {
+    use std::str::FromStr;
+
+    use ebs_node_core::steps::{Op, Step};
     use ebs_store::Phase;
 
     /// The hidden flags of test and bench builds.
@@ -18,34 +21,65 @@ mod hooks {
     pub struct HookArgs {
         /// Test builds only: abort right after a journal record `op.step.phase` is committed.
         #[arg(long, env = "EBS_AGENT_CRASH_AFTER", hide = true)]
-        pub crash_after: Option<String>,
+        pub crash_after: Option<CrashAt>,
         /// Bench only: commit the journal without fsync, to measure the journal's share. Gives
         /// up crash safety.
         #[arg(long, env = "EBS_AGENT_BENCH_LAZY_JOURNAL", hide = true)]
         pub bench_lazy_journal: bool,
     }
 
+    /// A crash point, `op.step.phase`: an operation and a step the journal writes (the core's
+    /// names, which the crash matrix builds its points from), and a phase. One the journal can
+    /// never reach is refused when the flag is parsed, so a crash test cannot wait for it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct CrashAt {
+        op: Op,
+        step: Step,
+        phase: Phase,
+    }
+
+    impl FromStr for CrashAt {
+        type Err = String;
+
+        fn from_str(raw: &str) -> Result<Self, String> {
+            let mut parts = raw.split('.');
+            let (Some(op), Some(step), Some(phase), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                return Err(format!("{raw:?} is not op.step.phase"));
+            };
+            let phase = match phase {
+                "intent" => Phase::Intent,
+                "done" => Phase::Done,
+                "failed" => Phase::Failed,
+                other => return Err(format!("unknown phase {other:?}")),
+            };
+            Ok(CrashAt {
+                op: op.parse()?,
+                step: step.parse()?,
+                phase,
+            })
+        }
+    }
+
     /// Where the crash matrix kills the agent, if anywhere.
     #[derive(Debug, Clone, Default)]
-    pub struct CrashPoint(Option<String>);
+    pub struct CrashPoint(Option<CrashAt>);
 
     impl CrashPoint {
         pub fn from_args(args: &HookArgs) -> Self {
-            CrashPoint(args.crash_after.clone())
+            CrashPoint(args.crash_after)
         }
 
         /// Dies as SIGKILL would when `op.step.phase` is the crash point.
-        pub fn reached(&self, op: &str, step: &str, phase: Phase) {
-            let Some(target) = &self.0 else {
-                return;
-            };
-            let phase = match phase {
-                Phase::Intent => "intent",
-                Phase::Done => "done",
-                Phase::Failed => "failed",
-            };
-            if *target == format!("{op}.{step}.{phase}") {
-                tracing::error!(op, step, phase, "fault injection: killing the agent");
+        pub fn reached(&self, op: Op, step: Step, phase: Phase) {
+            if self.0 == Some(CrashAt { op, step, phase }) {
+                tracing::error!(
+                    op = op.name(),
+                    step = step.name(),
+                    ?phase,
+                    "fault injection: killing the agent"
+                );
                 // Nothing is flushed first: lazily committed lines are lost exactly as in a
                 // real crash, so the tests prove that resume never depends on them.
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
@@ -64,6 +98,7 @@ mod hooks {
 
 #[cfg(not(feature = "test-hooks"))]
 mod hooks {
+    use ebs_node_core::steps::{Op, Step};
     use ebs_store::Phase;
 
     /// No flags: a release build neither lists nor accepts the test hooks.
@@ -80,7 +115,7 @@ mod hooks {
         }
 
         #[inline(always)]
-        pub fn reached(&self, _op: &str, _step: &str, _phase: Phase) {}
+        pub fn reached(&self, _op: Op, _step: Step, _phase: Phase) {}
     }
 
     pub fn apply(_: &HookArgs) {}
@@ -144,10 +179,25 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            s.args.test_hooks.crash_after.as_deref(),
-            Some("stage.format.intent")
+            s.args.test_hooks.crash_after,
+            Some("stage.format.intent".parse().unwrap())
         );
         assert!(s.args.test_hooks.bench_lazy_journal);
+        // A point the journal never writes is refused at start, not waited for.
+        for bad in [
+            "stage.mkfs.intent",
+            "stage.format.begun",
+            "staging.format.intent",
+            "stage.format",
+            "stage.format.intent.x",
+        ] {
+            let e = parse(&["--crash-after", bad]).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad}: {e}"
+            );
+        }
         let help = Serve::command().render_long_help().to_string();
         assert!(!help.contains("crash-after"), "{help}");
     }

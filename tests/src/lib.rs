@@ -6,6 +6,7 @@ pub mod addons;
 mod agent;
 pub mod apiserver;
 pub mod controller_cases;
+pub mod crash_points;
 pub mod csi_req;
 pub mod fake_controller;
 pub mod http;

@@ -6,3 +6,4 @@
 
 pub mod config;
 pub mod request;
+pub mod steps;

@@ -16,6 +16,7 @@ use super::volume_device::VolumeDevice;
 use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
+use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::EntryFd;
 use ebs_node_host::device;
 
@@ -62,10 +63,10 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     let device = held.path();
     let mounted = check_mounts(ctx, cmd, &staged)?;
 
-    let journal = Journal::new(&ctx.store, vol, "expand", ctx.crash_after());
+    let journal = Journal::new(&ctx.store, vol, Op::Expand, ctx.crash_after());
     held.reverify(ctx)?;
     journal.step(
-        "refresh_size",
+        Step::RefreshSize,
         detail([("device", path_string(device))]),
         Durability::Lazy,
         || ctx.backend.refresh_size(device),
@@ -96,7 +97,7 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     };
     tracing::info!(volume = vol, bytes = size, grown, "expanded");
     journal.note(
-        "expanded",
+        Step::Expanded,
         Phase::Done,
         detail([("bytes", size.to_string()), ("grown", grown.to_string())]),
     );

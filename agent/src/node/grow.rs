@@ -11,6 +11,7 @@ use super::journal::{Journal, detail};
 use super::path_string;
 use crate::error::{Error, Result};
 use ebs_node_core::request::FsType;
+use ebs_node_core::steps::Step;
 use ebs_node_host::anchor::EntryFd;
 use ebs_node_host::device;
 
@@ -73,7 +74,7 @@ fn grow_when_larger(
         return Ok(false);
     }
     journal.step(
-        "grow",
+        Step::Grow,
         detail([
             ("device", path_string(device)),
             ("from_bytes", fs_bytes.to_string()),

@@ -12,6 +12,7 @@ use ebs_store::{Durability, Phase, Store, StoreError, Writer};
 use super::lock;
 use crate::error::Result;
 use crate::test_hooks::CrashPoint;
+use ebs_node_core::steps::{Op, Step};
 
 /// Extra facts for one journal line (device, UUID, paths, options).
 pub type Detail = BTreeMap<String, String>;
@@ -24,16 +25,16 @@ pub fn detail<const N: usize>(pairs: [(&str, String); N]) -> Detail {
 pub struct Journal<'a> {
     store: &'a Store,
     volume: &'a str,
-    op: &'static str,
+    op: Op,
     crash_after: &'a CrashPoint,
     /// When each open step's intent was committed, for the step-duration metric.
-    intents: Mutex<BTreeMap<String, Instant>>,
+    intents: Mutex<BTreeMap<Step, Instant>>,
     /// Lazy lines not yet written: they ride along with the next commit of this operation, or
     /// are written when it ends. A lazy line is lost in a crash either way (redb keeps lazy
     /// commits in memory until a durable one), so holding it here changes nothing about what
     /// survives; it only saves a write transaction per line, and every transaction queues on
     /// redb's one writer lock behind whichever fsync is in flight.
-    pending: Mutex<Vec<(String, Phase, Detail)>>,
+    pending: Mutex<Vec<(Step, Phase, Detail)>>,
     /// Whether this operation committed anything yet.
     committed: AtomicBool,
 }
@@ -42,15 +43,10 @@ pub struct Journal<'a> {
 /// call that ended in them changed nothing there, so its lines are kept only for a volume the
 /// node knows. Otherwise every id a CO (or anyone on the socket) names would leave its lines
 /// for good: 2000 stages of unknown ids took the state file from 73 KB to 4.4 MB.
-pub const LOOKING_STEPS: [&str; 2] = ["resolve_device", "verify_identity"];
+const LOOKING_STEPS: [&str; 2] = [Step::LOOKING[0].name(), Step::LOOKING[1].name()];
 
 impl<'a> Journal<'a> {
-    pub fn new(
-        store: &'a Store,
-        volume: &'a str,
-        op: &'static str,
-        crash_after: &'a CrashPoint,
-    ) -> Self {
+    pub fn new(store: &'a Store, volume: &'a str, op: Op, crash_after: &'a CrashPoint) -> Self {
         Journal {
             store,
             volume,
@@ -68,8 +64,8 @@ impl<'a> Journal<'a> {
 
     /// Holds a lazy line with no record attached until the next commit or the end of the
     /// operation.
-    pub fn note(&self, step: &str, phase: Phase, detail: Detail) {
-        lock(&self.pending).push((step.to_string(), phase, detail));
+    pub fn note(&self, step: Step, phase: Phase, detail: Detail) {
+        lock(&self.pending).push((step, phase, detail));
         self.observe_step(step, phase);
         self.maybe_crash(step, phase);
     }
@@ -77,7 +73,7 @@ impl<'a> Journal<'a> {
     /// Commits a journal line, plus any records `also` writes, in one transaction.
     pub fn record(
         &self,
-        step: &str,
+        step: Step,
         phase: Phase,
         detail: Detail,
         durability: Durability,
@@ -87,7 +83,7 @@ impl<'a> Journal<'a> {
         self.store.write(durability, |w| {
             self.write_pending(w)?;
             also(w)?;
-            w.step(self.volume, self.op, step, phase, detail)?;
+            w.step(self.volume, self.op.name(), step.name(), phase, detail)?;
             Ok(())
         })?;
         self.committed.store(true, Ordering::Relaxed);
@@ -100,7 +96,7 @@ impl<'a> Journal<'a> {
     /// Runs one step between an intent and a done line. A failure is journaled too.
     pub fn step<T>(
         &self,
-        step: &str,
+        step: Step,
         detail: Detail,
         durability: Durability,
         f: impl FnOnce() -> Result<T>,
@@ -131,28 +127,33 @@ impl<'a> Journal<'a> {
     /// Moves the lines held so far into `w`.
     fn write_pending(&self, w: &mut Writer) -> std::result::Result<(), StoreError> {
         for (step, phase, detail) in std::mem::take(&mut *lock(&self.pending)) {
-            w.step(self.volume, self.op, &step, phase, detail)?;
+            w.step(self.volume, self.op.name(), step.name(), phase, detail)?;
         }
         Ok(())
     }
 
-    fn observe_step(&self, step: &str, phase: Phase) {
+    fn observe_step(&self, step: Step, phase: Phase) {
         let mut intents = lock(&self.intents);
         match phase {
             Phase::Intent => {
-                intents.insert(step.to_string(), Instant::now());
+                intents.insert(step, Instant::now());
             }
             Phase::Done | Phase::Failed => {
-                if let Some(started) = intents.remove(step) {
+                if let Some(started) = intents.remove(&step) {
                     let ok = matches!(phase, Phase::Done);
-                    crate::metrics::observe_step(self.op, step, ok, started.elapsed());
+                    crate::metrics::observe_step(
+                        self.op.name(),
+                        step.name(),
+                        ok,
+                        started.elapsed(),
+                    );
                 }
             }
         }
     }
 
     /// The crash matrix's kill point (test builds only; a no-op in a release).
-    fn maybe_crash(&self, step: &str, phase: Phase) {
+    fn maybe_crash(&self, step: Step, phase: Phase) {
         self.crash_after.reached(self.op, step, phase);
     }
 }
@@ -168,7 +169,7 @@ impl Drop for Journal<'_> {
             .store
             .write(Durability::Lazy, |w| self.write_pending(w));
         if let Err(e) = result {
-            tracing::warn!(volume = self.volume, op = self.op, error = %e, "journal lines not written");
+            tracing::warn!(volume = self.volume, op = self.op.name(), error = %e, "journal lines not written");
         }
     }
 }
@@ -178,7 +179,7 @@ impl Journal<'_> {
         !self.committed.load(Ordering::Relaxed)
             && lock(&self.pending)
                 .iter()
-                .all(|(step, _, _)| LOOKING_STEPS.contains(&step.as_str()))
+                .all(|(step, _, _)| Step::LOOKING.contains(step))
             && matches!(self.store.knows_volume(self.volume), Ok(false))
     }
 }

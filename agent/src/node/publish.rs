@@ -13,6 +13,7 @@ use super::volume_device::VolumeDevice;
 use super::{NodeCtx, path_handles, path_string, ro_block};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{AccessType, Capability, RequestPath, VolumeId};
+use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::{Anchored, EntryFd};
 use ebs_node_host::mount;
 
@@ -95,7 +96,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     }
 
     // One journal for the call: the bind's done line rides with the "published" commit.
-    let journal = Journal::new(&ctx.store, vol, "publish", ctx.crash_after());
+    let journal = Journal::new(&ctx.store, vol, Op::Publish, ctx.crash_after());
     match published_here {
         Holder::Volume(m) => {
             if m.read_only != readonly {
@@ -124,7 +125,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             // A raw block device may get anything written to it: a format intent stops
             // licensing anything in the commit before the bind (see `format::forget_intent`).
             journal.record(
-                "bind",
+                Step::Bind,
                 Phase::Intent,
                 facts.clone(),
                 Durability::Immediate,
@@ -137,9 +138,13 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             )?;
             if let Err(e) = create_target(&target, block, prior.is_some()) {
                 // Someone made the path in between: the intent must not vouch for their file.
-                journal.record("bind", Phase::Failed, facts, Durability::Immediate, |w| {
-                    w.delete_publication(vol, target_path)
-                })?;
+                journal.record(
+                    Step::Bind,
+                    Phase::Failed,
+                    facts,
+                    Durability::Immediate,
+                    |w| w.delete_publication(vol, target_path),
+                )?;
                 return Err(e);
             }
             if let Source::Device(d) = &source {
@@ -151,7 +156,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             let tag = ro_block::tag(ctx, vol, target_path);
             let ro_device = match &source {
                 Source::Device(d) if readonly => Some(journal.step(
-                    "ro_device",
+                    Step::RoDevice,
                     detail([("device", path_string(d.path())), ("tag", tag.clone())]),
                     Durability::Lazy,
                     || ro_block::lay(d, &tag, prior.is_some()),
@@ -174,14 +179,14 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     e,
                 ));
             }
-            journal.note("bind", Phase::Done, facts);
+            journal.note(Step::Bind, Phase::Done, facts);
         }
     }
     record.progress = Progress::Complete;
     // Lazy: the bind intent (with the record) is already durable; if this line is lost, recovery
     // finds the bind mount and completes the publication.
     journal.record(
-        "published",
+        Step::Published,
         Phase::Done,
         detail([("target", path_string(target_path))]),
         Durability::Lazy,

@@ -18,6 +18,7 @@ use super::ownership::{Expected, Holder, holder_of};
 use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::trim::trim_free_space;
 
 /// Where the caller says the volume is: the CSI-Addons sidecar sends the staging path; a caller
@@ -90,7 +91,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         return Err(not_here());
     };
 
-    let journal = Journal::new(&ctx.store, vol, "reclaim", ctx.crash_after());
+    let journal = Journal::new(&ctx.store, vol, Op::Reclaim, ctx.crash_after());
     let facts = detail([
         ("path", path_string(path)),
         ("device", path_string(&staged.device)),
@@ -99,7 +100,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     // A trim changes no data, so nothing needs resuming after a crash: lazy lines suffice.
     // Sync first: ext4 frees a deleted file's blocks only when its journal commits, and the
     // "before" figure should include data still in the page cache.
-    journal.step("sync", facts.clone(), Durability::Lazy, || {
+    journal.step(Step::Sync, facts.clone(), Durability::Lazy, || {
         nix::unistd::syncfs(&dir)
             .map_err(|e| Error::io(format!("syncfs {}", path.display()), e.into()))
     })?;
@@ -107,7 +108,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         Some(bytes) => (bytes, Measure::StorageAllocated),
         None => (filesystem_used(&dir, path)?, Measure::FilesystemUsed),
     };
-    let trimmed_bytes = journal.step("trim", facts.clone(), Durability::Lazy, || {
+    let trimmed_bytes = journal.step(Step::Trim, facts.clone(), Durability::Lazy, || {
         trim_free_space(&dir).map_err(|e| trim_error(e, path, &mount.fs_type))
     })?;
     let post_bytes =
@@ -128,7 +129,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         ("trimmed_bytes", trimmed_bytes.to_string()),
         ("measure", measure.as_str().to_string()),
     ]));
-    journal.note("reclaimed", Phase::Done, done);
+    journal.note(Step::Reclaimed, Phase::Done, done);
     Ok(Reclaimed {
         pre_bytes,
         post_bytes,

@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use ebs_node_core::request::{
     AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, VolumeId,
 };
+use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::Anchored;
 use ebs_node_host::fstools::FsckOutcome;
 use ebs_node_host::mount;
@@ -40,7 +41,7 @@ pub struct StageCommand {
 
 pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let vol = cmd.volume.as_str();
-    let journal = Journal::new(&ctx.store, vol, "stage", ctx.crash_after());
+    let journal = Journal::new(&ctx.store, vol, Op::Stage, ctx.crash_after());
     check_compatible(ctx, &cmd.volume, &cmd.staging, &cmd.capability)?;
     if let Some(fs) = cmd.capability.fs() {
         ctx.fstools
@@ -51,7 +52,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let _turn = ctx.claims.take(vol, staging_path, Use::Staging, true)?;
 
     let resolved = journal.step(
-        "resolve_device",
+        Step::ResolveDevice,
         detail([("staging", path_string(staging_path))]),
         Durability::Lazy,
         || {
@@ -65,7 +66,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     )?;
     let format = ctx.store.format(vol)?;
     let mut device = journal.step(
-        "verify_identity",
+        Step::VerifyIdentity,
         detail([("device", path_string(&resolved.path))]),
         Durability::Lazy,
         || {
@@ -92,7 +93,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         // out raw from here on, so a format intent stops licensing anything in the same commit.
         record.progress = Progress::Complete;
         journal.record(
-            "staged",
+            Step::Staged,
             Phase::Done,
             detail([("device", path_string(&resolved.path))]),
             Durability::Immediate,
@@ -166,7 +167,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     // and the next call complete an in-progress record whose staging mount is the volume's, so a
     // lost completion costs nothing; it saves one fsync per stage.
     journal.record(
-        "staged",
+        Step::Staged,
         Phase::Done,
         detail([("staging", path_string(staging_path))]),
         Durability::Lazy,
@@ -207,7 +208,7 @@ impl MountSteps<'_> {
             ))
         })?;
         let probed = journal.step(
-            "probe",
+            Step::Probe,
             detail([("device", path_string(device.path()))]),
             Durability::Lazy,
             || probe_with_size(device.path(), fs),
@@ -223,7 +224,7 @@ impl MountSteps<'_> {
         ]);
         let mount_intent = || {
             journal.record(
-                "mount",
+                Step::Mount,
                 Phase::Intent,
                 facts.clone(),
                 Durability::Immediate,
@@ -277,12 +278,12 @@ impl MountSteps<'_> {
             // another path) is not held to this one.
             let mut failed = facts;
             failed.insert("error".into(), e.to_string());
-            let _ = journal.record("mount", Phase::Failed, failed, Durability::Lazy, |w| {
+            let _ = journal.record(Step::Mount, Phase::Failed, failed, Durability::Lazy, |w| {
                 w.delete_staged(vol)
             });
             return Err(e);
         }
-        journal.note("mount", Phase::Done, facts);
+        journal.note(Step::Mount, Phase::Done, facts);
         Ok(size_settled)
     }
 
@@ -305,7 +306,7 @@ impl MountSteps<'_> {
         }
         device.reverify(ctx)?;
         let outcome = journal.step(
-            "check",
+            Step::Check,
             detail([("device", path_string(device.path())), ("uuid", uuid)]),
             Durability::Lazy,
             || Ok(ctx.fstools.check(fs, device.path())?),

@@ -9,6 +9,7 @@ use super::ownership::{Expected, Holder, holder};
 use super::{NodeCtx, path_handles, path_string, ro_block};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::{Anchored, Removed};
 use ebs_node_host::mount::{self, ops::Unmounted};
 
@@ -25,7 +26,7 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     let recorded = record.is_some();
     // A read-only raw block publication binds a read-only device of the agent's (see ro_block).
     let ro_device = record.as_ref().is_some_and(|p| p.block && p.readonly);
-    let journal = Journal::new(&ctx.store, vol, "unpublish", ctx.crash_after());
+    let journal = Journal::new(&ctx.store, vol, Op::Unpublish, ctx.crash_after());
     let facts = detail([("target", path_string(target_path))]);
     let Some(target) = path_handles::lookup(&cmd.target)? else {
         if ro_device {
@@ -64,7 +65,7 @@ fn detach_ro_device(
     let tag = ro_block::tag(ctx, vol, target);
     journal
         .step(
-            "detach_ro_device",
+            Step::DetachRoDevice,
             detail([("tag", tag.clone())]),
             Durability::Lazy,
             || ro_block::remove(&tag),
@@ -84,9 +85,13 @@ fn forget(
         return Ok(());
     }
     // Lazy: if this line is lost, recovery finds the mount gone and drops the record itself.
-    journal.record("unpublished", Phase::Done, facts, Durability::Lazy, |w| {
-        w.delete_publication(vol, cmd.target.as_path())
-    })?;
+    journal.record(
+        Step::Unpublished,
+        Phase::Done,
+        facts,
+        Durability::Lazy,
+        |w| w.delete_publication(vol, cmd.target.as_path()),
+    )?;
     ctx.claims.forget(vol, cmd.target.as_path());
     Ok(())
 }
@@ -124,7 +129,7 @@ pub fn take_down(
                 // Lazy, unlike the intents of publish and stage: nothing resumes from an
                 // unmount's intent. After a crash the host says whether the unmount happened.
                 let done = journal.step(
-                    "unmount",
+                    Step::Unmount,
                     detail([("path", path_string(path))]),
                     Durability::Lazy,
                     || {

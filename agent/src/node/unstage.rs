@@ -11,6 +11,7 @@ use super::unpublish::take_down;
 use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::device::{held_still_claimed, still_claimed};
 
 pub struct UnstageCommand {
@@ -44,7 +45,7 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         )));
     }
 
-    let journal = Journal::new(&ctx.store, vol, "unstage", ctx.crash_after());
+    let journal = Journal::new(&ctx.store, vol, Op::Unstage, ctx.crash_after());
     let facts = detail([("staging", path_string(staging_path))]);
     let mut device = expected.recorded_devnum();
     if let Some(entry) = path_handles::lookup(&cmd.staging)? {
@@ -77,7 +78,7 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         return Ok(());
     }
     // Lazy: if this line is lost, recovery finds the staging mount gone and drops the record.
-    journal.record("unstaged", Phase::Done, facts, Durability::Lazy, |w| {
+    journal.record(Step::Unstaged, Phase::Done, facts, Durability::Lazy, |w| {
         w.delete_staged(vol)
     })?;
     ctx.claims.forget(vol, staging_path);

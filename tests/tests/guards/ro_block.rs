@@ -6,6 +6,7 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
+use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
 use ebs_tests::csi_req::*;
 use ebs_tests::legacy::*;
 use ebs_tests::*;
@@ -206,13 +207,13 @@ async fn a_crash_at_any_step_of_a_read_only_block_publication_leaks_nothing() {
         return;
     }
     let points = [
-        ("publish", "publish.bind.intent"),
-        ("publish", "publish.ro_device.intent"),
-        ("publish", "publish.ro_device.done"),
-        ("publish", "publish.bind.done"),
-        ("unpublish", "unpublish.unmount.done"),
-        ("unpublish", "unpublish.detach_ro_device.intent"),
-        ("unpublish", "unpublish.detach_ro_device.done"),
+        ("publish", cp::intent(J::Publish, S::Bind)),
+        ("publish", cp::intent(J::Publish, S::RoDevice)),
+        ("publish", cp::done(J::Publish, S::RoDevice)),
+        ("publish", cp::done(J::Publish, S::Bind)),
+        ("unpublish", cp::done(J::Unpublish, S::Unmount)),
+        ("unpublish", cp::intent(J::Unpublish, S::DetachRoDevice)),
+        ("unpublish", cp::done(J::Unpublish, S::DetachRoDevice)),
     ];
     for (op, point) in points {
         let scratch = Scratch::new(&format!("g-roblk-{}", point.replace('.', "-")));
@@ -230,7 +231,7 @@ async fn a_crash_at_any_step_of_a_read_only_block_publication_leaks_nothing() {
                 .await
                 .expect("publish");
         }
-        agent.restart(Some(crash_opts(Some(point)))).await;
+        agent.restart(Some(crash_opts(Some(&point)))).await;
         let mut node = agent.node().await;
         let result = if op == "publish" {
             node.node_publish_volume(publish.clone()).await.map(drop)

@@ -2,6 +2,8 @@
 //! the same state, and the retried call must succeed with nothing formatted twice, no data lost
 //! and no mount stacked or missing.
 
+use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
+
 use super::*;
 
 /// An agent ready to crash (`crash_opts`), on a scratch directory named after `prefix` and the
@@ -99,26 +101,28 @@ async fn crash_at(fs: &str, op: Op, point: &str) {
     eprintln!("{point}: recovered");
 }
 
-const STAGE_POINTS: &[&str] = &[
-    "stage.resolve_device.intent",
-    "stage.resolve_device.done",
-    "stage.verify_identity.done",
-    "stage.probe.intent",
-    "stage.probe.done",
-    "stage.format.intent",
-    "stage.format.done",
-    "stage.mount.intent",
-    "stage.mount.done",
-    "stage.staged.done",
-];
+fn stage_points() -> [String; 10] {
+    [
+        cp::intent(J::Stage, S::ResolveDevice),
+        cp::done(J::Stage, S::ResolveDevice),
+        cp::done(J::Stage, S::VerifyIdentity),
+        cp::intent(J::Stage, S::Probe),
+        cp::done(J::Stage, S::Probe),
+        cp::intent(J::Stage, S::Format),
+        cp::done(J::Stage, S::Format),
+        cp::intent(J::Stage, S::Mount),
+        cp::done(J::Stage, S::Mount),
+        cp::done(J::Stage, S::Staged),
+    ]
+}
 
 #[tokio::test]
 async fn crash_matrix_stage_ext4() {
     if !require_root("crash_matrix_stage_ext4") {
         return;
     }
-    for p in STAGE_POINTS {
-        crash_at("ext4", Op::Stage, p).await;
+    for p in stage_points() {
+        crash_at("ext4", Op::Stage, &p).await;
     }
 }
 
@@ -127,8 +131,8 @@ async fn crash_matrix_stage_xfs() {
     if !require_root("crash_matrix_stage_xfs") {
         return;
     }
-    for p in STAGE_POINTS {
-        crash_at("xfs", Op::Stage, p).await;
+    for p in stage_points() {
+        crash_at("xfs", Op::Stage, &p).await;
     }
 }
 
@@ -138,17 +142,17 @@ async fn crash_matrix_publish_unpublish_unstage() {
         return;
     }
     for (op, p) in [
-        (Op::Publish, "publish.bind.intent"),
-        (Op::Publish, "publish.bind.done"),
-        (Op::Publish, "publish.published.done"),
-        (Op::Unpublish, "unpublish.unmount.intent"),
-        (Op::Unpublish, "unpublish.unmount.done"),
-        (Op::Unpublish, "unpublish.unpublished.done"),
-        (Op::Unstage, "unstage.unmount.intent"),
-        (Op::Unstage, "unstage.unmount.done"),
-        (Op::Unstage, "unstage.unstaged.done"),
+        (Op::Publish, cp::intent(J::Publish, S::Bind)),
+        (Op::Publish, cp::done(J::Publish, S::Bind)),
+        (Op::Publish, cp::done(J::Publish, S::Published)),
+        (Op::Unpublish, cp::intent(J::Unpublish, S::Unmount)),
+        (Op::Unpublish, cp::done(J::Unpublish, S::Unmount)),
+        (Op::Unpublish, cp::done(J::Unpublish, S::Unpublished)),
+        (Op::Unstage, cp::intent(J::Unstage, S::Unmount)),
+        (Op::Unstage, cp::done(J::Unstage, S::Unmount)),
+        (Op::Unstage, cp::done(J::Unstage, S::Unstaged)),
     ] {
-        crash_at("ext4", op, p).await;
+        crash_at("ext4", op, &p).await;
     }
 }
 
@@ -208,14 +212,14 @@ async fn crash_matrix_restage_ext4() {
         return;
     }
     for p in [
-        "stage.probe.done",
-        "stage.check.intent",
-        "stage.check.done",
-        "stage.mount.intent",
-        "stage.mount.done",
-        "stage.staged.done",
+        cp::done(J::Stage, S::Probe),
+        cp::intent(J::Stage, S::Check),
+        cp::done(J::Stage, S::Check),
+        cp::intent(J::Stage, S::Mount),
+        cp::done(J::Stage, S::Mount),
+        cp::done(J::Stage, S::Staged),
     ] {
-        crash_restage_at(p).await;
+        crash_restage_at(&p).await;
     }
 }
 
@@ -227,14 +231,14 @@ async fn crash_matrix_expand_xfs() {
         return;
     }
     for point in [
-        "expand.refresh_size.intent",
-        "expand.refresh_size.done",
-        "expand.grow.intent",
-        "expand.grow.done",
-        "expand.expanded.done",
+        cp::intent(J::Expand, S::RefreshSize),
+        cp::done(J::Expand, S::RefreshSize),
+        cp::intent(J::Expand, S::Grow),
+        cp::done(J::Expand, S::Grow),
+        cp::done(J::Expand, S::Expanded),
     ] {
         let (_scratch, mut agent, c) =
-            crash_agent_with_volume("crash-expand", point, "exp", 320 << 20, "xfs").await;
+            crash_agent_with_volume("crash-expand", &point, "exp", 320 << 20, "xfs").await;
         let vol = c.vol.clone();
         call(&agent, &c, Op::Stage).await.unwrap();
         call(&agent, &c, Op::Publish).await.unwrap();
@@ -253,7 +257,7 @@ async fn crash_matrix_expand_xfs() {
             volume_capability: Some(c.cap.clone()),
             ..Default::default()
         };
-        agent.restart(Some(crash_opts(Some(point)))).await;
+        agent.restart(Some(crash_opts(Some(&point)))).await;
         let r = agent.node().await.node_expand_volume(expand.clone()).await;
         assert!(
             agent.wait_exit(Duration::from_secs(20)).await.is_some(),

@@ -1,6 +1,8 @@
 //! Recovery beyond a killed call: a reboot behind the agent's back, a swapped device, a corrupt
 //! state file, `status` with the agent stopped, and an interrupted mkfs.
 
+use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
+
 use super::*;
 
 #[tokio::test]
@@ -202,7 +204,7 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
     for leftover in ["own-superblock", "metadata-only", "foreign"] {
         let (_scratch, mut agent, c) = agent_with_volume(
             &format!("mkfs-{leftover}"),
-            crash_opts(Some("stage.format.intent")),
+            crash_opts(Some(&cp::intent(J::Stage, S::Format))),
             "m",
             64 << 20,
             "ext4",

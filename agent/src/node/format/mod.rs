@@ -18,6 +18,7 @@ use super::path_string;
 use super::volume_device::VolumeDevice;
 use crate::error::{Error, Result};
 use ebs_node_core::request::{FormatOptions, FsType};
+use ebs_node_core::steps::Step;
 use ebs_node_host::attachment;
 use ebs_node_host::blkid::{self, ProbeOutcome, Signature};
 use ebs_node_host::fstools::filesystem_bytes_of;
@@ -294,7 +295,7 @@ pub fn format_device(
     ctx.fstools.check_size(fs, device.path(), options)?;
     let intent = format_record(&vol, fs, uuid, device, FormatState::Intent);
     journal.record(
-        "format",
+        Step::Format,
         Phase::Intent,
         facts.clone(),
         Durability::Immediate,
@@ -310,7 +311,7 @@ pub fn format_device(
         let mut failed = facts;
         failed.insert("error".into(), e.to_string());
         if let Err(j) = journal.record(
-            "format",
+            Step::Format,
             Phase::Failed,
             failed,
             Durability::Immediate,
@@ -323,9 +324,13 @@ pub fn format_device(
     tracing::info!(volume = %vol, device = %device.path().display(), %fs, uuid,
         ms = started.elapsed().as_millis() as u64, "formatted");
     let done = format_record(&vol, fs, uuid, device, FormatState::Done);
-    journal.record("format", Phase::Done, facts, Durability::Immediate, |w| {
-        w.put_format(&done)
-    })
+    journal.record(
+        Step::Format,
+        Phase::Done,
+        facts,
+        Durability::Immediate,
+        |w| w.put_format(&done),
+    )
 }
 
 /// A random (version 4) UUID for mkfs, chosen before mkfs runs so that the journal knows it.
