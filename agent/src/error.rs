@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use ebs_node_core::format::FormatError;
 use ebs_node_core::request::ValidationError;
 use ebs_node_host::command::CommandError;
 use ebs_node_host::fstools::FsToolError;
@@ -118,6 +119,29 @@ impl From<FsToolError> for Error {
             }
             e @ FsToolError::NonUtf8Path(_) => Error::Internal(e.to_string()),
             FsToolError::Command(e) => Error::Command(e),
+        }
+    }
+}
+
+/// The never-format rule's refusals, as the domain's: the same messages as before the rule
+/// moved to the core.
+impl From<FormatError> for Error {
+    fn from(e: FormatError) -> Self {
+        match e {
+            FormatError::NotBlank { device, found } => Error::NotBlank { device, found },
+            FormatError::WrongDevice {
+                volume,
+                device,
+                reason,
+            } => Error::WrongDevice {
+                volume,
+                device,
+                reason,
+            },
+            e @ (FormatError::NothingToMount { .. }
+            | FormatError::EmptyDevice { .. }
+            | FormatError::Unprovable { .. }) => Error::Precondition(e.to_string()),
+            FormatError::Io { context, source } => Error::Io { context, source },
         }
     }
 }

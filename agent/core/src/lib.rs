@@ -4,6 +4,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod blank;
 pub mod config;
+pub mod format;
+pub mod probe;
 pub mod request;
 pub mod steps;

@@ -4,6 +4,7 @@
 //! on this device?" are declared. We deliberately avoid bindgen/-sys crates so
 //! every foreign call can be reviewed in this one file.
 
+use ebs_node_core::probe::{ProbeOutcome, Signature};
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -59,29 +60,6 @@ pub enum BlkidError {
     },
     #[error("libblkid returned unexpected code {code} probing {path:?}")]
     Unexpected { path: PathBuf, code: i32 },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Signature {
-    /// blkid `TYPE` (filesystem, raid, crypto, swap...) or, when no
-    /// superblock was found, `PTTYPE` (e.g. "gpt", "dos").
-    pub type_name: String,
-    /// `UUID` for superblocks, `PTUUID` for partition tables.
-    pub uuid: Option<String>,
-    /// blkid `USAGE`: "filesystem", "raid", "crypto" or "other".
-    pub usage: Option<String>,
-    pub label: Option<String>,
-    pub is_partition_table: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProbeOutcome {
-    /// libblkid recognised nothing. This is NOT proof of blankness (a
-    /// damaged superblock is invisible to it); see `host::blank`.
-    Blank,
-    Found(Signature),
-    /// Several conflicting signatures: the device must be treated as in use.
-    Ambivalent,
 }
 
 /// Owns a probe handle so it is freed on every return path, including panics.

@@ -16,7 +16,8 @@ use ebs_store::{
 use crate::backend::loopback::file_inode;
 use crate::cli::RecoverArgs;
 use crate::server::STATE_FILE;
-use ebs_node_host::blkid::{self, ProbeOutcome};
+use ebs_node_core::probe::ProbeOutcome;
+use ebs_node_host::blkid;
 use ebs_node_host::device::block_devnum;
 use ebs_node_host::loopdev;
 use ebs_node_host::mount::table::MountTable;

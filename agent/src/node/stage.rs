@@ -12,7 +12,7 @@ use ebs_store::{
 use super::claims::Use;
 use super::compat::{access_record, check_compatible, verify_identity};
 use super::format::{
-    Decision, Existing, HeldEvidence, decide, forget_intent, format_device, format_record,
+    self, Decision, Existing, HeldEvidence, decide, forget_intent, format_device, format_record,
     probe_with_size,
 };
 use super::grow::{grow_if_needed, grow_offline_if_needed};
@@ -232,7 +232,8 @@ impl MountSteps<'_> {
             )
         };
         let evidence = HeldEvidence { ctx, device };
-        let decision = decide(&evidence, vol, fs, self.format, probed, self.readonly)?;
+        let record = self.format.map(format::view);
+        let decision = decide(&evidence, vol, fs, record, probed, self.readonly)?;
         let size_settled = match decision {
             Decision::Format { uuid } => {
                 format_device(ctx, journal, fs, device, &uuid, &self.cmd.format)?;

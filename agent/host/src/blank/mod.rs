@@ -15,60 +15,15 @@
 mod extents;
 mod windows;
 
-use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
+pub use ebs_node_core::blank::{Coverage, NonBlank, Proof};
 pub use extents::{BackingFile, EXTENT_READ_BUDGET, prove_backing};
-pub use windows::{SPREAD_WINDOW, SPREAD_WINDOWS, prove_windows};
+pub use windows::prove_windows;
 
 const MIB: u64 = 1 << 20;
-
-/// What the proof found that is not blank.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NonBlank {
-    /// The device offset of the first byte found (or first byte not proven).
-    pub offset: u64,
-    /// In words, for the refusal.
-    pub what: String,
-}
-
-/// What a proof covered: said in the log and in a refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Coverage {
-    /// Every allocated byte of the backing file; `read` of them were read (allocated extents that
-    /// must be proven zero).
-    Allocated { read: u64 },
-    /// `windows` windows, `read` bytes in all.
-    Windows { windows: usize, read: u64 },
-}
-
-impl fmt::Display for Coverage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Coverage::Allocated { read } => write!(
-                f,
-                "the proof over every allocated byte of the volume file ({read} bytes read)"
-            ),
-            Coverage::Windows { windows, read } => write!(
-                f,
-                "the proof over {windows} windows of the device ({read} bytes read: the first and \
-                 last MiB, the known superblock offsets, {SPREAD_WINDOWS} windows of {} KiB \
-                 spread evenly)",
-                SPREAD_WINDOW / 1024
-            ),
-        }
-    }
-}
-
-/// A proof's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Proof {
-    /// None: every byte covered is zero.
-    pub found: Option<NonBlank>,
-    pub coverage: Coverage,
-}
 
 /// Whether the device carries a superblock (even one libblkid rejects: a checksum not yet
 /// written by an interrupted mkfs) with exactly this UUID: ext's at byte 1024, xfs's at 0.

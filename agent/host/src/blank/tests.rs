@@ -2,6 +2,7 @@ use super::extents::prove_extents;
 use super::windows::layout;
 use super::*;
 use crate::loopdev::test_support::{Loop, TempFile, root_or_skip};
+use ebs_node_core::blank::{SPREAD_WINDOW, SPREAD_WINDOWS};
 use std::io::Write;
 use std::process::Command;
 

@@ -1,8 +1,8 @@
 //! The blank proof of a block device with no backing file (EBS, any disk): a bounded sample whose
 //! coverage is stated. It reads the first and last MiB (every partition table, LVM, LUKS, md,
 //! swap and filesystem signature starts there), the known superblock offsets (ext's backup
-//! superblocks, xfs's allocation-group headers of its default geometry) and [`SPREAD_WINDOWS`]
-//! windows of [`SPREAD_WINDOW`] bytes spread evenly over the device: about 18 MiB whatever the
+//! superblocks, xfs's allocation-group headers of its default geometry) and `SPREAD_WINDOWS`
+//! windows of `SPREAD_WINDOW` (the core's `blank`) bytes spread evenly over the device: about 18 MiB whatever the
 //! device's size. Any data run at least one spacing long (device size / 256, plus 64 KiB) is
 //! always seen; a shorter one only if it touches a window.
 //!
@@ -18,10 +18,7 @@ use std::path::PathBuf;
 
 use super::{Coverage, MIB, Proof, data_at, first_nonzero};
 use crate::direct_read::{AlignedBuf, open_direct, read_exact_direct};
-
-/// How many windows are spread evenly over the device, and how long each is.
-pub const SPREAD_WINDOWS: u64 = 256;
-pub const SPREAD_WINDOW: u64 = 64 * 1024;
+use ebs_node_core::blank::{SPREAD_WINDOW, SPREAD_WINDOWS};
 
 /// A superblock-sized window at a known offset.
 const SB_WINDOW: u64 = 4096;

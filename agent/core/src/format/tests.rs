@@ -9,13 +9,10 @@ use std::cell::RefCell;
 use std::io;
 use std::path::Path;
 
-use ebs_node_core::request::FsType;
-use ebs_node_host::blank::{Coverage, NonBlank, Proof};
-use ebs_node_host::blkid::{ProbeOutcome, Signature};
-use ebs_store::{DeviceIdentity, FormatRecord, FormatState};
-
-use super::{Decision, DeviceEvidence, Existing, Probed, decide};
-use crate::error::{Error, Result};
+use super::{Decision, DeviceEvidence, Existing, FormatError, FormatView, Probed, decide};
+use crate::blank::{Coverage, NonBlank, Proof};
+use crate::probe::{ProbeOutcome, Signature};
+use crate::request::FsType;
 
 const NOW: &str = "boot-1:7";
 const BEFORE: &str = "boot-0:3";
@@ -72,7 +69,7 @@ impl DeviceEvidence for Double {
         self.read("carries_uuid");
         Ok(self.carries == Some(uuid))
     }
-    fn prove_blank(&self, _size: u64) -> Result<Proof> {
+    fn prove_blank(&self, _size: u64) -> Result<Proof, FormatError> {
         self.read("prove_blank");
         let coverage = Coverage::Windows {
             windows: 256,
@@ -86,10 +83,13 @@ impl DeviceEvidence for Double {
                 }),
                 coverage,
             }),
-            Err(why) => Err(Error::Precondition(why.into())),
+            Err(why) => Err(FormatError::Unprovable {
+                device: self.path().to_path_buf(),
+                why: why.into(),
+            }),
         }
     }
-    fn fresh_uuid(&self) -> Result<String> {
+    fn fresh_uuid(&self) -> Result<String, FormatError> {
         self.read("fresh_uuid");
         Ok("fresh".into())
     }
@@ -105,24 +105,21 @@ fn fs_sig(fs: &str, uuid: &str) -> ProbeOutcome {
     })
 }
 
-fn record(state: FormatState, uuid: &str, attachment: Option<&str>) -> FormatRecord {
-    FormatRecord {
-        volume_id: "vol".into(),
-        fs_type: "ext4".into(),
-        uuid: uuid.into(),
-        identity: DeviceIdentity::Unverified,
-        state,
-        at_unix_ms: 0,
-        attachment: attachment.map(str::to_string),
+fn record(done: bool, uuid: &'static str, attachment: Option<&'static str>) -> FormatView<'static> {
+    FormatView {
+        fs_type: "ext4",
+        uuid,
+        done,
+        attachment,
     }
 }
 
-fn intent(uuid: &str, attachment: Option<&str>) -> Option<FormatRecord> {
-    Some(record(FormatState::Intent, uuid, attachment))
+fn intent(uuid: &'static str, attachment: Option<&'static str>) -> Option<FormatView<'static>> {
+    Some(record(false, uuid, attachment))
 }
 
-fn done(uuid: &str) -> Option<FormatRecord> {
-    Some(record(FormatState::Done, uuid, None))
+fn done(uuid: &'static str) -> Option<FormatView<'static>> {
+    Some(record(true, uuid, None))
 }
 
 #[derive(Debug)]
@@ -131,14 +128,16 @@ enum Want {
     Check { uuid: &'static str, adopt: bool },
     NotBlank(&'static str),
     WrongDevice(&'static str),
-    Precondition(&'static str),
+    NothingToMount,
+    EmptyDevice,
+    Unprovable,
     Io(&'static str),
 }
 
 struct Row {
     name: &'static str,
     probe: ProbeOutcome,
-    record: Option<FormatRecord>,
+    record: Option<FormatView<'static>>,
     readonly: bool,
     device: Double,
     want: Want,
@@ -146,7 +145,12 @@ struct Row {
     reads: &'static [&'static str],
 }
 
-fn row(name: &'static str, probe: ProbeOutcome, record: Option<FormatRecord>, want: Want) -> Row {
+fn row(
+    name: &'static str,
+    probe: ProbeOutcome,
+    record: Option<FormatView<'static>>,
+    want: Want,
+) -> Row {
     Row {
         name,
         probe,
@@ -182,12 +186,12 @@ fn check(row: Row) {
         &row.device,
         "vol",
         FsType::Ext4,
-        row.record.as_ref(),
+        row.record,
         probed,
         row.readonly,
     );
     let name = row.name;
-    let text = |e: &Error| e.to_string();
+    let text = |e: &FormatError| e.to_string();
     match (&row.want, &got) {
         (Want::Format(uuid), Ok(Decision::Format { uuid: got })) => assert_eq!(got, uuid, "{name}"),
         (Want::Check { uuid, adopt }, Ok(Decision::Check(found))) => assert_eq!(
@@ -199,12 +203,16 @@ fn check(row: Row) {
             },
             "{name}"
         ),
-        (Want::NotBlank(part), Err(e @ Error::NotBlank { .. }))
-        | (Want::WrongDevice(part), Err(e @ Error::WrongDevice { .. }))
-        | (Want::Precondition(part), Err(e @ Error::Precondition(_)))
-        | (Want::Io(part), Err(e @ Error::Io { .. })) => {
+        (Want::NotBlank(part), Err(e @ FormatError::NotBlank { .. }))
+        | (Want::WrongDevice(part), Err(e @ FormatError::WrongDevice { .. }))
+        | (Want::Io(part), Err(e @ FormatError::Io { .. })) => {
             assert!(text(e).contains(part), "{name}: {e} does not say {part:?}")
         }
+        (Want::NothingToMount, Err(FormatError::NothingToMount { volume })) => {
+            assert_eq!(volume, "vol", "{name}")
+        }
+        (Want::EmptyDevice, Err(FormatError::EmptyDevice { .. }))
+        | (Want::Unprovable, Err(FormatError::Unprovable { .. })) => {}
         (want, got) => panic!("{name}: wanted {want:?}, got {got:?}"),
     }
     assert_eq!(
@@ -421,24 +429,19 @@ fn a_device_blkid_calls_blank_is_formatted_only_when_proven_blank_or_ours() {
             "no proof possible: refused",
             blank(),
             None,
-            Want::Precondition("cannot be proven"),
+            Want::Unprovable,
         )
         .device(Double {
             proof: Err("/dev/double cannot be proven blank"),
             ..d()
         })
         .reads(&["size", "prove_blank"]),
-        row(
-            "size 0: refused",
-            blank(),
-            None,
-            Want::Precondition("size of 0 bytes"),
-        )
-        .device(Double {
-            size: Some(0),
-            ..d()
-        })
-        .reads(&["size"]),
+        row("size 0: refused", blank(), None, Want::EmptyDevice)
+            .device(Double {
+                size: Some(0),
+                ..d()
+            })
+            .reads(&["size"]),
         row(
             "size unreadable: an error",
             blank(),
@@ -464,14 +467,14 @@ fn a_device_blkid_calls_blank_is_formatted_only_when_proven_blank_or_ours() {
             "read-only, nothing to mount",
             blank(),
             None,
-            Want::Precondition("has no filesystem and the capability is read-only"),
+            Want::NothingToMount,
         )
         .readonly(),
         row(
             "read-only, licensed intent: not formatted",
             blank(),
             intent(OURS, Some(NOW)),
-            Want::Precondition("read-only"),
+            Want::NothingToMount,
         )
         .readonly()
         .reads(&["attachment"]),
