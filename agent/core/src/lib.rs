@@ -3,6 +3,14 @@
 //! parses into these types, and the host crate acts on them.
 
 #![forbid(unsafe_code)]
+// Sizes, offsets and device numbers are handled here: a cast that could truncate, wrap or drop
+// a sign is refused (a try_from, or an allow that says why the value fits).
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
 
 pub mod blank;
 pub mod config;

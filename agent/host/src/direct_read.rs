@@ -14,8 +14,9 @@ const ALIGN: usize = 4096;
 /// Reads `len` bytes at `offset` with O_DIRECT. `offset` and `len` are rounded out to 4 KiB; the
 /// answer is the requested bytes only. A device that ends early gives `UnexpectedEof`.
 pub fn read_direct(device: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let start = offset - offset % ALIGN as u64;
-    let skip = (offset - start) as usize;
+    let align = ALIGN as u64; // 4 KiB
+    let start = offset - offset % align;
+    let skip = usize::try_from(offset - start).map_err(io::Error::other)?; // below 4 KiB
     let span = (skip + len).div_ceil(ALIGN) * ALIGN;
     let file = open_direct(device)?;
     let mut buf = AlignedBuf::new(span)?;

@@ -92,7 +92,7 @@ fn copy_range(from: &File, to: &File, start: u64, len: u64) -> io::Result<()> {
 fn copy_by_reads(from: &File, to: &File, mut pos: u64, end: u64) -> io::Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     while pos < end {
-        let want = ((end - pos) as usize).min(buf.len());
+        let want = usize::try_from(end - pos).map_or(buf.len(), |left| left.min(buf.len()));
         let n = from.read_at(&mut buf[..want], pos)?;
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());

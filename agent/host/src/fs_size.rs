@@ -55,5 +55,7 @@ pub fn mounted_bytes(fs: FsType, device: &Path, mount_point: &Path) -> io::Resul
     // SAFETY: dir is an open file of the xfs mount; &mut geo is a valid, writable struct of the
     // size the request number encodes (checked above), alive for the whole call.
     unsafe { sys::xfs_fsgeometry_v1(dir.as_raw_fd(), &mut geo) }.map_err(io::Error::from)?;
-    Ok(geo.datablocks * geo.blocksize as u64)
+    geo.datablocks
+        .checked_mul(u64::from(geo.blocksize))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "xfs geometry overflows"))
 }

@@ -342,6 +342,13 @@ pub fn filesystem_bytes(fs: FsType, device: &Path) -> std::io::Result<u64> {
     filesystem_bytes_of(fs, &std::fs::File::open(device)?)
 }
 
+fn superblock_lies(fs: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("the {fs} superblock's size overflows 64 bits"),
+    )
+}
+
 /// As [`filesystem_bytes`], through a device that is already open.
 pub fn filesystem_bytes_of(fs: FsType, file: &std::fs::File) -> std::io::Result<u64> {
     use std::os::unix::fs::FileExt;
@@ -349,14 +356,17 @@ pub fn filesystem_bytes_of(fs: FsType, file: &std::fs::File) -> std::io::Result<
     match fs {
         FsType::Xfs => {
             file.read_exact_at(&mut sb, 0)?;
-            let block = u32::from_be_bytes([sb[4], sb[5], sb[6], sb[7]]) as u64;
+            let block = u64::from(u32::from_be_bytes([sb[4], sb[5], sb[6], sb[7]]));
             let mut d = [0u8; 8];
             d.copy_from_slice(&sb[8..16]);
-            Ok(u64::from_be_bytes(d) * block)
+            // The superblock is the device's, not ours: a size that overflows is no size.
+            u64::from_be_bytes(d)
+                .checked_mul(block)
+                .ok_or_else(|| superblock_lies("xfs"))
         }
         _ => {
             file.read_exact_at(&mut sb, 1024)?;
-            let lo = u32::from_le_bytes([sb[4], sb[5], sb[6], sb[7]]) as u64;
+            let lo = u64::from(u32::from_le_bytes([sb[4], sb[5], sb[6], sb[7]]));
             let log = u32::from_le_bytes([sb[24], sb[25], sb[26], sb[27]]);
             let mut blocks = lo;
             // 64bit feature: the high half of the block count lives at 0x150, inside the 512
@@ -364,9 +374,11 @@ pub fn filesystem_bytes_of(fs: FsType, file: &std::fs::File) -> std::io::Result<
             let incompat = u32::from_le_bytes([sb[96], sb[97], sb[98], sb[99]]);
             if incompat & 0x80 != 0 {
                 let hi = u32::from_le_bytes([sb[0x150], sb[0x151], sb[0x152], sb[0x153]]);
-                blocks |= (hi as u64) << 32;
+                blocks |= u64::from(hi) << 32;
             }
-            Ok(blocks << (10 + log.min(6)))
+            blocks
+                .checked_mul(1 << (10 + log.min(6)))
+                .ok_or_else(|| superblock_lies("ext"))
         }
     }
 }
@@ -374,6 +386,37 @@ pub fn filesystem_bytes_of(fs: FsType, file: &std::fs::File) -> std::io::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A superblock is the device's, and a device may be anyone's: a size that overflows is an
+    /// error, not a panic (debug) or a wrapped, small size (release) that a grow would trust.
+    #[test]
+    fn a_superblock_whose_size_overflows_is_refused() {
+        use std::os::unix::fs::FileExt;
+        let t = crate::loopdev::test_support::TempFile::sparse("sb-overflow", 4096);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&t.0)
+            .unwrap();
+        // xfs: block size 64 KiB, 2^60 data blocks.
+        f.write_all_at(&65536u32.to_be_bytes(), 4).unwrap();
+        f.write_all_at(&(1u64 << 60).to_be_bytes(), 8).unwrap();
+        let e = filesystem_bytes_of(FsType::Xfs, &f).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        // ext4, 64bit: 2^63 blocks of 64 KiB.
+        f.write_all_at(&[0u8; 1024], 1024).unwrap();
+        f.write_all_at(&6u32.to_le_bytes(), 1024 + 24).unwrap();
+        f.write_all_at(&0x80u32.to_le_bytes(), 1024 + 96).unwrap();
+        f.write_all_at(&(1u32 << 31).to_le_bytes(), 1024 + 0x150)
+            .unwrap();
+        let e = filesystem_bytes_of(FsType::Ext4, &f).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        // A sane ext4: 1000 blocks of 4 KiB.
+        f.write_all_at(&[0u8; 1024], 1024).unwrap();
+        f.write_all_at(&1000u32.to_le_bytes(), 1024 + 4).unwrap();
+        f.write_all_at(&2u32.to_le_bytes(), 1024 + 24).unwrap();
+        assert_eq!(filesystem_bytes_of(FsType::Ext4, &f).unwrap(), 4_096_000);
+    }
 
     const MKFS_XFS_TOO_SMALL: &str = "Filesystem must be larger than 300MB.\nUsage: mkfs.xfs\n\
         /* blocksize */\t\t[-b size=num]\n/* config file */\t[-c options=xxx]\n\

@@ -2,6 +2,15 @@
 //! The only crate of the workspace allowed `unsafe`, one module at a time (below); each block
 //! carries its SAFETY invariant. It knows the core's request types and nothing of gRPC.
 
+// Sizes, offsets and device numbers are handled here: a cast that could truncate, wrap or drop
+// a sign is refused (a try_from, or an allow that says why the value fits).
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 pub mod anchor;
 pub mod attachment;
 pub mod blank;

@@ -126,7 +126,7 @@ impl FormatOptions {
         }
         if let Some(v) = keys.get("numberOfInodes") {
             only("numberOfInodes", fs.is_ext())?;
-            o.number_of_inodes = Some(number("numberOfInodes", v, 1, u32::MAX as u64, false)?);
+            o.number_of_inodes = Some(number("numberOfInodes", v, 1, u64::from(u32::MAX), false)?);
         }
         if let Some(v) = keys.get("ext4BigAlloc") {
             only("ext4BigAlloc", fs == FsType::Ext4)?;

@@ -346,7 +346,7 @@ pub fn entry_stat(st: &Statx) -> EntryStat {
     let unique = mask.contains(StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE));
     let has_id = unique || mask.contains(StatxFlags::MNT_ID);
     EntryStat {
-        kind: FileType::from_raw_mode(st.stx_mode as u32),
+        kind: FileType::from_raw_mode(u32::from(st.stx_mode)),
         dev: (st.stx_dev_major, st.stx_dev_minor),
         rdev: (st.stx_rdev_major, st.stx_rdev_minor),
         ino: st.stx_ino,

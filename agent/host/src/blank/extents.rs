@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use rustix::fs::SeekFrom;
 use rustix::io::Errno;
 
-use super::{Coverage, MIB, NonBlank, Proof, data_at, first_nonzero};
+use super::{Coverage, MIB, MIB_LEN, NonBlank, Proof, data_at, first_nonzero};
 
 /// The most allocated bytes the proof reads before it gives up: a volume file that much of
 /// which is allocated is not proven blank (punch its holes: `blkdiscard` the device, or
@@ -42,7 +42,7 @@ pub(super) fn prove_extents(
     let file = &backing.file;
     let (first, end) = (backing.offset, backing.offset.saturating_add(size));
     let mut read = 0u64;
-    let mut buf = vec![0u8; MIB as usize];
+    let mut buf = vec![0u8; MIB_LEN];
     let mut pos = first;
     while pos < end {
         let data = match rustix::fs::seek(file, SeekFrom::Data(pos)) {

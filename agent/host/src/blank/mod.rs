@@ -24,6 +24,8 @@ pub use extents::{BackingFile, EXTENT_READ_BUDGET, prove_backing};
 pub use windows::prove_windows;
 
 const MIB: u64 = 1 << 20;
+/// A MiB as a buffer length.
+const MIB_LEN: usize = 1 << 20;
 
 /// Whether the device carries a superblock (even one libblkid rejects: a checksum not yet
 /// written by an interrupted mkfs) with exactly this UUID: ext's at byte 1024, xfs's at 0.

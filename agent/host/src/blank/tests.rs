@@ -93,7 +93,7 @@ fn windows_see_a_run_one_spacing_long_anywhere() {
     let spacing = size / SPREAD_WINDOWS + SPREAD_WINDOW;
     for start in [MIB + 1, 300 * MIB, 331 * MIB + 4096, size - MIB - spacing] {
         let t = TempFile::sparse(&format!("run{start}"), size);
-        poke(&t, start, &vec![0xaa; spacing as usize]);
+        poke(&t, start, &vec![0xaa; usize::try_from(spacing).unwrap()]);
         let hit = windows_hit(&t, size).expect("seen");
         assert!((start..start + spacing).contains(&hit), "{start}: {hit}");
     }
@@ -140,7 +140,7 @@ fn extents_find_any_written_byte_and_accept_zeroed_extents() {
     let size = 600 * MIB;
     let t = TempFile::sparse("extents", size);
     // Allocated but zero: written zeroes and a fallocated range.
-    poke(&t, 100 * MIB, &vec![0; 4 * MIB as usize]);
+    poke(&t, 100 * MIB, &vec![0; 4 * MIB_LEN]);
     let f = std::fs::OpenOptions::new().write(true).open(&t.0).unwrap();
     nix::fcntl::fallocate(
         &f,
@@ -165,9 +165,9 @@ fn extents_find_any_written_byte_and_accept_zeroed_extents() {
 #[test]
 fn extents_beyond_the_budget_are_not_proven_blank() {
     let t = TempFile::sparse("budget", 64 * MIB);
-    poke(&t, 8 * MIB, &vec![0; 3 * MIB as usize]);
+    poke(&t, 8 * MIB, &vec![0; 3 * MIB_LEN]);
     assert_eq!(extents_hit(&t, 64 * MIB, 4 * MIB), None);
-    poke(&t, 20 * MIB, &vec![0; 2 * MIB as usize]);
+    poke(&t, 20 * MIB, &vec![0; 2 * MIB_LEN]);
     let over = extents_hit(&t, 64 * MIB, 4 * MIB).expect("over budget");
     assert_eq!(over.offset, 21 * MIB, "{over:?}");
     assert!(over.what.contains("4 MiB"), "{}", over.what);
@@ -207,7 +207,7 @@ fn windows_on_a_block_device_see_data_and_wiped_filesystems() {
             .write(true)
             .open(&dev.0)
             .unwrap();
-        f.write_all(&vec![0u8; MIB as usize]).unwrap();
+        f.write_all(&vec![0u8; MIB_LEN]).unwrap();
         f.sync_all().unwrap();
     };
     // Written through the device and not yet synced: O_DIRECT still sees it.
@@ -215,8 +215,7 @@ fn windows_on_a_block_device_see_data_and_wiped_filesystems() {
         .write(true)
         .open(&dev.0)
         .unwrap();
-    f.write_all_at(&vec![0x5a; 4 * MIB as usize], 300 * MIB)
-        .unwrap();
+    f.write_all_at(&vec![0x5a; 4 * MIB_LEN], 300 * MIB).unwrap();
     // The loop proof flushes the device first: the unsynced write reaches the file it reads.
     let backing = BackingFile {
         file: open(&t),
@@ -269,7 +268,7 @@ fn corrupted_ext4_is_found_via_backup_superblock() {
             crate::loopdev::test_support::skip(test, "no mkfs.ext4");
             return;
         }
-        poke(&t, 0, &vec![0u8; MIB as usize]);
+        poke(&t, 0, &vec![0u8; MIB_LEN]);
         let hit = extents_hit(&t, size, EXTENT_READ_BUDGET).expect("extents see it");
         assert!(hit.offset >= MIB, "{hit:?}");
         let hit = windows_hit(&t, size).unwrap();

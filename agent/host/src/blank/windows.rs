@@ -16,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use super::{Coverage, MIB, Proof, data_at, first_nonzero};
+use super::{Coverage, MIB, MIB_LEN, Proof, data_at, first_nonzero};
 use crate::direct_read::{AlignedBuf, open_direct, read_exact_direct};
 use ebs_node_core::blank::{SPREAD_WINDOW, SPREAD_WINDOWS};
 
@@ -42,9 +42,11 @@ pub fn prove_windows(device: &File, size: u64) -> io::Result<Proof> {
     // through the held fd, whose page cache is coherent with every write made through it.
     let proc = PathBuf::from(format!("/proc/self/fd/{}", device.as_raw_fd()));
     let mut direct = open_direct(&proc).ok();
-    let mut buf = AlignedBuf::new(MIB as usize)?;
+    let mut buf = AlignedBuf::new(MIB_LEN)?;
     for (start, len) in layout {
-        let chunk = &mut buf.as_mut_slice()[..len as usize];
+        // Every window is at most a MiB long (`layout`).
+        let len_in_buf = usize::try_from(len).map_err(io::Error::other)?;
+        let chunk = &mut buf.as_mut_slice()[..len_in_buf];
         let aligned = start % ALIGN == 0 && len % ALIGN == 0;
         match direct.as_ref().filter(|_| aligned) {
             Some(d) => match read_exact_direct(d, chunk, start) {
@@ -91,7 +93,9 @@ pub fn layout(size: u64) -> Vec<(u64, u64)> {
         wanted.push((k * ag, SB_WINDOW));
     }
     for i in 1..SPREAD_WINDOWS {
-        let at = (size as u128 * i as u128 / SPREAD_WINDOWS as u128) as u64;
+        // i < SPREAD_WINDOWS: the quotient is below size, so it fits.
+        let at = u128::from(size) * u128::from(i) / u128::from(SPREAD_WINDOWS);
+        let at = u64::try_from(at).unwrap_or(size);
         wanted.push((at, SPREAD_WINDOW));
     }
     merged(wanted, size)

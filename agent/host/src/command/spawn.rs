@@ -165,7 +165,7 @@ pub fn spawn<S: AsRef<OsStr>>(program: &OsStr, args: &[S]) -> io::Result<Spawned
         argv: argv_p.as_ptr(),
         envp: envp_p.as_ptr(),
         stdio: [stdin.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-        parent: std::process::id() as libc::pid_t,
+        parent: std::process::id().cast_signed(), // a pid fits pid_t (pid_max <= 2^22)
         // SAFETY: sigset_t is plain data; an all-zero one is a valid (empty) set.
         mask: unsafe { std::mem::zeroed() },
         errno: 0,

@@ -65,6 +65,8 @@ fn free_now(fd_path: &Path) -> bool {
     })
 }
 
+// major() and minor() mask their answers to 32 bits (glibc's gnu_dev_major/minor).
+#[allow(clippy::cast_possible_truncation)]
 pub fn devnum_of(rdev: u64) -> (u32, u32) {
     (
         nix::sys::stat::major(rdev) as u32,

@@ -180,7 +180,7 @@ fn bind(dev: &File, dev_path: &Path, backing: &File, file: &Path) -> Result<(), 
     let mut info = LoopInfo64::zeroed();
     info.lo_file_name = file_name_field(file);
     let config = LoopConfig {
-        fd: backing.as_raw_fd() as u32,
+        fd: backing.as_raw_fd().cast_unsigned(), // an open fd, so >= 0
         block_size: 0,
         info,
         reserved: [0; 8],
@@ -239,7 +239,8 @@ fn attach_backing(backing: File, file: &Path, bind: BindFn) -> Result<PathBuf, L
         // SAFETY: ctl is an open /dev/loop-control fd; the ioctl takes no argument.
         let index = unsafe { sys::loop_ctl_get_free(ctl.as_raw_fd()) }
             .map_err(ioctl_err("LOOP_CTL_GET_FREE", ctl_path))?;
-        let dev_path = ensure_node(index as u32)?;
+        // nix answers a negative return with Err: the index is >= 0.
+        let dev_path = ensure_node(index.cast_unsigned())?;
         let dev = open(&dev_path, true)?;
         match bind(&dev, &dev_path, &backing, file) {
             Ok(()) => return Ok(dev_path),

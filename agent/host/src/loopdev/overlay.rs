@@ -61,6 +61,8 @@ pub fn status_of(dev: &File, device: &Path) -> Result<Option<Overlay>, LoopError
 }
 
 /// The kernel's huge_encode_dev (new_encode_dev) format, as loop_info64 carries device numbers.
+// Both halves are masked to 12 and 20 bits.
+#[allow(clippy::cast_possible_truncation)]
 fn decode_dev(v: u64) -> (u32, u32) {
     let major = ((v >> 8) & 0xfff) as u32;
     let minor = ((v & 0xff) | ((v >> 12) & 0xfff00)) as u32;
@@ -115,7 +117,10 @@ mod tests {
         // new_encode_dev: (minor & 0xff) | (major << 8) | ((minor & ~0xff) << 12)
         let enc = |ma: u64, mi: u64| (mi & 0xff) | (ma << 8) | ((mi & !0xff) << 12);
         for (ma, mi) in [(7, 0), (7, 255), (7, 256), (259, 3), (8, 1048575)] {
-            assert_eq!(decode_dev(enc(ma, mi)), (ma as u32, mi as u32));
+            assert_eq!(
+                decode_dev(enc(ma, mi)),
+                (u32::try_from(ma).unwrap(), u32::try_from(mi).unwrap())
+            );
         }
     }
 }

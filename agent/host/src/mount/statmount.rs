@@ -32,6 +32,10 @@ struct MntIdReq {
     param: u64,
 }
 
+/// The request's size, as the kernel reads it (24 bytes: MNT_ID_REQ_SIZE_VER0).
+#[allow(clippy::cast_possible_truncation)]
+const REQ_SIZE: u32 = std::mem::size_of::<MntIdReq>() as u32;
+
 /// The fixed head of `struct statmount` (512 bytes, padded by the kernel's spare words); the
 /// strings follow it, addressed by offsets into the area after the head.
 const HEAD: usize = 512;
@@ -72,7 +76,7 @@ pub fn statmount(mnt_id: u64) -> io::Result<Option<Statmount>> {
     let mut buf = vec![0u8; 4096];
     loop {
         let req = MntIdReq {
-            size: std::mem::size_of::<MntIdReq>() as u32,
+            size: REQ_SIZE,
             spare: 0,
             mnt_id,
             param: STATMOUNT_SB_BASIC
@@ -175,12 +179,12 @@ mod tests {
         let mut offs = Vec::new();
         let mut area = Vec::new();
         for s in strings {
-            offs.push(area.len() as u32);
+            offs.push(u32::try_from(area.len()).unwrap());
             area.extend_from_slice(s.as_bytes());
             area.push(0);
         }
         b.extend_from_slice(&area);
-        let size = b.len() as u32;
+        let size = u32::try_from(b.len()).unwrap();
         b[0..4].copy_from_slice(&size.to_ne_bytes());
         b[8..16].copy_from_slice(&0x3fu64.to_ne_bytes());
         b[16..20].copy_from_slice(&7u32.to_ne_bytes());

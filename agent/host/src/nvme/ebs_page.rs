@@ -142,13 +142,13 @@ fn histogram(page: &[u8], at: usize, name: &'static str) -> Result<Histogram, Pa
         problem,
     };
     let num_bins = u64_at(page, at);
-    if num_bins > MAX_BINS as u64 {
+    let Some(n) = usize::try_from(num_bins).ok().filter(|n| *n <= MAX_BINS) else {
         return Err(bad(format!(
             "{num_bins} bins, more than the {MAX_BINS} slots"
         )));
-    }
-    let mut bins: Vec<Bin> = Vec::with_capacity(num_bins as usize);
-    for i in 0..num_bins as usize {
+    };
+    let mut bins: Vec<Bin> = Vec::with_capacity(n);
+    for i in 0..n {
         let b = at + 8 + i * BIN_LEN;
         let bin = Bin {
             lower: u64_at(page, b),

@@ -118,7 +118,7 @@ pub fn get_log_page(
         .map_err(ReadError::Ioctl)?;
     match status {
         0 => Ok(()),
-        s => Err(ReadError::Status(s as u32)),
+        s => Err(ReadError::Status(s.cast_unsigned())), // NVMe status bits, as the kernel gave them
     }
 }
 

@@ -84,7 +84,9 @@ fn histogram_bins_with_their_bounds_and_counts() {
 #[test]
 fn all_64_bins() {
     let mut page = documented_page();
-    let bins: Vec<(u64, u64, u32)> = (0..64).map(|i| (i << 4, (i + 1) << 4, i as u32)).collect();
+    let bins: Vec<(u64, u64, u32)> = (0..64)
+        .map(|i| (i << 4, (i + 1) << 4, u32::try_from(i).unwrap()))
+        .collect();
     put_histogram(&mut page, 2056, &bins);
     let s = parse(&page).unwrap();
     assert_eq!(s.write_io_latency_histogram.bins.len(), 64);
