@@ -26,6 +26,85 @@ pub enum Error {
     AlreadyExists(String),
     #[error("{0}")]
     Precondition(String),
+    // The node pipeline's refusals, each named for what it found; `grpc::to_status` chooses
+    // their codes.
+    /// Something other than the volume is mounted where the volume is to go.
+    #[error(
+        "{path} already holds {what}, which is not volume {volume}; refusing to stack another mount on it"
+    )]
+    ForeignMount {
+        path: PathBuf,
+        what: String,
+        volume: String,
+    },
+    /// The staging path a publish would bind from holds something else.
+    #[error("the staging path {path} holds {what}, not volume {volume}; refusing to publish it")]
+    ForeignStaging {
+        path: PathBuf,
+        what: String,
+        volume: String,
+    },
+    #[error("volume {volume} is not staged on this node; call NodeStageVolume first")]
+    NotStaged { volume: String },
+    #[error("volume {volume} is staged at {at}, not at {asked}")]
+    StagedElsewhere {
+        volume: String,
+        at: PathBuf,
+        asked: String,
+    },
+    #[error("volume {volume} is already staged at {at}")]
+    AlreadyStagedAt { volume: String, at: PathBuf },
+    #[error("volume {volume} is already staged at {at} with another capability")]
+    StagedWithOtherCapability { volume: String, at: PathBuf },
+    #[error("volume {volume} is still published at {targets}; unpublish it first")]
+    StillPublished { volume: String, targets: String },
+    #[error("volume {volume} is already published at {path} with other arguments")]
+    PublishedWithOtherArguments { volume: String, path: PathBuf },
+    /// Another call holds the device (two volume ids resolving to one device).
+    #[error("another operation is using device {path} ({major}:{minor}) right now; retry later")]
+    DeviceBusy {
+        path: PathBuf,
+        major: u32,
+        minor: u32,
+    },
+    /// The kernel refused the agent's exclusive claim: mounted elsewhere, or claimed.
+    #[error(
+        "{path} is in use ({why}): mounted elsewhere, or claimed by another process (a mkfs \
+         still running?); nothing was formatted or mounted"
+    )]
+    DeviceInUse { path: PathBuf, why: String },
+    #[error("{path} is still mounted after repeated unmounts")]
+    StillMounted { path: PathBuf },
+    #[error("volume {volume} was staged for another access type than this publish asks for")]
+    StagedForOtherAccess { volume: String },
+    #[error(
+        "volume {volume} is already published at {at}; its access mode allows one publication \
+         on this node"
+    )]
+    SinglePublication { volume: String, at: PathBuf },
+    #[error("volume {volume} is already mounted at {path} with readonly={readonly}")]
+    PublishedWithOtherReadonly {
+        volume: String,
+        path: PathBuf,
+        readonly: bool,
+    },
+    #[error(
+        "volume {volume} is no longer the device {device} it was staged on: {reason}; unstage \
+         and stage it again"
+    )]
+    NoLongerTheDevice {
+        volume: String,
+        device: PathBuf,
+        reason: String,
+    },
+    #[error(
+        "nothing is mounted at the staging path {path}: the volume's filesystem is not there \
+         (unmounted behind the agent's back?); stage the volume again"
+    )]
+    StagingEmpty { path: PathBuf },
+    /// A publish target that exists and is not what the bind may go onto.
+    #[error("{path} {why}")]
+    UnusableTarget { path: PathBuf, why: &'static str },
     #[error(
         "refusing to format {device}: it is not blank ({found}); the agent formats only devices \
          that carry no signature and no data"

@@ -31,9 +31,24 @@ pub fn to_status(err: &Error) -> Status {
         Error::VolumeNotFound(_) | Error::PathNotFound { .. } | Error::NotFound(_) => {
             Code::NotFound
         }
-        Error::Busy(_) | Error::Aborted(_) => Code::Aborted,
-        Error::AlreadyExists(_) => Code::AlreadyExists,
+        Error::Busy(_) | Error::Aborted(_) | Error::DeviceBusy { .. } => Code::Aborted,
+        Error::AlreadyExists(_)
+        | Error::AlreadyStagedAt { .. }
+        | Error::StagedWithOtherCapability { .. }
+        | Error::PublishedWithOtherArguments { .. }
+        | Error::PublishedWithOtherReadonly { .. } => Code::AlreadyExists,
         Error::Precondition(_)
+        | Error::ForeignMount { .. }
+        | Error::ForeignStaging { .. }
+        | Error::NotStaged { .. }
+        | Error::StagedElsewhere { .. }
+        | Error::StillPublished { .. }
+        | Error::DeviceInUse { .. }
+        | Error::StagedForOtherAccess { .. }
+        | Error::SinglePublication { .. }
+        | Error::NoLongerTheDevice { .. }
+        | Error::StagingEmpty { .. }
+        | Error::UnusableTarget { .. }
         | Error::NotBlank { .. }
         | Error::WrongDevice { .. }
         | Error::FsckFailed { .. }
@@ -43,6 +58,7 @@ pub fn to_status(err: &Error) -> Status {
         Error::Unimplemented(_) => Code::Unimplemented,
         Error::Unavailable(_) => Code::Unavailable,
         Error::ToolFailed { .. }
+        | Error::StillMounted { .. }
         | Error::Command(_)
         | Error::Io { .. }
         | Error::Store(_)
@@ -153,6 +169,135 @@ mod timeout_tests {
             "", "S", "5", "+5S", "-5S", " 5S", "5 S", "5s", "5SS", "0x5S", "5é", "é",
         ] {
             assert_eq!(parse_grpc_timeout(raw), None, "{raw:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use tonic::Code;
+
+    use super::to_status;
+    use crate::error::Error;
+
+    /// The node pipeline's named refusals keep the codes the CSI spec gives them (they were
+    /// strings of a chosen code before they had names).
+    #[test]
+    fn each_named_refusal_has_its_csi_code() {
+        let p = || PathBuf::from("/k/p");
+        let v = || "vol".to_string();
+        let table = [
+            (Error::NotStaged { volume: v() }, Code::FailedPrecondition),
+            (
+                Error::StagedElsewhere {
+                    volume: v(),
+                    at: p(),
+                    asked: "/k/q".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::ForeignMount {
+                    path: p(),
+                    what: "tmpfs".into(),
+                    volume: v(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::ForeignStaging {
+                    path: p(),
+                    what: "tmpfs".into(),
+                    volume: v(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::StillPublished {
+                    volume: v(),
+                    targets: "/k/t".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::DeviceInUse {
+                    path: p(),
+                    why: "EBUSY".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::StagedForOtherAccess { volume: v() },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::SinglePublication {
+                    volume: v(),
+                    at: p(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::NoLongerTheDevice {
+                    volume: v(),
+                    device: p(),
+                    reason: "r".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (Error::StagingEmpty { path: p() }, Code::FailedPrecondition),
+            (
+                Error::UnusableTarget {
+                    path: p(),
+                    why: "exists and is not a directory",
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::AlreadyStagedAt {
+                    volume: v(),
+                    at: p(),
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                Error::StagedWithOtherCapability {
+                    volume: v(),
+                    at: p(),
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                Error::PublishedWithOtherArguments {
+                    volume: v(),
+                    path: p(),
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                Error::PublishedWithOtherReadonly {
+                    volume: v(),
+                    path: p(),
+                    readonly: true,
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                Error::DeviceBusy {
+                    path: p(),
+                    major: 7,
+                    minor: 3,
+                },
+                Code::Aborted,
+            ),
+            (Error::StillMounted { path: p() }, Code::Internal),
+        ];
+        for (err, code) in table {
+            let st = to_status(&err);
+            assert_eq!(st.code(), code, "{err}");
+            assert_eq!(st.message(), err.to_string());
         }
     }
 }

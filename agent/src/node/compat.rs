@@ -31,11 +31,10 @@ pub fn check_compatible(
     // asked for; the CO's request is taken as the truth.
     let recovered = existing.access_mode == 0;
     if existing.staging_path != staging.as_path() && !existing.staging_path.as_os_str().is_empty() {
-        return Err(Error::AlreadyExists(format!(
-            "volume {} is already staged at {}",
-            volume,
-            existing.staging_path.display()
-        )));
+        return Err(Error::AlreadyStagedAt {
+            volume: volume.to_string(),
+            at: existing.staging_path.clone(),
+        });
     }
     let compatible = if recovered {
         same_kind(&existing.access, &access_record(capability))
@@ -44,11 +43,10 @@ pub fn check_compatible(
             && existing.access_mode == capability.mode.csi_number()
     };
     if !compatible {
-        return Err(Error::AlreadyExists(format!(
-            "volume {} is already staged at {} with another capability",
-            volume,
-            existing.staging_path.display()
-        )));
+        return Err(Error::StagedWithOtherCapability {
+            volume: volume.to_string(),
+            at: existing.staging_path.clone(),
+        });
     }
     Ok(())
 }

@@ -86,10 +86,10 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             || existing.mount_flags != record.mount_flags
             || existing.access_mode != record.access_mode)
     {
-        return Err(Error::AlreadyExists(format!(
-            "volume {vol} is already published at {} with other arguments",
-            target_path.display()
-        )));
+        return Err(Error::PublishedWithOtherArguments {
+            volume: vol.to_string(),
+            path: target_path.to_path_buf(),
+        });
     }
     if cmd.capability.mode.single_publication() {
         check_single_publication(ctx, &staged, &expected, cmd)?;
@@ -100,19 +100,19 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     match published_here {
         Holder::Volume(m) => {
             if m.read_only != readonly {
-                return Err(Error::AlreadyExists(format!(
-                    "volume {vol} is already mounted at {} with readonly={}",
-                    target_path.display(),
-                    m.read_only
-                )));
+                return Err(Error::PublishedWithOtherReadonly {
+                    volume: vol.to_string(),
+                    path: target_path.to_path_buf(),
+                    readonly: m.read_only,
+                });
             }
         }
         Holder::Foreign(what) => {
-            return Err(Error::Precondition(format!(
-                "{} already holds {what}, which is not volume {vol}; refusing to stack another \
-                 mount on it",
-                target_path.display()
-            )));
+            return Err(Error::ForeignMount {
+                path: target_path.to_path_buf(),
+                what,
+                volume: vol.to_string(),
+            });
         }
         Holder::Nothing => {
             let source = source(ctx, &staged, &expected, block)?;
@@ -206,26 +206,24 @@ pub fn check_publish_paths(cmd: &PublishCommand) -> Result<()> {
 /// the volume, which completes it), at this staging path, for this kind of access.
 fn staged_here(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<StagedVolume> {
     let vol = cmd.volume.as_str();
-    let not_staged = || {
-        Error::Precondition(format!(
-            "volume {vol} is not staged on this node; call NodeStageVolume first"
-        ))
+    let not_staged = || Error::NotStaged {
+        volume: vol.to_string(),
     };
     let staged = ctx.store.staged(vol)?.ok_or_else(not_staged)?;
     if staged.progress != Progress::Complete && !staged_mount_present(ctx, &staged)? {
         return Err(not_staged());
     }
     if staged.staging_path != cmd.staging.as_path() && !staged.staging_path.as_os_str().is_empty() {
-        return Err(Error::Precondition(format!(
-            "volume {vol} is staged at {}, not at {}",
-            staged.staging_path.display(),
-            cmd.staging
-        )));
+        return Err(Error::StagedElsewhere {
+            volume: vol.to_string(),
+            at: staged.staging_path.clone(),
+            asked: cmd.staging.to_string(),
+        });
     }
     if !same_kind(&staged.access, &access_record(&cmd.capability)) {
-        return Err(Error::Precondition(format!(
-            "volume {vol} was staged for another access type than this publish asks for"
-        )));
+        return Err(Error::StagedForOtherAccess {
+            volume: vol.to_string(),
+        });
     }
     Ok(staged)
 }
@@ -244,12 +242,10 @@ fn check_single_publication(
             continue;
         };
         if holder(ctx, &entry, expected)?.is_volume() {
-            return Err(Error::Precondition(format!(
-                "volume {} is already published at {}; its access mode allows one publication \
-                 on this node",
-                staged.volume_id,
-                other.target_path.display()
-            )));
+            return Err(Error::SinglePublication {
+                volume: staged.volume_id.clone(),
+                at: other.target_path,
+            });
         }
     }
     Ok(())
@@ -267,23 +263,18 @@ fn source(
     if block {
         return Ok(Source::Device(
             VolumeDevice::hold_recorded(ctx, staged).map_err(|e| match e {
-                Error::WrongDevice { reason, .. } => Error::Precondition(format!(
-                    "volume {} is no longer the device {} it was staged on: {reason}; unstage \
-                     and stage it again",
-                    staged.volume_id,
-                    staged.device.display()
-                )),
+                Error::WrongDevice { reason, .. } => Error::NoLongerTheDevice {
+                    volume: staged.volume_id.clone(),
+                    device: staged.device.clone(),
+                    reason,
+                },
                 other => other,
             })?,
         ));
     }
     let staging = path_handles::lookup_recorded(ctx, &staged.staging_path)?;
-    let nothing = || {
-        Error::Precondition(format!(
-            "nothing is mounted at the staging path {}: the volume's filesystem is not there \
-             (unmounted behind the agent's back?); stage the volume again",
-            staged.staging_path.display()
-        ))
+    let nothing = || Error::StagingEmpty {
+        path: staged.staging_path.clone(),
     };
     let staging = staging.ok_or_else(nothing)?;
     let fd = staging
@@ -292,11 +283,11 @@ fn source(
     match holder_of(ctx, &fd, &staging, expected)? {
         Holder::Volume(_) => Ok(Source::StagingMount(fd)),
         Holder::Nothing => Err(nothing()),
-        Holder::Foreign(what) => Err(Error::Precondition(format!(
-            "the staging path {} holds {what}, not volume {}; refusing to publish it",
-            staged.staging_path.display(),
-            staged.volume_id
-        ))),
+        Holder::Foreign(what) => Err(Error::ForeignStaging {
+            path: staged.staging_path.clone(),
+            what,
+            volume: staged.volume_id.clone(),
+        }),
     }
 }
 
@@ -316,23 +307,22 @@ fn check_target_is_ours_to_use(target: &Anchored, block: bool, recorded: bool) -
         .stat()
         .map_err(|e| Error::io(format!("inspecting {}", target.path().display()), e))?;
     let Some(st) = st else { return Ok(()) };
+    let unusable = |why| Error::UnusableTarget {
+        path: target.path().to_path_buf(),
+        why,
+    };
     use rustix::fs::FileType;
     match (block, st.kind) {
         (false, FileType::Directory) => Ok(()),
         (true, FileType::RegularFile) if recorded => Ok(()),
-        (true, FileType::RegularFile) => Err(Error::Precondition(format!(
-            "{} already exists and the agent did not create it; a block volume is published \
-             onto a file the agent creates itself",
-            target.path().display()
-        ))),
-        (true, _) => Err(Error::Precondition(format!(
-            "{} exists and is not a regular file; a block volume is published onto a file",
-            target.path().display()
-        ))),
-        (false, _) => Err(Error::Precondition(format!(
-            "{} exists and is not a directory",
-            target.path().display()
-        ))),
+        (true, FileType::RegularFile) => Err(unusable(
+            "already exists and the agent did not create it; a block volume is published onto \
+             a file the agent creates itself",
+        )),
+        (true, _) => Err(unusable(
+            "exists and is not a regular file; a block volume is published onto a file",
+        )),
+        (false, _) => Err(unusable("exists and is not a directory")),
     }
 }
 

@@ -118,11 +118,11 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let already = match holder(ctx, &staging, &expected)? {
         Holder::Volume(_) => true,
         Holder::Foreign(what) => {
-            return Err(Error::Precondition(format!(
-                "{} already holds {what}, which is not volume {vol}; refusing to stack \
-                 another mount on it",
-                staging_path.display()
-            )));
+            return Err(Error::ForeignMount {
+                path: staging_path.to_path_buf(),
+                what,
+                volume: vol.to_string(),
+            });
         }
         Holder::Nothing => false,
     };
@@ -200,13 +200,13 @@ impl MountSteps<'_> {
         let vol = journal.volume();
         // Held exclusively while it is probed and judged: a concurrent mkfs, or a mount of the
         // device elsewhere, fails here instead of racing with us.
-        device.held.claim_exclusive().map_err(|e| {
-            Error::Precondition(format!(
-                "{} is in use ({e}): mounted elsewhere, or claimed by another process (a mkfs \
-                 still running?); nothing was formatted or mounted",
-                device.path().display()
-            ))
-        })?;
+        device
+            .held
+            .claim_exclusive()
+            .map_err(|e| Error::DeviceInUse {
+                path: device.path().to_path_buf(),
+                why: e.to_string(),
+            })?;
         let probed = journal.step(
             Step::Probe,
             detail([("device", path_string(device.path()))]),

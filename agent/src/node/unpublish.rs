@@ -146,8 +146,7 @@ pub fn take_down(
             }
         }
     }
-    Err(Error::Internal(format!(
-        "{} is still mounted after repeated unmounts",
-        path.display()
-    )))
+    Err(Error::StillMounted {
+        path: path.to_path_buf(),
+    })
 }

@@ -39,10 +39,10 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         }
     }
     if !published.is_empty() {
-        return Err(Error::Precondition(format!(
-            "volume {vol} is still published at {}; unpublish it first",
-            published.join(", ")
-        )));
+        return Err(Error::StillPublished {
+            volume: vol.to_string(),
+            targets: published.join(", "),
+        });
     }
 
     let journal = Journal::new(&ctx.store, vol, Op::Unstage, ctx.crash_after());

@@ -45,12 +45,10 @@ impl VolumeDevice {
         let turn = ctx
             .device_locks
             .try_lock(&format!("{major}:{minor}"))
-            .ok_or_else(|| {
-                Error::Aborted(format!(
-                    "another operation is using device {} ({major}:{minor}) right now; retry \
-                     later",
-                    path.display()
-                ))
+            .ok_or_else(|| Error::DeviceBusy {
+                path: path.to_path_buf(),
+                major,
+                minor,
             })?;
         let device = VolumeDevice {
             held,
