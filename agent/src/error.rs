@@ -73,7 +73,7 @@ pub enum Error {
          still running?); nothing was formatted or mounted"
     )]
     DeviceInUse { path: PathBuf, why: String },
-    #[error("{path} is still mounted after repeated unmounts")]
+    #[error("internal error: {path} is still mounted after repeated unmounts")]
     StillMounted { path: PathBuf },
     #[error("volume {volume} was staged for another access type than this publish asks for")]
     StagedForOtherAccess { volume: String },
@@ -106,11 +106,6 @@ pub enum Error {
     #[error("{path} {why}")]
     UnusableTarget { path: PathBuf, why: &'static str },
     #[error(
-        "refusing to format {device}: it is not blank ({found}); the agent formats only devices \
-         that carry no signature and no data"
-    )]
-    NotBlank { device: PathBuf, found: String },
-    #[error(
         "refusing to use {device} for volume {volume}: {reason}; nothing was formatted or mounted"
     )]
     WrongDevice {
@@ -118,24 +113,12 @@ pub enum Error {
         device: PathBuf,
         reason: String,
     },
-    #[error(
-        "filesystem check of {device} failed (e2fsck exit {code}): {summary}; the volume was not \
-         mounted, repair it by hand"
-    )]
-    FsckFailed {
-        device: PathBuf,
-        code: i32,
-        summary: String,
-    },
-    #[error("{tool} on {device} failed (exit {code}): {stderr}")]
-    ToolFailed {
-        tool: String,
-        device: PathBuf,
-        code: i32,
-        stderr: String,
-    },
-    #[error("filesystem {0} is not available on this host: {1}")]
-    FsUnavailable(String, String),
+    /// The never-format rule refused, or could not judge (the core's words).
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A filesystem tool failed, or is missing (the host's words).
+    #[error(transparent)]
+    FsTool(#[from] FsToolError),
     #[error("{0}")]
     OutOfRange(String),
     #[error("{0}")]
@@ -162,65 +145,6 @@ impl Error {
         Error::Io {
             context: context.into(),
             source,
-        }
-    }
-}
-
-/// The host's words for a filesystem tool's failure, as the domain's: the same messages, and
-/// `grpc::to_status` chooses their codes.
-impl From<FsToolError> for Error {
-    fn from(e: FsToolError) -> Self {
-        match e {
-            FsToolError::Unavailable { fs, why } => Error::FsUnavailable(fs.name().into(), why),
-            FsToolError::FsckFailed {
-                device,
-                code,
-                summary,
-            } => Error::FsckFailed {
-                device,
-                code,
-                summary,
-            },
-            FsToolError::ToolFailed {
-                tool,
-                device,
-                code,
-                stderr,
-            } => Error::ToolFailed {
-                tool,
-                device,
-                code,
-                stderr,
-            },
-            e @ FsToolError::DoesNotFit { .. } => Error::OutOfRange(e.to_string()),
-            FsToolError::Sizing { device, source } => {
-                Error::io(format!("sizing {}", device.display()), source)
-            }
-            e @ FsToolError::NonUtf8Path(_) => Error::Internal(e.to_string()),
-            FsToolError::Command(e) => Error::Command(e),
-        }
-    }
-}
-
-/// The never-format rule's refusals, as the domain's: the same messages as before the rule
-/// moved to the core.
-impl From<FormatError> for Error {
-    fn from(e: FormatError) -> Self {
-        match e {
-            FormatError::NotBlank { device, found } => Error::NotBlank { device, found },
-            FormatError::WrongDevice {
-                volume,
-                device,
-                reason,
-            } => Error::WrongDevice {
-                volume,
-                device,
-                reason,
-            },
-            e @ (FormatError::NothingToMount { .. }
-            | FormatError::EmptyDevice { .. }
-            | FormatError::Unprovable { .. }) => Error::Precondition(e.to_string()),
-            FormatError::Io { context, source } => Error::Io { context, source },
         }
     }
 }

@@ -245,7 +245,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     // What a seccomp filter (systemd's unit, a container profile) denies is said once, now.
     ebs_node_host::sandbox::survey();
     // Read-only binds without the new mount API are made in a private place first (see
-    // host/private_bind.rs); made now, leftovers of a crash detached, where they will be needed.
+    // host/mount/private_bind.rs); made now, leftovers of a crash detached, where they will be needed.
     ebs_node_host::mount::private_bind::set_dir(args.state_dir.join("binds"));
     if !ebs_node_host::sandbox::mount_api_usable()
         && let Err(e) = ebs_node_host::mount::private_bind::prepare()

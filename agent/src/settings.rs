@@ -1,6 +1,7 @@
 //! The settings' vocabulary shared by the command line and the modules it configures: modes,
-//! backends, protocol versions, the default locations, and duration parsing. It depends on
-//! nothing in the crate, so `cli`, `client`, `upstream` and `status` all sit above it.
+//! backends, protocol versions, the default locations (duration parsing and the default
+//! endpoint are the core's, shared with the client). It depends on nothing in the crate, so
+//! `cli`, `upstream` and `status` all sit above it.
 
 use clap::ValueEnum;
 

@@ -29,8 +29,10 @@ mod hooks {
     }
 
     /// A crash point, `op.step.phase`: an operation and a step the journal writes (the core's
-    /// names, which the crash matrix builds its points from), and a phase. One the journal can
-    /// never reach is refused when the flag is parsed, so a crash test cannot wait for it.
+    /// names, which the crash matrix builds its points from), and a phase. A name the journal
+    /// never writes (a typo, a renamed step) is refused when the flag is parsed; a pair of names
+    /// that never meet (`publish.format.intent`) is not, and the crash tests see that no crash
+    /// came.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct CrashAt {
         op: Op,

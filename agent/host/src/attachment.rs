@@ -1,7 +1,7 @@
 //! Which attachment of a block device this is: the kernel's disk sequence number (Linux 5.15+;
 //! a new number each time a disk appears, and each time a loop device is bound to a file), with
 //! the boot's id, since the counter starts again at every boot. A format intent is worth
-//! something only on the attachment it was journaled on (`node/format.rs`).
+//! something only on the attachment it was journaled on (the core's `format`).
 
 /// `boot_id:diskseq` of the block device `major:minor` (a partition answers with its disk's);
 /// None where the kernel does not say (before 5.15), which trusts no intent.

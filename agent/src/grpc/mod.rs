@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use tonic::{Code, Status};
 
 use crate::error::Error;
+use ebs_node_core::format::FormatError;
 use ebs_node_core::request::ValidationError;
+use ebs_node_host::fstools::FsToolError;
 
 /// The one mapping from domain errors to the codes the CSI spec names.
 pub fn to_status(err: &Error) -> Status {
@@ -49,16 +51,31 @@ pub fn to_status(err: &Error) -> Status {
         | Error::NoLongerTheDevice { .. }
         | Error::StagingEmpty { .. }
         | Error::UnusableTarget { .. }
-        | Error::NotBlank { .. }
-        | Error::WrongDevice { .. }
-        | Error::FsckFailed { .. }
-        | Error::FsUnavailable(..) => Code::FailedPrecondition,
+        | Error::WrongDevice { .. } => Code::FailedPrecondition,
+        // Every variant named, so that a new one is given its code here, not by default.
+        Error::Format(e) => match e {
+            FormatError::NotBlank { .. }
+            | FormatError::WrongDevice { .. }
+            | FormatError::NothingToMount { .. }
+            | FormatError::EmptyDevice { .. }
+            | FormatError::Unprovable { .. } => Code::FailedPrecondition,
+            FormatError::Io { .. } => Code::Internal,
+        },
+        Error::FsTool(e) => match e {
+            FsToolError::Unavailable { .. } | FsToolError::FsckFailed { .. } => {
+                Code::FailedPrecondition
+            }
+            FsToolError::DoesNotFit { .. } => Code::OutOfRange,
+            FsToolError::ToolFailed { .. }
+            | FsToolError::Sizing { .. }
+            | FsToolError::NonUtf8Path(_)
+            | FsToolError::Command(_) => Code::Internal,
+        },
         Error::OutOfRange(_) => Code::OutOfRange,
         Error::ResourceExhausted(_) => Code::ResourceExhausted,
         Error::Unimplemented(_) => Code::Unimplemented,
         Error::Unavailable(_) => Code::Unavailable,
-        Error::ToolFailed { .. }
-        | Error::StillMounted { .. }
+        Error::StillMounted { .. }
         | Error::Command(_)
         | Error::Io { .. }
         | Error::Store(_)
@@ -179,7 +196,7 @@ mod tests {
 
     use tonic::Code;
 
-    use super::to_status;
+    use super::{FormatError, FsToolError, to_status};
     use crate::error::Error;
 
     /// The node pipeline's named refusals keep the codes the CSI spec gives them (they were
@@ -293,11 +310,72 @@ mod tests {
                 Code::Aborted,
             ),
             (Error::StillMounted { path: p() }, Code::Internal),
+            (
+                Error::Format(FormatError::NotBlank {
+                    device: p(),
+                    found: "xfs".into(),
+                }),
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::Format(FormatError::NothingToMount { volume: v() }),
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::Format(FormatError::io("reading /k/p", std::io::Error::other("x"))),
+                Code::Internal,
+            ),
+            (
+                Error::FsTool(FsToolError::Unavailable {
+                    fs: ebs_node_core::request::FsType::Xfs,
+                    why: "no mkfs.xfs".into(),
+                }),
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::FsTool(FsToolError::FsckFailed {
+                    device: p(),
+                    code: 4,
+                    summary: "s".into(),
+                }),
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::FsTool(FsToolError::DoesNotFit {
+                    device: p(),
+                    why: "too small".into(),
+                }),
+                Code::OutOfRange,
+            ),
+            (
+                Error::FsTool(FsToolError::ToolFailed {
+                    tool: "mkfs.ext4".into(),
+                    device: p(),
+                    code: 1,
+                    stderr: "e".into(),
+                }),
+                Code::Internal,
+            ),
         ];
         for (err, code) in table {
             let st = to_status(&err);
             assert_eq!(st.code(), code, "{err}");
             assert_eq!(st.message(), err.to_string());
         }
+        // The texts clients saw before the refusals had names.
+        let still = Error::StillMounted { path: p() };
+        assert_eq!(
+            to_status(&still).message(),
+            "internal error: /k/p is still mounted after repeated unmounts"
+        );
+        let busy = Error::DeviceBusy {
+            path: p(),
+            major: 7,
+            minor: 3,
+        };
+        assert_eq!(
+            to_status(&busy).message(),
+            "another operation is using device /k/p (7:3) right now; retry later"
+        );
     }
 }

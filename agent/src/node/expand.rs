@@ -19,6 +19,7 @@ use ebs_node_core::request::{Capability, FsType, RequestPath, ValidationError, V
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::EntryFd;
 use ebs_node_host::device;
+use ebs_node_host::fstools::FsToolError;
 
 pub struct ExpandCommand {
     pub volume: VolumeId,
@@ -116,7 +117,9 @@ fn explain_grow_failure(fs: FsType, err: Error) -> Error {
         .unwrap_or(true)
     };
     match err {
-        Error::ToolFailed { device, stderr, .. } if fs.is_ext() && lacks_resource() => {
+        Error::FsTool(FsToolError::ToolFailed { device, stderr, .. })
+            if fs.is_ext() && lacks_resource() =>
+        {
             Error::Precondition(format!(
                 "growing the mounted {fs} filesystem on {} needs CAP_SYS_RESOURCE, which the \
                  agent does not have (run it privileged, or grant the capability); resize2fs \

@@ -26,7 +26,7 @@ use ebs_node_core::request::{
 };
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::Anchored;
-use ebs_node_host::fstools::FsckOutcome;
+use ebs_node_host::fstools::{FsToolError, FsckOutcome};
 use ebs_node_host::mount;
 
 pub struct StageCommand {
@@ -46,7 +46,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     if let Some(fs) = cmd.capability.fs() {
         ctx.fstools
             .supports(fs)
-            .map_err(|why| Error::FsUnavailable(fs.name().into(), why))?;
+            .map_err(|why| Error::FsTool(FsToolError::Unavailable { fs, why }))?;
     }
     let staging_path = cmd.staging.as_path();
     let _turn = ctx.claims.take(vol, staging_path, Use::Staging, true)?;
