@@ -105,9 +105,7 @@ pub enum Error {
     /// A publish target that exists and is not what the bind may go onto.
     #[error("{path} {why}")]
     UnusableTarget { path: PathBuf, why: &'static str },
-    #[error(
-        "refusing to use {device} for volume {volume}: {reason}; nothing was formatted or mounted"
-    )]
+    #[error("{}", ebs_node_core::format::wrong_device_text(.volume, .device, .reason))]
     WrongDevice {
         volume: String,
         device: PathBuf,

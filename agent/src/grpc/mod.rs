@@ -377,5 +377,21 @@ mod tests {
             to_status(&busy).message(),
             "another operation is using device /k/p (7:3) right now; retry later"
         );
+        // One wording for a wrong device, from the identity checks and from the format rule.
+        let wrong = "refusing to use /k/p for volume vol: r; nothing was formatted or mounted";
+        let identity = Error::WrongDevice {
+            volume: v(),
+            device: p(),
+            reason: "r".into(),
+        };
+        let format = Error::Format(FormatError::WrongDevice {
+            volume: v(),
+            device: p(),
+            reason: "r".into(),
+        });
+        for e in [identity, format] {
+            assert_eq!(to_status(&e).message(), wrong);
+            assert_eq!(to_status(&e).code(), Code::FailedPrecondition);
+        }
     }
 }

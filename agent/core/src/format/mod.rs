@@ -54,9 +54,7 @@ pub enum FormatError {
          that carry no signature and no data"
     )]
     NotBlank { device: PathBuf, found: String },
-    #[error(
-        "refusing to use {device} for volume {volume}: {reason}; nothing was formatted or mounted"
-    )]
+    #[error("{}", wrong_device_text(.volume, .device, .reason))]
     WrongDevice {
         volume: String,
         device: PathBuf,
@@ -70,6 +68,15 @@ pub enum FormatError {
     Unprovable { device: PathBuf, why: String },
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
+}
+
+/// The refusal of a device that is not the volume's, in one wording for every layer that
+/// refuses one (this rule, and the daemon's identity checks).
+pub fn wrong_device_text(volume: &str, device: &Path, reason: &str) -> String {
+    format!(
+        "refusing to use {} for volume {volume}: {reason}; nothing was formatted or mounted",
+        device.display()
+    )
 }
 
 impl FormatError {
