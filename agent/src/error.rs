@@ -102,6 +102,68 @@ pub enum Error {
          (unmounted behind the agent's back?); stage the volume again"
     )]
     StagingEmpty { path: PathBuf },
+    /// Something else covers (or replaced) a mount the records give the volume: the volume's
+    /// own mount may lie beneath it, so nothing there is unmounted.
+    #[error(
+        "{path} holds {found}, which is not {expected}: it covers or replaced the volume's {what}; \
+         not unmounting it"
+    )]
+    CoveredMount {
+        path: PathBuf,
+        found: String,
+        expected: String,
+        what: &'static str,
+    },
+    /// The staging mount is gone but the kernel still claims the volume's device.
+    #[error(
+        "the filesystem of volume {volume} is still mounted elsewhere (a publication the agent \
+         has no record of?); its staging mount was removed, the volume stays staged until \
+         nothing else uses it: unpublish it first"
+    )]
+    FilesystemInUse { volume: String },
+    /// The staging path stopped holding the volume's filesystem between the mount and the grow.
+    #[error("{path} no longer holds volume {volume}'s filesystem; it was not grown")]
+    StagingChanged { path: PathBuf, volume: String },
+    /// What is mounted at a path cannot be read (EIO, ENOTCONN below a dead mount, EACCES).
+    #[error("cannot tell what is mounted at {path} ({source}); refusing to act on it")]
+    MountUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A request or recorded path cannot be walked for another reason than a symlink.
+    #[error(
+        "{field} {path} cannot be examined ({source}); refusing to act on a path that cannot be \
+         proven safe (a dead NFS or FUSE mount above it?)"
+    )]
+    PathUnexaminable {
+        field: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A staging or target path that is, or nests with, another volume's.
+    #[error(
+        "{path} {how} the {usage} of volume {volume} ({theirs}); a volume's paths never overlap \
+         another's"
+    )]
+    PathOfAnotherVolume {
+        path: PathBuf,
+        how: &'static str,
+        usage: &'static str,
+        volume: String,
+        theirs: PathBuf,
+    },
+    /// The staging directory could not be made.
+    #[error("staging path {path:?}: {source}")]
+    StagingNotCreated {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A publish target could not be created.
+    #[error("creating {path}: {source}")]
+    TargetNotCreated {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// A publish target that exists and is not what the bind may go onto.
     #[error("{path} {why}")]
     UnusableTarget { path: PathBuf, why: &'static str },

@@ -211,7 +211,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     let ctx = Arc::new(NodeCtx {
         store: Arc::clone(&store),
         backend: Arc::clone(&backend),
-        fstools,
+        host: Arc::new(node::RealHost { fstools }),
         locks: VolumeLocks::default(),
         device_locks: VolumeLocks::default(),
         claims: Default::default(),

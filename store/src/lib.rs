@@ -50,6 +50,9 @@ pub struct Store {
     path: PathBuf,
     scratch_copy: Option<PathBuf>,
     group: group_commit::GroupCommit,
+    /// Whether the last write to return was durable: the pipeline's unit tests ask it at each
+    /// change to the host, to see the intent before it on disk.
+    last_durable: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Store {
@@ -75,6 +78,7 @@ impl Store {
             path: path.to_path_buf(),
             scratch_copy: None,
             group: Default::default(),
+            last_durable: Default::default(),
         };
         store.check_or_init_schema()?;
         Ok(store)
@@ -101,6 +105,7 @@ impl Store {
                     path: path.to_path_buf(),
                     scratch_copy: None,
                     group: Default::default(),
+                    last_durable: Default::default(),
                 };
                 store.check_schema_version()?;
                 Ok(store)
@@ -155,6 +160,7 @@ impl Store {
             path: path.to_path_buf(),
             scratch_copy: Some(copy),
             group: Default::default(),
+            last_durable: Default::default(),
         };
         Ok(store)
     }
@@ -220,9 +226,17 @@ impl Store {
         let mut w = Writer::default();
         let out = f(&mut w)?;
         if !w.ops.is_empty() {
-            self.commit(live, w.ops, durability == Durability::Immediate)?;
+            let durable = durability == Durability::Immediate;
+            self.commit(live, w.ops, durable)?;
+            self.last_durable
+                .store(durable, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(out)
+    }
+
+    /// Whether the last write to return was `Immediate` (so on disk with everything before it).
+    pub fn last_write_durable(&self) -> bool {
+        self.last_durable.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn get<T: DeserializeOwned>(

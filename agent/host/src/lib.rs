@@ -26,6 +26,7 @@ pub mod freeze;
 pub mod fs_limits;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod fs_size;
+pub mod fs_usage;
 pub mod fstools;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod loopdev;
@@ -36,6 +37,7 @@ pub mod mount;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod nvme;
 pub mod private;
+pub mod ready;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod sandbox;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper

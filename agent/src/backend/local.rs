@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use ebs_store::{DeviceIdentity, Store};
 
-use super::{Backend, ResolvedDevice, describe_identity, proves};
+use super::{Backend, NotProven, ResolvedDevice, Shown, describe_identity, proves};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{ValidationError, VolumeId};
 use ebs_node_host::device::{devnum_of, still_claimed};
@@ -230,7 +230,7 @@ impl Backend for WithLocalVolumes {
         }
     }
 
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
         self.inner.identify(devnum)
     }
 
@@ -242,37 +242,12 @@ impl Backend for WithLocalVolumes {
         self.inner.expected_identity(volume)
     }
 
-    fn still_is(
+    fn prove(
         &self,
-        device: &Path,
+        device: Shown<'_>,
         identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        self.inner.still_is(device, identity)
-    }
-
-    fn is_at(
-        &self,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        self.inner.is_at(devnum, identity)
-    }
-
-    fn is_open_at(
-        &self,
-        dev: &File,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        self.inner.is_open_at(dev, devnum, identity)
-    }
-
-    fn prove_at(
-        &self,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<Option<File>, String> {
-        self.inner.prove_at(devnum, identity)
+    ) -> std::result::Result<Option<File>, NotProven> {
+        self.inner.prove(device, identity)
     }
 
     fn backing_file(

@@ -21,6 +21,40 @@ pub struct ResolvedDevice {
     pub identity: DeviceIdentity,
 }
 
+/// A device as a proof asks about it.
+#[derive(Clone, Copy, Debug)]
+pub enum Shown<'a> {
+    /// Held open by the caller, with its numbers: asked through the fd where the backend can.
+    Held(&'a File, (u32, u32)),
+    /// Only its numbers: the backend may open it to ask, and hands back what it opened.
+    Numbers((u32, u32)),
+    /// Its path (recovery of a block staging, stats, health, expand).
+    Path(&'a Path),
+}
+
+impl Shown<'_> {
+    /// The device's numbers (a path's, read now).
+    pub fn devnum(&self) -> std::result::Result<(u32, u32), NotProven> {
+        match self {
+            Shown::Held(_, devnum) | Shown::Numbers(devnum) => Ok(*devnum),
+            Shown::Path(path) => ebs_node_host::device::block_devnum(path)
+                .map_err(|e| NotProven::Unknown(format!("{}: {e}", path.display()))),
+        }
+    }
+}
+
+/// Why a device is not proven to be the volume's. The text says what was seen; it becomes the
+/// reason of a wrong-device refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotProven {
+    /// The device shows another identity (another volume file, another serial).
+    #[error("{0}")]
+    Other(String),
+    /// What the device is cannot be told now: gone, not the backend's kind, unreadable.
+    #[error("{0}")]
+    Unknown(String),
+}
+
 /// What the node side needs from a backend. Blocking: called from the blocking pool.
 pub trait Backend: Send + Sync {
     /// Finds the volume's device, waiting for it until `deadline`, and verifies its identity.
@@ -34,67 +68,37 @@ pub trait Backend: Send + Sync {
     ) -> Result<ResolvedDevice>;
 
     /// The identity of the device with these numbers as the host shows it now (loop: the
-    /// backing file's inode; NVMe: the controller serial). `Err` says why it cannot be told.
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String>;
+    /// backing file's inode; NVMe: the controller serial).
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven>;
 
     /// What the volume's device must show, when the backend can tell without any record of the
     /// agent's (loop: its file; EBS: the serial its id gives): lost records must still let the
     /// agent prove a mount is the volume's.
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity>;
 
-    /// Whether `device` (a path) still carries `identity` (stats, health, expand). `Err` says
-    /// why not.
-    fn still_is(
+    /// Proves that `device` carries `identity`, asked of the very device where the backend can
+    /// (loop: LOOP_GET_STATUS64 on the held fd), by its numbers otherwise. For a device shown by
+    /// its numbers, hands back the device held open when the backend opened it to ask: while
+    /// that file is open the numbers keep naming the device proven (see `host::device`), so the
+    /// same call need not ask again.
+    fn prove(
         &self,
-        device: &Path,
+        device: Shown<'_>,
         identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        let devnum = ebs_node_host::device::block_devnum(device)
-            .map_err(|e| format!("{}: {e}", device.display()))?;
-        self.is_at(devnum, identity)
-    }
-
-    /// Whether the device with these numbers carries `identity`.
-    fn is_at(
-        &self,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<Option<File>, NotProven> {
+        let devnum = device.devnum()?;
         let found = self.identify(devnum)?;
         if proves(identity, &found) {
-            Ok(())
+            Ok(None)
         } else {
-            Err(format!(
+            Err(NotProven::Other(format!(
                 "device {}:{} is {}, not {}",
                 devnum.0,
                 devnum.1,
                 describe_identity(&found),
                 describe_identity(identity)
-            ))
+            )))
         }
-    }
-
-    /// Whether the device open as `dev` (numbers `devnum`) carries `identity`, asked of that very
-    /// device where the backend can (loop: LOOP_GET_STATUS64 on the fd); by its numbers
-    /// otherwise.
-    fn is_open_at(
-        &self,
-        _dev: &File,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        self.is_at(devnum, identity)
-    }
-
-    /// Proves, as `is_at`, and hands back the device held open when the backend opened it to ask:
-    /// while that file is open the numbers keep naming the device proven (see `host::device`),
-    /// so the same call need not ask again about them.
-    fn prove_at(
-        &self,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<Option<File>, String> {
-        self.is_at(devnum, identity).map(|()| None)
     }
 
     /// The file that holds every byte of the device open as `dev`, when the backend has one

@@ -130,13 +130,13 @@ impl PathClaims {
                 } else {
                     "lies above"
                 };
-                return Err(Error::Precondition(format!(
-                    "{} {how} the {} of volume {} ({}); a volume's paths never overlap another's",
-                    path.display(),
-                    c.usage.word(),
-                    c.volume,
-                    p.display()
-                )));
+                return Err(Error::PathOfAnotherVolume {
+                    path: path.to_path_buf(),
+                    how,
+                    usage: c.usage.word(),
+                    volume: c.volume.clone(),
+                    theirs: p.clone(),
+                });
             }
         }
         s.busy.insert(path.to_path_buf(), me);
@@ -196,7 +196,7 @@ mod tests {
             ("a", "/k/staging/a", Use::Target),
         ] {
             let e = c.take(vol, Path::new(p), u, true).err().expect(p);
-            assert!(matches!(e, Error::Precondition(_)), "{p}: {e}");
+            assert!(matches!(e, Error::PathOfAnotherVolume { .. }), "{p}: {e}");
         }
         assert!(
             c.take("b", Path::new("/k/staging/b"), Use::Staging, true)
@@ -218,7 +218,7 @@ mod tests {
             .err()
             .unwrap();
         assert!(
-            matches!(e, Error::Precondition(_)),
+            matches!(e, Error::PathOfAnotherVolume { .. }),
             "an in-flight claim counts too"
         );
         drop(turn);

@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 use ebs_node_core::request::FsType;
 use ebs_node_core::steps::Step;
 use ebs_node_host::anchor::EntryFd;
-use ebs_node_host::device;
 
 /// Slack below which a device is not "larger": mkfs rounds the filesystem down to whole blocks.
 const GROW_SLACK: u64 = 1 << 20;
@@ -31,10 +30,12 @@ pub fn grow_if_needed(
 ) -> Result<bool> {
     let mount_point = root.path_for_tools();
     let mount_point = mount_point.as_path();
-    let fs_bytes = ebs_node_host::fs_size::mounted_bytes(fs, device, mount_point)
+    let fs_bytes = ctx
+        .host
+        .mounted_fs_bytes(fs, device, mount_point)
         .map_err(|e| Error::io(format!("sizing the filesystem on {}", device.display()), e))?;
-    grow_when_larger(journal, device, fs_bytes, true, || {
-        Ok(ctx.fstools.grow(fs, device, mount_point)?)
+    grow_when_larger(ctx, journal, device, fs_bytes, true, || {
+        Ok(ctx.host.grow(fs, device, mount_point)?)
     })
 }
 
@@ -52,24 +53,29 @@ pub fn grow_offline_if_needed(
     }
     let fs_bytes = match known_bytes {
         Some(b) => b,
-        None => ebs_node_host::fstools::filesystem_bytes(fs, device)
+        None => ctx
+            .host
+            .fs_bytes(fs, device)
             .map_err(|e| Error::io(format!("reading the superblock of {}", device.display()), e))?,
     };
-    grow_when_larger(journal, device, fs_bytes, false, || {
-        Ok(ctx.fstools.grow_offline(fs, device)?)
+    grow_when_larger(ctx, journal, device, fs_bytes, false, || {
+        Ok(ctx.host.grow_offline(fs, device)?)
     })
 }
 
 /// Runs `grow` as a journaled step when the device is larger than the filesystem.
 fn grow_when_larger(
+    ctx: &NodeCtx,
     journal: &Journal<'_>,
     device: &Path,
     fs_bytes: u64,
     mounted: bool,
     grow: impl FnOnce() -> Result<()>,
 ) -> Result<bool> {
-    let dev_bytes =
-        device::size(device).map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    let dev_bytes = ctx
+        .host
+        .device_bytes(device)
+        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     if dev_bytes <= fs_bytes + GROW_SLACK {
         return Ok(false);
     }

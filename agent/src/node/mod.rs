@@ -7,6 +7,7 @@ mod compat;
 mod expand;
 mod format;
 mod grow;
+mod host_ops;
 pub mod identity;
 pub mod journal;
 mod known;
@@ -32,6 +33,7 @@ use ebs_store::Store;
 
 pub use claims::{PathClaims, Use};
 pub use expand::{ExpandCommand, expand};
+pub use host_ops::{DeviceHandle, HostOps, RealHost};
 pub use known::{Known, require_known};
 pub use locks::{VolumeGuard, VolumeLocks};
 pub use publish::{PublishCommand, check_publish_paths, publish};
@@ -44,13 +46,13 @@ pub use volume_condition::Condition;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use ebs_node_core::request::Roots;
-use ebs_node_host::fstools::FsTools;
 
 /// Everything a node operation needs, shared by all calls.
 pub struct NodeCtx {
     pub store: Arc<Store>,
     pub backend: Arc<dyn Backend>,
-    pub fstools: FsTools,
+    /// The host, as the lifecycle pipeline asks and changes it (a double in its unit tests).
+    pub host: Arc<dyn HostOps>,
     /// One operation per volume at a time.
     pub locks: VolumeLocks,
     /// One operation per device at a time: two volume ids that resolve to one device (a
@@ -139,3 +141,5 @@ pub fn path_string(p: &Path) -> String {
 pub fn pb(p: &Path) -> PathBuf {
     p.to_path_buf()
 }
+#[cfg(test)]
+mod pipeline_tests;

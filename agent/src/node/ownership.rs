@@ -13,12 +13,12 @@ use std::sync::OnceLock;
 use ebs_store::{DeviceIdentity, StagedVolume};
 
 use super::NodeCtx;
-use crate::backend::describe_identity;
+use crate::backend::{Shown, describe_identity};
 use crate::error::{Error, Result};
 use ebs_node_core::request::VolumeId;
 use ebs_node_host::anchor::{Anchored, EntryFd};
 use ebs_node_host::device::block_devnum;
-use ebs_node_host::mount::at_path::{self, MountFacts};
+use ebs_node_host::mount::at_path::MountFacts;
 
 /// What a volume's device must show, from the record or, without one, from the backend. One
 /// per call: it keeps the device it proved open for the rest of the call.
@@ -65,7 +65,9 @@ impl Expected {
     /// so a workload's mount of a vanished volume can still be taken down.
     pub fn is_device(&self, ctx: &NodeCtx, devnum: (u32, u32)) -> bool {
         self.prove(ctx, devnum).is_ok()
-            || (self.identity.is_some() && self.recorded == Some(devnum) && !device_exists(devnum))
+            || (self.identity.is_some()
+                && self.recorded == Some(devnum)
+                && !ctx.host.device_exists(devnum))
     }
 
     /// Whether the device with these numbers, as it is now, is the volume; `Err` says why not.
@@ -78,7 +80,11 @@ impl Expected {
             )),
             Some(_) if self.held(devnum).is_some() => Ok(()),
             Some(identity) => {
-                if let Some(file) = ctx.backend.prove_at(devnum, identity)? {
+                if let Some(file) = ctx
+                    .backend
+                    .prove(Shown::Numbers(devnum), identity)
+                    .map_err(|e| e.to_string())?
+                {
                     let _ = self.proven.set((devnum, file));
                 }
                 Ok(())
@@ -129,7 +135,10 @@ impl Holder {
 
 /// What holds `entry`, judged against `expected`.
 pub fn holder(ctx: &NodeCtx, entry: &Anchored, expected: &Expected) -> Result<Holder> {
-    let facts = at_path::mounted_at(entry).map_err(|e| examine_error(entry, e))?;
+    let facts = ctx
+        .host
+        .mounted_at(entry)
+        .map_err(|e| examine_error(entry, e))?;
     Ok(judge(ctx, facts, expected))
 }
 
@@ -140,7 +149,10 @@ pub fn holder_of(
     entry: &Anchored,
     expected: &Expected,
 ) -> Result<Holder> {
-    let facts = at_path::mount_of(fd, entry.path()).map_err(|e| examine_error(entry, e))?;
+    let facts = ctx
+        .host
+        .mount_of(fd, entry.path())
+        .map_err(|e| examine_error(entry, e))?;
     Ok(judge(ctx, facts, expected))
 }
 
@@ -153,7 +165,10 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
         // A read-only block publication binds the agent's read-only device laid over the
         // volume's (see `ro_block`).
         let ours = expected.is_device(ctx, dev)
-            || super::ro_block::lies_over(dev).is_some_and(|under| expected.is_device(ctx, under));
+            || ctx
+                .host
+                .read_only_lies_over(dev)
+                .is_some_and(|under| expected.is_device(ctx, under));
         return if ours {
             Holder::Volume(facts)
         } else {
@@ -171,13 +186,9 @@ pub fn recorded_devnum(staged: &StagedVolume) -> Option<(u32, u32)> {
     staged.devnum.or_else(|| block_devnum(&staged.device).ok())
 }
 
-fn device_exists(devnum: (u32, u32)) -> bool {
-    std::path::Path::new(&format!("/sys/dev/block/{}:{}", devnum.0, devnum.1)).exists()
-}
-
-fn examine_error(entry: &Anchored, e: std::io::Error) -> Error {
-    Error::Precondition(format!(
-        "cannot tell what is mounted at {} ({e}); refusing to act on it",
-        entry.path().display()
-    ))
+fn examine_error(entry: &Anchored, source: std::io::Error) -> Error {
+    Error::MountUnreadable {
+        path: entry.path().to_path_buf(),
+        source,
+    }
 }

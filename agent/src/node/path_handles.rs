@@ -54,10 +54,10 @@ fn refused(field: &'static str, path: &Path, e: io::Error) -> Error {
             why: "a component of it is not a directory (or is a symbolic link)",
         }
         .into(),
-        _ => Error::Precondition(format!(
-            "{field} {} cannot be examined ({e}); refusing to act on a path that cannot be \
-             proven safe (a dead NFS or FUSE mount above it?)",
-            path.display()
-        )),
+        _ => Error::PathUnexaminable {
+            field,
+            path: path.to_path_buf(),
+            source: e,
+        },
     }
 }

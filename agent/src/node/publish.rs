@@ -15,7 +15,6 @@ use crate::error::{Error, Result};
 use ebs_node_core::request::{AccessType, Capability, RequestPath, VolumeId};
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::{Anchored, EntryFd};
-use ebs_node_host::mount;
 
 pub struct PublishCommand {
     pub volume: VolumeId,
@@ -159,7 +158,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     Step::RoDevice,
                     detail([("device", path_string(d.path())), ("tag", tag.clone())]),
                     Durability::Lazy,
-                    || ro_block::lay(d, &tag, prior.is_some()),
+                    || ctx.host.lay_read_only(d, &tag, prior.is_some()),
                 )?),
                 _ => None,
             };
@@ -167,9 +166,14 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 Some(ro) => ro.proc_path(),
                 None => source.proc_path(),
             };
-            if let Err(e) = mount::ops::bind(&from, &target, readonly, vfs_bits) {
+            if let Err(e) = ctx.host.bind(&from, &target, readonly, vfs_bits) {
+                // The record stays in progress: the retry binds again, and may use the file it
+                // made at a block target.
+                let mut failed = facts;
+                failed.insert("error".into(), e.to_string());
+                journal.note(Step::Bind, Phase::Failed, failed);
                 if ro_device.is_some()
-                    && let Err(undo) = ro_block::remove(&tag)
+                    && let Err(undo) = ctx.host.remove_read_only(&tag)
                 {
                     tracing::warn!(volume = vol, error = %undo,
                         "the read-only device of a failed publish stays until the retry or start-up");
@@ -335,5 +339,8 @@ fn create_target(target: &Anchored, block: bool, recorded: bool) -> Result<()> {
     } else {
         target.mkdir()
     };
-    made.map_err(|e| Error::Precondition(format!("creating {}: {e}", target.path().display())))
+    made.map_err(|source| Error::TargetNotCreated {
+        path: target.path().to_path_buf(),
+        source,
+    })
 }

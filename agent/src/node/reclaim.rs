@@ -19,6 +19,7 @@ use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_core::steps::{Op, Step};
+use ebs_node_host::fs_usage;
 use ebs_node_host::trim::trim_free_space;
 
 /// Where the caller says the volume is: the CSI-Addons sidecar sends the staging path; a caller
@@ -101,8 +102,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     // Sync first: ext4 frees a deleted file's blocks only when its journal commits, and the
     // "before" figure should include data still in the page cache.
     journal.step(Step::Sync, facts.clone(), Durability::Lazy, || {
-        nix::unistd::syncfs(&dir)
-            .map_err(|e| Error::io(format!("syncfs {}", path.display()), e.into()))
+        fs_usage::sync(&dir).map_err(|e| Error::io(format!("syncfs {}", path.display()), e))
     })?;
     let (pre_bytes, measure) = match ctx.backend.allocated_bytes(&staged.identity) {
         Some(bytes) => (bytes, Measure::StorageAllocated),
@@ -171,9 +171,9 @@ fn known_path<'a>(
 }
 
 fn filesystem_used(dir: impl AsFd, path: &Path) -> Result<u64> {
-    let st = nix::sys::statvfs::fstatvfs(dir)
-        .map_err(|e| Error::io(format!("statvfs {}", path.display()), e.into()))?;
-    Ok((st.blocks().saturating_sub(st.blocks_free()) as u64).saturating_mul(st.fragment_size()))
+    let u =
+        fs_usage::usage_of(dir).map_err(|e| Error::io(format!("statvfs {}", path.display()), e))?;
+    Ok(u.used_bytes)
 }
 
 fn trim_error(e: Errno, path: &Path, fs_type: &str) -> Error {
@@ -222,8 +222,8 @@ mod tests {
     #[test]
     fn filesystem_used_is_within_the_filesystem() {
         let dir = std::fs::File::open("/").unwrap();
-        let st = nix::sys::statvfs::fstatvfs(&dir).unwrap();
+        let total = fs_usage::usage_of(&dir).unwrap().total_bytes;
         let used = filesystem_used(&dir, Path::new("/")).unwrap();
-        assert!(used <= st.blocks() as u64 * st.fragment_size());
+        assert!(used <= total);
     }
 }

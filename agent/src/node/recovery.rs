@@ -19,6 +19,7 @@ use super::attention::{self, Checked};
 use super::compat::staged_mount_present;
 use super::ownership::{Expected, Holder, holder};
 use super::path_handles;
+use crate::backend::Shown;
 use crate::error::{Result, blocking};
 
 /// How long start-up waits for one volume's check; a check still running then (a stat hanging
@@ -173,7 +174,7 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             AccessRecord::Mount { .. } => staged_mount_present(ctx, &staged)?,
             AccessRecord::Block => ctx
                 .backend
-                .still_is(&staged.device, &staged.identity)
+                .prove(Shown::Path(&staged.device), &staged.identity)
                 .is_ok(),
         };
         let staging = staged.staging_path.as_path();
@@ -267,7 +268,9 @@ mod tests {
         Arc::new(NodeCtx {
             store: Arc::clone(&store),
             backend: Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
-            fstools: FsTools::detect(),
+            host: Arc::new(crate::node::RealHost {
+                fstools: FsTools::detect(),
+            }),
             locks: Default::default(),
             device_locks: Default::default(),
             claims: Default::default(),

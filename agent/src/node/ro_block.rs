@@ -59,7 +59,7 @@ fn tag_for(state_file: &Path, volume: &str, target: &Path) -> String {
 
 /// A read-only device laid over the volume's, held open until the bind is done.
 pub struct ReadOnlyDevice {
-    file: File,
+    pub(super) file: File,
     pub path: PathBuf,
 }
 

@@ -12,8 +12,7 @@ use ebs_store::{
 use super::claims::Use;
 use super::compat::{access_record, check_compatible, verify_identity};
 use super::format::{
-    self, Decision, Existing, HeldEvidence, decide, forget_intent, format_device, format_record,
-    probe_with_size,
+    self, Decision, Existing, decide, forget_intent, format_device, format_record,
 };
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::journal::{Journal, detail};
@@ -27,7 +26,6 @@ use ebs_node_core::request::{
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::Anchored;
 use ebs_node_host::fstools::{FsToolError, FsckOutcome};
-use ebs_node_host::mount;
 
 pub struct StageCommand {
     pub volume: VolumeId,
@@ -44,8 +42,8 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let journal = Journal::new(&ctx.store, vol, Op::Stage, ctx.crash_after());
     check_compatible(ctx, &cmd.volume, &cmd.staging, &cmd.capability)?;
     if let Some(fs) = cmd.capability.fs() {
-        ctx.fstools
-            .supports(fs)
+        ctx.host
+            .fs_supported(fs)
             .map_err(|why| Error::FsTool(FsToolError::Unavailable { fs, why }))?;
     }
     let staging_path = cmd.staging.as_path();
@@ -111,9 +109,10 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let readonly = readonly || flags.wants_read_only();
     record.readonly = readonly;
     let staging = path_handles::prepare(&cmd.staging)?;
-    staging
-        .mkdir()
-        .map_err(|e| Error::Precondition(format!("staging path {staging_path:?}: {e}")))?;
+    staging.mkdir().map_err(|source| Error::StagingNotCreated {
+        path: staging_path.to_path_buf(),
+        source,
+    })?;
     let expected = Expected::resolved(vol, device.identity.clone(), device.devnum());
     let already = match holder(ctx, &staging, &expected)? {
         Holder::Volume(_) => true,
@@ -153,10 +152,10 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             holder_of(ctx, &root, &staging, &expected)?,
             Holder::Volume(_)
         ) {
-            return Err(Error::Precondition(format!(
-                "{} no longer holds volume {vol}'s filesystem; it was not grown",
-                staging_path.display()
-            )));
+            return Err(Error::StagingChanged {
+                path: staging_path.to_path_buf(),
+                volume: vol.to_string(),
+            });
         }
         device.reverify(ctx)?;
         grow_if_needed(ctx, &journal, fs, device.path(), &root)?;
@@ -211,7 +210,7 @@ impl MountSteps<'_> {
             Step::Probe,
             detail([("device", path_string(device.path()))]),
             Durability::Lazy,
-            || probe_with_size(device.path(), fs),
+            || ctx.host.probe(device.path(), fs),
         )?;
         // Validated options; for xfs they include `nouuid` (see request::mount_flags).
         let data = self.flags.data().to_vec();
@@ -231,9 +230,11 @@ impl MountSteps<'_> {
                 |w| w.put_staged(record),
             )
         };
-        let evidence = HeldEvidence { ctx, device };
         let record = self.format.map(format::view);
-        let decision = decide(&evidence, vol, fs, record, probed, self.readonly)?;
+        let decision = {
+            let evidence = ctx.host.evidence(&*ctx.backend, device);
+            decide(&*evidence, vol, fs, record, probed, self.readonly)?
+        };
         let size_settled = match decision {
             Decision::Format { uuid } => {
                 format_device(ctx, journal, fs, device, &uuid, &self.cmd.format)?;
@@ -254,25 +255,27 @@ impl MountSteps<'_> {
             let target = staging
                 .open_entry()
                 .map_err(|e| Error::io(format!("opening {}", staging_path.display()), e))?;
-            mount::ops::mount_device(
-                device.path(),
-                &target,
-                fs.name(),
-                self.flags.vfs_bits(),
-                &data,
-                self.readonly,
-            )
-            .map_err(|e| {
-                Error::io(
-                    format!(
-                        "mounting {} on {} with options {}",
-                        device.path().display(),
-                        staging_path.display(),
-                        data.join(",")
-                    ),
-                    e,
+            ctx.host
+                .mount_device(
+                    device.path(),
+                    &target,
+                    staging_path,
+                    fs,
+                    self.flags.vfs_bits(),
+                    &data,
+                    self.readonly,
                 )
-            })
+                .map_err(|e| {
+                    Error::io(
+                        format!(
+                            "mounting {} on {} with options {}",
+                            device.path().display(),
+                            staging_path.display(),
+                            data.join(",")
+                        ),
+                        e,
+                    )
+                })
         });
         if let Err(e) = mounted {
             // Nothing was mounted: the record goes, so that a corrected retry (other options,
@@ -298,7 +301,7 @@ impl MountSteps<'_> {
             fs_bytes,
         } = found;
         if adopt {
-            let fact = format_record(journal.volume(), fs, &uuid, device, FormatState::Done);
+            let fact = format_record(ctx, journal.volume(), fs, &uuid, device, FormatState::Done);
             ctx.store
                 .write(Durability::Immediate, |w| w.put_format(&fact))?;
         }
@@ -310,7 +313,7 @@ impl MountSteps<'_> {
             Step::Check,
             detail([("device", path_string(device.path())), ("uuid", uuid)]),
             Durability::Lazy,
-            || Ok(ctx.fstools.check(fs, device.path())?),
+            || Ok(ctx.host.fsck(fs, device.path())?),
         )?;
         if let FsckOutcome::Repaired(code) = outcome {
             tracing::warn!(

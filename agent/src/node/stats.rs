@@ -93,21 +93,18 @@ pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
 }
 
 fn filesystem_usage(path: &Path) -> Result<Usage> {
-    let st = nix::sys::statvfs::statvfs(path)
-        .map_err(|e| Error::io(format!("statvfs on {}", path.display()), e.into()))?;
-    let frsize = st.fragment_size() as u64;
-    let blocks = st.blocks() as u64;
-    let files = st.files() as u64;
+    let u = ebs_node_host::fs_usage::usage(path)
+        .map_err(|e| Error::io(format!("statvfs on {}", path.display()), e))?;
     Ok(Usage::Filesystem {
         bytes: Counts {
-            total: blocks * frsize,
-            available: st.blocks_available() as u64 * frsize,
-            used: blocks.saturating_sub(st.blocks_free() as u64) * frsize,
+            total: u.total_bytes,
+            available: u.available_bytes,
+            used: u.used_bytes,
         },
         inodes: Counts {
-            total: files,
-            available: st.files_available() as u64,
-            used: files.saturating_sub(st.files_free() as u64),
+            total: u.total_inodes,
+            available: u.available_inodes,
+            used: u.used_inodes,
         },
     })
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::anchor::{Anchored, Removed};
-use ebs_node_host::mount::{self, ops::Unmounted};
+use ebs_node_host::mount::ops::Unmounted;
 
 pub struct UnpublishCommand {
     pub volume: VolumeId,
@@ -68,7 +68,7 @@ fn detach_ro_device(
             Step::DetachRoDevice,
             detail([("tag", tag.clone())]),
             Durability::Lazy,
-            || ro_block::remove(&tag),
+            || ctx.host.remove_read_only(&tag),
         )
         .map(drop)
 }
@@ -96,6 +96,10 @@ fn forget(
     Ok(())
 }
 
+/// How many of the volume's mounts stacked at one path (each a crashed earlier call's) one call
+/// takes down before it gives up.
+const MAX_UNMOUNTS: usize = 8;
+
 /// Unmounts the volume's mounts at `entry` (a crashed earlier call may have stacked two) and
 /// stops at anything else. Returns whether it unmounted something. A foreign mount over a path
 /// the records give the volume is an error: the volume's own mount may lie beneath it.
@@ -105,26 +109,29 @@ pub fn take_down(
     entry: &Anchored,
     expected: &Expected,
     recorded: bool,
-    what: &str,
+    what: &'static str,
 ) -> Result<bool> {
     let path = entry.path();
     let mut unmounted = false;
-    for _ in 0..8 {
+    // The host is asked once more after the last unmount: eight stacked mounts, all taken
+    // down, are a success.
+    for round in 0..=MAX_UNMOUNTS {
         match holder(ctx, entry, expected)? {
             Holder::Nothing => return Ok(unmounted),
             Holder::Foreign(found) if recorded && !unmounted => {
-                return Err(Error::Precondition(format!(
-                    "{} holds {found}, which is not {}: it covers or replaced the volume's {what}; \
-                     not unmounting it",
-                    path.display(),
-                    expected.describe()
-                )));
+                return Err(Error::CoveredMount {
+                    path: path.to_path_buf(),
+                    found,
+                    expected: expected.describe(),
+                    what,
+                });
             }
             Holder::Foreign(found) => {
                 tracing::info!(volume = %expected.volume, path = %path.display(), %found,
                     "left alone: the mount there is not the volume's");
                 return Ok(unmounted);
             }
+            Holder::Volume(_) if round == MAX_UNMOUNTS => break,
             Holder::Volume(_) => {
                 // Lazy, unlike the intents of publish and stage: nothing resumes from an
                 // unmount's intent. After a crash the host says whether the unmount happened.
@@ -133,7 +140,8 @@ pub fn take_down(
                     detail([("path", path_string(path))]),
                     Durability::Lazy,
                     || {
-                        mount::ops::unmount(entry)
+                        ctx.host
+                            .unmount(entry)
                             .map_err(|e| Error::io(format!("unmounting {}", path.display()), e))
                     },
                 )?;

@@ -12,7 +12,6 @@ use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_core::steps::{Op, Step};
-use ebs_node_host::device::{held_still_claimed, still_claimed};
 
 pub struct UnstageCommand {
     pub volume: VolumeId,
@@ -64,15 +63,11 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     if is_fs
         && let Some(dev) = device
         && expected.is_device(ctx, dev)
-        && expected
-            .held(dev)
-            .map_or_else(|| still_claimed(dev), held_still_claimed)
+        && ctx.host.still_claimed(dev, expected.held(dev))
     {
-        return Err(Error::Precondition(format!(
-            "the filesystem of volume {vol} is still mounted elsewhere (a publication the agent \
-             has no record of?); its staging mount was removed, the volume stays staged until \
-             nothing else uses it: unpublish it first"
-        )));
+        return Err(Error::FilesystemInUse {
+            volume: vol.to_string(),
+        });
     }
     if !recorded {
         return Ok(());

@@ -6,13 +6,13 @@ use std::path::Path;
 
 use ebs_store::{DeviceIdentity, StagedVolume};
 
+use super::host_ops::DeviceHandle;
 use super::{NodeCtx, VolumeGuard};
-use crate::backend::ResolvedDevice;
+use crate::backend::{ResolvedDevice, Shown};
 use crate::error::{Error, Result};
-use ebs_node_host::device::HeldDevice;
 
 pub struct VolumeDevice {
-    pub held: HeldDevice,
+    pub held: Box<dyn DeviceHandle>,
     pub identity: DeviceIdentity,
     volume: String,
     _turn: VolumeGuard,
@@ -36,7 +36,7 @@ impl VolumeDevice {
         path: &Path,
         identity: &DeviceIdentity,
     ) -> Result<VolumeDevice> {
-        let held = HeldDevice::open(path).map_err(|e| Error::WrongDevice {
+        let held = ctx.host.open_device(path).map_err(|e| Error::WrongDevice {
             volume: volume.to_string(),
             device: path.to_path_buf(),
             reason: format!("it cannot be opened ({e}); the volume is not attached there"),
@@ -75,8 +75,9 @@ impl VolumeDevice {
             return Ok(());
         }
         ctx.backend
-            .is_open_at(self.held.file(), self.devnum(), &self.identity)
-            .map_err(|reason| self.wrong(reason))
+            .prove(Shown::Held(self.held.file(), self.devnum()), &self.identity)
+            .map(drop)
+            .map_err(|reason| self.wrong(reason.to_string()))
     }
 
     /// Right before a host mutation: the path still names the held device, and the device still

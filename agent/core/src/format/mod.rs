@@ -145,7 +145,7 @@ fn describe(sig: &Signature) -> String {
 ///
 /// Everything it reads of the device comes through `dev` (the seam its table tests use).
 pub fn decide(
-    dev: &impl DeviceEvidence,
+    dev: &(impl DeviceEvidence + ?Sized),
     vol: &str,
     fs: FsType,
     format: Option<FormatView<'_>>,
@@ -230,7 +230,7 @@ pub fn decide(
 }
 
 fn blank_or_ours(
-    dev: &impl DeviceEvidence,
+    dev: &(impl DeviceEvidence + ?Sized),
     vol: &str,
     intent: Option<FormatView<'_>>,
     stale_uuid: Option<String>,
@@ -283,6 +283,6 @@ fn blank_or_ours(
 /// Whether a format record is an intent that still proves its mkfs was the last to write the
 /// device: journaled on this attachment of it (a detach and re-attach, a reboot or another
 /// device at the path gives another), so nobody can have used the device elsewhere since.
-fn licenses_redo(f: &FormatView<'_>, dev: &impl DeviceEvidence) -> bool {
+fn licenses_redo(f: &FormatView<'_>, dev: &(impl DeviceEvidence + ?Sized)) -> bool {
     !f.done && f.attachment.is_some() && f.attachment == dev.attachment().as_deref()
 }

@@ -23,7 +23,7 @@ pub struct FormatOptions {
 }
 
 /// The keys we read, in their documented spelling; lookups compare lowercase.
-const KEYS: &[&str] = &[
+pub const KEYS: &[&str] = &[
     "blockSize",
     "inodeSize",
     "bytesPerInode",
@@ -33,13 +33,18 @@ const KEYS: &[&str] = &[
     "ext4EncryptionSupport",
 ];
 
+/// The documented spelling of a format key, whatever its case in a request; `None`: not one.
+pub fn key(raw: &str) -> Option<&'static str> {
+    KEYS.iter().copied().find(|k| k.eq_ignore_ascii_case(raw))
+}
+
 /// The format keys present in `ctx`, by their documented spelling, whatever their case there.
 fn format_keys(
     ctx: &HashMap<String, String>,
 ) -> Result<HashMap<&'static str, String>, ValidationError> {
     let mut found: HashMap<&'static str, String> = HashMap::new();
     for (key, value) in ctx {
-        let Some(name) = KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) else {
+        let Some(name) = self::key(key) else {
             continue;
         };
         if let Some(other) = found.insert(name, value.clone())

@@ -14,6 +14,10 @@ pub use capability::{
     AccessMode, AccessType, Capability, FsType, RawAccess, RawCapability, csi_mode,
 };
 pub use format_options::FormatOptions;
+/// The format options' keys (`KEYS`) and their spelling (`key`), for whoever passes them on.
+pub mod format_keys {
+    pub use super::format_options::{KEYS, key};
+}
 pub use mount_flags::{MountFlags, ms};
 pub use paths::{MAX_PATH_BYTES, RequestPath, Roots, parse_prefix};
 pub use volume_id::{LOCAL_EBS_PREFIX, VolumeId};

@@ -149,11 +149,7 @@ impl BlockDevices for SysfsDisks {
 pub fn disk_of<'a>(disks: &'a [Disk], dev_root: &Path, node: &Path) -> Option<&'a Disk> {
     let meta = std::fs::metadata(node).ok()?;
     if meta.file_type().is_block_device() {
-        let rdev = meta.rdev();
-        let numbers = (
-            nix::sys::stat::major(rdev) as u32,
-            nix::sys::stat::minor(rdev) as u32,
-        );
+        let numbers = ebs_node_host::device::devnum_of(meta.rdev());
         return disks.iter().find(|d| d.dev == Some(numbers)).or_else(|| {
             disks.iter().find(|d| {
                 children(&d.sys_path)

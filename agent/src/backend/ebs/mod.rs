@@ -17,7 +17,7 @@ use ebs_store::DeviceIdentity;
 pub use discovery::{BlockDevices, Disk, SysfsDisks};
 pub use udev_scan::UdevDisks;
 
-use super::{Backend, ResolvedDevice};
+use super::{Backend, NotProven, ResolvedDevice, Shown};
 use crate::error::{Error, Result};
 use ebs_node_core::request::VolumeId;
 use lookup::Wanted;
@@ -70,6 +70,42 @@ impl EbsBackend {
         }
     }
 
+    /// Whether the disk at `device` (a path) still carries `identity`.
+    fn still_is(
+        &self,
+        device: &Path,
+        identity: &DeviceIdentity,
+    ) -> std::result::Result<(), NotProven> {
+        match identity {
+            DeviceIdentity::NvmeSerial { serial } => {
+                let disks = self.disks().map_err(NotProven::Unknown)?;
+                let disk = discovery::disk_of(&disks, self.devices.dev_root(), device).ok_or_else(
+                    || {
+                        NotProven::Unknown(format!(
+                            "{} is no disk the kernel shows",
+                            device.display()
+                        ))
+                    },
+                )?;
+                match &disk.serial {
+                    Some(s) if s == serial => Ok(()),
+                    _ => Err(NotProven::Other(format!(
+                        "{} is now {}, not the device with serial {serial}",
+                        device.display(),
+                        disk.describe()
+                    ))),
+                }
+            }
+            // Xen: nothing to compare; the device must at least still be there.
+            DeviceIdentity::Unverified => std::fs::metadata(device)
+                .map(|_| ())
+                .map_err(|e| NotProven::Unknown(format!("{}: {e}", device.display()))),
+            other => Err(NotProven::Other(format!(
+                "unexpected identity {other:?} for an EBS volume"
+            ))),
+        }
+    }
+
     fn disks(&self) -> std::result::Result<Vec<Disk>, String> {
         self.devices
             .disks()
@@ -114,64 +150,52 @@ impl Backend for EbsBackend {
         }
     }
 
-    fn still_is(
-        &self,
-        device: &Path,
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        match identity {
-            DeviceIdentity::NvmeSerial { serial } => {
-                let disks = self.disks()?;
-                let disk = discovery::disk_of(&disks, self.devices.dev_root(), device)
-                    .ok_or_else(|| format!("{} is no disk the kernel shows", device.display()))?;
-                match &disk.serial {
-                    Some(s) if s == serial => Ok(()),
-                    _ => Err(format!(
-                        "{} is now {}, not the device with serial {serial}",
-                        device.display(),
-                        disk.describe()
-                    )),
-                }
-            }
-            // Xen: nothing to compare; the device must at least still be there.
-            DeviceIdentity::Unverified => std::fs::metadata(device)
-                .map(|_| ())
-                .map_err(|e| format!("{}: {e}", device.display())),
-            other => Err(format!("unexpected identity {other:?} for an EBS volume")),
-        }
-    }
-
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
         let disk = discovery::disk_by_devnum(self.devices.as_ref(), devnum)
-            .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))?;
+            .map_err(|e| NotProven::Unknown(format!("device {}:{}: {e}", devnum.0, devnum.1)))?;
         match (&disk.model, &disk.serial) {
             (Some(m), Some(serial)) if *m == self.model => Ok(DeviceIdentity::NvmeSerial {
                 serial: serial.clone(),
             }),
             (_, None) => Ok(DeviceIdentity::Unverified),
-            _ => Err(format!(
+            _ => Err(NotProven::Other(format!(
                 "device {}:{} is {}",
                 devnum.0,
                 devnum.1,
                 disk.describe()
-            )),
+            ))),
         }
     }
 
-    fn prove_at(
+    /// A device shown by its path is found among the disks the kernel shows (a name that now
+    /// stands for another disk says so); by its numbers, it is opened before it is asked about,
+    /// so the proof is about the device held: while it is open its numbers cannot pass to
+    /// another disk. A fixture tree names no device of this host: proven there, never held.
+    fn prove(
         &self,
-        devnum: (u32, u32),
+        device: Shown<'_>,
         identity: &DeviceIdentity,
-    ) -> std::result::Result<Option<std::fs::File>, String> {
-        // Opened before it is asked about, so the proof is about the device held: while it is
-        // open its numbers cannot pass to another disk. A fixture tree names no device of this
-        // host: proven there, never held.
+    ) -> std::result::Result<Option<std::fs::File>, NotProven> {
+        if let Shown::Path(path) = device {
+            return self.still_is(path, identity).map(|()| None);
+        }
+        let devnum = device.devnum()?;
         let real_host = self.devices.sys_root() == Path::new("/sys")
             && self.devices.dev_root() == Path::new("/dev");
-        let held = real_host
-            .then(|| ebs_node_host::device::open_devnum(devnum).ok())
-            .flatten();
-        self.is_at(devnum, identity)?;
+        let held = match device {
+            Shown::Numbers(_) if real_host => ebs_node_host::device::open_devnum(devnum).ok(),
+            _ => None,
+        };
+        let found = self.identify(devnum)?;
+        if !super::proves(identity, &found) {
+            return Err(NotProven::Other(format!(
+                "device {}:{} is {}, not {}",
+                devnum.0,
+                devnum.1,
+                super::describe_identity(&found),
+                super::describe_identity(identity)
+            )));
+        }
         Ok(held)
     }
 

@@ -42,12 +42,7 @@ impl BlockDevices for UdevDisks {
                     .and_then(|v| clean(&v.to_string_lossy()))
             };
             out.push(Disk {
-                dev: dev.devnum().map(|n| {
-                    (
-                        nix::sys::stat::major(n) as u32,
-                        nix::sys::stat::minor(n) as u32,
-                    )
-                }),
+                dev: dev.devnum().map(ebs_node_host::device::devnum_of),
                 serial: attr("device/serial"),
                 model: attr("device/model"),
                 nsid: attr("nsid").and_then(|n| n.parse().ok()),

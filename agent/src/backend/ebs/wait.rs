@@ -3,10 +3,9 @@
 //! deadline. The tick covers what uevents cannot: agents in a network namespace other than the
 //! host's get no kernel uevents, and fixture trees change without any.
 
-use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use ebs_node_host::ready::readable_within;
 
 /// Longest sleep between two looks when no uevent arrives.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -40,13 +39,10 @@ impl UeventWatch {
             std::thread::sleep(nap);
             return 0;
         };
-        let ms = PollTimeout::try_from(nap.as_millis().min(i32::MAX as u128) as i32)
-            .unwrap_or(PollTimeout::ZERO);
-        let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, ms) {
-            Ok(0) => 0,
+        match readable_within(socket, nap) {
+            Ok(false) => 0,
             // The socket is non-blocking: drain every queued event, one rescan covers them all.
-            Ok(_) => socket.iter().count(),
+            Ok(true) => socket.iter().count(),
             Err(e) => {
                 tracing::debug!(error = %e, "poll on the uevent socket failed");
                 std::thread::sleep(nap);

@@ -14,16 +14,9 @@ use ebs_node_host::loopdev;
 
 pub const DEFAULT_CAPACITY: u64 = 1 << 30;
 const ALIGN: u64 = 1 << 20;
-/// volume_context keys that CreateVolume parameters may carry through to NodeStageVolume.
-const PASSED_PARAMETERS: &[&str] = &[
-    "fsType",
-    "blockSize",
-    "inodeSize",
-    "bytesPerInode",
-    "numberOfInodes",
-    "ext4BigAlloc",
-    "ext4ClusterSize",
-];
+/// The volume_context key of the filesystem type; the format options' keys are the node's own
+/// (`request::format_keys`), so that every option NodeStageVolume reads can be passed.
+const FS_TYPE: &str = "fsType";
 
 pub struct CreateVolume {
     pub name: String,
@@ -199,9 +192,9 @@ impl LoopController {
     pub fn capacity(&self) -> Result<u64> {
         ebs_node_host::private::ensure_dir(&self.volumes_dir)
             .map_err(|e| Error::io(format!("creating {}", self.volumes_dir.display()), e))?;
-        let st = nix::sys::statvfs::statvfs(&self.volumes_dir)
-            .map_err(|e| Error::io("statvfs on the volume directory", e.into()))?;
-        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+        let u = ebs_node_host::fs_usage::usage(&self.volumes_dir)
+            .map_err(|e| Error::io("statvfs on the volume directory", e))?;
+        Ok(u.available_bytes)
     }
 
     /// Grows a volume file; returns the new size. Shrinking is never done.
@@ -237,18 +230,37 @@ impl LoopController {
     }
 }
 
+/// CreateVolume's parameters that NodeStageVolume reads, under the spelling it reads them by
+/// (keys compare without case, as upstream's do); the external-provisioner's own
+/// (`csi.storage.k8s.io/…`) are dropped, except its fstype.
 fn passed_parameters(given: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    use ebs_node_core::request::{ValidationError, format_keys};
     let mut parameters = BTreeMap::new();
     for (k, v) in given {
-        if PASSED_PARAMETERS.contains(&k.as_str()) {
-            parameters.insert(k.clone(), v.clone());
-        } else if k == "csi.storage.k8s.io/fstype" {
-            parameters.insert("fsType".into(), v.clone());
-        } else if !k.starts_with("csi.storage.k8s.io/") {
-            return Err(ebs_node_core::request::ValidationError::bad(
+        let name = if k.eq_ignore_ascii_case(FS_TYPE) || k == "csi.storage.k8s.io/fstype" {
+            FS_TYPE
+        } else if let Some(name) = format_keys::key(k) {
+            name
+        } else if k.starts_with("csi.storage.k8s.io/") {
+            continue;
+        } else {
+            let known: Vec<&str> = std::iter::once(FS_TYPE)
+                .chain(format_keys::KEYS.iter().copied())
+                .collect();
+            return Err(ValidationError::bad(
                 "parameters",
                 k.clone(),
-                format!("unknown parameter; known: {}", PASSED_PARAMETERS.join(", ")),
+                format!("unknown parameter; known: {}", known.join(", ")),
+            )
+            .into());
+        };
+        if let Some(other) = parameters.insert(name.to_string(), v.clone())
+            && other != *v
+        {
+            return Err(ValidationError::bad(
+                "parameters",
+                k.clone(),
+                format!("{name} is also given as {other:?} (under another case)"),
             )
             .into());
         }
@@ -331,6 +343,33 @@ mod tests {
             capacity_from_source(0, src - ALIGN, src),
             Err(Error::OutOfRange(_))
         ));
+    }
+
+    /// Every format option NodeStageVolume reads from the volume context passes through
+    /// CreateVolume's parameters (it listed its own copy, which lacked ext4EncryptionSupport),
+    /// whatever the key's case, under the spelling the node reads.
+    #[test]
+    fn every_format_option_passes_through_create_volume() {
+        let given: HashMap<String, String> = [
+            ("ext4EncryptionSupport", "true"),
+            ("BLOCKSIZE", "4096"),
+            ("fstype", "xfs"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let passed = passed_parameters(&given).expect("known keys");
+        let keys: Vec<&str> = passed.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["blockSize", "ext4EncryptionSupport", "fsType"]);
+        let unknown: HashMap<String, String> = [("blockSizes".to_string(), "1".to_string())].into();
+        assert!(passed_parameters(&unknown).is_err());
+        let twice: HashMap<String, String> = [
+            ("blockSize".to_string(), "1024".to_string()),
+            ("BlockSize".to_string(), "4096".to_string()),
+        ]
+        .into();
+        assert!(passed_parameters(&twice).is_err(), "two values for one key");
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub use controller::{CreateVolume, LoopController};
 pub use paging::Page;
 pub use snapshots::SnapshotQuery;
 
-use super::{Backend, ResolvedDevice};
+use super::{Backend, NotProven, ResolvedDevice, Shown};
 use crate::error::{Error, Result};
 use ebs_node_core::request::VolumeId;
 use ebs_node_host::blank::BackingFile;
@@ -111,6 +111,35 @@ fn open_loop(devnum: (u32, u32)) -> std::result::Result<File, String> {
         .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))
 }
 
+/// Whether the loop device open as `dev` is backed by the file `identity` names: one ioctl on
+/// the open device; the backing file's path is read only to explain a mismatch.
+fn is_loop_of(
+    dev: &File,
+    devnum: (u32, u32),
+    identity: &DeviceIdentity,
+) -> std::result::Result<(), NotProven> {
+    let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = identity else {
+        return Err(NotProven::Other(format!(
+            "device {}:{} is a loop device, not {}",
+            devnum.0,
+            devnum.1,
+            super::describe_identity(identity)
+        )));
+    };
+    if loop_backing(dev, devnum).map_err(NotProven::Unknown)? == (*st_dev, *st_ino) {
+        return Ok(());
+    }
+    Err(NotProven::Other(format!(
+        "device {}:{} is loop volume file {}, not {}",
+        devnum.0,
+        devnum.1,
+        loopdev::backing_file_by_devnum(devnum)
+            .unwrap_or_default()
+            .display(),
+        super::describe_identity(identity)
+    )))
+}
+
 /// The (st_dev, st_ino) of the file behind a loop device (`what`, in messages), from a query.
 fn backing_of(
     found: std::result::Result<Option<(u64, u64)>, impl std::fmt::Display>,
@@ -181,9 +210,9 @@ impl Backend for LoopBackend {
         find_by_file(volume, &record.file, (st_dev, st_ino), identity)
     }
 
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, String> {
-        let dev = open_loop(devnum)?;
-        let (st_dev, st_ino) = loop_backing(&dev, devnum)?;
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
+        let dev = open_loop(devnum).map_err(NotProven::Unknown)?;
+        let (st_dev, st_ino) = loop_backing(&dev, devnum).map_err(NotProven::Unknown)?;
         Ok(DeviceIdentity::LoopFile {
             file: loopdev::backing_file_by_devnum(devnum).unwrap_or_default(),
             st_dev,
@@ -191,51 +220,20 @@ impl Backend for LoopBackend {
         })
     }
 
-    fn is_at(
+    /// Asked of the open device (opened here when only its numbers or path are given, and then
+    /// handed back).
+    fn prove(
         &self,
-        devnum: (u32, u32),
+        device: Shown<'_>,
         identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        self.prove_at(devnum, identity).map(drop)
-    }
-
-    fn prove_at(
-        &self,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<Option<File>, String> {
-        let dev = open_loop(devnum)?;
-        self.is_open_at(&dev, devnum, identity)?;
-        Ok(Some(dev))
-    }
-
-    /// One ioctl on the open device; the backing file's path is read only to explain a mismatch.
-    fn is_open_at(
-        &self,
-        dev: &File,
-        devnum: (u32, u32),
-        identity: &DeviceIdentity,
-    ) -> std::result::Result<(), String> {
-        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = identity else {
-            return Err(format!(
-                "device {}:{} is a loop device, not {}",
-                devnum.0,
-                devnum.1,
-                super::describe_identity(identity)
-            ));
-        };
-        if loop_backing(dev, devnum)? == (*st_dev, *st_ino) {
-            return Ok(());
+    ) -> std::result::Result<Option<File>, NotProven> {
+        if let Shown::Held(dev, devnum) = device {
+            return is_loop_of(dev, devnum, identity).map(|()| None);
         }
-        Err(format!(
-            "device {}:{} is loop volume file {}, not {}",
-            devnum.0,
-            devnum.1,
-            loopdev::backing_file_by_devnum(devnum)
-                .unwrap_or_default()
-                .display(),
-            super::describe_identity(identity)
-        ))
+        let devnum = device.devnum()?;
+        let dev = open_loop(devnum).map_err(NotProven::Unknown)?;
+        is_loop_of(&dev, devnum, identity)?;
+        Ok(Some(dev))
     }
 
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {

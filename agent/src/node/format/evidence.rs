@@ -5,15 +5,15 @@ use std::io;
 use std::path::Path;
 use std::time::Instant;
 
-use super::super::NodeCtx;
 use super::super::volume_device::VolumeDevice;
+use crate::backend::Backend;
 use ebs_node_core::blank::Proof;
 use ebs_node_core::format::{DeviceEvidence, FormatError};
 use ebs_node_host::{attachment, blank, device};
 
 /// The held device, proven to be the volume's, and the backend that knows its backing file.
 pub struct HeldEvidence<'a> {
-    pub ctx: &'a NodeCtx,
+    pub backend: &'a dyn Backend,
     pub device: &'a VolumeDevice,
 }
 
@@ -42,7 +42,6 @@ impl DeviceEvidence for HeldEvidence<'_> {
         let path = self.device.path();
         let dev = self.device.held.file();
         let backing = self
-            .ctx
             .backend
             .backing_file(dev, self.device.devnum(), &self.device.identity)
             .map_err(|why| FormatError::Unprovable {

@@ -20,7 +20,6 @@ use ebs_node_core::format::{FormatView, is_requested};
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_core::request::{FormatOptions, FsType};
 use ebs_node_core::steps::Step;
-use ebs_node_host::attachment;
 use ebs_node_host::blkid;
 use ebs_node_host::fstools::filesystem_bytes_of;
 
@@ -67,6 +66,7 @@ pub fn forget_intent(
 }
 
 pub fn format_record(
+    ctx: &NodeCtx,
     vol: &str,
     fs: FsType,
     uuid: &str,
@@ -80,7 +80,7 @@ pub fn format_record(
         identity: dev.identity.clone(),
         state,
         at_unix_ms: now_unix_ms(),
-        attachment: attachment::of(dev.devnum()),
+        attachment: ctx.host.attachment(dev.devnum()),
     }
 }
 
@@ -101,8 +101,8 @@ pub fn format_device(
         ("uuid", uuid.to_string()),
         ("options", options.mkfs_args(fs).join(" ")),
     ]);
-    ctx.fstools.check_size(fs, device.path(), options)?;
-    let intent = format_record(&vol, fs, uuid, device, FormatState::Intent);
+    ctx.host.check_size(fs, device.path(), options)?;
+    let intent = format_record(ctx, &vol, fs, uuid, device, FormatState::Intent);
     journal.record(
         Step::Format,
         Phase::Intent,
@@ -115,7 +115,7 @@ pub fn format_device(
     device.held.release_exclusive();
     let made = device
         .reverify(ctx)
-        .and_then(|()| Ok(ctx.fstools.mkfs(fs, device.path(), uuid, options)?));
+        .and_then(|()| Ok(ctx.host.mkfs(fs, device.path(), uuid, options)?));
     if let Err(e) = made {
         let mut failed = facts;
         failed.insert("error".into(), e.to_string());
@@ -132,7 +132,7 @@ pub fn format_device(
     }
     tracing::info!(volume = %vol, device = %device.path().display(), %fs, uuid,
         ms = started.elapsed().as_millis() as u64, "formatted");
-    let done = format_record(&vol, fs, uuid, device, FormatState::Done);
+    let done = format_record(ctx, &vol, fs, uuid, device, FormatState::Done);
     journal.record(
         Step::Format,
         Phase::Done,

@@ -236,7 +236,11 @@ fn the_partition_key_selects_a_partition_and_waits_for_it() {
     assert_eq!(name, "nvme0n1p2");
     let dev = resolve_with(&f, &[], &[("partition", "2")], Duration::ZERO).unwrap();
     assert_eq!(dev.path, f.dev_root().join("nvme0n1p2"));
-    assert!(backend(&f).still_is(&dev.path, &nvme_identity()).is_ok());
+    assert!(
+        backend(&f)
+            .prove(Shown::Path(&dev.path), &nvme_identity())
+            .is_ok()
+    );
     let whole = resolve_with(&f, &[], &[("partition", "0")], Duration::ZERO).unwrap();
     assert_eq!(whole.path, f.dev_root().join("nvme0n1"));
     let bad = resolve_with(&f, &[], &[("partition", "x")], Duration::ZERO).unwrap_err();
@@ -288,17 +292,18 @@ fn a_device_that_never_appears_gives_a_clean_error_at_the_deadline() {
 }
 
 #[test]
-fn still_is_notices_another_serial_under_the_name() {
+fn a_path_proof_notices_another_serial_under_the_name() {
     let f = Fixture::temp("still-is").unwrap();
     f.nvme(0, Some(SERIAL), EBS_MODEL, &[1]).unwrap();
     let dev = resolve(&f).unwrap();
     let b = backend(&f);
-    assert!(b.still_is(&dev.path, &dev.identity).is_ok());
+    assert!(b.prove(Shown::Path(&dev.path), &dev.identity).is_ok());
     f.set_serial(0, OTHER).unwrap();
-    let why = b.still_is(&dev.path, &dev.identity).unwrap_err();
-    assert!(why.contains(OTHER), "{why}");
+    let why = b.prove(Shown::Path(&dev.path), &dev.identity).unwrap_err();
+    assert!(matches!(why, NotProven::Other(_)), "{why:?}");
+    assert!(why.to_string().contains(OTHER), "{why}");
     f.remove("nvme0n1").unwrap();
-    assert!(b.still_is(&dev.path, &dev.identity).is_err());
+    assert!(b.prove(Shown::Path(&dev.path), &dev.identity).is_err());
 }
 
 #[test]

@@ -14,11 +14,7 @@ use crate::grpc::to_status;
 /// The numbers of the device the host's root filesystem lives on.
 fn root_devnum() -> (u32, u32) {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata("/").unwrap().dev();
-    (
-        nix::sys::stat::major(dev) as u32,
-        nix::sys::stat::minor(dev) as u32,
-    )
+    ebs_node_host::device::devnum_of(std::fs::metadata("/").unwrap().dev())
 }
 
 #[test]

@@ -1,0 +1,184 @@
+//! The double's devices (plain files with numbers), the never-format rule's evidence from its
+//! tables, and a backend that resolves and identifies volumes over them.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ebs_store::DeviceIdentity;
+
+use super::super::host_ops::{DeviceHandle, HostOps};
+use super::super::volume_device::VolumeDevice;
+use super::double::DoubleHost;
+use crate::backend::{Backend, NotProven, ResolvedDevice};
+use crate::error::{Error, Result};
+use ebs_node_core::blank::{Coverage, NonBlank, Proof};
+use ebs_node_core::format::{DeviceEvidence, FormatError};
+use ebs_node_core::probe::Signature;
+use ebs_node_core::request::{FsType, VolumeId};
+
+pub fn signature(fs: FsType, uuid: &str) -> Signature {
+    Signature {
+        type_name: fs.name().to_string(),
+        uuid: Some(uuid.to_string()),
+        usage: Some("filesystem".into()),
+        label: None,
+        is_partition_table: false,
+    }
+}
+
+/// A device of the double: a plain file with numbers.
+#[derive(Debug)]
+pub(super) struct DoubleDevice {
+    pub(super) path: PathBuf,
+    pub(super) file: File,
+    pub(super) devnum: (u32, u32),
+    pub(super) exclusive: bool,
+    /// Something claimed it when it was opened: an exclusive claim fails (EBUSY).
+    pub(super) claimed: bool,
+}
+
+impl DeviceHandle for DoubleDevice {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn devnum(&self) -> (u32, u32) {
+        self.devnum
+    }
+    fn file(&self) -> &File {
+        &self.file
+    }
+    fn proc_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+    fn claim_exclusive(&mut self) -> io::Result<()> {
+        if self.claimed {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        self.exclusive = true;
+        Ok(())
+    }
+    fn release_exclusive(&mut self) {
+        self.exclusive = false;
+    }
+    fn still_at_path(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The never-format rule's evidence, from the double's tables.
+pub(super) struct DoubleEvidence<'a> {
+    pub(super) host: &'a DoubleHost,
+    pub(super) device: &'a VolumeDevice,
+}
+
+impl DeviceEvidence for DoubleEvidence<'_> {
+    fn path(&self) -> &Path {
+        self.device.path()
+    }
+    fn attachment(&self) -> Option<String> {
+        self.host.attachment(self.device.devnum())
+    }
+    fn size(&self) -> io::Result<u64> {
+        self.host.device_bytes(self.device.path())
+    }
+    fn xfs_mkfs_unfinished(&self) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn carries_uuid(&self, _uuid: &str) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn prove_blank(&self, size: u64) -> std::result::Result<Proof, FormatError> {
+        let found = self
+            .host
+            .state()
+            .not_blank
+            .contains(&self.device.devnum())
+            .then(|| NonBlank {
+                offset: size / 2,
+                what: "data".into(),
+            });
+        Ok(Proof {
+            found,
+            coverage: Coverage::Windows {
+                windows: 1,
+                read: size,
+            },
+        })
+    }
+    fn fresh_uuid(&self) -> std::result::Result<String, FormatError> {
+        Ok("11111111-2222-4333-8444-555555555555".into())
+    }
+}
+
+/// A backend whose volume `v`'s device is the double's device file `dev-v`, identified by the
+/// serial `v`. `moved` makes a volume's device answer as another volume's.
+pub struct DoubleBackend {
+    pub host: Arc<DoubleHost>,
+    pub dir: PathBuf,
+    pub moved: Mutex<HashMap<(u32, u32), String>>,
+}
+
+impl DoubleBackend {
+    pub fn device_of(&self, volume: &str) -> PathBuf {
+        self.dir.join("dev").join(format!("dev-{volume}"))
+    }
+}
+
+pub fn serial(volume: &str) -> DeviceIdentity {
+    DeviceIdentity::NvmeSerial {
+        serial: volume.to_string(),
+    }
+}
+
+impl Backend for DoubleBackend {
+    fn resolve(
+        &self,
+        volume: &VolumeId,
+        _publish_context: &HashMap<String, String>,
+        _volume_context: &HashMap<String, String>,
+        _deadline: std::time::Instant,
+    ) -> Result<ResolvedDevice> {
+        let path = self.device_of(volume.as_str());
+        if !self.host.state().devices.contains_key(&path) {
+            return Err(Error::NotFound(format!(
+                "volume {} is not attached",
+                volume.as_str()
+            )));
+        }
+        Ok(ResolvedDevice {
+            path,
+            identity: serial(volume.as_str()),
+        })
+    }
+
+    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
+        if let Some(other) = self
+            .moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&devnum)
+        {
+            return Ok(serial(other));
+        }
+        let s = self.host.state();
+        let (path, _) = s
+            .devices
+            .iter()
+            .find(|(_, d)| **d == devnum)
+            .ok_or_else(|| NotProven::Unknown(format!("no device {}:{}", devnum.0, devnum.1)))?;
+        let name = DoubleHost::name(path);
+        Ok(serial(name.strip_prefix("dev-").unwrap_or(&name)))
+    }
+
+    fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
+        Some(serial(volume.as_str()))
+    }
+
+    fn refresh_size(&self, _device: &Path) -> Result<()> {
+        Ok(())
+    }
+}

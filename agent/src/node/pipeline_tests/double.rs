@@ -1,0 +1,466 @@
+//! The recording double of the host and a backend to go with it. Devices are plain files given
+//! device numbers; the mount table is a stack of mounts per path; every call that changes the
+//! host is recorded with the journal line committed last before it (so a test sees what was
+//! durable when the host was touched). Failures are scripted by call name.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ebs_store::Store;
+use rustix::fs::FileType;
+
+use super::super::format::Probed;
+use super::super::host_ops::{DeviceHandle, HostOps};
+use super::super::ro_block::ReadOnlyDevice;
+use super::super::volume_device::VolumeDevice;
+use super::devices::{DoubleDevice, DoubleEvidence, signature};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use ebs_node_core::format::DeviceEvidence;
+use ebs_node_core::probe::ProbeOutcome;
+use ebs_node_core::request::{FormatOptions, FsType};
+use ebs_node_host::anchor::{Anchored, EntryFd, EntryStat};
+use ebs_node_host::fstools::{FsToolError, FsckOutcome};
+use ebs_node_host::mount::at_path::MountFacts;
+use ebs_node_host::mount::ops::Unmounted;
+
+/// The device filesystem's numbers: what a bind of a device node shows as its `dev`.
+const DEVTMPFS: (u32, u32) = (0, 5);
+pub const GIB: u64 = 1 << 30;
+
+/// One call that changed the host, with the last journal line committed before it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub what: String,
+    pub after: Option<String>,
+    /// The last write before the call was durable (so was every line before it).
+    pub durable: bool,
+}
+
+#[derive(Default)]
+pub struct State {
+    /// Mounts per path, the top-most last.
+    pub mounts: HashMap<PathBuf, Vec<MountFacts>>,
+    /// Device files and their numbers.
+    pub devices: HashMap<PathBuf, (u32, u32)>,
+    /// Device sizes (bytes); the filesystem sizes mkfs made.
+    pub device_bytes: HashMap<(u32, u32), u64>,
+    pub fs_bytes: HashMap<(u32, u32), u64>,
+    /// What a probe finds on each device.
+    pub probes: HashMap<(u32, u32), ProbeOutcome>,
+    /// Devices whose blank proof finds data.
+    pub not_blank: HashSet<(u32, u32)>,
+    /// Devices something else claims (mounted elsewhere, a mapper).
+    pub claimed: HashSet<(u32, u32)>,
+    /// Read-only devices laid over a volume's: (ro, under).
+    pub read_only: Vec<((u32, u32), (u32, u32))>,
+    /// Call names that fail, with the error's text.
+    pub fail: HashMap<&'static str, String>,
+    pub calls: Vec<Call>,
+    next_minor: u32,
+}
+
+pub struct DoubleHost {
+    store: Arc<Store>,
+    /// Whose journal the recorded calls are set against.
+    watched: String,
+    dir: PathBuf,
+    state: Mutex<State>,
+}
+
+impl DoubleHost {
+    pub fn new(store: Arc<Store>, watched: &str, dir: &Path) -> Self {
+        DoubleHost {
+            store,
+            watched: watched.to_string(),
+            dir: dir.to_path_buf(),
+            state: Mutex::default(),
+        }
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new device file of `bytes`, blank.
+    pub fn add_device(&self, name: &str, bytes: u64) -> PathBuf {
+        let path = self.dir.join("dev").join(name);
+        std::fs::create_dir_all(self.dir.join("dev")).expect("dev dir");
+        std::fs::write(&path, b"").expect("device file");
+        let mut s = self.state();
+        s.next_minor += 1;
+        let devnum = (259, s.next_minor);
+        s.devices.insert(path.clone(), devnum);
+        s.device_bytes.insert(devnum, bytes);
+        s.probes.insert(devnum, ProbeOutcome::Blank);
+        path
+    }
+
+    pub fn devnum(&self, path: &Path) -> (u32, u32) {
+        self.state().devices[path]
+    }
+
+    /// The names of the calls that changed the host, in order.
+    pub fn calls(&self) -> Vec<String> {
+        self.state().calls.iter().map(|c| c.what.clone()).collect()
+    }
+
+    /// The calls that changed the host, each with the journal line committed before it.
+    pub fn calls_after(&self) -> Vec<(String, Option<String>)> {
+        self.state()
+            .calls
+            .iter()
+            .map(|c| (c.what.clone(), c.after.clone()))
+            .collect()
+    }
+
+    /// The calls that changed the host, each with the journal line on disk before it: the last
+    /// one committed, if that commit was durable.
+    pub fn durable_before(&self) -> Vec<(String, Option<String>)> {
+        self.state()
+            .calls
+            .iter()
+            .map(|c| (c.what.clone(), c.after.clone().filter(|_| c.durable)))
+            .collect()
+    }
+
+    pub fn fail(&self, call: &'static str, why: &str) {
+        self.state().fail.insert(call, why.to_string());
+    }
+
+    pub fn mounts_at(&self, path: &Path) -> usize {
+        self.state().mounts.get(path).map_or(0, Vec::len)
+    }
+
+    /// Puts a mount that is not the volume's at `path` (another filesystem's root).
+    pub fn foreign_mount(&self, path: &Path) {
+        let facts = mount_facts((8, 99), "ext4", false);
+        self.state()
+            .mounts
+            .entry(path.to_path_buf())
+            .or_default()
+            .push(facts);
+    }
+
+    /// Records a call that changes the host; fails it when scripted to.
+    fn act(&self, what: String, name: &'static str) -> io::Result<()> {
+        let after = self
+            .store
+            .journal(&self.watched)
+            .ok()
+            .and_then(|lines| lines.last().map(super::line));
+        let durable = self.store.last_write_durable();
+        let mut s = self.state();
+        s.calls.push(Call {
+            what,
+            after,
+            durable,
+        });
+        match s.fail.get(name) {
+            Some(why) => Err(io::Error::other(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn top(&self, path: &Path) -> Option<MountFacts> {
+        self.state()
+            .mounts
+            .get(path)
+            .and_then(|m| m.last().cloned())
+    }
+
+    pub(super) fn name(path: &Path) -> String {
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        )
+    }
+}
+
+pub fn mount_facts(dev: (u32, u32), fs_type: &str, read_only: bool) -> MountFacts {
+    MountFacts {
+        dev,
+        fs_type: fs_type.to_string(),
+        root: PathBuf::from("/"),
+        read_only,
+        super_read_only: false,
+        node: EntryStat {
+            kind: FileType::Directory,
+            dev,
+            rdev: (0, 0),
+            ino: 2,
+            mount_root: Some(true),
+            mnt_id: None,
+            mnt_id_unique: false,
+        },
+    }
+}
+
+fn tool_error(e: io::Error) -> FsToolError {
+    FsToolError::ToolFailed {
+        tool: "double".into(),
+        device: PathBuf::from("/dev/double"),
+        code: 1,
+        stderr: e.to_string(),
+    }
+}
+
+impl HostOps for DoubleHost {
+    fn mounted_at(&self, entry: &Anchored) -> io::Result<Option<MountFacts>> {
+        Ok(self.top(entry.path()))
+    }
+
+    fn mount_of(&self, _fd: &EntryFd, path: &Path) -> io::Result<Option<MountFacts>> {
+        Ok(self.top(path))
+    }
+
+    fn mount_device(
+        &self,
+        device: &Path,
+        _target: &EntryFd,
+        target_path: &Path,
+        fs: FsType,
+        _vfs_bits: u64,
+        data: &[String],
+        readonly: bool,
+    ) -> io::Result<()> {
+        let what = format!(
+            "mount {} {} on {}{}{}",
+            fs,
+            Self::name(device),
+            Self::name(target_path),
+            if readonly { " ro" } else { "" },
+            if data.is_empty() {
+                String::new()
+            } else {
+                format!(" -o {}", data.join(","))
+            }
+        );
+        self.act(what, "mount")?;
+        let mut s = self.state();
+        let dev = s.devices[device];
+        s.claimed.insert(dev);
+        let facts = mount_facts(dev, fs.name(), readonly);
+        s.mounts
+            .entry(target_path.to_path_buf())
+            .or_default()
+            .push(facts);
+        Ok(())
+    }
+
+    fn bind(
+        &self,
+        source: &Path,
+        target: &Anchored,
+        readonly: bool,
+        _vfs_bits: u64,
+    ) -> io::Result<()> {
+        // The source is a /proc/self/fd path: the entry or device file it names.
+        let from = std::fs::read_link(source)?;
+        let what = format!(
+            "bind {} on {}{}",
+            Self::name(&from),
+            Self::name(target.path()),
+            if readonly { " ro" } else { "" }
+        );
+        self.act(what, "bind")?;
+        let mut s = self.state();
+        let facts = if let Some(&rdev) = s.devices.get(&from) {
+            let mut f = mount_facts(DEVTMPFS, "devtmpfs", readonly);
+            f.node.kind = FileType::BlockDevice;
+            f.node.rdev = rdev;
+            f
+        } else if let Some(top) = s.mounts.get(&from).and_then(|m| m.last()) {
+            MountFacts {
+                read_only: readonly,
+                ..top.clone()
+            }
+        } else {
+            let mut f = mount_facts((8, 1), "ext4", readonly);
+            f.root = from.clone();
+            f
+        };
+        s.mounts
+            .entry(target.path().to_path_buf())
+            .or_default()
+            .push(facts);
+        Ok(())
+    }
+
+    fn unmount(&self, entry: &Anchored) -> io::Result<Unmounted> {
+        self.act(format!("unmount {}", Self::name(entry.path())), "unmount")?;
+        let mut s = self.state();
+        let popped = s.mounts.get_mut(entry.path()).and_then(Vec::pop);
+        let Some(gone) = popped else {
+            return Ok(Unmounted::NotMounted);
+        };
+        let still = s.mounts.values().flatten().any(|m| m.dev == gone.dev);
+        if !still {
+            s.claimed.remove(&gone.dev);
+        }
+        Ok(Unmounted::Done)
+    }
+
+    fn open_device(&self, path: &Path) -> io::Result<Box<dyn DeviceHandle>> {
+        let devnum = self
+            .state()
+            .devices
+            .get(path)
+            .copied()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(Box::new(DoubleDevice {
+            path: path.to_path_buf(),
+            file: File::open(path)?,
+            devnum,
+            exclusive: false,
+            claimed: self.state().claimed.contains(&devnum),
+        }))
+    }
+
+    fn still_claimed(&self, devnum: (u32, u32), _held: Option<&File>) -> bool {
+        self.state().claimed.contains(&devnum)
+    }
+
+    fn device_exists(&self, devnum: (u32, u32)) -> bool {
+        self.state().devices.values().any(|d| *d == devnum)
+    }
+
+    fn device_bytes(&self, device: &Path) -> io::Result<u64> {
+        let s = self.state();
+        Ok(s.device_bytes[&s.devices[device]])
+    }
+
+    fn attachment(&self, devnum: (u32, u32)) -> Option<String> {
+        Some(format!("seq-{}", devnum.1))
+    }
+
+    fn evidence<'a>(
+        &'a self,
+        _backend: &'a dyn Backend,
+        device: &'a VolumeDevice,
+    ) -> Box<dyn DeviceEvidence + 'a> {
+        Box::new(DoubleEvidence { host: self, device })
+    }
+
+    fn lay_read_only(
+        &self,
+        device: &VolumeDevice,
+        _tag: &str,
+        _retry: bool,
+    ) -> Result<ReadOnlyDevice> {
+        self.act(
+            format!("lay read-only over {}", Self::name(device.path())),
+            "lay",
+        )
+        .map_err(|e| Error::Internal(e.to_string()))?;
+        let n = self.state().read_only.len();
+        let path = self.add_device(&format!("ro-{n}"), 0);
+        let ro = self.devnum(&path);
+        self.state().read_only.push((ro, device.devnum()));
+        let file = File::open(&path).map_err(|e| Error::io("opening", e))?;
+        Ok(ReadOnlyDevice { file, path })
+    }
+
+    fn remove_read_only(&self, _tag: &str) -> Result<usize> {
+        self.act("remove read-only".into(), "remove_ro")
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(std::mem::take(&mut self.state().read_only).len())
+    }
+
+    fn read_only_lies_over(&self, devnum: (u32, u32)) -> Option<(u32, u32)> {
+        let s = self.state();
+        s.read_only
+            .iter()
+            .find(|(ro, _)| *ro == devnum)
+            .map(|(_, under)| *under)
+    }
+
+    fn fs_supported(&self, _fs: FsType) -> std::result::Result<(), String> {
+        match self.state().fail.get("supported") {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn probe(&self, device: &Path, _fs: FsType) -> Result<Probed> {
+        let s = self.state();
+        let devnum = s.devices[device];
+        Ok(Probed {
+            outcome: s.probes[&devnum].clone(),
+            fs_bytes: s.fs_bytes.get(&devnum).copied(),
+        })
+    }
+
+    fn check_size(
+        &self,
+        _fs: FsType,
+        _device: &Path,
+        _opts: &FormatOptions,
+    ) -> std::result::Result<(), FsToolError> {
+        Ok(())
+    }
+
+    fn mkfs(
+        &self,
+        fs: FsType,
+        device: &Path,
+        uuid: &str,
+        _opts: &FormatOptions,
+    ) -> std::result::Result<(), FsToolError> {
+        self.act(format!("mkfs {fs} {}", Self::name(device)), "mkfs")
+            .map_err(tool_error)?;
+        let mut s = self.state();
+        let devnum = s.devices[device];
+        let bytes = s.device_bytes[&devnum];
+        s.fs_bytes.insert(devnum, bytes);
+        s.probes
+            .insert(devnum, ProbeOutcome::Found(signature(fs, uuid)));
+        Ok(())
+    }
+
+    fn fsck(&self, fs: FsType, device: &Path) -> std::result::Result<FsckOutcome, FsToolError> {
+        self.act(format!("fsck {fs} {}", Self::name(device)), "fsck")
+            .map_err(tool_error)?;
+        Ok(FsckOutcome::Clean)
+    }
+
+    fn fs_bytes(&self, _fs: FsType, device: &Path) -> io::Result<u64> {
+        let s = self.state();
+        Ok(s.fs_bytes[&s.devices[device]])
+    }
+
+    fn mounted_fs_bytes(&self, fs: FsType, device: &Path, _mount_point: &Path) -> io::Result<u64> {
+        self.fs_bytes(fs, device)
+    }
+
+    fn grow(
+        &self,
+        fs: FsType,
+        device: &Path,
+        _mount_point: &Path,
+    ) -> std::result::Result<(), FsToolError> {
+        self.act(format!("grow {fs} {} mounted", Self::name(device)), "grow")
+            .map_err(tool_error)?;
+        self.grown(device);
+        Ok(())
+    }
+
+    fn grow_offline(&self, fs: FsType, device: &Path) -> std::result::Result<(), FsToolError> {
+        self.act(format!("grow {fs} {} offline", Self::name(device)), "grow")
+            .map_err(tool_error)?;
+        self.grown(device);
+        Ok(())
+    }
+}
+
+impl DoubleHost {
+    fn grown(&self, device: &Path) {
+        let mut s = self.state();
+        let devnum = s.devices[device];
+        let bytes = s.device_bytes[&devnum];
+        s.fs_bytes.insert(devnum, bytes);
+    }
+}

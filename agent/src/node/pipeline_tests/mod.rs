@@ -1,0 +1,238 @@
+//! Unit tests of the lifecycle pipeline (stage, publish, unpublish, unstage) against the
+//! recording double of the host (`double`), with the real journal on a temporary file: which
+//! steps run and in what order, what was durable before each change to the host, and every
+//! refusal, with the host left untouched. They run as any user in a second. The root tests in
+//! `tests/` prove the host itself on real devices.
+
+mod devices;
+mod double;
+mod publish;
+mod stage;
+mod unpublish;
+mod unstage;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ebs_store::{Phase, StepRecord, Store};
+
+use super::{NodeCtx, PublishCommand, StageCommand, UnpublishCommand, UnstageCommand};
+use crate::error::Result;
+use devices::DoubleBackend;
+use double::{DoubleHost, GIB};
+use ebs_node_core::request::{
+    AccessMode, AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, Roots,
+    VolumeId,
+};
+
+/// The volume most tests act on; the double sets its calls against this volume's journal.
+pub const VOL: &str = "vol-a";
+
+/// A journal line as `op/step:phase`.
+pub fn line(r: &StepRecord) -> String {
+    let phase = match r.phase {
+        Phase::Intent => "intent",
+        Phase::Done => "done",
+        Phase::Failed => "failed",
+    };
+    format!("{}/{}:{phase}", r.op, r.step)
+}
+
+/// A node context over the double, in a temporary directory removed at drop.
+pub struct Harness {
+    pub dir: PathBuf,
+    pub ctx: Arc<NodeCtx>,
+    pub host: Arc<DoubleHost>,
+    pub backend: Arc<DoubleBackend>,
+    roots: Roots,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+impl Harness {
+    pub fn new() -> Harness {
+        let dir = std::env::temp_dir().join(format!(
+            "pipeline-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("allowed")).expect("temp dir");
+        let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));
+        let host = Arc::new(DoubleHost::new(Arc::clone(&store), VOL, &dir));
+        let backend = Arc::new(DoubleBackend {
+            host: Arc::clone(&host),
+            dir: dir.clone(),
+            moved: Mutex::default(),
+        });
+        let roots = Roots::new(vec![dir.join("allowed")], vec![dir.clone()]);
+        let ctx = Arc::new(NodeCtx {
+            store,
+            backend: Arc::clone(&backend) as _,
+            host: Arc::clone(&host) as _,
+            locks: Default::default(),
+            device_locks: Default::default(),
+            claims: Default::default(),
+            roots: roots.clone(),
+            crash_after: Default::default(),
+            health: Default::default(),
+            attention: Default::default(),
+        });
+        Harness {
+            dir,
+            ctx,
+            host,
+            backend,
+            roots,
+        }
+    }
+
+    /// Attaches a blank device of 1 GiB for `volume`.
+    pub fn attach(&self, volume: &str) -> PathBuf {
+        self.host.add_device(&format!("dev-{volume}"), GIB)
+    }
+
+    pub fn path(&self, field: &'static str, rel: &str) -> RequestPath {
+        let raw = self.dir.join("allowed").join(rel);
+        RequestPath::parse(field, &raw.display().to_string(), &self.roots).expect("path")
+    }
+
+    pub fn staging(&self, volume: &str) -> RequestPath {
+        self.path("staging_target_path", &format!("staging/{volume}"))
+    }
+
+    pub fn target(&self, name: &str) -> RequestPath {
+        self.path("target_path", &format!("pods/{name}/mount"))
+    }
+
+    pub fn stage_cmd(&self, volume: &str, capability: Capability) -> StageCommand {
+        StageCommand {
+            volume: VolumeId::parse(volume).expect("volume id"),
+            staging: self.staging(volume),
+            capability,
+            publish_context: HashMap::new(),
+            volume_context: HashMap::new(),
+            format: FormatOptions::default(),
+            deadline: Instant::now() + Duration::from_secs(5),
+        }
+    }
+
+    pub fn stage(&self, cmd: &StageCommand) -> Result<()> {
+        crate::node::stage(&self.ctx, cmd)
+    }
+
+    /// Stages `volume` (attached first) with an ext4 mount, SINGLE_NODE_WRITER; forgets the
+    /// calls it made.
+    pub fn staged(&self, volume: &str) {
+        self.attach(volume);
+        self.stage(&self.stage_cmd(volume, mount(AccessMode::SingleNodeWriter)))
+            .expect("stage");
+        self.host.state().calls.clear();
+    }
+
+    /// Stages `volume` for raw block access; forgets the calls it made.
+    pub fn staged_block(&self, volume: &str, mode: AccessMode) {
+        self.attach(volume);
+        self.stage(&self.stage_cmd(volume, block(mode)))
+            .expect("stage");
+        self.host.state().calls.clear();
+    }
+
+    pub fn publish_cmd(
+        &self,
+        volume: &str,
+        target: &str,
+        capability: Capability,
+    ) -> PublishCommand {
+        PublishCommand {
+            volume: VolumeId::parse(volume).expect("volume id"),
+            staging: self.staging(volume),
+            target: self.target(target),
+            capability,
+            readonly: false,
+        }
+    }
+
+    pub fn publish(&self, cmd: &PublishCommand) -> Result<()> {
+        crate::node::publish(&self.ctx, cmd)
+    }
+
+    /// Publishes staged `volume` at `target` (ext4 mount, SINGLE_NODE_WRITER); forgets the calls.
+    pub fn published(&self, volume: &str, target: &str) {
+        self.publish(&self.publish_cmd(volume, target, mount(AccessMode::SingleNodeWriter)))
+            .expect("publish");
+        self.host.state().calls.clear();
+    }
+
+    pub fn unpublish(&self, volume: &str, target: &str) -> Result<()> {
+        crate::node::unpublish(
+            &self.ctx,
+            &UnpublishCommand {
+                volume: VolumeId::parse(volume).expect("volume id"),
+                target: self.target(target),
+            },
+        )
+    }
+
+    pub fn unstage(&self, volume: &str) -> Result<()> {
+        crate::node::unstage(
+            &self.ctx,
+            &UnstageCommand {
+                volume: VolumeId::parse(volume).expect("volume id"),
+                staging: self.staging(volume),
+            },
+        )
+    }
+
+    /// The volume's journal lines, `op/step:phase`.
+    pub fn journal(&self, volume: &str) -> Vec<String> {
+        self.ctx
+            .store
+            .journal(volume)
+            .expect("journal")
+            .iter()
+            .map(line)
+            .collect()
+    }
+
+    /// The journal lines written from the `n`-th on.
+    pub fn journal_from(&self, volume: &str, n: usize) -> Vec<String> {
+        self.journal(volume).split_off(n)
+    }
+}
+
+pub fn mount(mode: AccessMode) -> Capability {
+    mount_with(FsType::Ext4, &[], mode)
+}
+
+pub fn mount_with(fs: FsType, flags: &[&str], mode: AccessMode) -> Capability {
+    let raw: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+    Capability {
+        access: AccessType::Mount {
+            fs,
+            flags: MountFlags::parse(fs, &raw).expect("flags"),
+        },
+        mode,
+    }
+}
+
+pub fn block(mode: AccessMode) -> Capability {
+    Capability {
+        access: AccessType::Block,
+        mode,
+    }
+}
+
+/// The owned strings of a list of `&str`, for comparing with `calls()` and `journal()`.
+pub fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}

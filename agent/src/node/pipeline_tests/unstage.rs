@@ -1,0 +1,132 @@
+//! NodeUnstageVolume against the double: the steps of an unstage, the refusals while the volume
+//! is in use (asked of the host, not the records), and a mount that is not the volume's left.
+
+use super::*;
+use crate::error::Error;
+
+fn staged_record(h: &Harness) -> bool {
+    h.ctx.store.staged(VOL).unwrap().is_some()
+}
+
+#[test]
+fn an_unstage_unmounts_the_staging_path_then_deletes_the_record() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let before = h.journal(VOL).len();
+    h.unstage(VOL).expect("unstage");
+    assert_eq!(
+        h.host.calls_after(),
+        vec![(
+            format!("unmount {VOL}"),
+            Some("stage/staged:done".to_string())
+        )]
+    );
+    assert_eq!(
+        h.journal_from(VOL, before),
+        strings(&[
+            "unstage/unmount:intent",
+            "unstage/unmount:done",
+            "unstage/unstaged:done",
+        ])
+    );
+    assert!(!staged_record(&h));
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0);
+}
+
+#[test]
+fn a_volume_still_published_is_refused_and_nothing_is_unmounted() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "p1");
+    let before = h.journal(VOL).len();
+    let e = h.unstage(VOL).expect_err("refused");
+    assert!(matches!(e, Error::StillPublished { .. }), "{e:?}");
+    assert_eq!(h.host.calls(), strings(&[]));
+    assert_eq!(h.journal_from(VOL, before), strings(&[]));
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
+    assert!(staged_record(&h));
+}
+
+#[test]
+fn a_publication_whose_bind_is_gone_does_not_block_the_unstage() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "p1");
+    // The workload's bind went (a node reboot, say); only the record is left of it.
+    h.host.state().mounts.remove(h.target("p1").as_path());
+    h.unstage(VOL).expect("unstage");
+    assert_eq!(h.host.calls(), vec![format!("unmount {VOL}")]);
+    assert!(!staged_record(&h));
+}
+
+#[test]
+fn a_foreign_mount_at_the_staging_path_is_refused_and_left() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let staging = h.staging(VOL);
+    // It may cover the volume's own staging mount: unmounting either is not safe.
+    h.host.foreign_mount(staging.as_path());
+    let e = h.unstage(VOL).expect_err("refused");
+    assert!(matches!(e, Error::CoveredMount { .. }), "{e:?}");
+    assert_eq!(h.host.calls(), strings(&[]));
+    assert_eq!(h.host.mounts_at(staging.as_path()), 2);
+    assert!(staged_record(&h));
+}
+
+#[test]
+fn a_device_still_held_by_an_unrecorded_mount_keeps_the_volume_staged() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let staging = h.staging(VOL);
+    // A bind of the filesystem the agent has no record of: the kernel still claims the device.
+    let elsewhere = h.dir.join("elsewhere");
+    let dev = h.host.devnum(&h.backend.device_of(VOL));
+    {
+        let mut s = h.host.state();
+        let facts = s.mounts[staging.as_path()].last().cloned().unwrap();
+        s.mounts.insert(elsewhere.clone(), vec![facts]);
+    }
+    let e = h.unstage(VOL).expect_err("refused");
+    assert!(matches!(e, Error::FilesystemInUse { .. }), "{e:?}");
+    // The staging mount is gone (no workload notices); the record stays so the CO does not
+    // detach a volume in use.
+    assert_eq!(h.host.calls(), vec![format!("unmount {VOL}")]);
+    assert_eq!(h.host.mounts_at(staging.as_path()), 0);
+    assert!(staged_record(&h));
+
+    // Once nothing else holds it, a retry forgets the staging.
+    {
+        let mut s = h.host.state();
+        s.mounts.remove(&elsewhere);
+        // Taken away by hand, not by the double's unmount, which would release the claim.
+        s.claimed.remove(&dev);
+    }
+    h.unstage(VOL).expect("retry");
+    assert!(!staged_record(&h));
+}
+
+#[test]
+fn an_unstage_repeated_is_ok_and_calls_nothing() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.unstage(VOL).expect("unstage");
+    h.host.state().calls.clear();
+    let before = h.journal(VOL).len();
+    h.unstage(VOL).expect("repeat");
+    assert_eq!(h.host.calls(), strings(&[]));
+    assert_eq!(h.journal_from(VOL, before), strings(&[]));
+}
+
+#[test]
+fn a_block_staging_is_forgotten_without_any_unmount() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    let before = h.journal(VOL).len();
+    h.unstage(VOL).expect("unstage");
+    assert_eq!(h.host.calls(), strings(&[]));
+    assert_eq!(
+        h.journal_from(VOL, before),
+        strings(&["unstage/unstaged:done"])
+    );
+    assert!(!staged_record(&h));
+}
