@@ -1,6 +1,7 @@
 //! The one domain error enum. Domain code returns it; `grpc::to_status` maps it to a gRPC code in one
 //! place, so the CSI-specified codes are decided once.
 
+use ebs_node_core::DevNum;
 use std::path::PathBuf;
 
 use ebs_node_core::format::FormatError;
@@ -61,12 +62,8 @@ pub enum Error {
     #[error("volume {volume} is already published at {path} with other arguments")]
     PublishedWithOtherArguments { volume: String, path: PathBuf },
     /// Another call holds the device (two volume ids resolving to one device).
-    #[error("another operation is using device {path} ({major}:{minor}) right now; retry later")]
-    DeviceBusy {
-        path: PathBuf,
-        major: u32,
-        minor: u32,
-    },
+    #[error("another operation is using device {path} ({devnum}) right now; retry later")]
+    DeviceBusy { path: PathBuf, devnum: DevNum },
     /// The kernel refused the agent's exclusive claim: mounted elsewhere, or claimed.
     #[error(
         "{path} is in use ({why}): mounted elsewhere, or claimed by another process (a mkfs \

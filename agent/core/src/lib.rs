@@ -14,7 +14,10 @@
 
 pub mod blank;
 pub mod config;
+mod devnum;
 pub mod format;
 pub mod probe;
 pub mod request;
 pub mod steps;
+
+pub use devnum::DevNum;

@@ -3,10 +3,12 @@
 //! the boot's id, since the counter starts again at every boot. A format intent is worth
 //! something only on the attachment it was journaled on (the core's `format`).
 
+use ebs_node_core::DevNum;
+
 /// `boot_id:diskseq` of the block device `major:minor` (a partition answers with its disk's);
 /// None where the kernel does not say (before 5.15), which trusts no intent.
-pub fn of(devnum: (u32, u32)) -> Option<String> {
-    let dir = format!("/sys/dev/block/{}:{}", devnum.0, devnum.1);
+pub fn of(devnum: DevNum) -> Option<String> {
+    let dir = format!("/sys/dev/block/{}", devnum);
     let seq = std::fs::read_to_string(format!("{dir}/diskseq"))
         .or_else(|_| std::fs::read_to_string(format!("{dir}/../diskseq")))
         .ok()?;
@@ -19,6 +21,9 @@ pub fn of(devnum: (u32, u32)) -> Option<String> {
 mod tests {
     #[test]
     fn a_missing_device_says_nothing() {
-        assert_eq!(super::of((u32::MAX, u32::MAX)), None);
+        assert_eq!(
+            super::of(ebs_node_core::DevNum::new(u32::MAX, u32::MAX)),
+            None
+        );
     }
 }

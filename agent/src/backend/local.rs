@@ -9,6 +9,7 @@
 //! them is mounted here, not claimed by the kernel either (a mount in another namespace, swap,
 //! device-mapper, RAID). Everything else is delegated to the wrapped backend.
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -86,7 +87,7 @@ impl WithLocalVolumes {
     /// The device, its whole disk and the disk's partitions are mounted nowhere but at this
     /// volume's recorded staging and target paths; when none is mounted here, the kernel shows no
     /// claim on the disk either.
-    fn check_free(&self, volume: &VolumeId, node: &Path, devnum: (u32, u32)) -> Result<()> {
+    fn check_free(&self, volume: &VolumeId, node: &Path, devnum: DevNum) -> Result<()> {
         let (whole, family) = disk_family(devnum);
         let mut ours: Vec<PathBuf> = Vec::new();
         if let Some(staged) = self.store.staged(volume.as_str())? {
@@ -102,7 +103,7 @@ impl WithLocalVolumes {
             .map_err(|e| Error::Internal(format!("reading the mount table: {e}")))?;
         let mut mounted_here = false;
         for m in table.entries() {
-            if !family.contains(&(m.major, m.minor)) {
+            if !family.contains(&DevNum::new(m.major, m.minor)) {
                 continue;
             }
             if ours.contains(&m.mount_point) {
@@ -124,11 +125,10 @@ impl WithLocalVolumes {
         }
         if !mounted_here && still_claimed(whole) {
             return Err(Error::Precondition(format!(
-                "node-local volume {volume}: {} is in use (its disk {}:{} is claimed: a mount in \
+                "node-local volume {volume}: {} is in use (its disk {} is claimed: a mount in \
                  another namespace, swap, device-mapper or RAID); refusing to touch it",
                 node.display(),
-                whole.0,
-                whole.1
+                whole
             )));
         }
         Ok(())
@@ -157,7 +157,7 @@ fn real_volume(publish_context: &HashMap<String, String>) -> Result<Option<Volum
 
 /// The block device node the handle names (links followed: `/dev/xvdbz` is a udev link on Nitro
 /// instances), and its numbers. NOT_FOUND when no block device is there.
-fn device_node(volume: &VolumeId, device: &Path) -> Result<(PathBuf, (u32, u32))> {
+fn device_node(volume: &VolumeId, device: &Path) -> Result<(PathBuf, DevNum)> {
     let not_here = |why: String| {
         Error::NotFound(format!(
             "node-local volume {volume}: {why}; the volume is not attached to this node at {}",
@@ -184,8 +184,8 @@ fn device_node(volume: &VolumeId, device: &Path) -> Result<(PathBuf, (u32, u32))
 
 /// The whole disk a device belongs to (itself unless it is a partition), and the numbers of the
 /// disk and all its partitions, from sysfs. A device sysfs does not describe is its own family.
-fn disk_family(devnum: (u32, u32)) -> ((u32, u32), Vec<(u32, u32)>) {
-    let sys = PathBuf::from(format!("/sys/dev/block/{}:{}", devnum.0, devnum.1));
+fn disk_family(devnum: DevNum) -> (DevNum, Vec<DevNum>) {
+    let sys = PathBuf::from(format!("/sys/dev/block/{}", devnum));
     let Ok(dir) = std::fs::canonicalize(&sys) else {
         return (devnum, vec![devnum]);
     };
@@ -209,7 +209,7 @@ fn disk_family(devnum: (u32, u32)) -> ((u32, u32), Vec<(u32, u32)>) {
 }
 
 /// A sysfs block directory's `dev` attribute (`maj:min`), parsed as discovery parses it.
-fn read_dev(dir: &Path) -> Option<(u32, u32)> {
+fn read_dev(dir: &Path) -> Option<DevNum> {
     let text = std::fs::read_to_string(dir.join("dev")).ok()?;
     super::ebs::discovery::parse_dev(text.trim())
 }
@@ -230,7 +230,7 @@ impl Backend for WithLocalVolumes {
         }
     }
 
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
+    fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven> {
         self.inner.identify(devnum)
     }
 
@@ -253,7 +253,7 @@ impl Backend for WithLocalVolumes {
     fn backing_file(
         &self,
         dev: &File,
-        devnum: (u32, u32),
+        devnum: DevNum,
         identity: &DeviceIdentity,
     ) -> std::result::Result<Option<ebs_node_host::blank::BackingFile>, String> {
         self.inner.backing_file(dev, devnum, identity)

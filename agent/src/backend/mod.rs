@@ -4,6 +4,7 @@ pub mod ebs;
 pub mod local;
 pub mod loopback;
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -25,16 +26,16 @@ pub struct ResolvedDevice {
 #[derive(Clone, Copy, Debug)]
 pub enum Shown<'a> {
     /// Held open by the caller, with its numbers: asked through the fd where the backend can.
-    Held(&'a File, (u32, u32)),
+    Held(&'a File, DevNum),
     /// Only its numbers: the backend may open it to ask, and hands back what it opened.
-    Numbers((u32, u32)),
+    Numbers(DevNum),
     /// Its path (recovery of a block staging, stats, health, expand).
     Path(&'a Path),
 }
 
 impl Shown<'_> {
     /// The device's numbers (a path's, read now).
-    pub fn devnum(&self) -> std::result::Result<(u32, u32), NotProven> {
+    pub fn devnum(&self) -> std::result::Result<DevNum, NotProven> {
         match self {
             Shown::Held(_, devnum) | Shown::Numbers(devnum) => Ok(*devnum),
             Shown::Path(path) => ebs_node_host::device::block_devnum(path)
@@ -69,7 +70,7 @@ pub trait Backend: Send + Sync {
 
     /// The identity of the device with these numbers as the host shows it now (loop: the
     /// backing file's inode; NVMe: the controller serial).
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven>;
+    fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven>;
 
     /// What the volume's device must show, when the backend can tell without any record of the
     /// agent's (loop: its file; EBS: the serial its id gives): lost records must still let the
@@ -92,9 +93,8 @@ pub trait Backend: Send + Sync {
             Ok(None)
         } else {
             Err(NotProven::Other(format!(
-                "device {}:{} is {}, not {}",
-                devnum.0,
-                devnum.1,
+                "device {} is {}, not {}",
+                devnum,
                 describe_identity(&found),
                 describe_identity(identity)
             )))
@@ -107,7 +107,7 @@ pub trait Backend: Send + Sync {
     fn backing_file(
         &self,
         _dev: &File,
-        _devnum: (u32, u32),
+        _devnum: DevNum,
         _identity: &DeviceIdentity,
     ) -> std::result::Result<Option<ebs_node_host::blank::BackingFile>, String> {
         Ok(None)

@@ -5,6 +5,7 @@
 //! Records rebuilt from mounts do not know the access mode or mount flags the CO asked for: they
 //! carry access mode 0 ("recovered"), which the compatibility checks treat as "accept the CO's".
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -165,7 +166,7 @@ fn rebuild_mounts(
     known: &[Known],
     table: &MountTable,
 ) -> Result<(usize, usize), String> {
-    let mut by_numbers: HashMap<(u32, u32), &Known> = HashMap::new();
+    let mut by_numbers: HashMap<DevNum, &Known> = HashMap::new();
     for k in known {
         if let Ok(n) = block_devnum(&k.device) {
             by_numbers.insert(n, k);
@@ -180,7 +181,7 @@ fn rebuild_mounts(
             let dev = Path::new("/dev").join(m.root.strip_prefix("/").unwrap_or(&m.root));
             known.iter().find(|k| k.device == dev)
         } else {
-            by_numbers.get(&(m.major, m.minor)).copied()
+            by_numbers.get(&DevNum::new(m.major, m.minor)).copied()
         };
         let Some(k) = k else { continue };
         let vol = k.volume_id.as_str();
@@ -201,7 +202,7 @@ fn rebuild_mounts(
                 volume_id: vol.to_string(),
                 staging_path: staging_path.clone(),
                 device: k.device.clone(),
-                devnum: block_devnum(&k.device).ok(),
+                devnum: block_devnum(&k.device).ok().map(Into::into),
                 identity: k.identity.clone(),
                 access,
                 access_mode: 0,

@@ -114,8 +114,7 @@ fn each_named_refusal_has_its_csi_code() {
         (
             Error::DeviceBusy {
                 path: p(),
-                major: 7,
-                minor: 3,
+                devnum: ebs_node_core::DevNum::new(7, 3),
             },
             Code::Aborted,
         ),
@@ -239,8 +238,7 @@ fn each_named_refusal_has_its_csi_code() {
     );
     let busy = Error::DeviceBusy {
         path: p(),
-        major: 7,
-        minor: 3,
+        devnum: ebs_node_core::DevNum::new(7, 3),
     };
     assert_eq!(
         to_status(&busy).message(),

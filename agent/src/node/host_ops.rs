@@ -9,6 +9,7 @@
 //! entry fd that was checked, never a path to resolve again, and a device is held open from the
 //! moment it is proven (`DeviceHandle`).
 
+use ebs_node_core::DevNum;
 use std::fmt::Debug;
 use std::fs::File;
 use std::io;
@@ -31,7 +32,7 @@ use ebs_node_host::mount::ops::{self, Unmounted};
 /// cannot pass to another device.
 pub trait DeviceHandle: Debug + Send + Sync {
     fn path(&self) -> &Path;
-    fn devnum(&self) -> (u32, u32);
+    fn devnum(&self) -> DevNum;
     /// The held descriptor: the device's identity and evidence are read through it.
     fn file(&self) -> &File;
     /// The held device itself through /proc: a bind of it reaches this very device.
@@ -48,7 +49,7 @@ impl DeviceHandle for HeldDevice {
     fn path(&self) -> &Path {
         HeldDevice::path(self)
     }
-    fn devnum(&self) -> (u32, u32) {
+    fn devnum(&self) -> DevNum {
         HeldDevice::devnum(self)
     }
     fn file(&self) -> &File {
@@ -105,13 +106,13 @@ pub trait HostOps: Send + Sync {
     fn open_device(&self, path: &Path) -> io::Result<Box<dyn DeviceHandle>>;
     /// Whether anything (a mount in any namespace, a mapper, a tool) still claims the device;
     /// asked through `held` when the call holds it open.
-    fn still_claimed(&self, devnum: (u32, u32), held: Option<&File>) -> bool;
+    fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool;
     /// Whether a device with these numbers exists now.
-    fn device_exists(&self, devnum: (u32, u32)) -> bool;
+    fn device_exists(&self, devnum: DevNum) -> bool;
     /// The device's size in bytes, by path (right after it was proven).
     fn device_bytes(&self, device: &Path) -> io::Result<u64>;
     /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.
-    fn attachment(&self, devnum: (u32, u32)) -> Option<String>;
+    fn attachment(&self, devnum: DevNum) -> Option<String>;
     /// The never-format rule's evidence, read from the held, proven device.
     fn evidence<'a>(
         &'a self,
@@ -128,7 +129,7 @@ pub trait HostOps: Send + Sync {
     ) -> Result<ReadOnlyDevice>;
     fn remove_read_only(&self, tag: &str) -> Result<usize>;
     /// When the device is one of the agents' read-only devices: the device it lies over.
-    fn read_only_lies_over(&self, devnum: (u32, u32)) -> Option<(u32, u32)>;
+    fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum>;
 
     // Filesystem tools.
     /// Why this host cannot format, check or grow `fs`, if it cannot.
@@ -208,19 +209,19 @@ impl HostOps for RealHost {
         Ok(Box::new(HeldDevice::open(path)?))
     }
 
-    fn still_claimed(&self, devnum: (u32, u32), held: Option<&File>) -> bool {
+    fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool {
         held.map_or_else(|| device::still_claimed(devnum), device::held_still_claimed)
     }
 
-    fn device_exists(&self, devnum: (u32, u32)) -> bool {
-        Path::new(&format!("/sys/dev/block/{}:{}", devnum.0, devnum.1)).exists()
+    fn device_exists(&self, devnum: DevNum) -> bool {
+        Path::new(&format!("/sys/dev/block/{}", devnum)).exists()
     }
 
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {
         device::size(device)
     }
 
-    fn attachment(&self, devnum: (u32, u32)) -> Option<String> {
+    fn attachment(&self, devnum: DevNum) -> Option<String> {
         ebs_node_host::attachment::of(devnum)
     }
 
@@ -245,7 +246,7 @@ impl HostOps for RealHost {
         ro_block::remove(tag)
     }
 
-    fn read_only_lies_over(&self, devnum: (u32, u32)) -> Option<(u32, u32)> {
+    fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum> {
         ro_block::lies_over(devnum)
     }
 

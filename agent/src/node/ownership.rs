@@ -7,6 +7,7 @@
 //! the device node bound onto a file is the volume's device, or the agent's read-only loop
 //! device over it.
 
+use ebs_node_core::DevNum;
 use std::fs::File;
 use std::sync::OnceLock;
 
@@ -27,11 +28,11 @@ pub struct Expected {
     pub volume: String,
     identity: Option<DeviceIdentity>,
     /// The recorded device's numbers: all an unverified identity can be checked against.
-    recorded: Option<(u32, u32)>,
+    recorded: Option<DevNum>,
     /// The device proven to be the volume in this call, held open: while it is open its numbers
     /// cannot pass to another device (see `host::device`), so the staging mount, a bind of it
     /// and the device itself, asked about in turn, need one proof, not one each.
-    proven: OnceLock<((u32, u32), File)>,
+    proven: OnceLock<(DevNum, File)>,
 }
 
 impl Expected {
@@ -51,7 +52,7 @@ impl Expected {
     }
 
     /// For a device just resolved and held.
-    pub fn resolved(volume: &str, identity: DeviceIdentity, devnum: (u32, u32)) -> Expected {
+    pub fn resolved(volume: &str, identity: DeviceIdentity, devnum: DevNum) -> Expected {
         Expected {
             volume: volume.to_string(),
             identity: Some(identity),
@@ -63,7 +64,7 @@ impl Expected {
     /// Whether the device with these numbers is the volume's. A device that is gone (detached
     /// under a mount) can no longer be asked; then the record vouches for the numbers it noted,
     /// so a workload's mount of a vanished volume can still be taken down.
-    pub fn is_device(&self, ctx: &NodeCtx, devnum: (u32, u32)) -> bool {
+    pub fn is_device(&self, ctx: &NodeCtx, devnum: DevNum) -> bool {
         self.prove(ctx, devnum).is_ok()
             || (self.identity.is_some()
                 && self.recorded == Some(devnum)
@@ -71,12 +72,12 @@ impl Expected {
     }
 
     /// Whether the device with these numbers, as it is now, is the volume; `Err` says why not.
-    pub fn prove(&self, ctx: &NodeCtx, devnum: (u32, u32)) -> std::result::Result<(), String> {
+    pub fn prove(&self, ctx: &NodeCtx, devnum: DevNum) -> std::result::Result<(), String> {
         match &self.identity {
             Some(DeviceIdentity::Unverified) if self.recorded == Some(devnum) => Ok(()),
             Some(DeviceIdentity::Unverified) => Err(format!(
-                "device {}:{} is not the one recorded for a volume without a verifiable identity",
-                devnum.0, devnum.1
+                "device {} is not the one recorded for a volume without a verifiable identity",
+                devnum
             )),
             Some(_) if self.held(devnum).is_some() => Ok(()),
             Some(identity) => {
@@ -97,7 +98,7 @@ impl Expected {
     }
 
     /// The device proven to be the volume in this call, still held, when it has these numbers.
-    pub fn held(&self, devnum: (u32, u32)) -> Option<&File> {
+    pub fn held(&self, devnum: DevNum) -> Option<&File> {
         self.proven
             .get()
             .filter(|(held, _)| *held == devnum)
@@ -105,7 +106,7 @@ impl Expected {
     }
 
     /// The recorded device's numbers.
-    pub fn recorded_devnum(&self) -> Option<(u32, u32)> {
+    pub fn recorded_devnum(&self) -> Option<DevNum> {
         self.recorded
     }
 
@@ -172,7 +173,7 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
         return if ours {
             Holder::Volume(facts)
         } else {
-            Holder::Foreign(format!("a bind of block device {}:{}", dev.0, dev.1))
+            Holder::Foreign(format!("a bind of block device {}", dev))
         };
     }
     if facts.root != std::path::Path::new("/") || !expected.is_device(ctx, facts.dev) {
@@ -182,8 +183,11 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
 }
 
 /// The numbers a staged record noted, or (older records) its device's numbers now.
-pub fn recorded_devnum(staged: &StagedVolume) -> Option<(u32, u32)> {
-    staged.devnum.or_else(|| block_devnum(&staged.device).ok())
+pub fn recorded_devnum(staged: &StagedVolume) -> Option<DevNum> {
+    staged
+        .devnum
+        .map(DevNum::from)
+        .or_else(|| block_devnum(&staged.device).ok())
 }
 
 fn examine_error(entry: &Anchored, source: std::io::Error) -> Error {

@@ -9,6 +9,7 @@
 //! record names the tag; unpublish detaches the publication's device after the unmount, and
 //! start-up recovery detaches every device of this agent that no present publication binds.
 
+use ebs_node_core::DevNum;
 use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -127,7 +128,7 @@ pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevi
     Ok(ReadOnlyDevice { file, path })
 }
 
-fn still_tagged(file: &File, path: &Path, tag: &str, backing: (u32, u32)) -> Result<bool> {
+fn still_tagged(file: &File, path: &Path, tag: &str, backing: DevNum) -> Result<bool> {
     let status = overlay::status_of(file, path)
         .map_err(|e| loop_error(&format!("asking {}", path.display()), e))?;
     Ok(status.is_some_and(|s| s.tag == tag && s.backing == backing && s.read_only))
@@ -177,7 +178,7 @@ pub fn sweep(ctx: &NodeCtx, keep: &HashSet<String>) -> Result<usize> {
 
 /// When the device with these numbers is one of the agents' read-only devices: the numbers of
 /// the device it lies over.
-pub fn lies_over(devnum: (u32, u32)) -> Option<(u32, u32)> {
+pub fn lies_over(devnum: DevNum) -> Option<DevNum> {
     overlay::status_by_devnum(devnum)
         .ok()
         .flatten()

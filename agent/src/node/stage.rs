@@ -78,7 +78,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         volume_id: vol.to_string(),
         staging_path: staging_path.to_path_buf(),
         device: resolved.path.clone(),
-        devnum: Some(device.devnum()),
+        devnum: Some(device.devnum().into()),
         identity: resolved.identity.clone(),
         access: access_record(&cmd.capability),
         access_mode: cmd.capability.mode.csi_number(),

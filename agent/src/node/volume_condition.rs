@@ -3,6 +3,7 @@
 //! command and no read of the mount table, because kubelet asks for stats of every volume every
 //! minute.
 
+use ebs_node_core::DevNum;
 use std::io;
 use std::path::Path;
 
@@ -87,7 +88,7 @@ fn check_device(
     ctx: &NodeCtx,
     expected: &Expected,
     staged: &StagedVolume,
-    devnum: (u32, u32),
+    devnum: DevNum,
     problems: &mut Vec<String>,
 ) -> bool {
     let device = staged.device.as_path();

@@ -2,6 +2,7 @@
 //! proven (so its number cannot pass to another disk), one operation per device, and proven again
 //! right before every host mutation that names it (mkfs, e2fsck, mount, bind, resize, trim).
 
+use ebs_node_core::DevNum;
 use std::path::Path;
 
 use ebs_store::{DeviceIdentity, StagedVolume};
@@ -41,14 +42,13 @@ impl VolumeDevice {
             device: path.to_path_buf(),
             reason: format!("it cannot be opened ({e}); the volume is not attached there"),
         })?;
-        let (major, minor) = held.devnum();
+        let devnum = held.devnum();
         let turn = ctx
             .device_locks
-            .try_lock(&format!("{major}:{minor}"))
+            .try_lock(&devnum.to_string())
             .ok_or_else(|| Error::DeviceBusy {
                 path: path.to_path_buf(),
-                major,
-                minor,
+                devnum,
             })?;
         let device = VolumeDevice {
             held,
@@ -64,7 +64,7 @@ impl VolumeDevice {
         self.held.path()
     }
 
-    pub fn devnum(&self) -> (u32, u32) {
+    pub fn devnum(&self) -> DevNum {
         self.held.devnum()
     }
 

@@ -16,6 +16,7 @@
 //! Anything else (the root volume, a disk mounted elsewhere, a disk nobody mounted) still counts
 //! as not CSI: a slot wrongly reserved costs one volume, a slot wrongly freed fails an attach.
 
+use ebs_node_core::DevNum;
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::path::{Component, Path};
@@ -28,7 +29,7 @@ use ebs_node_host::mount::table::{MountEntry, MountTable};
 pub struct Disk {
     pub serial: String,
     pub name: String,
-    pub devs: Vec<(u32, u32)>,
+    pub devs: Vec<DevNum>,
 }
 
 /// The serials (as given) of `disks` that kubelet's paths for `driver` show to be CSI volumes.
@@ -60,7 +61,7 @@ fn mounts_disk(m: &MountEntry, disk: &Disk, driver: &str) -> bool {
         return false;
     }
     // The disk itself or one of its partitions, by the numbers the mount table gives.
-    disk.devs.contains(&(m.major, m.minor))
+    disk.devs.contains(&DevNum::new(m.major, m.minor))
 }
 
 fn names(path: &Path) -> Vec<&OsStr> {
@@ -159,7 +160,7 @@ mod tests {
         Disk {
             serial: serial.into(),
             name: name.into(),
-            devs: vec![dev],
+            devs: vec![dev.into()],
         }
     }
 
@@ -189,7 +190,7 @@ mod tests {
             disk("vol0block", "nvme3n1", (259, 5)),
             disk("vol0otherdriver", "nvme4n1", (259, 6)),
             Disk {
-                devs: vec![(259, 7), (259, 8)],
+                devs: vec![DevNum::new(259, 7), DevNum::new(259, 8)],
                 ..disk("vol0partition", "nvme5n1", (259, 7))
             },
             disk("vol0unmounted", "nvme6n1", (259, 9)),

@@ -2,6 +2,7 @@
 //! metadata, which misses volumes attached since): EBS volumes, NVMe instance-store disks,
 //! Xen block devices and network interfaces.
 
+use ebs_node_core::DevNum;
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -88,13 +89,9 @@ pub fn attached_disks(sysfs_root: &Path) -> AttachedDisks {
 }
 
 /// The `maj:min` of `<sysfs>/block/<name>` and of its partitions (`<name>/<name>p1/dev`, …).
-fn device_numbers(disk_dir: &Path, name: &str) -> Vec<(u32, u32)> {
-    let read = |dir: &Path| {
-        let text = std::fs::read_to_string(dir.join("dev")).ok()?;
-        let (major, minor) = text.trim().split_once(':')?;
-        Some((major.parse().ok()?, minor.parse().ok()?))
-    };
-    let mut devs: Vec<(u32, u32)> = read(disk_dir).into_iter().collect();
+fn device_numbers(disk_dir: &Path, name: &str) -> Vec<DevNum> {
+    let read = |dir: &Path| DevNum::parse(&std::fs::read_to_string(dir.join("dev")).ok()?);
+    let mut devs: Vec<DevNum> = read(disk_dir).into_iter().collect();
     if let Ok(entries) = std::fs::read_dir(disk_dir) {
         devs.extend(
             entries

@@ -118,15 +118,21 @@ async fn conditions_are_reported_for_real_breakage() {
         swap.target.display(),
         swap.staging.display()
     ));
-    sh(&format!("losetup -d {}", swap.vol.device));
-    wait_detached(&swap.vol.device);
+    // The copy is made first, so that the device number is free for a few milliseconds only:
+    // tests running alongside attach loop devices too, and get the lowest free number.
     let copy = scratch.join("swap-copy.img");
     sh(&format!(
         "cp --sparse=always {} {}",
         volume_file(&agent, &swap).display(),
         copy.display()
     ));
-    sh(&format!("losetup {} {}", swap.vol.device, copy.display()));
+    let name = swap.vol.device.trim_start_matches("/dev/");
+    sh(&format!(
+        "losetup -d {dev} && while [ -e /sys/block/{name}/loop/backing_file ]; do sleep 0.005; \
+         done && losetup {dev} {copy}",
+        dev = swap.vol.device,
+        copy = copy.display()
+    ));
     sh(&format!(
         "mount {} {}",
         swap.vol.device,

@@ -25,13 +25,15 @@ async fn on_ebs_the_volume_id_is_the_disks_serial() {
     let disk = Disk::new(&scratch, "pre-attached", 64 << 20);
     let f = Fixture::at(&scratch.join("fixture")).expect("fixture");
     let names = f.nvme(1, Some(SERIAL), EBS_MODEL, &[1]).expect("nvme");
-    let (major, minor) = ebs_node_host::device::block_devnum(&disk.dev).expect("numbers");
+    let numbers = ebs_node_host::device::block_devnum(&disk.dev).expect("numbers");
+    let (major, minor) = (numbers.major, numbers.minor);
     f.set_dev(&names[0], major, minor).expect("dev");
     f.link(&names[0], &disk.dev).expect("link");
     // A second disk without a serial, as on Xen instances.
     let xen = Disk::new(&scratch, "serial-less", 64 << 20);
     let names2 = f.nvme(2, None, EBS_MODEL, &[1]).expect("nvme");
-    let (major, minor) = ebs_node_host::device::block_devnum(&xen.dev).expect("numbers");
+    let numbers = ebs_node_host::device::block_devnum(&xen.dev).expect("numbers");
+    let (major, minor) = (numbers.major, numbers.minor);
     f.set_dev(&names2[0], major, minor).expect("dev");
     let (sys, dev) = (f.sys_root(), f.dev_root());
     let args = [

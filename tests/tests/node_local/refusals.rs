@@ -77,6 +77,12 @@ fn handle_of(dev: &Path) -> String {
 
 /// A process in a mount namespace of its own that keeps `dev` mounted: the kernel's claim is
 /// all this agent can see of it. Killed by its pid on drop.
+///
+/// A new mount namespace starts as a copy of every mount there is, the other tests' volumes
+/// too (they run in parallel in this process), and with private propagation the copies stay
+/// when those tests unmount theirs: their devices would stay claimed while this one sleeps, and
+/// their unstage is rightly refused ("still mounted elsewhere"). So the namespace first lets go
+/// of every test's mount.
 struct ForeignMount(Child);
 
 impl ForeignMount {
@@ -87,10 +93,13 @@ impl ForeignMount {
         let child = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c"])
             .arg(format!(
-                "mount {} {} && touch {} && exec sleep 120",
+                "awk '{{print $5}}' /proc/self/mountinfo | grep '^{tests}' | sort -r | \
+                 while read -r m; do umount -l \"$m\" 2>/dev/null; done; \
+                 mount {} {} && touch {} && exec sleep 120",
                 dev.display(),
                 dir.display(),
-                ready.display()
+                ready.display(),
+                tests = std::env::temp_dir().join("ebs-it-").display(),
             ))
             .spawn()
             .expect("unshare");

@@ -11,6 +11,7 @@
 //! path: below a dead NFS or FUSE mount an lstat fails with EIO or ENOTCONN, and a path that
 //! cannot be examined cannot be proven safe.
 
+use ebs_node_core::DevNum;
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -43,9 +44,9 @@ pub struct Anchored {
 pub struct EntryStat {
     pub kind: FileType,
     /// st_dev: the filesystem the entry is on (for a mount point: the mounted one).
-    pub dev: (u32, u32),
+    pub dev: DevNum,
     /// st_rdev: the device a device node stands for.
-    pub rdev: (u32, u32),
+    pub rdev: DevNum,
     pub ino: u64,
     /// Whether the entry is the root of a mount; `None` when the kernel cannot say (before 5.8).
     pub mount_root: Option<bool>,
@@ -347,8 +348,8 @@ pub fn entry_stat(st: &Statx) -> EntryStat {
     let has_id = unique || mask.contains(StatxFlags::MNT_ID);
     EntryStat {
         kind: FileType::from_raw_mode(u32::from(st.stx_mode)),
-        dev: (st.stx_dev_major, st.stx_dev_minor),
-        rdev: (st.stx_rdev_major, st.stx_rdev_minor),
+        dev: DevNum::new(st.stx_dev_major, st.stx_dev_minor),
+        rdev: DevNum::new(st.stx_rdev_major, st.stx_rdev_minor),
         ino: st.stx_ino,
         mount_root: knows_root.then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)),
         mnt_id: has_id.then_some(st.stx_mnt_id),

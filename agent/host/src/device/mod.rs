@@ -12,6 +12,7 @@
 //! runs, because mkfs and e2fsck take their own exclusive claim; dropping it waits until no child
 //! forked meanwhile by another thread still holds a copy (`Claim`).
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -29,7 +30,7 @@ pub struct HeldDevice {
     path: PathBuf,
     pin: File,
     exclusive: Option<Claim>,
-    devnum: (u32, u32),
+    devnum: DevNum,
 }
 
 /// An exclusive claim on a block device. A tool that another thread spawns gets a copy of every
@@ -67,8 +68,8 @@ fn free_now(fd_path: &Path) -> bool {
 
 // major() and minor() mask their answers to 32 bits (glibc's gnu_dev_major/minor).
 #[allow(clippy::cast_possible_truncation)]
-pub fn devnum_of(rdev: u64) -> (u32, u32) {
-    (
+pub fn devnum_of(rdev: u64) -> DevNum {
+    DevNum::new(
         nix::sys::stat::major(rdev) as u32,
         nix::sys::stat::minor(rdev) as u32,
     )
@@ -136,7 +137,7 @@ impl HeldDevice {
         &self.path
     }
 
-    pub fn devnum(&self) -> (u32, u32) {
+    pub fn devnum(&self) -> DevNum {
         self.devnum
     }
 
@@ -159,12 +160,10 @@ impl HeldDevice {
         let now = devnum_of(meta.rdev());
         if now != self.devnum {
             return Err(io::Error::other(format!(
-                "{} is now device {}:{}, not the verified {}:{}",
+                "{} is now device {}, not the verified {}",
                 self.path.display(),
-                now.0,
-                now.1,
-                self.devnum.0,
-                self.devnum.1
+                now,
+                self.devnum
             )));
         }
         Ok(())
@@ -172,7 +171,7 @@ impl HeldDevice {
 }
 
 /// The numbers of a block device node (following links, as a CO's devicePath may be one).
-pub fn block_devnum(path: &Path) -> io::Result<(u32, u32)> {
+pub fn block_devnum(path: &Path) -> io::Result<DevNum> {
     let meta = std::fs::metadata(path)?;
     if !meta.file_type().is_block_device() {
         return Err(not_block(path));
@@ -183,14 +182,13 @@ pub fn block_devnum(path: &Path) -> io::Result<(u32, u32)> {
 /// The device node for a device number, opened and checked to carry those numbers. Its name is
 /// the kernel's (sysfs uevent's DEVNAME), remembered from one call to the next: the numbers of
 /// what was opened decide, so a name gone stale costs one more sysfs read, never a wrong device.
-pub fn open_devnum(devnum: (u32, u32)) -> io::Result<File> {
+pub fn open_devnum(devnum: DevNum) -> io::Result<File> {
     if let Some(name) = known_names().get(&devnum).cloned()
         && let Ok(file) = open_named(&name, devnum)
     {
         return Ok(file);
     }
-    let uevent =
-        std::fs::read_to_string(format!("/sys/dev/block/{}:{}/uevent", devnum.0, devnum.1))?;
+    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{}/uevent", devnum))?;
     let name = uevent
         .lines()
         .find_map(|l| l.strip_prefix("DEVNAME="))
@@ -210,21 +208,21 @@ pub fn open_devnum(devnum: (u32, u32)) -> io::Result<File> {
 /// More block devices than any host has; a bound all the same.
 const MAX_KNOWN_NAMES: usize = 4096;
 
-fn known_names() -> std::sync::MutexGuard<'static, HashMap<(u32, u32), String>> {
-    static NAMES: LazyLock<Mutex<HashMap<(u32, u32), String>>> = LazyLock::new(Default::default);
+fn known_names() -> std::sync::MutexGuard<'static, HashMap<DevNum, String>> {
+    static NAMES: LazyLock<Mutex<HashMap<DevNum, String>>> = LazyLock::new(Default::default);
     NAMES
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn open_named(name: &str, devnum: (u32, u32)) -> io::Result<File> {
+fn open_named(name: &str, devnum: DevNum) -> io::Result<File> {
     let file = File::open(Path::new("/dev").join(name))?;
     let meta = file.metadata()?;
     // A character device can carry the same numbers (7:1 is also /dev/vcs1).
     if !meta.file_type().is_block_device() || devnum_of(meta.rdev()) != devnum {
         return Err(io::Error::other(format!(
-            "/dev/{name} does not carry device {}:{}",
-            devnum.0, devnum.1
+            "/dev/{name} does not carry device {}",
+            devnum
         )));
     }
     Ok(file)
@@ -232,7 +230,7 @@ fn open_named(name: &str, devnum: (u32, u32)) -> io::Result<File> {
 
 /// Whether something still claims the device exclusively: a mounted filesystem (in any mount
 /// namespace), a device mapper, a running mkfs. A device that is gone claims nothing.
-pub fn still_claimed(devnum: (u32, u32)) -> bool {
+pub fn still_claimed(devnum: DevNum) -> bool {
     let Ok(file) = open_devnum(devnum) else {
         return false;
     };
@@ -279,7 +277,7 @@ mod tests {
         // A character device with the loop device's numbers, as /dev/vcs1 is for loop1.
         let chr = format!("ebs-test-chr-{}", std::process::id());
         let node = Node(Path::new("/dev").join(&chr));
-        let numbers = makedev(devnum.0.into(), devnum.1.into());
+        let numbers = makedev(devnum.major.into(), devnum.minor.into());
         mknod(&node.0, SFlag::S_IFCHR, Mode::S_IRUSR, numbers).unwrap();
         known_names().insert(devnum, chr.clone());
         let opened = open_devnum(devnum).unwrap();

@@ -3,6 +3,7 @@
 //! reports back). A mount's read-only flag does not reach device special files; a loop device
 //! whose backing is open read-only is a read-only disk, so every write to it fails.
 
+use ebs_node_core::DevNum;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -26,7 +27,7 @@ pub struct Overlay {
     pub tag: String,
     /// The device numbers of its backing file when that is a block device (else its st_rdev,
     /// (0, 0) for a regular file).
-    pub backing: (u32, u32),
+    pub backing: DevNum,
     pub read_only: bool,
 }
 
@@ -63,10 +64,10 @@ pub fn status_of(dev: &File, device: &Path) -> Result<Option<Overlay>, LoopError
 /// The kernel's huge_encode_dev (new_encode_dev) format, as loop_info64 carries device numbers.
 // Both halves are masked to 12 and 20 bits.
 #[allow(clippy::cast_possible_truncation)]
-fn decode_dev(v: u64) -> (u32, u32) {
+fn decode_dev(v: u64) -> DevNum {
     let major = ((v >> 8) & 0xfff) as u32;
     let minor = ((v & 0xff) | ((v >> 12) & 0xfff00)) as u32;
-    (major, minor)
+    DevNum::new(major, minor)
 }
 
 /// Every bound loop device whose tag starts with `prefix`.
@@ -99,12 +100,12 @@ pub fn tagged(prefix: &str) -> Result<Vec<Overlay>, LoopError> {
 }
 
 /// The status of the loop device with these numbers, if it is one and bound.
-pub fn status_by_devnum(devnum: (u32, u32)) -> io::Result<Option<Overlay>> {
-    if devnum.0 != super::LOOP_MAJOR {
+pub fn status_by_devnum(devnum: DevNum) -> io::Result<Option<Overlay>> {
+    if devnum.major != super::LOOP_MAJOR {
         return Ok(None);
     }
     let dev = crate::device::open_devnum(devnum)?;
-    let path = PathBuf::from(format!("/dev/block/{}:{}", devnum.0, devnum.1));
+    let path = PathBuf::from(format!("/dev/block/{}", devnum));
     status_of(&dev, &path).map_err(|e| io::Error::other(e.to_string()))
 }
 
@@ -119,7 +120,7 @@ mod tests {
         for (ma, mi) in [(7, 0), (7, 255), (7, 256), (259, 3), (8, 1048575)] {
             assert_eq!(
                 decode_dev(enc(ma, mi)),
-                (u32::try_from(ma).unwrap(), u32::try_from(mi).unwrap())
+                DevNum::new(u32::try_from(ma).unwrap(), u32::try_from(mi).unwrap())
             );
         }
     }

@@ -1,6 +1,7 @@
 //! What a loop device is bound to: asked of the kernel by device path, by open device, or by
 //! the inode of a backing file.
 
+use ebs_node_core::DevNum;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -64,10 +65,10 @@ fn status(dev: &File) -> Result<Option<LoopInfo64>, Errno> {
 
 /// The backing file's path as sysfs shows it for a device number (for messages only: the inode
 /// from `backing_inode_of` is what identifies).
-pub fn backing_file_by_devnum(devnum: (u32, u32)) -> Option<PathBuf> {
+pub fn backing_file_by_devnum(devnum: DevNum) -> Option<PathBuf> {
     read_backing_file(Path::new(&format!(
-        "/sys/dev/block/{}:{}/loop/backing_file",
-        devnum.0, devnum.1
+        "/sys/dev/block/{}/loop/backing_file",
+        devnum
     )))
     .ok()
 }

@@ -9,6 +9,7 @@
 //!   root, its line is found in the mount table by the mount id statx gave.
 //! - before 5.8: the mount table, by mount point.
 
+use ebs_node_core::DevNum;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +37,7 @@ pub fn read_table() -> io::Result<MountTable> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountFacts {
     /// The mounted filesystem's device (for a bind of a device node: the device filesystem's).
-    pub dev: (u32, u32),
+    pub dev: DevNum,
     pub fs_type: String,
     /// The path inside the filesystem that is mounted: "/" unless a bind of a subdirectory.
     pub root: PathBuf,
@@ -55,10 +56,7 @@ impl MountFacts {
         } else {
             format!(" (a bind of {})", self.root.display())
         };
-        format!(
-            "a {} mount of device {}:{}{root}",
-            self.fs_type, self.dev.0, self.dev.1
-        )
+        format!("a {} mount of device {}{root}", self.fs_type, self.dev)
     }
 }
 
@@ -106,7 +104,7 @@ fn facts(node: EntryStat, path: &std::path::Path) -> io::Result<Option<MountFact
 
 fn facts_of(e: &MountEntry, node: EntryStat) -> MountFacts {
     MountFacts {
-        dev: (e.major, e.minor),
+        dev: DevNum::new(e.major, e.minor),
         fs_type: e.fs_type.clone(),
         root: e.root.clone(),
         read_only: e.is_read_only(),

@@ -5,6 +5,7 @@
 //! FFI: libc has no wrapper yet, so the syscall and `struct statmount` (include/uapi/linux/mount.h)
 //! are mirrored here; this module holds the only `unsafe` of the mount queries.
 
+use ebs_node_core::DevNum;
 use std::io;
 use std::path::PathBuf;
 
@@ -53,7 +54,7 @@ const OFF_MNT_POINT: usize = 108;
 /// What statmount tells of one mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Statmount {
-    pub dev: (u32, u32),
+    pub dev: DevNum,
     pub fs_type: String,
     /// The path inside the filesystem that is mounted ("/" unless a bind of a subdirectory).
     pub root: PathBuf,
@@ -161,7 +162,7 @@ pub fn parse(buf: &[u8]) -> io::Result<Statmount> {
     };
     Ok(Statmount {
         options,
-        dev: (u32_at(buf, OFF_DEV_MAJOR), u32_at(buf, OFF_DEV_MINOR)),
+        dev: DevNum::new(u32_at(buf, OFF_DEV_MAJOR), u32_at(buf, OFF_DEV_MINOR)),
         fs_type: String::from_utf8_lossy(string(OFF_FS_TYPE)?).into_owned(),
         root: path(string(OFF_MNT_ROOT)?),
         mount_point: path(string(OFF_MNT_POINT)?),
@@ -199,7 +200,7 @@ mod tests {
     #[test]
     fn parses_a_well_formed_answer() {
         let m = parse(&answer(&["ext4", "/", "/var/lib/x"])).unwrap();
-        assert_eq!(m.dev, (7, 3));
+        assert_eq!(m.dev, DevNum::new(7, 3));
         assert_eq!(m.fs_type, "ext4");
         assert_eq!(m.root, PathBuf::from("/"));
         assert_eq!(m.mount_point, PathBuf::from("/var/lib/x"));

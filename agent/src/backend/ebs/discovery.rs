@@ -4,6 +4,7 @@
 //! can point it at a fixture tree; `UdevDisks` (see `udev_scan.rs`) enumerates through libudev on the
 //! real host. libudev hard-codes `/sys`, which is why the fixture path cannot go through it.
 
+use ebs_node_core::DevNum;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ pub struct Disk {
     /// The disk's canonical sysfs directory.
     pub sys_path: PathBuf,
     /// major:minor from the `dev` attribute.
-    pub dev: Option<(u32, u32)>,
+    pub dev: Option<DevNum>,
     /// The controller's serial (`device/serial`), trimmed; `None` when the disk is not NVMe.
     pub serial: Option<String>,
     /// The controller's model (`device/model`), trimmed.
@@ -60,9 +61,8 @@ pub fn clean(text: &str) -> Option<String> {
     (!t.is_empty()).then(|| t.to_string())
 }
 
-pub fn parse_dev(raw: &str) -> Option<(u32, u32)> {
-    let (ma, mi) = raw.split_once(':')?;
-    Some((ma.trim().parse().ok()?, mi.trim().parse().ok()?))
+pub fn parse_dev(raw: &str) -> Option<DevNum> {
+    DevNum::parse(raw)
 }
 
 /// Whether a disk is a hidden multipath path node: the `hidden` attribute says so, and older
@@ -172,10 +172,8 @@ pub fn disk_of<'a>(disks: &'a [Disk], dev_root: &Path, node: &Path) -> Option<&'
 
 /// The disk a device number belongs to (a partition's number gives its disk). On the real
 /// /sys one symlink says it; a fixture tree is scanned.
-pub fn disk_by_devnum(devices: &dyn BlockDevices, devnum: (u32, u32)) -> io::Result<Disk> {
-    let link = devices
-        .sys_root()
-        .join(format!("dev/block/{}:{}", devnum.0, devnum.1));
+pub fn disk_by_devnum(devices: &dyn BlockDevices, devnum: DevNum) -> io::Result<Disk> {
+    let link = devices.sys_root().join(format!("dev/block/{}", devnum));
     if let Ok(real) = std::fs::canonicalize(&link) {
         let disk_dir = if real.join("partition").exists() {
             real.parent().map(Path::to_path_buf).unwrap_or(real)
@@ -204,7 +202,7 @@ pub fn disk_by_devnum(devices: &dyn BlockDevices, devnum: (u32, u32)) -> io::Res
 }
 
 /// The numbers of a disk and of each of its partitions.
-pub fn devnums_of_disk(disk: &Disk) -> Vec<(u32, u32)> {
+pub fn devnums_of_disk(disk: &Disk) -> Vec<DevNum> {
     disk.dev
         .into_iter()
         .chain(children(&disk.sys_path).filter_map(|p| {
@@ -238,7 +236,7 @@ pub fn disk_in_use(disk: &Disk) -> io::Result<Option<String>> {
     Ok(table
         .entries()
         .iter()
-        .find(|m| numbers.contains(&(m.major, m.minor)))
+        .find(|m| numbers.contains(&DevNum::new(m.major, m.minor)))
         .map(|m| {
             format!(
                 "{} holds the host's mounted filesystem at {}",

@@ -8,6 +8,7 @@ mod lookup;
 mod udev_scan;
 pub mod wait;
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -150,18 +151,17 @@ impl Backend for EbsBackend {
         }
     }
 
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
+    fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven> {
         let disk = discovery::disk_by_devnum(self.devices.as_ref(), devnum)
-            .map_err(|e| NotProven::Unknown(format!("device {}:{}: {e}", devnum.0, devnum.1)))?;
+            .map_err(|e| NotProven::Unknown(format!("device {}: {e}", devnum)))?;
         match (&disk.model, &disk.serial) {
             (Some(m), Some(serial)) if *m == self.model => Ok(DeviceIdentity::NvmeSerial {
                 serial: serial.clone(),
             }),
             (_, None) => Ok(DeviceIdentity::Unverified),
             _ => Err(NotProven::Other(format!(
-                "device {}:{} is {}",
-                devnum.0,
-                devnum.1,
+                "device {} is {}",
+                devnum,
                 disk.describe()
             ))),
         }
@@ -189,9 +189,8 @@ impl Backend for EbsBackend {
         let found = self.identify(devnum)?;
         if !super::proves(identity, &found) {
             return Err(NotProven::Other(format!(
-                "device {}:{} is {}, not {}",
-                devnum.0,
-                devnum.1,
+                "device {} is {}, not {}",
+                devnum,
                 super::describe_identity(&found),
                 super::describe_identity(identity)
             )));

@@ -172,10 +172,10 @@ impl LoopController {
             let Some(att) = &volume.attachment else {
                 continue;
             };
-            let Ok((major, minor)) = ebs_node_host::device::block_devnum(&att.device) else {
+            let Ok(dev) = ebs_node_host::device::block_devnum(&att.device) else {
                 continue;
             };
-            if let Some(m) = table.mounts_of_device(major, minor).next() {
+            if let Some(m) = table.mounts_of_device(dev.major, dev.minor).next() {
                 match freeze::thaw_if_frozen(&m.mount_point) {
                     Ok(true) => {
                         tracing::warn!(volume = %volume.id, path = %m.mount_point.display(),

@@ -109,13 +109,13 @@ fn sync_dir(file: &Path) -> Result<()> {
 
 /// The mount point of the device that holds `volume`'s file, if it is attached and mounted.
 fn mounted_at(device: &Path) -> Result<Option<PathBuf>> {
-    let Ok((major, minor)) = ebs_node_host::device::block_devnum(device) else {
+    let Ok(dev) = ebs_node_host::device::block_devnum(device) else {
         return Ok(None);
     };
     let table = ebs_node_host::mount::at_path::read_table()
         .map_err(|e| Error::io("reading the mount table", e))?;
     Ok(table
-        .mounts_of_device(major, minor)
+        .mounts_of_device(dev.major, dev.minor)
         .next()
         .map(|m| m.mount_point.clone()))
 }

@@ -10,6 +10,7 @@ mod paging;
 mod resize;
 mod snapshots;
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -100,29 +101,24 @@ fn find_by_file(
 }
 
 /// The loop device with these numbers, opened.
-fn open_loop(devnum: (u32, u32)) -> std::result::Result<File, String> {
-    if devnum.0 != loopdev::LOOP_MAJOR {
-        return Err(format!(
-            "device {}:{} is not a loop device",
-            devnum.0, devnum.1
-        ));
+fn open_loop(devnum: DevNum) -> std::result::Result<File, String> {
+    if devnum.major != loopdev::LOOP_MAJOR {
+        return Err(format!("device {} is not a loop device", devnum));
     }
-    ebs_node_host::device::open_devnum(devnum)
-        .map_err(|e| format!("device {}:{}: {e}", devnum.0, devnum.1))
+    ebs_node_host::device::open_devnum(devnum).map_err(|e| format!("device {}: {e}", devnum))
 }
 
 /// Whether the loop device open as `dev` is backed by the file `identity` names: one ioctl on
 /// the open device; the backing file's path is read only to explain a mismatch.
 fn is_loop_of(
     dev: &File,
-    devnum: (u32, u32),
+    devnum: DevNum,
     identity: &DeviceIdentity,
 ) -> std::result::Result<(), NotProven> {
     let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = identity else {
         return Err(NotProven::Other(format!(
-            "device {}:{} is a loop device, not {}",
-            devnum.0,
-            devnum.1,
+            "device {} is a loop device, not {}",
+            devnum,
             super::describe_identity(identity)
         )));
     };
@@ -130,9 +126,8 @@ fn is_loop_of(
         return Ok(());
     }
     Err(NotProven::Other(format!(
-        "device {}:{} is loop volume file {}, not {}",
-        devnum.0,
-        devnum.1,
+        "device {} is loop volume file {}, not {}",
+        devnum,
         loopdev::backing_file_by_devnum(devnum)
             .unwrap_or_default()
             .display(),
@@ -153,10 +148,10 @@ fn backing_of(
 }
 
 /// The backing inode of the loop device open as `dev`, asked of that very device.
-fn loop_backing(dev: &File, devnum: (u32, u32)) -> std::result::Result<(u64, u64), String> {
+fn loop_backing(dev: &File, devnum: DevNum) -> std::result::Result<(u64, u64), String> {
     backing_of(
         loopdev::backing_inode_of(dev),
-        &format_args!("loop device {}:{}", devnum.0, devnum.1),
+        &format_args!("loop device {}", devnum),
     )
 }
 
@@ -210,7 +205,7 @@ impl Backend for LoopBackend {
         find_by_file(volume, &record.file, (st_dev, st_ino), identity)
     }
 
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
+    fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven> {
         let dev = open_loop(devnum).map_err(NotProven::Unknown)?;
         let (st_dev, st_ino) = loop_backing(&dev, devnum).map_err(NotProven::Unknown)?;
         Ok(DeviceIdentity::LoopFile {
@@ -253,10 +248,10 @@ impl Backend for LoopBackend {
     fn backing_file(
         &self,
         dev: &File,
-        devnum: (u32, u32),
+        devnum: DevNum,
         identity: &DeviceIdentity,
     ) -> std::result::Result<Option<BackingFile>, String> {
-        let what = format_args!("loop device {}:{}", devnum.0, devnum.1);
+        let what = format_args!("loop device {}", devnum);
         let (inode, offset) = match loopdev::backing_of(dev) {
             Ok(Some(found)) => found,
             Ok(None) => return Err(format!("{what} is not attached to any file")),

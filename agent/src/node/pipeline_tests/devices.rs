@@ -1,6 +1,7 @@
 //! The double's devices (plain files with numbers), the never-format rule's evidence from its
 //! tables, and a backend that resolves and identifies volumes over them.
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
@@ -34,7 +35,7 @@ pub fn signature(fs: FsType, uuid: &str) -> Signature {
 pub(super) struct DoubleDevice {
     pub(super) path: PathBuf,
     pub(super) file: File,
-    pub(super) devnum: (u32, u32),
+    pub(super) devnum: DevNum,
     pub(super) exclusive: bool,
     /// Something claimed it when it was opened: an exclusive claim fails (EBUSY).
     pub(super) claimed: bool,
@@ -44,7 +45,7 @@ impl DeviceHandle for DoubleDevice {
     fn path(&self) -> &Path {
         &self.path
     }
-    fn devnum(&self) -> (u32, u32) {
+    fn devnum(&self) -> DevNum {
         self.devnum
     }
     fn file(&self) -> &File {
@@ -119,7 +120,7 @@ impl DeviceEvidence for DoubleEvidence<'_> {
 pub struct DoubleBackend {
     pub host: Arc<DoubleHost>,
     pub dir: PathBuf,
-    pub moved: Mutex<HashMap<(u32, u32), String>>,
+    pub moved: Mutex<HashMap<DevNum, String>>,
 }
 
 impl DoubleBackend {
@@ -155,7 +156,7 @@ impl Backend for DoubleBackend {
         })
     }
 
-    fn identify(&self, devnum: (u32, u32)) -> std::result::Result<DeviceIdentity, NotProven> {
+    fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven> {
         if let Some(other) = self
             .moved
             .lock()
@@ -169,7 +170,7 @@ impl Backend for DoubleBackend {
             .devices
             .iter()
             .find(|(_, d)| **d == devnum)
-            .ok_or_else(|| NotProven::Unknown(format!("no device {}:{}", devnum.0, devnum.1)))?;
+            .ok_or_else(|| NotProven::Unknown(format!("no device {}", devnum)))?;
         let name = DoubleHost::name(path);
         Ok(serial(name.strip_prefix("dev-").unwrap_or(&name)))
     }

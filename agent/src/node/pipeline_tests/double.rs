@@ -3,6 +3,7 @@
 //! host is recorded with the journal line committed last before it (so a test sees what was
 //! durable when the host was touched). Failures are scripted by call name.
 
+use ebs_node_core::DevNum;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
@@ -28,7 +29,7 @@ use ebs_node_host::mount::at_path::MountFacts;
 use ebs_node_host::mount::ops::Unmounted;
 
 /// The device filesystem's numbers: what a bind of a device node shows as its `dev`.
-const DEVTMPFS: (u32, u32) = (0, 5);
+const DEVTMPFS: DevNum = DevNum::new(0, 5);
 pub const GIB: u64 = 1 << 30;
 
 /// One call that changed the host, with the last journal line committed before it.
@@ -45,18 +46,18 @@ pub struct State {
     /// Mounts per path, the top-most last.
     pub mounts: HashMap<PathBuf, Vec<MountFacts>>,
     /// Device files and their numbers.
-    pub devices: HashMap<PathBuf, (u32, u32)>,
+    pub devices: HashMap<PathBuf, DevNum>,
     /// Device sizes (bytes); the filesystem sizes mkfs made.
-    pub device_bytes: HashMap<(u32, u32), u64>,
-    pub fs_bytes: HashMap<(u32, u32), u64>,
+    pub device_bytes: HashMap<DevNum, u64>,
+    pub fs_bytes: HashMap<DevNum, u64>,
     /// What a probe finds on each device.
-    pub probes: HashMap<(u32, u32), ProbeOutcome>,
+    pub probes: HashMap<DevNum, ProbeOutcome>,
     /// Devices whose blank proof finds data.
-    pub not_blank: HashSet<(u32, u32)>,
+    pub not_blank: HashSet<DevNum>,
     /// Devices something else claims (mounted elsewhere, a mapper).
-    pub claimed: HashSet<(u32, u32)>,
+    pub claimed: HashSet<DevNum>,
     /// Read-only devices laid over a volume's: (ro, under).
-    pub read_only: Vec<((u32, u32), (u32, u32))>,
+    pub read_only: Vec<(DevNum, DevNum)>,
     /// Call names that fail, with the error's text.
     pub fail: HashMap<&'static str, String>,
     pub calls: Vec<Call>,
@@ -92,14 +93,14 @@ impl DoubleHost {
         std::fs::write(&path, b"").expect("device file");
         let mut s = self.state();
         s.next_minor += 1;
-        let devnum = (259, s.next_minor);
+        let devnum = DevNum::new(259, s.next_minor);
         s.devices.insert(path.clone(), devnum);
         s.device_bytes.insert(devnum, bytes);
         s.probes.insert(devnum, ProbeOutcome::Blank);
         path
     }
 
-    pub fn devnum(&self, path: &Path) -> (u32, u32) {
+    pub fn devnum(&self, path: &Path) -> DevNum {
         self.state().devices[path]
     }
 
@@ -137,7 +138,7 @@ impl DoubleHost {
 
     /// Puts a mount that is not the volume's at `path` (another filesystem's root).
     pub fn foreign_mount(&self, path: &Path) {
-        let facts = mount_facts((8, 99), "ext4", false);
+        let facts = mount_facts(DevNum::new(8, 99), "ext4", false);
         self.state()
             .mounts
             .entry(path.to_path_buf())
@@ -180,7 +181,7 @@ impl DoubleHost {
     }
 }
 
-pub fn mount_facts(dev: (u32, u32), fs_type: &str, read_only: bool) -> MountFacts {
+pub fn mount_facts(dev: DevNum, fs_type: &str, read_only: bool) -> MountFacts {
     MountFacts {
         dev,
         fs_type: fs_type.to_string(),
@@ -190,7 +191,7 @@ pub fn mount_facts(dev: (u32, u32), fs_type: &str, read_only: bool) -> MountFact
         node: EntryStat {
             kind: FileType::Directory,
             dev,
-            rdev: (0, 0),
+            rdev: DevNum::new(0, 0),
             ino: 2,
             mount_root: Some(true),
             mnt_id: None,
@@ -279,7 +280,7 @@ impl HostOps for DoubleHost {
                 ..top.clone()
             }
         } else {
-            let mut f = mount_facts((8, 1), "ext4", readonly);
+            let mut f = mount_facts(DevNum::new(8, 1), "ext4", readonly);
             f.root = from.clone();
             f
         };
@@ -320,11 +321,11 @@ impl HostOps for DoubleHost {
         }))
     }
 
-    fn still_claimed(&self, devnum: (u32, u32), _held: Option<&File>) -> bool {
+    fn still_claimed(&self, devnum: DevNum, _held: Option<&File>) -> bool {
         self.state().claimed.contains(&devnum)
     }
 
-    fn device_exists(&self, devnum: (u32, u32)) -> bool {
+    fn device_exists(&self, devnum: DevNum) -> bool {
         self.state().devices.values().any(|d| *d == devnum)
     }
 
@@ -333,8 +334,8 @@ impl HostOps for DoubleHost {
         Ok(s.device_bytes[&s.devices[device]])
     }
 
-    fn attachment(&self, devnum: (u32, u32)) -> Option<String> {
-        Some(format!("seq-{}", devnum.1))
+    fn attachment(&self, devnum: DevNum) -> Option<String> {
+        Some(format!("seq-{}", devnum.minor))
     }
 
     fn evidence<'a>(
@@ -370,7 +371,7 @@ impl HostOps for DoubleHost {
         Ok(std::mem::take(&mut self.state().read_only).len())
     }
 
-    fn read_only_lies_over(&self, devnum: (u32, u32)) -> Option<(u32, u32)> {
+    fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum> {
         let s = self.state();
         s.read_only
             .iter()

@@ -156,7 +156,7 @@ fn a_block_stage_mounts_nothing_and_records_the_device_durably() {
     assert_eq!(staged.access, ebs_store::AccessRecord::Block);
     assert_eq!(
         staged.devnum,
-        Some(h.host.devnum(&h.backend.device_of(VOL)))
+        Some(h.host.devnum(&h.backend.device_of(VOL)).into())
     );
 }
 
@@ -240,8 +240,8 @@ fn refusals_before_the_device_is_touched() {
             "another volume's call holds the device",
             |h| {
                 let dev = h.attach(VOL);
-                let (major, minor) = h.host.devnum(&dev);
-                std::mem::forget(h.ctx.device_locks.try_lock(&format!("{major}:{minor}")));
+                let devnum = h.host.devnum(&dev);
+                std::mem::forget(h.ctx.device_locks.try_lock(&devnum.to_string()));
                 h.stage_cmd(VOL, mount(RWO))
             },
             |e| matches!(e, Error::DeviceBusy { .. }),

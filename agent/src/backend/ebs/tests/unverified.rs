@@ -1,6 +1,7 @@
 //! Serial-less devices only by explicit choice, never a disk holding host filesystems; serials
 //! matched exactly; identities asked by device number.
 
+use ebs_node_core::DevNum;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use super::{SERIAL, VOL, backend, backend_unverified, nvme_identity, vol};
 use crate::grpc::to_status;
 
 /// The numbers of the device the host's root filesystem lives on.
-fn root_devnum() -> (u32, u32) {
+fn root_devnum() -> DevNum {
     use std::os::unix::fs::MetadataExt;
     ebs_node_host::device::devnum_of(std::fs::metadata("/").unwrap().dev())
 }
@@ -23,7 +24,10 @@ fn a_disk_holding_host_filesystems_is_never_taken_unverified() {
     f.xen("xvda", 0).unwrap();
     let part = f.partition("xvda", 1).unwrap();
     // xvda1 carries the numbers of the device the host's / is mounted from.
-    let (ma, mi) = root_devnum();
+    let DevNum {
+        major: ma,
+        minor: mi,
+    } = root_devnum();
     let sys = std::fs::canonicalize(f.sys_root().join("block/xvda")).unwrap();
     std::fs::write(sys.join(&part).join("dev"), format!("{ma}:{mi}\n")).unwrap();
     let given = f.dev_root().join("xvda");
@@ -94,9 +98,12 @@ fn identify_by_device_number() {
     f.nvme(0, Some(SERIAL), EBS_MODEL, &[1]).unwrap();
     f.xen("xvdf", 5).unwrap();
     let b = backend(&f);
-    assert_eq!(b.identify((259, 1)).unwrap(), nvme_identity());
-    assert_eq!(b.identify((202, 5)).unwrap(), DeviceIdentity::Unverified);
-    assert!(b.identify((259, 99)).is_err());
+    assert_eq!(b.identify(DevNum::new(259, 1)).unwrap(), nvme_identity());
+    assert_eq!(
+        b.identify(DevNum::new(202, 5)).unwrap(),
+        DeviceIdentity::Unverified
+    );
+    assert!(b.identify(DevNum::new(259, 99)).is_err());
     assert_eq!(b.expected_identity(&vol(VOL)), Some(nvme_identity()));
     assert_eq!(b.expected_identity(&vol("lv-1")), None);
 }
