@@ -70,7 +70,15 @@ enum Op {
 }
 
 async fn call(agent: &Agent, c: &Cycle, op: Op) -> Result<(), tonic::Status> {
-    let mut node = agent.node().await;
+    call_on(&mut agent.node().await, c, op).await
+}
+
+/// `op` for the volume of `c` over a connection the caller made (the storm's may fail).
+async fn call_on(
+    node: &mut csi::node_client::NodeClient<tonic::transport::Channel>,
+    c: &Cycle,
+    op: Op,
+) -> Result<(), tonic::Status> {
     match op {
         Op::Stage => node
             .node_stage_volume(stage_req(&c.vol, &c.staging, c.cap.clone()))
@@ -99,3 +107,4 @@ async fn call(agent: &Agent, c: &Cycle, op: Op) -> Result<(), tonic::Status> {
 
 mod crash_matrix;
 mod recovery;
+mod storm;
