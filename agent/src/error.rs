@@ -161,6 +161,114 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    // NodeExpandVolume's refusals.
+    #[error("staging of volume {volume} has not completed; stage it again before expanding")]
+    StagingIncomplete { volume: String },
+    #[error(
+        "the device {} of volume {volume} is not the volume any more ({reason}); it cannot be \
+         expanded", .device.display()
+    )]
+    NotTheVolumeAnyMore {
+        volume: String,
+        device: PathBuf,
+        reason: String,
+    },
+    /// resize2fs on a mounted ext filesystem needs CAP_SYS_RESOURCE.
+    #[error(
+        "growing the mounted {fs} filesystem on {} needs CAP_SYS_RESOURCE, which the agent does \
+         not have (run it privileged, or grant the capability); resize2fs said: {stderr}",
+        .device.display()
+    )]
+    GrowNeedsCapability {
+        fs: ebs_node_core::request::FsType,
+        device: PathBuf,
+        stderr: String,
+    },
+    #[error(
+        "volume {volume} is recorded as staged at {}, but its filesystem is not mounted there \
+         (the node rebooted, or it was unmounted behind the agent's back); stage it again before \
+         expanding", .at.display()
+    )]
+    StagingNotMounted { volume: String, at: PathBuf },
+    #[error(
+        "the filesystem of volume {volume} is mounted read-only at {}; it cannot be grown online",
+        .at.display()
+    )]
+    MountedReadOnly { volume: String, at: PathBuf },
+    /// ReclaimSpace on a read-only mount.
+    #[error("{} is mounted read-only; free space cannot be discarded", .path.display())]
+    ReadOnlyNoDiscard { path: PathBuf },
+    /// A volume whose records could not be checked against the host (see `node::attention`).
+    #[error(
+        "volume {volume} needs attention: {reason}; nothing was done ({failed_checks} failed \
+         check(s) of its records against the host; {when}); fix the cause, see `ebs-node-agent \
+         status`"
+    )]
+    NeedsAttention {
+        volume: String,
+        reason: String,
+        failed_checks: u32,
+        when: String,
+    },
+    // The backends' refusals.
+    /// The loop controller never detaches a volume the node stages or publishes.
+    #[error(
+        "volume {volume} is still in use on this node ({why}); NodeUnpublishVolume and \
+         NodeUnstageVolume first"
+    )]
+    VolumeInUse { volume: String, why: String },
+    #[error(
+        "volume {volume} is still attached to node {node} as {}; ControllerUnpublishVolume first",
+        .device.display()
+    )]
+    StillAttached {
+        volume: String,
+        node: String,
+        device: PathBuf,
+    },
+    #[error("volume {volume} is attached to node {node}")]
+    AttachedElsewhere { volume: String, node: String },
+    #[error(
+        "volume {volume} is not attached to this node (no loop device is backed by {}); call \
+         ControllerPublishVolume first", .file.display()
+    )]
+    NotAttached { volume: String, file: PathBuf },
+    #[error(
+        "node-local volume {volume}: {} cannot be told apart from other devices: {why}",
+        .device.display()
+    )]
+    IndistinctDevice {
+        volume: String,
+        device: PathBuf,
+        why: String,
+    },
+    #[error(
+        "node-local volume {volume}: {} ({devnum}) is not free: its disk holds {what}; a host \
+         disk is never a volume", .device.display()
+    )]
+    HostDisk {
+        volume: String,
+        device: PathBuf,
+        devnum: DevNum,
+        what: String,
+    },
+    #[error(
+        "node-local volume {volume}: {} is in use (its disk {disk} is claimed: a mount in another \
+         namespace, swap, device-mapper or RAID); refusing to touch it", .device.display()
+    )]
+    DiskClaimed {
+        volume: String,
+        device: PathBuf,
+        disk: DevNum,
+    },
+    #[error(
+        "volume {volume} (serial {serial}) matches several devices: {matches}; refusing to guess"
+    )]
+    AmbiguousSerial {
+        volume: String,
+        serial: String,
+        matches: String,
+    },
     /// A publish target that exists and is not what the bind may go onto.
     #[error("{path} {why}")]
     UnusableTarget { path: PathBuf, why: &'static str },

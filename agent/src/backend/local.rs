@@ -48,12 +48,14 @@ impl WithLocalVolumes {
         let node = device_node(volume, device)?;
         let devnum = node.1;
         self.check_free(volume, &node.0, devnum)?;
-        let identity = self.inner.identify(devnum).map_err(|why| {
-            Error::Precondition(format!(
-                "node-local volume {volume}: {} cannot be told apart from other devices: {why}",
-                device.display()
-            ))
-        })?;
+        let identity = self
+            .inner
+            .identify(devnum)
+            .map_err(|why| Error::IndistinctDevice {
+                volume: volume.to_string(),
+                device: device.to_path_buf(),
+                why: why.to_string(),
+            })?;
         if let Some(real) = &real {
             match self.inner.expected_identity(real) {
                 // A disk without a serial (Xen) cannot be asked which volume it is: the handle,
@@ -115,21 +117,19 @@ impl WithLocalVolumes {
             } else {
                 format!("a filesystem mounted at {}", m.mount_point.display())
             };
-            return Err(Error::Precondition(format!(
-                "node-local volume {volume}: {} ({}:{}) is not free: its disk holds {what}; a \
-                 host disk is never a volume",
-                node.display(),
-                m.major,
-                m.minor
-            )));
+            return Err(Error::HostDisk {
+                volume: volume.to_string(),
+                device: node.to_path_buf(),
+                devnum: DevNum::new(m.major, m.minor),
+                what,
+            });
         }
         if !mounted_here && still_claimed(whole) {
-            return Err(Error::Precondition(format!(
-                "node-local volume {volume}: {} is in use (its disk {} is claimed: a mount in \
-                 another namespace, swap, device-mapper or RAID); refusing to touch it",
-                node.display(),
-                whole
-            )));
+            return Err(Error::DiskClaimed {
+                volume: volume.to_string(),
+                device: node.to_path_buf(),
+                disk: whole,
+            });
         }
         Ok(())
     }

@@ -341,3 +341,136 @@ fn the_newly_named_refusals_keep_their_words() {
         assert_eq!(to_status(&err).message(), text);
     }
 }
+
+/// The expand, reclaim, attention and backend refusals that were strings keep their code and
+/// their words.
+#[test]
+fn the_other_named_refusals_keep_their_code_and_words() {
+    use ebs_node_core::DevNum;
+    let p = || PathBuf::from("/k/p");
+    let v = || "vol".to_string();
+    let cases = [
+        (
+            Error::StagingIncomplete { volume: v() },
+            "staging of volume vol has not completed; stage it again before expanding",
+        ),
+        (
+            Error::NotTheVolumeAnyMore {
+                volume: v(),
+                device: p(),
+                reason: "r".into(),
+            },
+            "the device /k/p of volume vol is not the volume any more (r); it cannot be expanded",
+        ),
+        (
+            Error::GrowNeedsCapability {
+                fs: ebs_node_core::request::FsType::Ext4,
+                device: p(),
+                stderr: "e".into(),
+            },
+            "growing the mounted ext4 filesystem on /k/p needs CAP_SYS_RESOURCE, which the agent \
+             does not have (run it privileged, or grant the capability); resize2fs said: e",
+        ),
+        (
+            Error::StagingNotMounted {
+                volume: v(),
+                at: p(),
+            },
+            "volume vol is recorded as staged at /k/p, but its filesystem is not mounted there \
+             (the node rebooted, or it was unmounted behind the agent's back); stage it again \
+             before expanding",
+        ),
+        (
+            Error::MountedReadOnly {
+                volume: v(),
+                at: p(),
+            },
+            "the filesystem of volume vol is mounted read-only at /k/p; it cannot be grown online",
+        ),
+        (
+            Error::ReadOnlyNoDiscard { path: p() },
+            "/k/p is mounted read-only; free space cannot be discarded",
+        ),
+        (
+            Error::NeedsAttention {
+                volume: v(),
+                reason: "r".into(),
+                failed_checks: 2,
+                when: "w".into(),
+            },
+            "volume vol needs attention: r; nothing was done (2 failed check(s) of its records \
+             against the host; w); fix the cause, see `ebs-node-agent status`",
+        ),
+        (
+            Error::VolumeInUse {
+                volume: v(),
+                why: "w".into(),
+            },
+            "volume vol is still in use on this node (w); NodeUnpublishVolume and \
+             NodeUnstageVolume first",
+        ),
+        (
+            Error::StillAttached {
+                volume: v(),
+                node: "n".into(),
+                device: p(),
+            },
+            "volume vol is still attached to node n as /k/p; ControllerUnpublishVolume first",
+        ),
+        (
+            Error::AttachedElsewhere {
+                volume: v(),
+                node: "n".into(),
+            },
+            "volume vol is attached to node n",
+        ),
+        (
+            Error::NotAttached {
+                volume: v(),
+                file: p(),
+            },
+            "volume vol is not attached to this node (no loop device is backed by /k/p); call \
+             ControllerPublishVolume first",
+        ),
+        (
+            Error::IndistinctDevice {
+                volume: v(),
+                device: p(),
+                why: "w".into(),
+            },
+            "node-local volume vol: /k/p cannot be told apart from other devices: w",
+        ),
+        (
+            Error::HostDisk {
+                volume: v(),
+                device: p(),
+                devnum: DevNum::new(8, 1),
+                what: "the root filesystem".into(),
+            },
+            "node-local volume vol: /k/p (8:1) is not free: its disk holds the root filesystem; \
+             a host disk is never a volume",
+        ),
+        (
+            Error::DiskClaimed {
+                volume: v(),
+                device: p(),
+                disk: DevNum::new(8, 0),
+            },
+            "node-local volume vol: /k/p is in use (its disk 8:0 is claimed: a mount in another \
+             namespace, swap, device-mapper or RAID); refusing to touch it",
+        ),
+        (
+            Error::AmbiguousSerial {
+                volume: v(),
+                serial: "s".into(),
+                matches: "a, b".into(),
+            },
+            "volume vol (serial s) matches several devices: a, b; refusing to guess",
+        ),
+    ];
+    for (err, text) in cases {
+        let st = to_status(&err);
+        assert_eq!(st.code(), Code::FailedPrecondition, "{err}");
+        assert_eq!(st.message(), text);
+    }
+}

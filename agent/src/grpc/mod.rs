@@ -59,6 +59,21 @@ pub fn to_status(err: &Error) -> Status {
         | Error::TargetNotCreated { .. }
         | Error::StagingNotCreated { .. }
         | Error::PathOfAnotherVolume { .. }
+        | Error::StagingIncomplete { .. }
+        | Error::NotTheVolumeAnyMore { .. }
+        | Error::GrowNeedsCapability { .. }
+        | Error::StagingNotMounted { .. }
+        | Error::MountedReadOnly { .. }
+        | Error::ReadOnlyNoDiscard { .. }
+        | Error::NeedsAttention { .. }
+        | Error::VolumeInUse { .. }
+        | Error::StillAttached { .. }
+        | Error::AttachedElsewhere { .. }
+        | Error::NotAttached { .. }
+        | Error::IndistinctDevice { .. }
+        | Error::HostDisk { .. }
+        | Error::DiskClaimed { .. }
+        | Error::AmbiguousSerial { .. }
         | Error::WrongDevice { .. } => Code::FailedPrecondition,
         // Every variant named, so that a new one is given its code here, not by default.
         Error::Format(e) => match e {

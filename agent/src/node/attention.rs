@@ -108,11 +108,12 @@ impl Attention {
                 mark.next_check.saturating_duration_since(now).as_secs()
             ),
         };
-        Some(Error::Precondition(format!(
-            "volume {volume} needs attention: {}; nothing was done ({} failed check(s) of its \
-             records against the host; {when}); fix the cause, see `ebs-node-agent status`",
-            mark.reason, mark.failed_checks
-        )))
+        Some(Error::NeedsAttention {
+            volume: volume.to_string(),
+            reason: mark.reason.clone(),
+            failed_checks: mark.failed_checks,
+            when,
+        })
     }
 
     /// Starts a check of `volume`; false while one is running.

@@ -46,19 +46,19 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
         .staged(vol)?
         .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
     if staged.progress != Progress::Complete {
-        return Err(Error::Precondition(format!(
-            "staging of volume {vol} has not completed; stage it again before expanding"
-        )));
+        return Err(Error::StagingIncomplete {
+            volume: vol.to_string(),
+        });
     }
     check_paths(ctx, cmd, &staged)?;
     check_capability(cmd.capability.as_ref(), &staged)?;
 
     let held = VolumeDevice::hold_recorded(ctx, &staged).map_err(|e| match e {
-        Error::WrongDevice { reason, .. } => Error::Precondition(format!(
-            "the device {} of volume {vol} is not the volume any more ({reason}); it cannot be \
-             expanded",
-            staged.device.display()
-        )),
+        Error::WrongDevice { reason, .. } => Error::NotTheVolumeAnyMore {
+            volume: vol.to_string(),
+            device: staged.device.clone(),
+            reason,
+        },
         other => other,
     })?;
     let device = held.path();
@@ -120,12 +120,7 @@ fn explain_grow_failure(fs: FsType, err: Error) -> Error {
         Error::FsTool(FsToolError::ToolFailed { device, stderr, .. })
             if fs.is_ext() && lacks_resource() =>
         {
-            Error::Precondition(format!(
-                "growing the mounted {fs} filesystem on {} needs CAP_SYS_RESOURCE, which the \
-                 agent does not have (run it privileged, or grant the capability); resize2fs \
-                 said: {stderr}",
-                device.display()
-            ))
+            Error::GrowNeedsCapability { fs, device, stderr }
         }
         other => other,
     }
@@ -200,13 +195,9 @@ fn check_mounts(
     };
     let fs = FsType::parse(fs_type)
         .map_err(|e| Error::Internal(format!("the staged record of {vol} is damaged: {e}")))?;
-    let not_mounted = || {
-        Error::Precondition(format!(
-            "volume {vol} is recorded as staged at {}, but its filesystem is not mounted there \
-             (the node rebooted, or it was unmounted behind the agent's back); stage it again \
-             before expanding",
-            staged.staging_path.display()
-        ))
+    let not_mounted = || Error::StagingNotMounted {
+        volume: vol.to_string(),
+        at: staged.staging_path.clone(),
     };
     let staging =
         path_handles::lookup_recorded(ctx, &staged.staging_path)?.ok_or_else(not_mounted)?;
@@ -217,11 +208,10 @@ fn check_mounts(
         return Err(not_mounted());
     };
     if staged.readonly || m.super_read_only {
-        return Err(Error::Precondition(format!(
-            "the filesystem of volume {vol} is mounted read-only at {}; it cannot be grown \
-             online",
-            staged.staging_path.display()
-        )));
+        return Err(Error::MountedReadOnly {
+            volume: vol.to_string(),
+            at: staged.staging_path.clone(),
+        });
     }
     Ok(Some((fs, root)))
 }

@@ -186,10 +186,9 @@ fn trim_error(e: Errno, path: &Path, fs_type: &str) -> Error {
             "{}: {fs_type} does not implement FITRIM; do not retry",
             path.display()
         )),
-        Errno::EROFS => Error::Precondition(format!(
-            "{} is mounted read-only; free space cannot be discarded",
-            path.display()
-        )),
+        Errno::EROFS => Error::ReadOnlyNoDiscard {
+            path: path.to_path_buf(),
+        },
         e => Error::io(format!("FITRIM on {}", path.display()), e.into()),
     }
 }
@@ -211,7 +210,7 @@ mod tests {
         ));
         assert!(matches!(
             trim_error(Errno::EROFS, p, "ext4"),
-            Error::Precondition(_)
+            Error::ReadOnlyNoDiscard { .. }
         ));
         assert!(matches!(
             trim_error(Errno::EIO, p, "ext4"),

@@ -132,16 +132,15 @@ pub fn look(devices: &dyn BlockDevices, want: &Wanted<'_>) -> Result<Look<Resolv
             .filter(|d| d.nsid == Some(1))
             .collect();
         if first.len() != 1 {
-            return Err(Error::Precondition(format!(
-                "volume {} (serial {}) matches several devices: {}; refusing to guess",
-                want.volume,
-                want.serial,
-                matches
+            return Err(Error::AmbiguousSerial {
+                volume: want.volume.to_string(),
+                serial: want.serial.to_string(),
+                matches: matches
                     .iter()
                     .map(|d| d.describe())
                     .collect::<Vec<_>>()
-                    .join(", ")
-            )));
+                    .join(", "),
+            });
         }
         matches = first;
     }

@@ -42,10 +42,10 @@ impl LoopController {
         self.check_node(node_id)?;
         if let Some(att) = &volume.attachment {
             if att.node_id != node_id {
-                return Err(Error::Precondition(format!(
-                    "volume {id} is attached to node {}",
-                    att.node_id
-                )));
+                return Err(Error::AttachedElsewhere {
+                    volume: id.to_string(),
+                    node: att.node_id.clone(),
+                });
             }
             if att.readonly != readonly {
                 return Err(Error::AlreadyExists(format!(

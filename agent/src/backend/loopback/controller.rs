@@ -152,11 +152,11 @@ impl LoopController {
         if let Some(att) = &volume.attachment
             && loopdev::backing_file(&att.device).ok().flatten().is_some()
         {
-            return Err(Error::Precondition(format!(
-                "volume {id} is still attached to node {} as {}; ControllerUnpublishVolume first",
-                att.node_id,
-                att.device.display()
-            )));
+            return Err(Error::StillAttached {
+                volume: id.to_string(),
+                node: att.node_id.clone(),
+                device: att.device.clone(),
+            });
         }
         match std::fs::remove_file(&volume.file) {
             Ok(()) => {}

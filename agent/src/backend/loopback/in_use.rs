@@ -12,10 +12,10 @@ use ebs_node_host::loopdev::overlay;
 use ebs_node_host::mount::at_path::read_table;
 
 fn busy(id: &str, why: String) -> Result<()> {
-    Err(Error::Precondition(format!(
-        "volume {id} is still in use on this node ({why}); NodeUnpublishVolume and \
-         NodeUnstageVolume first"
-    )))
+    Err(Error::VolumeInUse {
+        volume: id.to_string(),
+        why,
+    })
 }
 
 /// `Err(FAILED_PRECONDITION)` when the node's records stage or publish volume `id` (a stage

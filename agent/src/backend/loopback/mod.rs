@@ -91,11 +91,10 @@ fn find_by_file(
 ) -> Result<ResolvedDevice> {
     match loopdev::find_by_backing_inode(st_dev, st_ino) {
         Ok(Some(path)) => Ok(ResolvedDevice { path, identity }),
-        Ok(None) => Err(Error::Precondition(format!(
-            "volume {volume} is not attached to this node (no loop device is backed by {}); \
-             call ControllerPublishVolume first",
-            file.display()
-        ))),
+        Ok(None) => Err(Error::NotAttached {
+            volume: volume.to_string(),
+            file: file.to_path_buf(),
+        }),
         Err(e) => Err(Error::Internal(format!("scanning loop devices: {e}"))),
     }
 }

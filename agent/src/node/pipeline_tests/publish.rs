@@ -68,9 +68,10 @@ fn a_first_mount_publish_binds_the_staging_mount_after_its_durable_intent() {
     h.staged(VOL);
     let before = h.journal(VOL).len();
     h.publish(&writer_cmd(&h, "p1")).expect("publish");
-    // Bound from the staging mount, once the intent (with the record) was on disk.
+    // Bound from the staging mount, once the intent (with the record) was on disk: the last
+    // commit before the bind was durable.
     assert_eq!(
-        h.host.calls_after(),
+        h.host.durable_before(),
         vec![(
             format!("bind {VOL} on mount"),
             Some("publish/bind:intent".to_string())
@@ -124,7 +125,7 @@ fn a_block_publish_binds_the_device_onto_a_file_it_creates() {
     let cmd = h.publish_cmd(VOL, "p1", block(AccessMode::SingleNodeWriter));
     h.publish(&cmd).expect("publish");
     assert_eq!(
-        h.host.calls_after(),
+        h.host.durable_before(),
         vec![(
             format!("bind dev-{VOL} on mount"),
             Some("publish/bind:intent".to_string())
@@ -146,7 +147,7 @@ fn a_read_only_block_publish_lays_a_read_only_device_then_binds_it() {
     // itself. Both calls come after the durable intent that names the device's tag.
     let intent = Some("publish/bind:intent".to_string());
     assert_eq!(
-        h.host.calls_after(),
+        h.host.durable_before(),
         vec![
             (format!("lay read-only over dev-{VOL}"), intent.clone()),
             ("bind ro-0 on mount ro".to_string(), intent),
