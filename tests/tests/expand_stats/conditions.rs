@@ -128,8 +128,8 @@ async fn conditions_are_reported_for_real_breakage() {
     ));
     let name = swap.vol.device.trim_start_matches("/dev/");
     sh(&format!(
-        "losetup -d {dev} && while [ -e /sys/block/{name}/loop/backing_file ]; do sleep 0.005; \
-         done && losetup {dev} {copy}",
+        "losetup -d {dev} && i=0 && while [ -e /sys/block/{name}/loop/backing_file ] && \
+         [ $i -lt 2000 ]; do sleep 0.005; i=$((i+1)); done && losetup {dev} {copy}",
         dev = swap.vol.device,
         copy = copy.display()
     ));

@@ -236,6 +236,9 @@ impl LoopController {
 fn passed_parameters(given: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
     use ebs_node_core::request::{ValidationError, format_keys};
     let mut parameters = BTreeMap::new();
+    // In key order, so that a refusal names the same key on every try.
+    let mut given: Vec<_> = given.iter().collect();
+    given.sort();
     for (k, v) in given {
         let name = if k.eq_ignore_ascii_case(FS_TYPE) || k == "csi.storage.k8s.io/fstype" {
             FS_TYPE
@@ -260,7 +263,10 @@ fn passed_parameters(given: &HashMap<String, String>) -> Result<BTreeMap<String,
             return Err(ValidationError::bad(
                 "parameters",
                 k.clone(),
-                format!("{name} is also given as {other:?} (under another case)"),
+                format!(
+                    "{name} is given twice, as {other:?} and as {v:?} (under keys that differ in \
+                     case, or as csi.storage.k8s.io/fstype)"
+                ),
             )
             .into());
         }
@@ -370,6 +376,16 @@ mod tests {
         ]
         .into();
         assert!(passed_parameters(&twice).is_err(), "two values for one key");
+        let fs_twice = |a: &str, b: &str| -> HashMap<String, String> {
+            [
+                ("fsType".to_string(), a.to_string()),
+                ("csi.storage.k8s.io/fstype".to_string(), b.to_string()),
+            ]
+            .into()
+        };
+        assert!(passed_parameters(&fs_twice("xfs", "xfs")).is_ok());
+        let e = passed_parameters(&fs_twice("ext4", "xfs")).unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{e}");
     }
 
     #[test]
