@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use ebs_store::Store;
 use rustix::fs::FileType;
@@ -61,124 +61,15 @@ pub struct State {
     /// Call names that fail, with the error's text.
     pub fail: HashMap<&'static str, String>,
     pub calls: Vec<Call>,
-    next_minor: u32,
+    pub(super) next_minor: u32,
 }
 
 pub struct DoubleHost {
-    store: Arc<Store>,
+    pub(super) store: Arc<Store>,
     /// Whose journal the recorded calls are set against.
-    watched: String,
-    dir: PathBuf,
-    state: Mutex<State>,
-}
-
-impl DoubleHost {
-    pub fn new(store: Arc<Store>, watched: &str, dir: &Path) -> Self {
-        DoubleHost {
-            store,
-            watched: watched.to_string(),
-            dir: dir.to_path_buf(),
-            state: Mutex::default(),
-        }
-    }
-
-    pub fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A new device file of `bytes`, blank.
-    pub fn add_device(&self, name: &str, bytes: u64) -> PathBuf {
-        let path = self.dir.join("dev").join(name);
-        std::fs::create_dir_all(self.dir.join("dev")).expect("dev dir");
-        std::fs::write(&path, b"").expect("device file");
-        let mut s = self.state();
-        s.next_minor += 1;
-        let devnum = DevNum::new(259, s.next_minor);
-        s.devices.insert(path.clone(), devnum);
-        s.device_bytes.insert(devnum, bytes);
-        s.probes.insert(devnum, ProbeOutcome::Blank);
-        path
-    }
-
-    pub fn devnum(&self, path: &Path) -> DevNum {
-        self.state().devices[path]
-    }
-
-    /// The names of the calls that changed the host, in order.
-    pub fn calls(&self) -> Vec<String> {
-        self.state().calls.iter().map(|c| c.what.clone()).collect()
-    }
-
-    /// The calls that changed the host, each with the journal line committed before it.
-    pub fn calls_after(&self) -> Vec<(String, Option<String>)> {
-        self.state()
-            .calls
-            .iter()
-            .map(|c| (c.what.clone(), c.after.clone()))
-            .collect()
-    }
-
-    /// The calls that changed the host, each with the journal line on disk before it: the last
-    /// one committed, if that commit was durable.
-    pub fn durable_before(&self) -> Vec<(String, Option<String>)> {
-        self.state()
-            .calls
-            .iter()
-            .map(|c| (c.what.clone(), c.after.clone().filter(|_| c.durable)))
-            .collect()
-    }
-
-    pub fn fail(&self, call: &'static str, why: &str) {
-        self.state().fail.insert(call, why.to_string());
-    }
-
-    pub fn mounts_at(&self, path: &Path) -> usize {
-        self.state().mounts.get(path).map_or(0, Vec::len)
-    }
-
-    /// Puts a mount that is not the volume's at `path` (another filesystem's root).
-    pub fn foreign_mount(&self, path: &Path) {
-        let facts = mount_facts(DevNum::new(8, 99), "ext4", false);
-        self.state()
-            .mounts
-            .entry(path.to_path_buf())
-            .or_default()
-            .push(facts);
-    }
-
-    /// Records a call that changes the host; fails it when scripted to.
-    fn act(&self, what: String, name: &'static str) -> io::Result<()> {
-        let after = self
-            .store
-            .journal(&self.watched)
-            .ok()
-            .and_then(|lines| lines.last().map(super::line));
-        let durable = self.store.last_write_durable();
-        let mut s = self.state();
-        s.calls.push(Call {
-            what,
-            after,
-            durable,
-        });
-        match s.fail.get(name) {
-            Some(why) => Err(io::Error::other(why.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn top(&self, path: &Path) -> Option<MountFacts> {
-        self.state()
-            .mounts
-            .get(path)
-            .and_then(|m| m.last().cloned())
-    }
-
-    pub(super) fn name(path: &Path) -> String {
-        path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into(),
-        )
-    }
+    pub(super) watched: String,
+    pub(super) dir: PathBuf,
+    pub(super) state: Mutex<State>,
 }
 
 pub fn mount_facts(dev: DevNum, fs_type: &str, read_only: bool) -> MountFacts {

@@ -7,6 +7,7 @@
 mod devices;
 mod double;
 mod publish;
+mod scripting;
 mod stage;
 mod unpublish;
 mod unstage;
