@@ -183,7 +183,7 @@ pub fn sysfs_strings(data: &[u8]) {
     if let Some(clean) = discovery::clean(&text) {
         assert!(!clean.is_empty() && clean.trim() == clean);
     }
-    let _ = discovery::parse_dev(&text);
+    let _ = ebs_node_core::DevNum::parse(&text);
     // A name only: the `hidden` attribute below a path that does not exist is never read.
     let _ = discovery::is_hidden_path(&text, Path::new("/nonexistent/fuzz"));
     let _ = crate::nodeinfo::host_devices::normalize_serial(&text);

@@ -208,10 +208,9 @@ fn disk_family(devnum: DevNum) -> (DevNum, Vec<DevNum>) {
     (whole, family)
 }
 
-/// A sysfs block directory's `dev` attribute (`maj:min`), parsed as discovery parses it.
+/// A sysfs block directory's `dev` attribute (`maj:min`).
 fn read_dev(dir: &Path) -> Option<DevNum> {
-    let text = std::fs::read_to_string(dir.join("dev")).ok()?;
-    super::ebs::discovery::parse_dev(text.trim())
+    DevNum::parse(&std::fs::read_to_string(dir.join("dev")).ok()?)
 }
 
 impl Backend for WithLocalVolumes {

@@ -61,10 +61,6 @@ pub fn clean(text: &str) -> Option<String> {
     (!t.is_empty()).then(|| t.to_string())
 }
 
-pub fn parse_dev(raw: &str) -> Option<DevNum> {
-    DevNum::parse(raw)
-}
-
 /// Whether a disk is a hidden multipath path node: the `hidden` attribute says so, and older
 /// kernels without it still name those nodes `nvme<ctrl>c<ctrl>n<ns>`.
 pub fn is_hidden_path(name: &str, sys_path: &Path) -> bool {
@@ -91,7 +87,7 @@ pub fn disk_from_sysfs(name: &str, sys_path: &Path) -> Disk {
     Disk {
         name: name.to_string(),
         sys_path: sys_path.to_path_buf(),
-        dev: read_attr(&sys_path.join("dev")).and_then(|d| parse_dev(&d)),
+        dev: read_attr(&sys_path.join("dev")).and_then(|d| DevNum::parse(&d)),
         serial: read_attr(&device.join("serial")),
         model: read_attr(&device.join("model")),
         nsid: read_attr(&sys_path.join("nsid")).and_then(|n| n.parse().ok()),
@@ -152,8 +148,9 @@ pub fn disk_of<'a>(disks: &'a [Disk], dev_root: &Path, node: &Path) -> Option<&'
         let numbers = ebs_node_host::device::devnum_of(meta.rdev());
         return disks.iter().find(|d| d.dev == Some(numbers)).or_else(|| {
             disks.iter().find(|d| {
-                children(&d.sys_path)
-                    .any(|p| read_attr(&p.join("dev")).and_then(|v| parse_dev(&v)) == Some(numbers))
+                children(&d.sys_path).any(|p| {
+                    read_attr(&p.join("dev")).and_then(|v| DevNum::parse(&v)) == Some(numbers)
+                })
             })
         });
     }
@@ -193,8 +190,9 @@ pub fn disk_by_devnum(devices: &dyn BlockDevices, devnum: DevNum) -> io::Result<
         .find(|d| d.dev == Some(devnum))
         .or_else(|| {
             disks.iter().find(|d| {
-                children(&d.sys_path)
-                    .any(|p| read_attr(&p.join("dev")).and_then(|v| parse_dev(&v)) == Some(devnum))
+                children(&d.sys_path).any(|p| {
+                    read_attr(&p.join("dev")).and_then(|v| DevNum::parse(&v)) == Some(devnum)
+                })
             })
         })
         .cloned()
@@ -208,7 +206,7 @@ pub fn devnums_of_disk(disk: &Disk) -> Vec<DevNum> {
         .chain(children(&disk.sys_path).filter_map(|p| {
             p.join("partition")
                 .exists()
-                .then(|| read_attr(&p.join("dev")).and_then(|v| parse_dev(&v)))
+                .then(|| read_attr(&p.join("dev")).and_then(|v| DevNum::parse(&v)))
                 .flatten()
         }))
         .collect()
