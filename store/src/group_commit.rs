@@ -9,14 +9,20 @@
 //!
 //! The contract is unchanged: a write is visible when `write` returns, and on disk too if it was
 //! `Immediate`. redb makes a durable commit persist every non-durable commit before it.
+//!
+//! A lazy write of per-volume records does not wait at all: it is queued unattended and held in
+//! the overlay (`overlay.rs`), where reads find it until its batch commits. The store's flusher
+//! thread leads the batches that only such writes are in; any caller that leads takes them too.
 
 use std::collections::BTreeMap;
 #[cfg(feature = "test-hooks")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use crate::StoreError;
+use crate::overlay::{self, APPLIED_TICKET, Overlay, VolumeOverlay};
 use crate::writer::{Op, apply};
+use crate::{META, StoreError};
 
 /// Set only by the agent's hidden `--bench-lazy-journal` flag, so that the bench can show what
 /// the journal's fsyncs cost. Compiled only with the `test-hooks` feature, which no release
@@ -42,10 +48,16 @@ fn durable_as_asked(durable: bool) -> bool {
     durable
 }
 
+/// How long the flusher lets held writes wait for a caller's batch before it commits them.
+const RIDE_ALONG: Duration = Duration::from_millis(10);
+
 #[derive(Default)]
 pub(crate) struct GroupCommit {
     queue: Mutex<Queue>,
+    /// An outcome is ready, or leadership is free.
     changed: Condvar,
+    /// The flusher's: writes are queued that nobody waits for.
+    unattended_queued: Condvar,
 }
 
 #[derive(Default)]
@@ -56,17 +68,64 @@ struct Queue {
     leading: bool,
     /// Outcomes not yet collected by their callers, by ticket.
     outcomes: BTreeMap<u64, Result<(), String>>,
-    /// Tickets of the batch being applied, which fail if the leader panics.
+    /// The batch being applied: its waited-for tickets (which fail if the leader panics) and
+    /// its last ticket.
     in_flight: Vec<u64>,
+    in_flight_last: u64,
+    /// Lazy writes whose callers returned at once, readable here until their batch commits.
+    overlay: Overlay,
+    /// How many queued requests nobody waits for (held in the overlay).
+    unattended: usize,
+    /// The store is closing: the flusher commits what is left and stops.
+    closing: bool,
 }
 
 struct Request {
     ticket: u64,
     ops: Vec<Op>,
     durable: bool,
+    /// Whether its caller waits for the outcome (every write but an overlay-held lazy one).
+    attended: bool,
 }
 
+/// What one batch came to, for the live file's failure state.
+pub(crate) type BatchOutcome = Option<Result<(), String>>;
+
 impl GroupCommit {
+    /// Tickets continue after the last one a committed batch recorded in the file, so that an
+    /// overlay entry is never taken for one that file already holds.
+    pub(crate) fn continue_tickets_after(&self, applied: u64) {
+        let mut q = self.lock();
+        q.next_ticket = q.next_ticket.max(applied.saturating_add(1));
+    }
+
+    /// A lazy write that needs no waiting: queued for the next batch and held in the overlay,
+    /// so that it reads back at once. Hands the changes back when the overlay cannot hold them.
+    pub(crate) fn hold(&self, ops: Vec<Op>) -> Result<(), Vec<Op>> {
+        if !overlay::can_hold(&ops) {
+            return Err(ops);
+        }
+        let mut q = self.lock();
+        if q.overlay.is_full() || q.closing {
+            return Err(ops);
+        }
+        let ticket = q.next_ticket;
+        q.next_ticket += 1;
+        q.overlay.hold(ticket, &ops);
+        q.waiting.push(Request {
+            ticket,
+            ops,
+            durable: false,
+            attended: false,
+        });
+        q.unattended += 1;
+        // The flusher wakes for the first one; it collects those that follow.
+        if q.unattended == 1 && !q.leading {
+            self.unattended_queued.notify_one();
+        }
+        Ok(())
+    }
+
     /// Commits `ops` as one unit with others' changes; returns once they are visible and, if
     /// `durable`, on disk.
     pub(crate) fn commit(
@@ -83,24 +142,125 @@ impl GroupCommit {
             ticket,
             ops,
             durable,
+            attended: true,
         });
         loop {
             if let Some(outcome) = q.outcomes.remove(&ticket) {
                 return outcome.map_err(StoreError::Internal);
             }
             if !q.leading {
-                q.leading = true;
-                let guard = AbandonOnPanic(self);
-                q = self.lead_one_batch(db, q);
-                std::mem::forget(guard);
-                q.leading = false;
-                self.changed.notify_all();
+                q = self.lead(db, q).0;
                 continue;
             }
             q = self
                 .changed
                 .wait(q)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Takes the lead for one batch and gives it up again, waking whoever waits.
+    fn lead<'a>(
+        &'a self,
+        db: &redb::Database,
+        mut q: MutexGuard<'a, Queue>,
+    ) -> (MutexGuard<'a, Queue>, BatchOutcome) {
+        q.leading = true;
+        let guard = AbandonOnPanic(self);
+        let (mut q, outcome) = self.lead_one_batch(db, q);
+        std::mem::forget(guard);
+        q.leading = false;
+        self.changed.notify_all();
+        if q.unattended > 0 {
+            self.unattended_queued.notify_one();
+        }
+        (q, outcome)
+    }
+
+    /// The flusher's loop: commits the writes nobody waits for whenever no caller is leading,
+    /// until the store closes (then what is left first). `db` is taken only to commit, never
+    /// while waiting: a reopen after a failed commit needs it free.
+    pub(crate) fn flush_unattended<G: std::ops::Deref<Target = redb::Database>>(
+        &self,
+        db: impl Fn() -> Result<G, StoreError>,
+        committed: impl Fn(&Result<(), String>),
+    ) {
+        let mut q = self.lock();
+        loop {
+            if q.unattended == 0 && q.closing {
+                return;
+            }
+            if q.unattended == 0 || q.leading {
+                q = self
+                    .unattended_queued
+                    .wait(q)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                continue;
+            }
+            // Held writes first wait a little to ride along with a batch a caller leads (under
+            // load a durable write is rarely far off): fewer transactions, each of which queues
+            // on redb's one writer. Nobody waits for them, and they are no less durable.
+            let deadline = Instant::now() + RIDE_ALONG;
+            while q.unattended > 0 && !q.closing {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                q = self
+                    .unattended_queued
+                    .wait_timeout(q, left)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
+            }
+            if q.unattended == 0 || q.leading {
+                continue;
+            }
+            drop(q);
+            let handle = db();
+            q = self.lock();
+            let handle = match handle {
+                Ok(handle) => handle,
+                Err(e) => {
+                    // The file cannot be reopened: what is held is lost, as in a crash.
+                    let last = q.next_ticket;
+                    q.overlay.retire(last);
+                    q.waiting.retain(|r| r.attended);
+                    q.unattended = 0;
+                    committed(&Err(message(&e)));
+                    continue;
+                }
+            };
+            if q.leading || q.unattended == 0 {
+                continue;
+            }
+            let (again, outcome) = self.lead(&handle, q);
+            q = again;
+            drop(handle);
+            if let Some(outcome) = outcome {
+                committed(&outcome);
+            }
+        }
+    }
+
+    /// Tells the flusher to commit what is left and stop.
+    pub(crate) fn close(&self) {
+        self.lock().closing = true;
+        self.unattended_queued.notify_all();
+    }
+
+    /// The lazy writes not yet in redb for one volume (`Some`) or all, taken before a read.
+    pub(crate) fn overlay_of(&self, volume: Option<&str>) -> BTreeMap<String, VolumeOverlay> {
+        let q = self.lock();
+        if q.overlay.is_empty() {
+            return BTreeMap::new();
+        }
+        match volume {
+            Some(id) => q
+                .overlay
+                .volume(id)
+                .map(|v| BTreeMap::from([(id.to_string(), v)]))
+                .unwrap_or_default(),
+            None => q.overlay.all(),
         }
     }
 
@@ -111,51 +271,63 @@ impl GroupCommit {
         &'a self,
         db: &redb::Database,
         mut q: MutexGuard<'a, Queue>,
-    ) -> MutexGuard<'a, Queue> {
-        if !q.waiting.is_empty() {
-            let batch = std::mem::take(&mut q.waiting);
-            // (ticket, wants durability) of each request in the batch.
-            let tickets: Vec<(u64, bool)> = batch.iter().map(|r| (r.ticket, r.durable)).collect();
-            q.in_flight = tickets.iter().map(|&(t, _)| t).collect();
-            drop(q);
-            let any_durable = tickets.iter().any(|&(_, d)| d);
-            let all_durable = tickets.iter().all(|&(_, d)| d);
-            // A batch of immediate writes alone commits durably at once; a mixed one first
-            // commits without a sync, so its lazy writers need not wait for the fsync.
-            let applied = apply_batch(db, batch, all_durable);
-            q = self.lock();
-            match applied {
-                Err(e) => {
-                    let msg = message(&e);
-                    for (t, _) in tickets {
-                        q.outcomes.insert(t, Err(msg.clone()));
-                    }
-                    return q;
+    ) -> (MutexGuard<'a, Queue>, BatchOutcome) {
+        if q.waiting.is_empty() {
+            return (q, None);
+        }
+        let batch = std::mem::take(&mut q.waiting);
+        let last = batch.iter().map(|r| r.ticket).max().unwrap_or_default();
+        let unattended = batch.iter().filter(|r| !r.attended).count();
+        // (ticket, wants durability) of each request whose caller waits.
+        let tickets: Vec<(u64, bool)> = batch
+            .iter()
+            .filter(|r| r.attended)
+            .map(|r| (r.ticket, r.durable))
+            .collect();
+        q.in_flight = tickets.iter().map(|&(t, _)| t).collect();
+        q.in_flight_last = last;
+        drop(q);
+        let any_durable = tickets.iter().any(|&(_, d)| d);
+        let all_durable = batch.iter().all(|r| r.durable);
+        // A batch of immediate writes alone commits durably at once; a mixed one first
+        // commits without a sync, so its lazy writers need not wait for the fsync.
+        let applied = apply_batch(db, batch, last, all_durable);
+        q = self.lock();
+        // Visible in redb now, or lost: either way the overlay no longer holds them.
+        q.overlay.retire(last);
+        q.unattended -= unattended;
+        q.in_flight.clear();
+        match applied {
+            Err(e) => {
+                let msg = message(&e);
+                for (t, _) in tickets {
+                    q.outcomes.insert(t, Err(msg.clone()));
                 }
-                Ok(()) if all_durable || !any_durable => {
-                    for (t, _) in tickets {
-                        q.outcomes.insert(t, Ok(()));
-                    }
-                    return q;
-                }
-                Ok(()) => {}
+                return (q, Some(Err(msg)));
             }
-            for (t, durable) in &tickets {
-                if !durable {
-                    q.outcomes.insert(*t, Ok(()));
+            Ok(()) if all_durable || !any_durable => {
+                for (t, _) in tickets {
+                    q.outcomes.insert(t, Ok(()));
                 }
+                return (q, Some(Ok(())));
             }
-            self.changed.notify_all();
-            drop(q);
-            let synced = sync(db).map_err(|e| message(&e));
-            q = self.lock();
-            for (t, durable) in tickets {
-                if durable {
-                    q.outcomes.insert(t, synced.clone());
-                }
+            Ok(()) => {}
+        }
+        for (t, durable) in &tickets {
+            if !durable {
+                q.outcomes.insert(*t, Ok(()));
             }
         }
-        q
+        self.changed.notify_all();
+        drop(q);
+        let synced = sync(db).map_err(|e| message(&e));
+        q = self.lock();
+        for (t, durable) in tickets {
+            if durable {
+                q.outcomes.insert(t, synced.clone());
+            }
+        }
+        (q, Some(synced))
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -176,6 +348,11 @@ impl Drop for AbandonOnPanic<'_> {
             q.outcomes
                 .insert(t, Err("the state-file writer panicked".into()));
         }
+        // The batch's unattended writes are lost with it, as in a crash.
+        let last = q.in_flight_last;
+        q.overlay.retire(last);
+        let waiting_unattended = q.waiting.iter().filter(|r| !r.attended).count();
+        q.unattended = waiting_unattended;
         q.leading = false;
         self.0.changed.notify_all();
     }
@@ -189,14 +366,21 @@ fn message(e: &StoreError) -> String {
     }
 }
 
-/// One transaction for the whole batch.
-fn apply_batch(db: &redb::Database, batch: Vec<Request>, durable: bool) -> Result<(), StoreError> {
+/// One transaction for the whole batch, which records its last ticket: a reader's snapshot
+/// tells which overlay entries it already holds.
+fn apply_batch(
+    db: &redb::Database,
+    batch: Vec<Request>,
+    last: u64,
+    durable: bool,
+) -> Result<(), StoreError> {
     let mut tx = db.begin_write()?;
     for request in batch {
         for op in request.ops {
             apply(&tx, op)?;
         }
     }
+    tx.open_table(META)?.insert(APPLIED_TICKET, last)?;
     tx.set_durability(if durable {
         redb::Durability::Immediate
     } else {

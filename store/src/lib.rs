@@ -5,12 +5,15 @@
 mod bounds;
 mod error;
 mod live;
+mod overlay;
+mod reads;
 mod records;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, TableDefinition};
 use serde::de::DeserializeOwned;
 
 pub use error::StoreError;
@@ -39,7 +42,7 @@ pub(crate) const PUBLICATIONS: TableDefinition<(&str, &str), &[u8]> =
 pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
 
 enum Db {
-    ReadWrite(live::LiveDb),
+    ReadWrite(Arc<live::LiveDb>),
     ReadOnly(redb::ReadOnlyDatabase),
     /// A repaired private copy of a file a crashed agent left: readable, never written.
     RepairedCopy(redb::Database),
@@ -49,7 +52,9 @@ pub struct Store {
     db: Db,
     path: PathBuf,
     scratch_copy: Option<PathBuf>,
-    group: group_commit::GroupCommit,
+    group: Arc<group_commit::GroupCommit>,
+    /// Commits the lazy writes nobody waits for (`overlay`); only for the live file.
+    flusher: Option<std::thread::JoinHandle<()>>,
     /// Whether the last write to return was durable: the pipeline's unit tests ask it at each
     /// change to the host, to see the intent before it on disk.
     last_durable: std::sync::atomic::AtomicBool,
@@ -57,6 +62,12 @@ pub struct Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        // The lazy writes still held are committed before the file is closed, as a lazy
+        // commit was before: what a clean drop leaves is what it left.
+        self.group.close();
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
         if let Some(copy) = self.scratch_copy.take() {
             let _ = std::fs::remove_file(copy);
         }
@@ -73,14 +84,25 @@ impl Store {
             }
             opened => opened?,
         };
-        let store = Store {
-            db: Db::ReadWrite(live::LiveDb::new(path, db)),
+        let live = Arc::new(live::LiveDb::new(path, db));
+        let group: Arc<group_commit::GroupCommit> = Default::default();
+        let mut store = Store {
+            db: Db::ReadWrite(live.clone()),
             path: path.to_path_buf(),
             scratch_copy: None,
-            group: Default::default(),
+            group: group.clone(),
+            flusher: None,
             last_durable: Default::default(),
         };
         store.check_or_init_schema()?;
+        store.group.continue_tickets_after(store.applied_ticket()?);
+        let flusher = std::thread::Builder::new()
+            .name("state-flusher".into())
+            .spawn(move || {
+                group.flush_unattended(|| live.get(), |outcome| live.committed(outcome));
+            })
+            .map_err(|e| StoreError::Internal(format!("cannot start the state flusher: {e}")))?;
+        store.flusher = Some(flusher);
         Ok(store)
     }
 
@@ -105,6 +127,7 @@ impl Store {
                     path: path.to_path_buf(),
                     scratch_copy: None,
                     group: Default::default(),
+                    flusher: None,
                     last_durable: Default::default(),
                 };
                 store.check_schema_version()?;
@@ -160,6 +183,7 @@ impl Store {
             path: path.to_path_buf(),
             scratch_copy: Some(copy),
             group: Default::default(),
+            flusher: None,
             last_durable: Default::default(),
         };
         Ok(store)
@@ -237,175 +261,6 @@ impl Store {
     /// Whether the last write to return was `Immediate` (so on disk with everything before it).
     pub fn last_write_durable(&self) -> bool {
         self.last_durable.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn get<T: DeserializeOwned>(
-        &self,
-        def: TableDefinition<&str, &[u8]>,
-        key: &str,
-    ) -> Result<Option<T>, StoreError> {
-        let tx = self.read_tx()?;
-        let Some(table) = open_table(&tx, def)? else {
-            return Ok(None);
-        };
-        match table.get(key)? {
-            Some(v) => Ok(Some(decode(v.value())?)),
-            None => Ok(None),
-        }
-    }
-
-    fn all<T: DeserializeOwned>(
-        &self,
-        def: TableDefinition<&str, &[u8]>,
-    ) -> Result<Vec<T>, StoreError> {
-        let tx = self.read_tx()?;
-        let Some(table) = open_table(&tx, def)? else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for row in table.iter()? {
-            let (_, v) = row?;
-            out.push(decode(v.value())?);
-        }
-        Ok(out)
-    }
-
-    pub fn loop_volume(&self, id: &str) -> Result<Option<LoopVolume>, StoreError> {
-        self.get(LOOP_VOLUMES, id)
-    }
-
-    /// Loop volumes in id order: the order ListVolumes pages through.
-    pub fn loop_volumes(&self) -> Result<Vec<LoopVolume>, StoreError> {
-        self.all(LOOP_VOLUMES)
-    }
-
-    pub fn loop_snapshot(&self, id: &str) -> Result<Option<LoopSnapshot>, StoreError> {
-        self.get(LOOP_SNAPSHOTS, id)
-    }
-
-    /// Loop snapshots in id order: the order ListSnapshots pages through.
-    pub fn loop_snapshots(&self) -> Result<Vec<LoopSnapshot>, StoreError> {
-        self.all(LOOP_SNAPSHOTS)
-    }
-
-    pub fn format(&self, volume_id: &str) -> Result<Option<FormatRecord>, StoreError> {
-        self.get(FORMATS, volume_id)
-    }
-
-    pub fn staged(&self, volume_id: &str) -> Result<Option<StagedVolume>, StoreError> {
-        self.get(STAGED, volume_id)
-    }
-
-    pub fn all_staged(&self) -> Result<Vec<StagedVolume>, StoreError> {
-        self.all(STAGED)
-    }
-
-    /// One volume's publications: a range scan over its keys, not a pass over every volume's.
-    pub fn publications(&self, volume_id: &str) -> Result<Vec<Publication>, StoreError> {
-        let tx = self.read_tx()?;
-        let Some(table) = open_table(&tx, PUBLICATIONS)? else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for row in table.range((volume_id, "")..)? {
-            let (key, value) = row?;
-            if key.value().0 != volume_id {
-                break;
-            }
-            out.push(decode(value.value())?);
-        }
-        Ok(out)
-    }
-
-    pub fn publication(
-        &self,
-        volume_id: &str,
-        target: &Path,
-    ) -> Result<Option<Publication>, StoreError> {
-        let key = path_key(target)?;
-        let tx = self.read_tx()?;
-        let Some(table) = open_table(&tx, PUBLICATIONS)? else {
-            return Ok(None);
-        };
-        match table.get((volume_id, key))? {
-            Some(v) => Ok(Some(decode(v.value())?)),
-            None => Ok(None),
-        }
-    }
-
-    pub fn all_publications(&self) -> Result<Vec<Publication>, StoreError> {
-        let tx = self.read_tx()?;
-        let Some(table) = open_table(&tx, PUBLICATIONS)? else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for row in table.iter()? {
-            let (_, v) = row?;
-            out.push(decode(v.value())?);
-        }
-        Ok(out)
-    }
-
-    /// The journal of one volume, oldest first.
-    pub fn journal(&self, volume_id: &str) -> Result<Vec<StepRecord>, StoreError> {
-        let tx = self.read_tx()?;
-        let Some(table) = open_table(&tx, JOURNAL)? else {
-            return Ok(Vec::new());
-        };
-        // Newest first, up to the kept length: lines past it wait for the next batch trim.
-        let mut out = Vec::new();
-        for row in table
-            .range((volume_id, 0)..=(volume_id, u64::MAX))?
-            .rev()
-            .take(JOURNAL_LINES_PER_VOLUME)
-        {
-            let (_, v) = row?;
-            out.push(decode(v.value())?);
-        }
-        out.reverse();
-        Ok(out)
-    }
-
-    /// Every volume id with a staging or a publication record, from the keys alone: a record
-    /// that cannot be decoded still names its volume (start-up recovery marks that one volume).
-    pub fn recorded_volume_ids(&self) -> Result<Vec<String>, StoreError> {
-        let mut ids = std::collections::BTreeSet::new();
-        let tx = self.read_tx()?;
-        if let Some(t) = open_table(&tx, STAGED)? {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().to_string());
-            }
-        }
-        if let Some(t) = open_table(&tx, PUBLICATIONS)? {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().0.to_string());
-            }
-        }
-        Ok(ids.into_iter().collect())
-    }
-
-    /// Every volume id that has a journal, a format record, a staging or a publication.
-    pub fn known_volume_ids(&self) -> Result<Vec<String>, StoreError> {
-        let mut ids = std::collections::BTreeSet::new();
-        let tx = self.read_tx()?;
-        if let Ok(t) = tx.open_table(JOURNAL) {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().0.to_string());
-            }
-        }
-        for def in [FORMATS, STAGED] {
-            if let Ok(t) = tx.open_table(def) {
-                for row in t.iter()? {
-                    ids.insert(row?.0.value().to_string());
-                }
-            }
-        }
-        if let Ok(t) = tx.open_table(PUBLICATIONS) {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().0.to_string());
-            }
-        }
-        Ok(ids.into_iter().collect())
     }
 }
 

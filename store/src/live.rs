@@ -168,6 +168,15 @@ impl crate::Store {
         ops: Vec<crate::writer::Op>,
         durable: bool,
     ) -> Result<(), StoreError> {
+        // A lazy write nobody needs to wait for returns at once; the flusher commits it.
+        let ops = if durable {
+            ops
+        } else {
+            match self.group.hold(ops) {
+                Ok(()) => return Ok(()),
+                Err(ops) => ops,
+            }
+        };
         let db = live.get()?;
         let outcome = self.group.commit(&db, ops, durable);
         live.committed(&outcome.as_ref().map(drop).map_err(|e| e.to_string()));
