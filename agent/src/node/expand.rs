@@ -34,7 +34,7 @@ pub struct ExpandCommand {
 }
 
 pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let (required, limit) = (cmd.required_bytes, cmd.limit_bytes);
     if limit != 0 && required > limit {
         return Err(Error::OutOfRange(format!(
@@ -43,7 +43,7 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     }
     let staged = ctx
         .store
-        .staged(vol)?
+        .staged(vol.as_str())?
         .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
     if staged.progress != Progress::Complete {
         return Err(Error::StagingIncomplete {
@@ -96,7 +96,7 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
         }
         None => false,
     };
-    tracing::info!(volume = vol, bytes = size, grown, "expanded");
+    tracing::info!(volume = %vol, bytes = size, grown, "expanded");
     journal.note(
         Step::Expanded,
         Phase::Done,
@@ -129,7 +129,7 @@ fn explain_grow_failure(fs: FsType, err: Error) -> Error {
 /// The paths must name this volume: the staging path or a recorded publication. Anything else is
 /// NOT_FOUND, as the spec asks.
 fn check_paths(ctx: &NodeCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Result<()> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let not_found = |path: &Path| Error::PathNotFound {
         volume: vol.to_string(),
         path: path.to_path_buf(),
@@ -140,7 +140,7 @@ fn check_paths(ctx: &NodeCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Res
         return Err(not_found(staging.as_path()));
     }
     let path = cmd.volume_path.as_path();
-    if path != staged.staging_path && ctx.store.publication(vol, path)?.is_none() {
+    if path != staged.staging_path && ctx.store.publication(vol.as_str(), path)?.is_none() {
         return Err(not_found(path));
     }
     Ok(())
@@ -173,14 +173,14 @@ fn check_mounts(
     cmd: &ExpandCommand,
     staged: &StagedVolume,
 ) -> Result<Option<(FsType, EntryFd)>> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let path = cmd.volume_path.as_path();
     let is_target = path != staged.staging_path;
     let not_found = || Error::PathNotFound {
         volume: vol.to_string(),
         path: path.to_path_buf(),
     };
-    let expected = Expected::of(ctx, vol, Some(staged));
+    let expected = Expected::of(ctx, vol.as_str(), Some(staged));
     if is_target {
         let published = match path_handles::lookup(&cmd.volume_path)? {
             Some(entry) => holder(ctx, &entry, &expected)?.is_volume(),

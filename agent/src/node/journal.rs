@@ -12,6 +12,7 @@ use ebs_store::{Durability, Phase, Store, StoreError, Writer};
 use super::lock;
 use crate::error::Result;
 use crate::test_hooks::CrashPoint;
+use ebs_node_core::request::VolumeId;
 use ebs_node_core::steps::{Op, Step};
 
 /// Extra facts for one journal line (device, UUID, paths, options).
@@ -24,7 +25,7 @@ pub fn detail<const N: usize>(pairs: [(&str, String); N]) -> Detail {
 /// The journal of one operation on one volume.
 pub struct Journal<'a> {
     store: &'a Store,
-    volume: &'a str,
+    volume: &'a VolumeId,
     op: Op,
     crash_after: &'a CrashPoint,
     /// When each open step's intent was committed, for the step-duration metric.
@@ -46,7 +47,12 @@ pub struct Journal<'a> {
 const LOOKING_STEPS: [&str; 2] = [Step::LOOKING[0].name(), Step::LOOKING[1].name()];
 
 impl<'a> Journal<'a> {
-    pub fn new(store: &'a Store, volume: &'a str, op: Op, crash_after: &'a CrashPoint) -> Self {
+    pub fn new(
+        store: &'a Store,
+        volume: &'a VolumeId,
+        op: Op,
+        crash_after: &'a CrashPoint,
+    ) -> Self {
         Journal {
             store,
             volume,
@@ -58,7 +64,7 @@ impl<'a> Journal<'a> {
         }
     }
 
-    pub fn volume(&self) -> &str {
+    pub fn volume(&self) -> &VolumeId {
         self.volume
     }
 
@@ -83,7 +89,13 @@ impl<'a> Journal<'a> {
         self.store.write(durability, |w| {
             self.write_pending(w)?;
             also(w)?;
-            w.step(self.volume, self.op.name(), step.name(), phase, detail)?;
+            w.step(
+                self.volume.as_str(),
+                self.op.name(),
+                step.name(),
+                phase,
+                detail,
+            )?;
             Ok(())
         })?;
         self.committed.store(true, Ordering::Relaxed);
@@ -127,7 +139,13 @@ impl<'a> Journal<'a> {
     /// Moves the lines held so far into `w`.
     fn write_pending(&self, w: &mut Writer) -> std::result::Result<(), StoreError> {
         for (step, phase, detail) in std::mem::take(&mut *lock(&self.pending)) {
-            w.step(self.volume, self.op.name(), step.name(), phase, detail)?;
+            w.step(
+                self.volume.as_str(),
+                self.op.name(),
+                step.name(),
+                phase,
+                detail,
+            )?;
         }
         Ok(())
     }
@@ -169,7 +187,7 @@ impl Drop for Journal<'_> {
             .store
             .write(Durability::Lazy, |w| self.write_pending(w));
         if let Err(e) = result {
-            tracing::warn!(volume = self.volume, op = self.op.name(), error = %e, "journal lines not written");
+            tracing::warn!(volume = %self.volume, op = self.op.name(), error = %e, "journal lines not written");
         }
     }
 }
@@ -180,7 +198,7 @@ impl Journal<'_> {
             && lock(&self.pending)
                 .iter()
                 .all(|(step, _, _)| Step::LOOKING.contains(step))
-            && matches!(self.store.knows_volume(self.volume), Ok(false))
+            && matches!(self.store.knows_volume(self.volume.as_str()), Ok(false))
     }
 }
 

@@ -52,7 +52,7 @@ impl Expected {
     }
 
     /// For a device just resolved and held.
-    pub fn resolved(volume: &str, identity: DeviceIdentity, devnum: DevNum) -> Expected {
+    pub fn resolved(volume: &VolumeId, identity: DeviceIdentity, devnum: DevNum) -> Expected {
         Expected {
             volume: volume.to_string(),
             identity: Some(identity),

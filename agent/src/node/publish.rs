@@ -40,7 +40,7 @@ impl Source {
 }
 
 pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let target_path = cmd.target.as_path();
     // A path that leads through a symlink is a bad request whatever the volume's state. The
     // handle is kept: its parent stays the one checked, and it is not resolved a second time.
@@ -69,9 +69,11 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         progress: Progress::InProgress,
         at_unix_ms: now_unix_ms(),
     };
-    let expected = Expected::of(ctx, vol, Some(&staged));
-    let prior = ctx.store.publication(vol, target_path)?;
-    let _turn = ctx.claims.take(vol, target_path, Use::Target, true)?;
+    let expected = Expected::of(ctx, vol.as_str(), Some(&staged));
+    let prior = ctx.store.publication(vol.as_str(), target_path)?;
+    let _turn = ctx
+        .claims
+        .take(vol.as_str(), target_path, Use::Target, true)?;
     let target = match looked_up {
         Some(target) => target,
         None => path_handles::prepare(&cmd.target)?,
@@ -142,7 +144,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     Phase::Failed,
                     facts,
                     Durability::Immediate,
-                    |w| w.delete_publication(vol, target_path),
+                    |w| w.delete_publication(vol.as_str(), target_path),
                 )?;
                 return Err(e);
             }
@@ -152,7 +154,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             // A read-only raw block publication binds a read-only device laid over the
             // volume's: the bind's read-only flag does not reach a device node. The bind intent
             // above is durable first, so a crash from here on leaves a tag recovery finds.
-            let tag = ro_block::tag(ctx, vol, target_path);
+            let tag = ro_block::tag(ctx, vol.as_str(), target_path);
             let ro_device = match &source {
                 Source::Device(d) if readonly => Some(journal.step(
                     Step::RoDevice,
@@ -175,7 +177,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 if ro_device.is_some()
                     && let Err(undo) = ctx.host.remove_read_only(&tag)
                 {
-                    tracing::warn!(volume = vol, error = %undo,
+                    tracing::warn!(volume = %vol, error = %undo,
                         "the read-only device of a failed publish stays until the retry or start-up");
                 }
                 return Err(Error::io(
@@ -196,7 +198,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         Durability::Lazy,
         |w| w.put_publication(&record),
     )?;
-    ctx.claims.record(vol, target_path, Use::Target);
+    ctx.claims.record(vol.as_str(), target_path, Use::Target);
     Ok(())
 }
 
@@ -209,11 +211,11 @@ pub fn check_publish_paths(cmd: &PublishCommand) -> Result<()> {
 /// The staged record, checked against the request: staged (or its in-progress stage mounted
 /// the volume, which completes it), at this staging path, for this kind of access.
 fn staged_here(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<StagedVolume> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let not_staged = || Error::NotStaged {
         volume: vol.to_string(),
     };
-    let staged = ctx.store.staged(vol)?.ok_or_else(not_staged)?;
+    let staged = ctx.store.staged(vol.as_str())?.ok_or_else(not_staged)?;
     if staged.progress != Progress::Complete && !staged_mount_present(ctx, &staged)? {
         return Err(not_staged());
     }

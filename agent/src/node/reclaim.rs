@@ -62,10 +62,10 @@ pub struct Reclaimed {
 }
 
 pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let staged = ctx
         .store
-        .staged(vol)?
+        .staged(vol.as_str())?
         .filter(|s| s.progress == Progress::Complete)
         .ok_or_else(|| Error::NotFound(format!("volume {vol} is not staged on this node")))?;
     let given = known_path(ctx, &staged, &cmd.path)?;
@@ -87,7 +87,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => not_here(),
         _ => Error::io(format!("opening {}", path.display()), e),
     })?;
-    let expected = Expected::of(ctx, vol, Some(&staged));
+    let expected = Expected::of(ctx, vol.as_str(), Some(&staged));
     let Holder::Volume(mount) = holder_of(ctx, &dir, &entry, &expected)? else {
         return Err(not_here());
     };

@@ -38,7 +38,7 @@ pub struct StageCommand {
 }
 
 pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let journal = Journal::new(&ctx.store, vol, Op::Stage, ctx.crash_after());
     check_compatible(ctx, &cmd.volume, &cmd.staging, &cmd.capability)?;
     if let Some(fs) = cmd.capability.fs() {
@@ -47,7 +47,9 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             .map_err(|why| Error::FsTool(FsToolError::Unavailable { fs, why }))?;
     }
     let staging_path = cmd.staging.as_path();
-    let _turn = ctx.claims.take(vol, staging_path, Use::Staging, true)?;
+    let _turn = ctx
+        .claims
+        .take(vol.as_str(), staging_path, Use::Staging, true)?;
 
     let resolved = journal.step(
         Step::ResolveDevice,
@@ -62,7 +64,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             )
         },
     )?;
-    let format = ctx.store.format(vol)?;
+    let format = ctx.store.format(vol.as_str())?;
     let mut device = journal.step(
         Step::VerifyIdentity,
         detail([("device", path_string(&resolved.path))]),
@@ -100,7 +102,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
                 w.put_staged(&record)
             },
         )?;
-        ctx.claims.record(vol, staging_path, Use::Staging);
+        ctx.claims.record(vol.as_str(), staging_path, Use::Staging);
         return Ok(());
     };
     let fs = *fs;
@@ -172,7 +174,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         Durability::Lazy,
         |w| w.put_staged(&record),
     )?;
-    ctx.claims.record(vol, staging_path, Use::Staging);
+    ctx.claims.record(vol.as_str(), staging_path, Use::Staging);
     Ok(())
 }
 
@@ -233,7 +235,7 @@ impl MountSteps<'_> {
         let record = self.format.map(format::view);
         let decision = {
             let evidence = ctx.host.evidence(&*ctx.backend, device);
-            decide(&*evidence, vol, fs, record, probed, self.readonly)?
+            decide(&*evidence, vol.as_str(), fs, record, probed, self.readonly)?
         };
         let size_settled = match decision {
             Decision::Format { uuid } => {
@@ -283,7 +285,7 @@ impl MountSteps<'_> {
             let mut failed = facts;
             failed.insert("error".into(), e.to_string());
             let _ = journal.record(Step::Mount, Phase::Failed, failed, Durability::Lazy, |w| {
-                w.delete_staged(vol)
+                w.delete_staged(vol.as_str())
             });
             return Err(e);
         }
@@ -317,7 +319,7 @@ impl MountSteps<'_> {
         )?;
         if let FsckOutcome::Repaired(code) = outcome {
             tracing::warn!(
-                volume = journal.volume(),
+                volume = %journal.volume(),
                 code,
                 "e2fsck repaired the filesystem"
             );

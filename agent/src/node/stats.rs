@@ -43,11 +43,11 @@ pub struct VolumeStats {
 }
 
 pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let path = cmd.volume_path.as_path();
     let staged = ctx
         .store
-        .staged(vol)?
+        .staged(vol.as_str())?
         .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
     let not_found = |p: &Path| Error::PathNotFound {
         volume: vol.to_string(),
@@ -63,7 +63,7 @@ pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     } else {
         let publication = ctx
             .store
-            .publication(vol, path)?
+            .publication(vol.as_str(), path)?
             .ok_or_else(|| not_found(path))?;
         publication.progress != Progress::Complete
     };

@@ -19,10 +19,12 @@ pub struct UnpublishCommand {
 }
 
 pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let target_path = cmd.target.as_path();
-    let _turn = ctx.claims.take(vol, target_path, Use::Target, false)?;
-    let record = ctx.store.publication(vol, target_path)?;
+    let _turn = ctx
+        .claims
+        .take(vol.as_str(), target_path, Use::Target, false)?;
+    let record = ctx.store.publication(vol.as_str(), target_path)?;
     let recorded = record.is_some();
     // A read-only raw block publication binds a read-only device of the agent's (see ro_block).
     let ro_device = record.as_ref().is_some_and(|p| p.block && p.readonly);
@@ -32,10 +34,10 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
         if ro_device {
             detach_ro_device(ctx, &journal, vol, target_path)?;
         }
-        return forget(ctx, &journal, vol, cmd, recorded, facts);
+        return forget(ctx, &journal, cmd, recorded, facts);
     };
-    let staged = ctx.store.staged(vol)?;
-    let expected = Expected::of(ctx, vol, staged.as_ref());
+    let staged = ctx.store.staged(vol.as_str())?;
+    let expected = Expected::of(ctx, vol.as_str(), staged.as_ref());
     let unmounted = take_down(ctx, &journal, &target, &expected, recorded, "publication")?;
     if ro_device {
         // After the unmount (a retry after a crash finds the bind gone and detaches here).
@@ -53,16 +55,16 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
             Removed::Removed | Removed::Absent => {}
         }
     }
-    forget(ctx, &journal, vol, cmd, recorded, facts)
+    forget(ctx, &journal, cmd, recorded, facts)
 }
 
 fn detach_ro_device(
     ctx: &NodeCtx,
     journal: &Journal<'_>,
-    vol: &str,
+    vol: &VolumeId,
     target: &std::path::Path,
 ) -> Result<()> {
-    let tag = ro_block::tag(ctx, vol, target);
+    let tag = ro_block::tag(ctx, vol.as_str(), target);
     journal
         .step(
             Step::DetachRoDevice,
@@ -76,7 +78,6 @@ fn detach_ro_device(
 fn forget(
     ctx: &NodeCtx,
     journal: &Journal<'_>,
-    vol: &str,
     cmd: &UnpublishCommand,
     recorded: bool,
     facts: super::journal::Detail,
@@ -90,9 +91,9 @@ fn forget(
         Phase::Done,
         facts,
         Durability::Lazy,
-        |w| w.delete_publication(vol, cmd.target.as_path()),
+        |w| w.delete_publication(cmd.volume.as_str(), cmd.target.as_path()),
     )?;
-    ctx.claims.forget(vol, cmd.target.as_path());
+    ctx.claims.forget(cmd.volume.as_str(), cmd.target.as_path());
     Ok(())
 }
 

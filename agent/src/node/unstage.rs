@@ -19,18 +19,20 @@ pub struct UnstageCommand {
 }
 
 pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
-    let vol = cmd.volume.as_str();
+    let vol = &cmd.volume;
     let staging_path = cmd.staging.as_path();
-    let _turn = ctx.claims.take(vol, staging_path, Use::Staging, false)?;
-    let staged = ctx.store.staged(vol)?;
+    let _turn = ctx
+        .claims
+        .take(vol.as_str(), staging_path, Use::Staging, false)?;
+    let staged = ctx.store.staged(vol.as_str())?;
     let recorded = staged
         .as_ref()
         .is_some_and(|s| s.staging_path == staging_path);
-    let expected = Expected::of(ctx, vol, staged.as_ref());
+    let expected = Expected::of(ctx, vol.as_str(), staged.as_ref());
 
     // Each recorded publication, asked of the host: a workload still using the volume keeps it.
     let mut published = Vec::new();
-    for p in ctx.store.publications(vol)? {
+    for p in ctx.store.publications(vol.as_str())? {
         if let Some(entry) = path_handles::lookup_recorded(ctx, &p.target_path)?
             && holder(ctx, &entry, &expected)?.is_volume()
         {
@@ -74,8 +76,8 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     }
     // Lazy: if this line is lost, recovery finds the staging mount gone and drops the record.
     journal.record(Step::Unstaged, Phase::Done, facts, Durability::Lazy, |w| {
-        w.delete_staged(vol)
+        w.delete_staged(vol.as_str())
     })?;
-    ctx.claims.forget(vol, staging_path);
+    ctx.claims.forget(vol.as_str(), staging_path);
     Ok(())
 }

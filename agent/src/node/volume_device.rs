@@ -11,6 +11,7 @@ use super::host_ops::DeviceHandle;
 use super::{NodeCtx, VolumeGuard};
 use crate::backend::{ResolvedDevice, Shown};
 use crate::error::{Error, Result};
+use ebs_node_core::request::VolumeId;
 
 pub struct VolumeDevice {
     pub held: Box<dyn DeviceHandle>,
@@ -21,8 +22,12 @@ pub struct VolumeDevice {
 
 impl VolumeDevice {
     /// Holds a device the backend just resolved for `volume`, and proves it on the held fd.
-    pub fn hold(ctx: &NodeCtx, volume: &str, resolved: &ResolvedDevice) -> Result<VolumeDevice> {
-        Self::hold_path(ctx, volume, &resolved.path, &resolved.identity)
+    pub fn hold(
+        ctx: &NodeCtx,
+        volume: &VolumeId,
+        resolved: &ResolvedDevice,
+    ) -> Result<VolumeDevice> {
+        Self::hold_path(ctx, volume.as_str(), &resolved.path, &resolved.identity)
     }
 
     /// Holds the device a staged record names, proven to still be the volume: a detach and a new

@@ -18,7 +18,7 @@ use super::volume_device::VolumeDevice;
 use crate::error::{Error, Result};
 use ebs_node_core::format::{FormatView, is_requested};
 use ebs_node_core::probe::ProbeOutcome;
-use ebs_node_core::request::{FormatOptions, FsType};
+use ebs_node_core::request::{FormatOptions, FsType, VolumeId};
 use ebs_node_core::steps::Step;
 use ebs_node_host::blkid;
 use ebs_node_host::fstools::filesystem_bytes_of;
@@ -56,18 +56,18 @@ pub fn view(f: &FormatRecord) -> FormatView<'_> {
 /// intent's UUID included, so the intent may license nothing any more.
 pub fn forget_intent(
     ctx: &NodeCtx,
-    vol: &str,
+    vol: &VolumeId,
     w: &mut ebs_store::Writer,
 ) -> std::result::Result<(), ebs_store::StoreError> {
-    match ctx.store.format(vol)? {
-        Some(f) if f.state == FormatState::Intent => w.delete_format(vol),
+    match ctx.store.format(vol.as_str())? {
+        Some(f) if f.state == FormatState::Intent => w.delete_format(vol.as_str()),
         _ => Ok(()),
     }
 }
 
 pub fn format_record(
     ctx: &NodeCtx,
-    vol: &str,
+    vol: &VolumeId,
     fs: FsType,
     uuid: &str,
     dev: &VolumeDevice,
@@ -94,7 +94,7 @@ pub fn format_device(
     uuid: &str,
     options: &FormatOptions,
 ) -> Result<()> {
-    let vol = journal.volume().to_string();
+    let vol = journal.volume();
     let facts = detail([
         ("device", path_string(device.path())),
         ("fs_type", fs.name().to_string()),
@@ -102,7 +102,7 @@ pub fn format_device(
         ("options", options.mkfs_args(fs).join(" ")),
     ]);
     ctx.host.check_size(fs, device.path(), options)?;
-    let intent = format_record(ctx, &vol, fs, uuid, device, FormatState::Intent);
+    let intent = format_record(ctx, vol, fs, uuid, device, FormatState::Intent);
     journal.record(
         Step::Format,
         Phase::Intent,
@@ -132,7 +132,7 @@ pub fn format_device(
     }
     tracing::info!(volume = %vol, device = %device.path().display(), %fs, uuid,
         ms = started.elapsed().as_millis() as u64, "formatted");
-    let done = format_record(ctx, &vol, fs, uuid, device, FormatState::Done);
+    let done = format_record(ctx, vol, fs, uuid, device, FormatState::Done);
     journal.record(
         Step::Format,
         Phase::Done,
