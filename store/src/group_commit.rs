@@ -74,10 +74,34 @@ struct Queue {
     in_flight_last: u64,
     /// Lazy writes whose callers returned at once, readable here until their batch commits.
     overlay: Overlay,
-    /// How many queued requests nobody waits for (held in the overlay).
-    unattended: usize,
+    /// Per volume, how many waited-for requests that change its records are queued or being
+    /// applied. A lazy write to such a volume is not held: held, it would read as applied
+    /// before an older write that is not visible yet (a journal line shown under one number,
+    /// then under the next once the older line lands before it).
+    pending: BTreeMap<String, usize>,
+    /// The volumes of the batch being applied, by its waited-for requests (for a panic).
+    in_flight_volumes: Vec<String>,
     /// The store is closing: the flusher commits what is left and stops.
     closing: bool,
+}
+
+impl Queue {
+    /// How many queued requests nobody waits for (held in the overlay), counted, never kept:
+    /// a count kept apart could drift from the queue on some error path and spin the flusher.
+    fn unattended(&self) -> usize {
+        self.waiting.iter().filter(|r| !r.attended).count()
+    }
+
+    fn pending_done(&mut self, volumes: &[String]) {
+        for v in volumes {
+            if let Some(n) = self.pending.get_mut(v) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending.remove(v);
+                }
+            }
+        }
+    }
 }
 
 struct Request {
@@ -86,6 +110,8 @@ struct Request {
     durable: bool,
     /// Whether its caller waits for the outcome (every write but an overlay-held lazy one).
     attended: bool,
+    /// For a waited-for request: the volumes it counts in `Queue::pending`.
+    volumes: Vec<String>,
 }
 
 /// What one batch came to, for the live file's failure state.
@@ -105,8 +131,14 @@ impl GroupCommit {
         if !overlay::can_hold(&ops) {
             return Err(ops);
         }
+        let volumes = overlay::volumes_of(&ops);
         let mut q = self.lock();
-        if q.overlay.is_full() || q.closing {
+        let unattended = q.unattended();
+        if q.closing
+            || q.overlay.is_full()
+            || unattended >= overlay::MAX_ENTRIES
+            || volumes.iter().any(|v| q.pending.contains_key(v))
+        {
             return Err(ops);
         }
         let ticket = q.next_ticket;
@@ -117,10 +149,10 @@ impl GroupCommit {
             ops,
             durable: false,
             attended: false,
+            volumes: Vec::new(),
         });
-        q.unattended += 1;
         // The flusher wakes for the first one; it collects those that follow.
-        if q.unattended == 1 && !q.leading {
+        if unattended == 0 && !q.leading {
             self.unattended_queued.notify_one();
         }
         Ok(())
@@ -135,14 +167,19 @@ impl GroupCommit {
         durable: bool,
     ) -> Result<(), StoreError> {
         let durable = durable_as_asked(durable);
+        let volumes = overlay::volumes_of(&ops);
         let mut q = self.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;
+        for v in &volumes {
+            *q.pending.entry(v.clone()).or_default() += 1;
+        }
         q.waiting.push(Request {
             ticket,
             ops,
             durable,
             attended: true,
+            volumes,
         });
         loop {
             if let Some(outcome) = q.outcomes.remove(&ticket) {
@@ -171,7 +208,7 @@ impl GroupCommit {
         std::mem::forget(guard);
         q.leading = false;
         self.changed.notify_all();
-        if q.unattended > 0 {
+        if q.unattended() > 0 {
             self.unattended_queued.notify_one();
         }
         (q, outcome)
@@ -187,10 +224,10 @@ impl GroupCommit {
     ) {
         let mut q = self.lock();
         loop {
-            if q.unattended == 0 && q.closing {
+            if q.unattended() == 0 && q.closing {
                 return;
             }
-            if q.unattended == 0 || q.leading {
+            if q.unattended() == 0 || q.leading {
                 q = self
                     .unattended_queued
                     .wait(q)
@@ -201,7 +238,7 @@ impl GroupCommit {
             // load a durable write is rarely far off): fewer transactions, each of which queues
             // on redb's one writer. Nobody waits for them, and they are no less durable.
             let deadline = Instant::now() + RIDE_ALONG;
-            while q.unattended > 0 && !q.closing {
+            while q.unattended() > 0 && !q.closing {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -212,7 +249,7 @@ impl GroupCommit {
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .0;
             }
-            if q.unattended == 0 || q.leading {
+            if q.unattended() == 0 || q.leading {
                 continue;
             }
             drop(q);
@@ -220,17 +257,19 @@ impl GroupCommit {
             q = self.lock();
             let handle = match handle {
                 Ok(handle) => handle,
+                // Another caller leads meanwhile: what it takes is its to settle.
+                Err(_) if q.leading => continue,
                 Err(e) => {
-                    // The file cannot be reopened: what is held is lost, as in a crash.
+                    // The file cannot be reopened: what is held is lost, as in a crash. The
+                    // failure is on record already (the reopen's error repeats it).
+                    tracing::warn!(error = %e, "lazy state writes dropped: the state file cannot be reopened");
                     let last = q.next_ticket;
                     q.overlay.retire(last);
                     q.waiting.retain(|r| r.attended);
-                    q.unattended = 0;
-                    committed(&Err(message(&e)));
                     continue;
                 }
             };
-            if q.leading || q.unattended == 0 {
+            if q.leading || q.unattended() == 0 {
                 continue;
             }
             let (again, outcome) = self.lead(&handle, q);
@@ -277,7 +316,7 @@ impl GroupCommit {
         }
         let batch = std::mem::take(&mut q.waiting);
         let last = batch.iter().map(|r| r.ticket).max().unwrap_or_default();
-        let unattended = batch.iter().filter(|r| !r.attended).count();
+        let volumes: Vec<String> = batch.iter().flat_map(|r| r.volumes.clone()).collect();
         // (ticket, wants durability) of each request whose caller waits.
         let tickets: Vec<(u64, bool)> = batch
             .iter()
@@ -286,6 +325,7 @@ impl GroupCommit {
             .collect();
         q.in_flight = tickets.iter().map(|&(t, _)| t).collect();
         q.in_flight_last = last;
+        q.in_flight_volumes = volumes.clone();
         drop(q);
         let any_durable = tickets.iter().any(|&(_, d)| d);
         let all_durable = batch.iter().all(|r| r.durable);
@@ -293,10 +333,17 @@ impl GroupCommit {
         // commits without a sync, so its lazy writers need not wait for the fsync.
         let applied = apply_batch(db, batch, last, all_durable);
         q = self.lock();
-        // Visible in redb now, or lost: either way the overlay no longer holds them.
+        // Visible in redb now, or lost: either way the overlay no longer holds them, and no
+        // later lazy write to these volumes need wait for them.
         q.overlay.retire(last);
-        q.unattended -= unattended;
-        q.in_flight.clear();
+        q.pending_done(&volumes);
+        q.in_flight_volumes.clear();
+        // The durable ones stay in flight through the sync below (a panic there fails them).
+        q.in_flight = if applied.is_ok() && !all_durable && any_durable {
+            tickets.iter().filter(|t| t.1).map(|t| t.0).collect()
+        } else {
+            Vec::new()
+        };
         match applied {
             Err(e) => {
                 let msg = message(&e);
@@ -322,6 +369,7 @@ impl GroupCommit {
         drop(q);
         let synced = sync(db).map_err(|e| message(&e));
         q = self.lock();
+        q.in_flight.clear();
         for (t, durable) in tickets {
             if durable {
                 q.outcomes.insert(t, synced.clone());
@@ -351,10 +399,11 @@ impl Drop for AbandonOnPanic<'_> {
         // The batch's unattended writes are lost with it, as in a crash.
         let last = q.in_flight_last;
         q.overlay.retire(last);
-        let waiting_unattended = q.waiting.iter().filter(|r| !r.attended).count();
-        q.unattended = waiting_unattended;
+        let volumes = std::mem::take(&mut q.in_flight_volumes);
+        q.pending_done(&volumes);
         q.leading = false;
         self.0.changed.notify_all();
+        self.0.unattended_queued.notify_one();
     }
 }
 

@@ -152,6 +152,11 @@ impl LiveDb {
         }
     }
 
+    /// A commit failed and none succeeded since, or the file waits to be reopened.
+    pub(crate) fn failing(&self) -> bool {
+        self.needs_reopen.load(Ordering::Acquire) || self.failure().is_some()
+    }
+
     pub(crate) fn failure(&self) -> Option<String> {
         self.failure
             .lock()
@@ -168,8 +173,9 @@ impl crate::Store {
         ops: Vec<crate::writer::Op>,
         durable: bool,
     ) -> Result<(), StoreError> {
-        // A lazy write nobody needs to wait for returns at once; the flusher commits it.
-        let ops = if durable {
+        // A lazy write nobody needs to wait for returns at once; the flusher commits it. Not
+        // while the file is failing: then the write commits here and its caller hears why not.
+        let ops = if durable || live.failing() {
             ops
         } else {
             match self.group.hold(ops) {

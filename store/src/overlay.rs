@@ -110,6 +110,30 @@ pub(crate) fn can_hold(ops: &[Op]) -> bool {
     })
 }
 
+/// The volumes whose overlay-visible records (format, staging, publications, journal) `ops`
+/// change; a forgotten volume's included.
+pub(crate) fn volumes_of(ops: &[Op]) -> Vec<String> {
+    let mut out: Vec<String> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Put(def, key, _) | Op::Delete(def, key)
+                if def.name() == FORMATS.name() || def.name() == STAGED.name() =>
+            {
+                Some(key)
+            }
+            Op::Put(..) | Op::Delete(..) => None,
+            Op::PutPublication { volume, .. }
+            | Op::DeletePublication { volume, .. }
+            | Op::Step { volume, .. }
+            | Op::ForgetVolume(volume) => Some(volume),
+        })
+        .cloned()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 impl Overlay {
     pub(crate) fn is_full(&self) -> bool {
         self.entries >= MAX_ENTRIES

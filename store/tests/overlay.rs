@@ -242,3 +242,64 @@ fn lazy_writes_after_a_reopen_read_back() {
         store.sync().unwrap();
     }
 }
+
+fn line(w: &mut Writer, id: &str, n: &str) -> Result<(), StoreError> {
+    let detail = BTreeMap::from([("n".to_string(), n.to_string())]);
+    w.step(id, "stage", "mount", Phase::Done, detail)
+}
+
+/// A lazy line is never shown ahead of an older line still on its way (a reviewer's attack:
+/// shown as line n + 1, then as n + 2 once the older one landed before it).
+#[test]
+fn a_journal_line_keeps_its_number() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = TempDir::new("overlay-seq");
+    let store = Store::open(&dir.0.join("s.redb")).unwrap();
+    let stop = AtomicBool::new(false);
+    let problems = std::sync::Mutex::new(Vec::<String>::new());
+    std::thread::scope(|s| {
+        let (store, stop, problems) = (&store, &stop, &problems);
+        s.spawn(move || {
+            for n in 0..300 {
+                store
+                    .write(Durability::Immediate, |w| line(w, "v", &format!("i{n}")))
+                    .unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+        s.spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                store
+                    .write(Durability::Lazy, |w| line(w, "v", &format!("l{n}")))
+                    .unwrap();
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        });
+        s.spawn(move || {
+            let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+            while !stop.load(Ordering::SeqCst) {
+                for l in store.journal("v").unwrap() {
+                    let tag = l.detail["n"].clone();
+                    if let Some(&before) = seen.get(&tag)
+                        && before != l.seq
+                    {
+                        problems
+                            .lock()
+                            .unwrap()
+                            .push(format!("{tag} read at {before}, later at {}", l.seq));
+                    }
+                    seen.insert(tag, l.seq);
+                }
+            }
+        });
+    });
+    let p = problems.into_inner().unwrap();
+    assert!(
+        p.is_empty(),
+        "{} renumbered, e.g. {:?}",
+        p.len(),
+        &p[..p.len().min(5)]
+    );
+}
