@@ -63,6 +63,50 @@ impl View {
         Ok(out)
     }
 
+    /// The volume ids that key the records of `defs` and the publications (and the journal, if
+    /// `journal`), as redb holds them.
+    fn ids_in(
+        &self,
+        defs: &[StrTable],
+        journal: bool,
+        ids: &mut BTreeSet<String>,
+    ) -> Result<(), StoreError> {
+        for def in defs {
+            if let Some(t) = open_table(&self.tx, *def)? {
+                for row in t.iter()? {
+                    ids.insert(row?.0.value().to_string());
+                }
+            }
+        }
+        if let Some(t) = open_table(&self.tx, PUBLICATIONS)? {
+            for row in t.iter()? {
+                ids.insert(row?.0.value().0.to_string());
+            }
+        }
+        if journal && let Some(t) = open_table(&self.tx, JOURNAL)? {
+            for row in t.iter()? {
+                ids.insert(row?.0.value().0.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// Corrects `ids` for the volumes held writes changed: in if `counts` says so now, else out.
+    fn settle_held(
+        &self,
+        ids: &mut BTreeSet<String>,
+        counts: fn(&View, &str) -> Result<bool, StoreError>,
+    ) -> Result<Vec<String>, StoreError> {
+        for id in self.over.keys() {
+            if counts(self, id)? {
+                ids.insert(id.clone());
+            } else {
+                ids.remove(id);
+            }
+        }
+        Ok(std::mem::take(ids).into_iter().collect())
+    }
+
     /// Whether a staging or a publication record names the volume.
     fn recorded(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self.has(STAGED, id)? || !self.publications(id)?.is_empty())
@@ -148,11 +192,7 @@ impl Store {
         let mut rows: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         if let Some(table) = open_table(&view.tx, def)? {
             if view.over.is_empty() {
-                let mut out = Vec::new();
-                for row in table.iter()? {
-                    out.push(decode(row?.1.value())?);
-                }
-                return Ok(out);
+                return decode_all(&table);
             }
             for row in table.iter()? {
                 let (k, v) = row?;
@@ -236,11 +276,7 @@ impl Store {
         let mut rows: BTreeMap<(String, String), Vec<u8>> = BTreeMap::new();
         if let Some(table) = open_table(&view.tx, PUBLICATIONS)? {
             if view.over.is_empty() {
-                let mut out = Vec::new();
-                for row in table.iter()? {
-                    out.push(decode(row?.1.value())?);
-                }
-                return Ok(out);
+                return decode_all(&table);
             }
             for row in table.iter()? {
                 let (k, v) = row?;
@@ -296,55 +332,16 @@ impl Store {
     pub fn recorded_volume_ids(&self) -> Result<Vec<String>, StoreError> {
         let view = self.view(None)?;
         let mut ids = BTreeSet::new();
-        if let Some(t) = open_table(&view.tx, STAGED)? {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().to_string());
-            }
-        }
-        if let Some(t) = open_table(&view.tx, PUBLICATIONS)? {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().0.to_string());
-            }
-        }
-        for id in view.over.keys() {
-            if view.recorded(id)? {
-                ids.insert(id.clone());
-            } else {
-                ids.remove(id);
-            }
-        }
-        Ok(ids.into_iter().collect())
+        view.ids_in(&[STAGED], false, &mut ids)?;
+        view.settle_held(&mut ids, View::recorded)
     }
 
     /// Every volume id that has a journal, a format record, a staging or a publication.
     pub fn known_volume_ids(&self) -> Result<Vec<String>, StoreError> {
         let view = self.view(None)?;
         let mut ids = BTreeSet::new();
-        if let Some(t) = open_table(&view.tx, JOURNAL)? {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().0.to_string());
-            }
-        }
-        for def in [FORMATS, STAGED] {
-            if let Some(t) = open_table(&view.tx, def)? {
-                for row in t.iter()? {
-                    ids.insert(row?.0.value().to_string());
-                }
-            }
-        }
-        if let Some(t) = open_table(&view.tx, PUBLICATIONS)? {
-            for row in t.iter()? {
-                ids.insert(row?.0.value().0.to_string());
-            }
-        }
-        for id in view.over.keys() {
-            if view.named(id)? {
-                ids.insert(id.clone());
-            } else {
-                ids.remove(id);
-            }
-        }
-        Ok(ids.into_iter().collect())
+        view.ids_in(&[FORMATS, STAGED], true, &mut ids)?;
+        view.settle_held(&mut ids, View::named)
     }
 
     /// Whether a record names the volume: a loop volume, a format fact, a staging, a publication
@@ -363,6 +360,17 @@ impl Store {
     pub(crate) fn names_beyond_journal(view: &View, id: &str) -> Result<bool, StoreError> {
         Ok(view.has(LOOP_VOLUMES, id)? || view.has(FORMATS, id)? || view.recorded(id)?)
     }
+}
+
+/// Every record of a table, in key order, as redb holds them.
+fn decode_all<K: redb::Key + 'static, T: DeserializeOwned>(
+    table: &redb::ReadOnlyTable<K, &'static [u8]>,
+) -> Result<Vec<T>, StoreError> {
+    let mut out = Vec::new();
+    for row in table.iter()? {
+        out.push(decode(row?.1.value())?);
+    }
+    Ok(out)
 }
 
 fn applied_ticket(tx: &redb::ReadTransaction) -> Result<u64, StoreError> {

@@ -3,56 +3,11 @@
 //! flusher commits behind them; and a sync leaves exactly the same records on disk.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use ebs_store::*;
 
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("ebs-store-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn staged(id: &str, n: u64) -> StagedVolume {
-    StagedVolume {
-        volume_id: id.into(),
-        staging_path: "/csi/s".into(),
-        device: "/dev/loop3".into(),
-        devnum: Some((7, 3)),
-        identity: DeviceIdentity::Unverified,
-        access: AccessRecord::Mount {
-            fs_type: "ext4".into(),
-            mount_flags: vec![],
-        },
-        access_mode: 1,
-        readonly: false,
-        progress: Progress::Complete,
-        at_unix_ms: n,
-    }
-}
-
-fn publication(id: &str, target: &str, n: u64) -> Publication {
-    Publication {
-        volume_id: id.into(),
-        target_path: target.into(),
-        staging_path: "/csi/s".into(),
-        block: false,
-        readonly: false,
-        access_mode: 1,
-        mount_flags: vec![],
-        progress: Progress::Complete,
-        at_unix_ms: n,
-    }
-}
+mod common;
+use common::*;
 
 /// What one volume's records should be.
 #[derive(Default, Clone, Debug, PartialEq)]
@@ -241,11 +196,6 @@ fn lazy_writes_after_a_reopen_read_back() {
         }
         store.sync().unwrap();
     }
-}
-
-fn line(w: &mut Writer, id: &str, n: &str) -> Result<(), StoreError> {
-    let detail = BTreeMap::from([("n".to_string(), n.to_string())]);
-    w.step(id, "stage", "mount", Phase::Done, detail)
 }
 
 /// A lazy line is never shown ahead of an older line still on its way (a reviewer's attack:

@@ -8,74 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ebs_store::*;
 
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("ebs-adv-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn staged(id: &str, n: u64) -> StagedVolume {
-    StagedVolume {
-        volume_id: id.into(),
-        staging_path: "/csi/s".into(),
-        device: "/dev/loop3".into(),
-        devnum: Some((7, 3)),
-        identity: DeviceIdentity::Unverified,
-        access: AccessRecord::Mount {
-            fs_type: "ext4".into(),
-            mount_flags: vec![],
-        },
-        access_mode: 1,
-        readonly: false,
-        progress: Progress::Complete,
-        at_unix_ms: n,
-    }
-}
-
-fn format(id: &str, n: u64) -> FormatRecord {
-    FormatRecord {
-        volume_id: id.into(),
-        fs_type: "ext4".into(),
-        uuid: "u".into(),
-        identity: DeviceIdentity::Unverified,
-        state: FormatState::Done,
-        at_unix_ms: n,
-        attachment: None,
-    }
-}
-
-fn publication(id: &str, target: &str, n: u64) -> Publication {
-    Publication {
-        volume_id: id.into(),
-        target_path: target.into(),
-        staging_path: "/csi/s".into(),
-        block: false,
-        readonly: false,
-        access_mode: 1,
-        mount_flags: vec![],
-        progress: Progress::Complete,
-        at_unix_ms: n,
-    }
-}
-
-fn line(w: &mut Writer, id: &str, tag: &str) -> Result<(), StoreError> {
-    w.step(
-        id,
-        "op",
-        "step",
-        Phase::Done,
-        BTreeMap::from([("n".into(), tag.to_string())]),
-    )
-}
+mod common;
+use common::*;
 
 /// Once a reader saw a journal line at some number, it must keep that number (until trimmed).
 /// Two writers on ONE volume: an immediate one and a lazy one.

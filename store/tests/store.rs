@@ -3,38 +3,8 @@ use std::path::PathBuf;
 
 use ebs_store::*;
 
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("ebs-store-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn staged(id: &str) -> StagedVolume {
-    StagedVolume {
-        volume_id: id.into(),
-        staging_path: "/csi/s".into(),
-        device: "/dev/loop3".into(),
-        devnum: Some((7, 3)),
-        identity: DeviceIdentity::Unverified,
-        access: AccessRecord::Mount {
-            fs_type: "ext4".into(),
-            mount_flags: vec![],
-        },
-        access_mode: 1,
-        readonly: false,
-        progress: Progress::Complete,
-        at_unix_ms: 1,
-    }
-}
+mod common;
+use common::*;
 
 #[test]
 fn records_survive_reopen() {
@@ -44,14 +14,14 @@ fn records_survive_reopen() {
         let store = Store::open(&path).unwrap();
         store
             .write(Durability::Immediate, |w| {
-                w.put_staged(&staged("v1"))?;
+                w.put_staged(&staged("v1", 1))?;
                 w.step("v1", "stage", "mount", Phase::Done, BTreeMap::new())?;
                 Ok(())
             })
             .unwrap();
     }
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.staged("v1").unwrap(), Some(staged("v1")));
+    assert_eq!(store.staged("v1").unwrap(), Some(staged("v1", 1)));
     assert_eq!(store.journal("v1").unwrap().len(), 1);
     assert_eq!(store.known_volume_ids().unwrap(), vec!["v1".to_string()]);
 }
@@ -141,8 +111,8 @@ fn forget_volume_drops_everything() {
     let store = Store::open(&dir.0.join("s.redb")).unwrap();
     store
         .write(Durability::Immediate, |w| {
-            w.put_staged(&staged("a"))?;
-            w.put_staged(&staged("b"))?;
+            w.put_staged(&staged("a", 1))?;
+            w.put_staged(&staged("b", 1))?;
             w.step("a", "stage", "x", Phase::Done, BTreeMap::new())?;
             w.forget_volume("a")
         })
@@ -172,7 +142,7 @@ fn concurrent_immediate_writes_share_syncs_and_all_land() {
             for i in 0..10 {
                 let id = format!("v{t}-{i}");
                 store
-                    .write(Durability::Immediate, |w| w.put_staged(&staged(&id)))
+                    .write(Durability::Immediate, |w| w.put_staged(&staged(&id, 1)))
                     .unwrap();
                 // Visible to this thread as soon as the write returns.
                 assert!(store.staged(&id).unwrap().is_some());
@@ -199,7 +169,7 @@ fn mixed_lazy_and_immediate_writers_see_their_writes_and_immediate_ones_last() {
                 };
                 store
                     .write(durability, |w| {
-                        w.put_staged(&staged(&id))?;
+                        w.put_staged(&staged(&id, 1))?;
                         w.step(&id, "stage", "mount", Phase::Intent, BTreeMap::new())
                     })
                     .unwrap();
@@ -221,17 +191,7 @@ fn mixed_lazy_and_immediate_writers_see_their_writes_and_immediate_ones_last() {
 fn publications_of_one_volume_do_not_leak_into_a_prefix_sibling() {
     let dir = TempDir::new("pubs");
     let store = Store::open(&dir.0.join("s.redb")).unwrap();
-    let publication = |vol: &str, target: &str| Publication {
-        volume_id: vol.into(),
-        target_path: target.into(),
-        staging_path: "/csi/s".into(),
-        block: false,
-        readonly: false,
-        access_mode: 1,
-        mount_flags: vec![],
-        progress: Progress::Complete,
-        at_unix_ms: 1,
-    };
+    let publication = |vol: &str, target: &str| publication(vol, target, 1);
     store
         .write(Durability::Lazy, |w| {
             w.put_publication(&publication("v1", "/csi/a"))?;
@@ -265,7 +225,7 @@ fn a_damaged_page_is_an_error_for_read_only_opens_not_a_panic() {
         let store = Store::open(&path).unwrap();
         store
             .write(Durability::Immediate, |w| {
-                w.put_staged(&staged("v1"))?;
+                w.put_staged(&staged("v1", 1))?;
                 w.step("v1", "stage", "mount", Phase::Done, BTreeMap::new())?;
                 Ok(())
             })
@@ -318,7 +278,7 @@ fn a_creation_cut_short_is_set_aside_and_made_again() {
         assert!(ro.to_string().contains("holds no records"), "{ro}");
         let store = Store::open(&path).expect("the agent starts afresh");
         store
-            .write(Durability::Immediate, |w| w.put_staged(&staged("v1")))
+            .write(Durability::Immediate, |w| w.put_staged(&staged("v1", 1)))
             .unwrap();
         assert!(store.staged("v1").unwrap().is_some());
         let aside: Vec<_> = std::fs::read_dir(&dir.0)
@@ -341,7 +301,7 @@ fn a_state_file_that_lost_its_magic_number_is_still_refused() {
     {
         let store = Store::open(&path).unwrap();
         store
-            .write(Durability::Immediate, |w| w.put_staged(&staged("v1")))
+            .write(Durability::Immediate, |w| w.put_staged(&staged("v1", 1)))
             .unwrap();
     }
     let mut bytes = std::fs::read(&path).unwrap();
@@ -362,7 +322,7 @@ fn sync_makes_lazy_writes_durable() {
     let path = dir.0.join("s.redb");
     let store = Store::open(&path).unwrap();
     store
-        .write(Durability::Lazy, |w| w.put_staged(&staged("lazy")))
+        .write(Durability::Lazy, |w| w.put_staged(&staged("lazy", 1)))
         .unwrap();
     assert!(store.staged("lazy").unwrap().is_some());
     let before = dir.0.join("before.redb");

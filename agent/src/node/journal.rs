@@ -89,14 +89,7 @@ impl<'a> Journal<'a> {
         self.store.write(durability, |w| {
             self.write_pending(w)?;
             also(w)?;
-            w.step(
-                self.volume.as_str(),
-                self.op.name(),
-                step.name(),
-                phase,
-                detail,
-            )?;
-            Ok(())
+            self.line(w, step, phase, detail)
         })?;
         self.committed.store(true, Ordering::Relaxed);
         crate::metrics::observe_journal_commit(durability, commit.elapsed());
@@ -139,15 +132,26 @@ impl<'a> Journal<'a> {
     /// Moves the lines held so far into `w`.
     fn write_pending(&self, w: &mut Writer) -> std::result::Result<(), StoreError> {
         for (step, phase, detail) in std::mem::take(&mut *lock(&self.pending)) {
-            w.step(
-                self.volume.as_str(),
-                self.op.name(),
-                step.name(),
-                phase,
-                detail,
-            )?;
+            self.line(w, step, phase, detail)?;
         }
         Ok(())
+    }
+
+    /// One line of this operation into `w`.
+    fn line(
+        &self,
+        w: &mut Writer,
+        step: Step,
+        phase: Phase,
+        detail: Detail,
+    ) -> std::result::Result<(), StoreError> {
+        w.step(
+            self.volume.as_str(),
+            self.op.name(),
+            step.name(),
+            phase,
+            detail,
+        )
     }
 
     fn observe_step(&self, step: Step, phase: Phase) {
