@@ -4,17 +4,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use redb::{ReadableTable, TableDefinition, TableHandle};
+use redb::{ReadableTable, TableHandle};
 use serde::de::DeserializeOwned;
 
 use crate::overlay::{APPLIED_TICKET, VolumeOverlay};
+use crate::writer::StrTable;
 use crate::{
     Db, FORMATS, JOURNAL, JOURNAL_LINES_PER_VOLUME, LOOP_SNAPSHOTS, LOOP_VOLUMES, LoopSnapshot,
     LoopVolume, META, PUBLICATIONS, Publication, STAGED, StagedVolume, StepRecord, Store,
     StoreError, decode, open_table, path_key,
 };
-
-type StrTable = TableDefinition<'static, &'static str, &'static [u8]>;
 
 /// One consistent read: redb's snapshot and the overlay entries newer than it.
 pub(crate) struct View {
@@ -153,20 +152,24 @@ impl Store {
         Ok(View { tx, over })
     }
 
+    /// A view for reading `def`: redb's snapshot alone for a table no lazy write is held for.
+    fn view_of_table(&self, def: StrTable, volume: Option<&str>) -> Result<View, StoreError> {
+        if overlaid(def) {
+            return self.view(volume);
+        }
+        Ok(View {
+            tx: self.read_tx()?,
+            over: BTreeMap::new(),
+        })
+    }
+
     /// The last ticket a committed batch recorded in the file.
     pub(crate) fn applied_ticket(&self) -> Result<u64, StoreError> {
         applied_ticket(&self.read_tx()?)
     }
 
     fn get<T: DeserializeOwned>(&self, def: StrTable, key: &str) -> Result<Option<T>, StoreError> {
-        let view = if overlaid(def) {
-            self.view(Some(key))?
-        } else {
-            View {
-                tx: self.read_tx()?,
-                over: BTreeMap::new(),
-            }
-        };
+        let view = self.view_of_table(def, Some(key))?;
         if let Some(v) = view.keyed(def, key) {
             return v.map(decode).transpose();
         }
@@ -181,14 +184,7 @@ impl Store {
 
     /// Every record of `def`, in key order.
     fn all<T: DeserializeOwned>(&self, def: StrTable) -> Result<Vec<T>, StoreError> {
-        let view = if overlaid(def) {
-            self.view(None)?
-        } else {
-            View {
-                tx: self.read_tx()?,
-                over: BTreeMap::new(),
-            }
-        };
+        let view = self.view_of_table(def, None)?;
         let mut rows: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         if let Some(table) = open_table(&view.tx, def)? {
             if view.over.is_empty() {

@@ -30,7 +30,7 @@ pub struct Writer {
     pub(crate) ops: Vec<Op>,
 }
 
-type StrTable = TableDefinition<'static, &'static str, &'static [u8]>;
+pub(crate) type StrTable = TableDefinition<'static, &'static str, &'static [u8]>;
 
 /// One change, owned, so that whichever thread commits the batch can apply it.
 pub(crate) enum Op {
