@@ -267,18 +267,28 @@ pub fn registration_after_identity(ctx: &mut Ctx) -> Result<(), String> {
             "the registrar's last exit code is {why}, expected 1"
         ));
     }
-    let previous = c
-        .kubectl(&[
-            "-n",
-            "kube-system",
-            "logs",
-            "-p",
-            "ds/ebs-node-agent",
-            "-c",
-            "node-driver-registrar",
-        ])
-        .unwrap_or_default();
-    if !previous.contains("Registration process failed") {
+    // Read until the runtime serves the exited container's log: right after the restart it
+    // can answer "unable to retrieve container logs" (seen once in a CI rehearsal).
+    let mut previous = String::new();
+    let failed = wait_until(
+        Duration::from_secs(30),
+        "the registrar's previous log",
+        || {
+            previous = c
+                .kubectl(&[
+                    "-n",
+                    "kube-system",
+                    "logs",
+                    "-p",
+                    "ds/ebs-node-agent",
+                    "-c",
+                    "node-driver-registrar",
+                ])
+                .unwrap_or_default();
+            Ok(previous.contains("Registration process failed"))
+        },
+    );
+    if failed.is_err() {
         return Err(format!(
             "the registrar's previous run did not fail its registration: {previous}"
         ));
