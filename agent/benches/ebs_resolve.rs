@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use ebs_node_agent::backend::Backend;
 use ebs_node_agent::backend::ebs::fixture::Fixture;
-use ebs_node_agent::backend::ebs::{EBS_MODEL, EbsBackend, EbsConfig};
+use ebs_node_agent::backend::ebs::{EbsBackend, EbsConfig};
+use ebs_node_core::ec2::ebs::EBS_MODEL;
 use ebs_node_core::request::VolumeId;
 
 fn median_resolve(disks: u32, device_path: bool) -> Duration {

@@ -257,7 +257,7 @@ pub struct ServeArgs {
     #[arg(long, env = "EBS_AGENT_ALLOW_UNVERIFIED_DEVICES")]
     pub allow_unverified_devices: bool,
     /// ebs: the NVMe controller model that marks an EBS volume (the QEMU lab: "QEMU NVMe Ctrl").
-    #[arg(long, env = "EBS_AGENT_EBS_MODEL", default_value = crate::backend::ebs::EBS_MODEL)]
+    #[arg(long, env = "EBS_AGENT_EBS_MODEL", default_value = ebs_node_core::ec2::ebs::EBS_MODEL)]
     pub ebs_model: String,
     /// The background re-check of a volume that needs attention: the first pause (then
     /// doubling, at most ten times this).

@@ -12,8 +12,6 @@ pub mod connections;
 pub mod endpoint;
 pub mod error;
 pub mod fd_budget;
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod grpc;
 pub mod health;
 pub mod inventory;

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ebs_node_agent::fuzzing::grpc_timeout(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ebs_fuzz::grpc_timeout(data));

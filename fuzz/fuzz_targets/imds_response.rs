@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ebs_node_agent::fuzzing::imds_response(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ebs_fuzz::imds_response(data));

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ebs_node_agent::nodeinfo::host_devices::{EBS_MODEL, INSTANCE_STORE_MODEL, fixture};
+use ebs_node_agent::nodeinfo::host_devices::fixture;
 use ebs_node_agent::nodeinfo::imds::{ImdsClient, ImdsError};
 use ebs_node_agent::nodeinfo::live_limit::StagedSerials;
 use ebs_node_agent::nodeinfo::outpost::{
@@ -16,6 +16,7 @@ use ebs_node_agent::nodeinfo::sources::{
     OS_KEY, Resolver, SourceConfig, WELL_KNOWN_ZONE_KEY, ZONE_KEY,
 };
 use ebs_node_agent::nodeinfo::{NodeInfo, NodeInfoSource, dmi};
+use ebs_node_core::ec2::ebs::{EBS_MODEL, INSTANCE_STORE_MODEL};
 use ebs_tests::Scratch;
 use ebs_tests::imds::{Imds, Instance, raw_get_status};
 

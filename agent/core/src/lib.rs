@@ -14,7 +14,9 @@
 
 pub mod blank;
 pub mod config;
+pub mod deadline;
 mod devnum;
+pub mod ec2;
 pub mod format;
 pub mod probe;
 pub mod request;

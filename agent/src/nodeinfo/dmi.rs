@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use ebs_node_core::ec2::{is_instance_id, is_instance_type};
+
 pub const ASSET_TAG: &str = "devices/virtual/dmi/id/board_asset_tag";
 pub const PRODUCT_NAME: &str = "devices/virtual/dmi/id/product_name";
 pub const SYS_VENDOR: &str = "devices/virtual/dmi/id/sys_vendor";
@@ -29,31 +31,6 @@ pub fn instance_type(sysfs_root: &Path) -> Option<String> {
     }
     let name = read(PRODUCT_NAME)?.trim().to_string();
     is_instance_type(&name).then_some(name)
-}
-
-/// `family.size`, lowercase letters, digits and `-` (`m7i.large`, `m8i-flex.xlarge`,
-/// `c8gn.metal-24xl`).
-pub fn is_instance_type(s: &str) -> bool {
-    let ok = |part: &str| {
-        !part.is_empty()
-            && part
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    };
-    s.len() <= 32
-        && s.starts_with(|c: char| c.is_ascii_lowercase())
-        && s.split_once('.')
-            .is_some_and(|(family, size)| ok(family) && ok(size))
-}
-
-/// `i-` and 8 or 17 lowercase hex digits, the two forms EC2 has issued.
-pub fn is_instance_id(s: &str) -> bool {
-    s.strip_prefix("i-").is_some_and(|hex| {
-        (hex.len() == 8 || hex.len() == 17)
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
 }
 
 #[cfg(test)]
@@ -112,18 +89,5 @@ mod tests {
         assert_eq!(instance_type(&f.0).as_deref(), Some("m7i.large"));
         write(PRODUCT_NAME, "HVM domU\n");
         assert_eq!(instance_type(&f.0), None);
-        assert!(is_instance_type("c8gn.metal-24xl"));
-        assert!(is_instance_type("m8i-flex.xlarge"));
-        assert!(!is_instance_type("Standard PC (Q35 + ICH9, 2009)"));
-        assert!(!is_instance_type("m7i"));
-    }
-
-    #[test]
-    fn instance_id_forms() {
-        assert!(is_instance_id("i-12345678"));
-        assert!(is_instance_id("i-0123456789abcdef0"));
-        assert!(!is_instance_id("i-0123456789ABCDEF0"));
-        assert!(!is_instance_id("i-123"));
-        assert!(!is_instance_id("vol-0123456789abcdef0"));
     }
 }

@@ -6,10 +6,9 @@ use ebs_node_core::DevNum;
 use std::collections::HashSet;
 use std::path::Path;
 
-pub use super::csi_owned::Disk;
+use ebs_node_core::ec2::ebs::{EBS_MODEL, INSTANCE_STORE_MODEL, normalize_serial};
 
-pub const EBS_MODEL: &str = "Amazon Elastic Block Store";
-pub const INSTANCE_STORE_MODEL: &str = "Amazon EC2 NVMe Instance Storage";
+pub use super::csi_owned::Disk;
 
 /// Network drivers of EC2 interfaces: ENA on Nitro, the Intel VF on older enhanced networking.
 const NIC_DRIVERS: &[&str] = &["ena", "ixgbevf"];
@@ -48,12 +47,6 @@ impl AttachedDisks {
             .unwrap_or(u32::MAX)
             .saturating_add(self.xen_disks)
     }
-}
-
-/// EBS serials appear as `vol0123…` in sysfs and `vol-0123…` in volume ids: compare without
-/// the dash.
-pub fn normalize_serial(s: &str) -> String {
-    s.trim().replace('-', "").to_ascii_lowercase()
 }
 
 /// Scans `<sysfs_root>/block/*/device/model`. Partitions are not listed there; one NVMe

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::attach_limit::{self, Derivation, LimitInputs};
 use super::{csi_owned, host_devices};
+use ebs_node_core::ec2::attach_limit::{self, Derivation, LimitInputs};
+use ebs_node_core::ec2::ebs::normalize_serial;
 
 /// The NVMe serials (normalized) of the volumes the agent has staged: their slots are the
 /// scheduler's to count, so they are not reserved.
@@ -29,7 +30,7 @@ impl StagedSerials {
                 .into_iter()
                 .filter_map(|s| match s.identity {
                     ebs_store::DeviceIdentity::NvmeSerial { serial } => {
-                        Some(host_devices::normalize_serial(&serial))
+                        Some(normalize_serial(&serial))
                     }
                     _ => None,
                 })

@@ -4,7 +4,6 @@
 //! The `ebs` backend learns the instance from flags, DMI or instance metadata (`sources`), in the
 //! background, and never crashes for want of it; the loop backend answers with its host name.
 
-pub mod attach_limit;
 pub mod csi_owned;
 pub mod dmi;
 pub mod host_devices;

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::attach_limit::LimitInputs;
 use super::imds::ImdsClient;
 use super::live_limit::{LiveLimit, StagedSerials};
 use super::outpost::Outpost;
 use super::{NodeInfo, NodeInfoSource, dmi};
 use crate::health::{Health, IdentityState};
+use ebs_node_core::ec2::attach_limit::LimitInputs;
 
 /// The EBS driver's topology keys, so existing StorageClasses and PersistentVolumes keep working.
 pub const ZONE_KEY: &str = "topology.ebs.csi.aws.com/zone";

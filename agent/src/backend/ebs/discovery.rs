@@ -5,6 +5,7 @@
 //! real host. libudev hard-codes `/sys`, which is why the fixture path cannot go through it.
 
 use ebs_node_core::DevNum;
+use ebs_node_core::ec2::ebs::{clean, is_multipath_path_name};
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -55,30 +56,10 @@ pub fn read_attr(path: &Path) -> Option<String> {
     clean(&String::from_utf8_lossy(&raw))
 }
 
-/// Trims identify-string padding; an empty attribute counts as absent.
-pub fn clean(text: &str) -> Option<String> {
-    let t = text.trim_matches(|c: char| c.is_whitespace() || c == '\0');
-    (!t.is_empty()).then(|| t.to_string())
-}
-
 /// Whether a disk is a hidden multipath path node: the `hidden` attribute says so, and older
 /// kernels without it still name those nodes `nvme<ctrl>c<ctrl>n<ns>`.
 pub fn is_hidden_path(name: &str, sys_path: &Path) -> bool {
-    if read_attr(&sys_path.join("hidden")).as_deref() == Some("1") {
-        return true;
-    }
-    let Some(rest) = name.strip_prefix("nvme") else {
-        return false;
-    };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    match rest.split_once('c') {
-        Some((a, b)) => {
-            digits(a)
-                && b.split_once('n')
-                    .is_some_and(|(c, n)| digits(c) && digits(n))
-        }
-        None => false,
-    }
+    read_attr(&sys_path.join("hidden")).as_deref() == Some("1") || is_multipath_path_name(name)
 }
 
 /// Builds a `Disk` from its sysfs directory (any root): the shared reader of both scanners.

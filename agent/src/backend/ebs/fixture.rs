@@ -5,9 +5,6 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// What `model` reads on instance-store controllers (the kernel pads it to 40 characters).
-pub const INSTANCE_STORE_MODEL: &str = "Amazon EC2 NVMe Instance Storage";
-
 pub struct Fixture {
     root: PathBuf,
     owned: bool,

@@ -10,39 +10,18 @@ use super::discovery::{BlockDevices, Disk, disk_in_use, disk_of, partition_node}
 use super::wait::Look;
 use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
-use ebs_node_core::request::{ValidationError, VolumeId};
+use ebs_node_core::ec2::ebs;
+use ebs_node_core::request::VolumeId;
 
-/// The NVMe serial EBS gives a volume: its id without the dash (`vol-0abc` → `vol0abc`).
+/// The NVMe serial EBS gives a volume (`vol-0abc` → `vol0abc`); any other id is one the ebs
+/// backend cannot have on this node.
 pub fn expected_serial(volume: &VolumeId) -> Result<String> {
-    let id = volume.as_str();
-    match id.strip_prefix("vol-") {
-        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            Ok(format!("vol{hex}"))
-        }
-        _ => Err(Error::NotFound(format!(
-            "{id} is not an EBS volume id (vol-<hex>): the ebs backend cannot have it on this node"
-        ))),
-    }
-}
-
-/// The `partition` volume_context key: absent, empty or `0` mean the whole disk.
-pub fn partition_of(
-    volume_context: &std::collections::HashMap<String, String>,
-) -> Result<Option<u32>> {
-    let Some(raw) = volume_context.get("partition") else {
-        return Ok(None);
-    };
-    match raw.parse::<u32>() {
-        _ if raw.is_empty() => Ok(None),
-        Ok(0) => Ok(None),
-        Ok(n) if n <= 128 => Ok(Some(n)),
-        _ => Err(ValidationError::bad(
-            "volume_context partition",
-            raw.as_str(),
-            "a partition number from 1 to 128 (0 or empty: the whole disk)",
-        )
-        .into()),
-    }
+    ebs::serial_of(volume).ok_or_else(|| {
+        Error::NotFound(format!(
+            "{} is not an EBS volume id (vol-<hex>): the ebs backend cannot have it on this node",
+            volume.as_str()
+        ))
+    })
 }
 
 /// What a look is after.

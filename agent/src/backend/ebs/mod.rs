@@ -22,10 +22,6 @@ use super::{Backend, NotProven, ResolvedDevice, Shown};
 use crate::error::{Error, Result};
 use ebs_node_core::request::VolumeId;
 use lookup::Wanted;
-pub(crate) use lookup::{expected_serial, partition_of};
-
-/// The model string EBS controllers report.
-pub const EBS_MODEL: &str = "Amazon Elastic Block Store";
 
 /// Where to look, and for what controller model (the lab's QEMU reports `QEMU NVMe Ctrl`).
 #[derive(Clone, Debug)]
@@ -123,7 +119,7 @@ impl Backend for EbsBackend {
         deadline: Instant,
     ) -> Result<ResolvedDevice> {
         let serial = lookup::expected_serial(volume)?;
-        let partition = lookup::partition_of(volume_context)?;
+        let partition = ebs_node_core::ec2::ebs::partition_of(volume_context)?;
         let device_path = publish_context
             .get("devicePath")
             .filter(|p| !p.is_empty())

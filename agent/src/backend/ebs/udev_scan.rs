@@ -5,7 +5,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::discovery::{BlockDevices, Disk, clean, is_hidden_path};
+use super::discovery::{BlockDevices, Disk, is_hidden_path};
+use ebs_node_core::ec2::ebs::clean;
 
 pub struct UdevDisks {
     sys_root: PathBuf,

@@ -2,6 +2,7 @@
 //! matched exactly; identities asked by device number.
 
 use ebs_node_core::DevNum;
+use ebs_node_core::ec2::ebs::EBS_MODEL;
 use std::collections::HashMap;
 use std::time::Instant;
 

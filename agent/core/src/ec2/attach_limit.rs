@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-const TABLE: &str = include_str!("../../data/ec2-ebs-attachment-limits.tsv");
+const TABLE: &str = include_str!("../../../data/ec2-ebs-attachment-limits.tsv");
 
 /// What upstream assumes for a type its table lacks.
 pub const UNKNOWN_TYPE: TableEntry = TableEntry {
@@ -46,19 +46,19 @@ pub struct TableEntry {
 
 struct Table {
     rows: HashMap<String, TableEntry>,
-    /// Lines that did not parse (a unit test asserts there are none).
+    /// Lines that did not parse: the table is built in, and a unit test asserts there are none
+    /// (`the_table_parses_cleanly`), so a refreshed copy that does not parse fails the build's
+    /// tests instead of warning on every node.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the table's unit test only")
+    )]
     bad: Vec<String>,
 }
 
 fn table() -> &'static Table {
     static PARSED: OnceLock<Table> = OnceLock::new();
-    PARSED.get_or_init(|| {
-        let t = parse_table(TABLE);
-        for line in &t.bad {
-            tracing::warn!(line, "ec2-ebs-attachment-limits.tsv: line ignored");
-        }
-        t
-    })
+    PARSED.get_or_init(|| parse_table(TABLE))
 }
 
 fn parse_table(text: &str) -> Table {

@@ -1,11 +1,15 @@
-//! Entry points for the fuzz targets under `fuzz/` (a workspace of its own): one function per
-//! parser of outside input, taking raw bytes. Each parses, then checks what the parser promises
-//! of anything it accepts, so a fuzzer finds wrong answers as well as panics. Not an API.
+//! The fuzz targets' oracles: one function per parser of outside input, taking raw bytes. Each
+//! parses, then checks what the parser promises of anything it accepts, so a fuzzer finds wrong
+//! answers as well as panics.
+//!
+//! The parsers live in the core and host crates (and the store, for the state targets), never
+//! in the daemon: a fuzz build compiles neither tonic nor tokio's server, and nothing here is
+//! linked into the agent.
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use crate::backend::ebs::discovery;
+use ebs_node_core::ec2::{self, attach_limit, ebs, imds};
 use ebs_node_core::request::{FormatOptions, FsType, MountFlags, RequestPath, VolumeId};
 
 /// Splits fuzz input at newlines into UTF-8 strings (invalid bytes replaced, as a gRPC layer
@@ -49,7 +53,7 @@ pub fn volume_id(data: &[u8]) {
             assert!(!name.is_empty() && !name.contains('/') && name != "." && name != "..");
         }
         // The ebs backend's serial for it is derived, never parsed loosely.
-        if let Ok(serial) = crate::backend::ebs::expected_serial(&id) {
+        if let Some(serial) = ebs::serial_of(&id) {
             assert!(serial.starts_with("vol") && !serial.contains('-'));
         }
     }
@@ -160,7 +164,7 @@ pub fn grpc_timeout(data: &[u8]) {
     let Ok(raw) = std::str::from_utf8(data) else {
         return;
     };
-    if crate::grpc::parse_grpc_timeout(raw).is_some() {
+    if ebs_node_core::deadline::parse_grpc_timeout(raw).is_some() {
         assert!(raw.len() >= 2 && raw.len() <= 9, "{raw:?}");
     }
 }
@@ -180,16 +184,16 @@ pub fn mountinfo(data: &[u8]) {
 /// `dev` numbers, disk names, and the `partition` volume-context key.
 pub fn sysfs_strings(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    if let Some(clean) = discovery::clean(&text) {
+    if let Some(clean) = ebs::clean(&text) {
         assert!(!clean.is_empty() && clean.trim() == clean);
     }
     let _ = ebs_node_core::DevNum::parse(&text);
-    // A name only: the `hidden` attribute below a path that does not exist is never read.
-    let _ = discovery::is_hidden_path(&text, Path::new("/nonexistent/fuzz"));
-    let _ = crate::nodeinfo::host_devices::normalize_serial(&text);
-    let _ = crate::nodeinfo::dmi::is_instance_id(&text);
+    let _ = ebs::is_multipath_path_name(&text);
+    let normalized = ebs::normalize_serial(&text);
+    assert!(!normalized.contains('-'));
+    let _ = ec2::is_instance_id(&text);
     let ctx = HashMap::from([("partition".to_string(), text.into_owned())]);
-    if let Ok(Some(n)) = crate::backend::ebs::partition_of(&ctx) {
+    if let Ok(Some(n)) = ebs::partition_of(&ctx) {
         assert!((1..=128).contains(&n));
     }
 }
@@ -197,16 +201,19 @@ pub fn sysfs_strings(data: &[u8]) {
 /// An instance-metadata answer (HTTP/1.1 head and body, maybe chunked), then what the agent
 /// makes of a body: an instance type looked up in the attach-limit table, an instance id.
 pub fn imds_response(data: &[u8]) {
-    if let Ok(body) = crate::nodeinfo::imds::parse_response_body(data) {
-        let value = body.trim();
-        let _ = crate::nodeinfo::attach_limit::lookup(value);
-        let _ = crate::nodeinfo::dmi::is_instance_id(value);
+    if let Ok(answer) = imds::parse_response(data) {
+        assert!(answer.body.len() <= imds::MAX_RESPONSE);
+        let value = answer.body.trim();
+        let _ = attach_limit::lookup(value);
+        let _ = ec2::is_instance_id(value);
+        let _ = ec2::is_instance_type(value);
     }
 }
 
-/// Every committed seed of the fuzz targets (`fuzz/seeds/TARGET`, crashes found once included)
-/// through its entry point, in every test run: a target's invariant that no longer matches what
-/// the parser rightly accepts fails here, not by chance in a five-second fuzz run.
+/// Every committed seed of these targets (`fuzz/seeds/TARGET`, crashes found once included)
+/// through its oracle, without libFuzzer: `cargo test --lib` in `fuzz/`. The suite's own check is
+/// `fuzz/run.sh`, whose libFuzzer executes every seed before it mutates any, so a seed that fails
+/// its oracle fails the run at once, not by chance.
 #[cfg(test)]
 mod seeds {
     type Target = fn(&[u8]);
@@ -223,7 +230,7 @@ mod seeds {
             ("sysfs_strings", super::sysfs_strings),
             ("imds_response", super::imds_response),
         ];
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
         let mut ran = 0;
         for (name, target) in targets {
             let dir = root.join(name);
