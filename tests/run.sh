@@ -38,8 +38,10 @@ fi
 cargo build --workspace --bins --locked "${hooks[@]}"
 failed=()
 # The code's standards are part of the suite: unformatted code or a clippy warning fails the run
-# (lints live in the workspace's Cargo.toml; fuzz/ is its own workspace, checked by fuzz/run.sh).
+# (lints live in the workspace's Cargo.toml). fuzz/ is a workspace of its own: its oracles are
+# formatted here and compiled by fuzz/run.sh.
 cargo fmt --all --check || failed+=("cargo fmt --check (run: cargo fmt --all)")
+cargo fmt --manifest-path fuzz/Cargo.toml --check || failed+=("cargo fmt --check in fuzz/")
 cargo clippy --workspace --all-targets --locked "${hooks[@]}" -- -D warnings || failed+=("cargo clippy -D warnings")
 # The release configuration (no feature): the hooks' flags are neither listed nor accepted.
 cargo test -p ebs-node-agent --lib --locked test_hooks || failed+=("test_hooks without the feature")

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ebs_node_agent::backend::Backend;
-use ebs_node_agent::backend::ebs::fixture::Fixture;
 use ebs_node_agent::backend::ebs::{EbsBackend, EbsConfig};
 use ebs_node_core::ec2::ebs::EBS_MODEL;
 use ebs_node_core::request::VolumeId;
+use ebs_node_fixture::Fixture;
 
 fn median_resolve(disks: u32, device_path: bool) -> Duration {
     let f = Fixture::temp(&format!("bench-{disks}")).expect("fixture");

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ebs_node_agent::nodeinfo::NodeInfoSource;
-use ebs_node_agent::nodeinfo::host_devices::fixture;
 use ebs_node_agent::nodeinfo::sources::{Resolver, SourceConfig};
 use ebs_node_core::ec2::ebs::EBS_MODEL;
+use ebs_node_fixture::flat as fixture;
 use ebs_tests::{Scratch, require_root, sh};
 
 const DATA: &str = "../agent/data/ec2-ebs-attachment-limits.tsv";

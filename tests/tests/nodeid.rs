@@ -6,7 +6,6 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ebs_node_agent::nodeinfo::host_devices::fixture;
 use ebs_node_agent::nodeinfo::imds::{ImdsClient, ImdsError};
 use ebs_node_agent::nodeinfo::live_limit::StagedSerials;
 use ebs_node_agent::nodeinfo::outpost::{
@@ -17,6 +16,7 @@ use ebs_node_agent::nodeinfo::sources::{
 };
 use ebs_node_agent::nodeinfo::{NodeInfo, NodeInfoSource, dmi};
 use ebs_node_core::ec2::ebs::{EBS_MODEL, INSTANCE_STORE_MODEL};
+use ebs_node_fixture::flat as fixture;
 use ebs_tests::Scratch;
 use ebs_tests::imds::{Imds, Instance, raw_get_status};
 

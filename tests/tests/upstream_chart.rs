@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ebs_node_agent::nodeinfo::host_devices::fixture;
 use ebs_node_core::ec2::ebs::EBS_MODEL;
+use ebs_node_fixture::flat as fixture;
 use ebs_tests::imds::{Imds, Instance};
 use ebs_tests::*;
 

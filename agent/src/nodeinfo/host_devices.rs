@@ -121,39 +121,10 @@ fn is_pci_address(s: &str) -> bool {
     s.len() == 12 && s.as_bytes()[4] == b':' && s.as_bytes()[7] == b':' && s.as_bytes()[10] == b'.'
 }
 
-/// Test fixtures: a fake sysfs tree. Public so the integration tests can build one too.
-pub mod fixture {
-    use std::path::Path;
-
-    pub fn nvme_disk(root: &Path, name: &str, model: &str, serial: &str) {
-        let dev = root.join("block").join(name).join("device");
-        std::fs::create_dir_all(&dev).expect("fixture dir");
-        // A number no real device has, unless the test gives one (`device_number`).
-        std::fs::write(root.join("block").join(name).join("dev"), "259:999999\n")
-            .expect("fixture dev");
-        // sysfs pads model names with spaces.
-        std::fs::write(dev.join("model"), format!("{model:<40}\n")).expect("fixture model");
-        std::fs::write(dev.join("serial"), format!("{serial:<20}\n")).expect("fixture serial");
-    }
-
-    /// Gives a fixture disk the numbers of a real device (so a real mount of it can be found).
-    pub fn device_number(root: &Path, name: &str, major: u32, minor: u32) {
-        std::fs::write(
-            root.join("block").join(name).join("dev"),
-            format!("{major}:{minor}\n"),
-        )
-        .expect("fixture dev");
-    }
-
-    pub fn nic(root: &Path, driver: &str, pci: &str) {
-        let dir = root.join("bus/pci/drivers").join(driver).join(pci);
-        std::fs::create_dir_all(dir).expect("fixture nic");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ebs_node_fixture::flat as fixture;
 
     #[test]
     fn counts_disks_by_model_and_nics_by_driver() {

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use ebs_node_agent::backend::ebs::fixture::Fixture;
 use ebs_node_core::ec2::ebs::EBS_MODEL;
+use ebs_node_fixture::Fixture;
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
 

@@ -9,12 +9,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ebs_node_agent::backend::ebs::fixture::Fixture;
+use ebs_node_core::ec2::ebs::EBS_MODEL;
+use ebs_node_fixture::Fixture;
 
 /// The volume's id, and the serial its NVMe controller reports.
 pub const VOLUME: &str = "vol-0123456789abcdef0";
 const SERIAL: &str = "vol0123456789abcdef0";
-const EBS_MODEL: &str = "Amazon Elastic Block Store";
 
 /// A loop device over a byte range of an image file, detached on drop.
 pub struct Loop {

@@ -3,7 +3,6 @@
 //! never from links alone, and a link that points at another serial refuses the call.
 
 pub mod discovery;
-pub mod fixture;
 mod lookup;
 mod udev_scan;
 pub mod wait;

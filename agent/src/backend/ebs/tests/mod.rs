@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use ebs_store::DeviceIdentity;
 
-use super::fixture::Fixture;
 use super::*;
 use crate::grpc::to_status;
 use ebs_node_core::ec2::ebs::{EBS_MODEL, INSTANCE_STORE_MODEL};
+use ebs_node_fixture::Fixture;
 
 const VOL: &str = "vol-0123456789abcdef0";
 const SERIAL: &str = "vol0123456789abcdef0";

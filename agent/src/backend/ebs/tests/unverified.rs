@@ -3,12 +3,12 @@
 
 use ebs_node_core::DevNum;
 use ebs_node_core::ec2::ebs::EBS_MODEL;
+use ebs_node_fixture::Fixture;
 use std::collections::HashMap;
 use std::time::Instant;
 
 use ebs_store::DeviceIdentity;
 
-use super::super::fixture::Fixture;
 use super::super::*;
 use super::{SERIAL, VOL, backend, backend_unverified, nvme_identity, vol};
 use crate::grpc::to_status;

@@ -16,9 +16,9 @@ use ebs_store::{AccessRecord, DeviceIdentity, Durability, Progress, Publication,
 use nix::errno::Errno;
 
 use super::*;
-use crate::backend::ebs::fixture::Fixture;
 use crate::nodeinfo::NodeInfo;
 use ebs_node_core::ec2::ebs::EBS_MODEL;
+use ebs_node_fixture::Fixture;
 use ebs_node_host::nvme::ebs_page::{Bin, Histogram, encode};
 
 pub const INSTANCE: &str = "i-0123456789abcdef0";
