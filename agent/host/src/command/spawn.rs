@@ -129,6 +129,18 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 fail(a);
             }
         }
+        // This child's copies of the agent's other descriptors go now, before the caller is let
+        // go: a copy of one inside a mount keeps that mount busy (an unmount on another thread
+        // fails with EBUSY) for as long as it lives, and exec would close them only after the
+        // vfork has released the caller (`mount::ops::unmount` relies on this order). All of
+        // them are close-on-exec, so the tool loses nothing; a kernel before 5.9 lacks the
+        // call, and exec closes them as before.
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        );
         libc::sigprocmask(libc::SIG_SETMASK, &a.mask, std::ptr::null_mut());
         libc::execve(a.path, a.argv, a.envp);
         fail(a)

@@ -139,9 +139,24 @@ pub enum Unmounted {
 }
 
 /// Unmounts the top-most mount at the entry.
+///
+/// EBUSY may be no user of the mount at all: a tool being spawned on another thread holds a copy
+/// of every descriptor of the agent from clone until it closes them (`command::spawn`), and one
+/// inside this mount (a handle a call held on the path a moment ago) keeps it busy meanwhile. So
+/// the unmount is tried once more after every spawn then in flight has let its caller go
+/// (`without_spawns`), by which time its child has closed its copies: an EBUSY then is a real
+/// user, and is returned. The second try runs outside that barrier, so a slow unmount never holds
+/// up another volume's tools.
 pub fn unmount(entry: &Anchored) -> io::Result<Unmounted> {
     let path = entry.unmount_path();
-    match umount2(&path, MntFlags::UMOUNT_NOFOLLOW) {
+    let first = match umount2(&path, MntFlags::UMOUNT_NOFOLLOW) {
+        Err(nix::errno::Errno::EBUSY) => {
+            crate::command::without_spawns(|| ());
+            umount2(&path, MntFlags::UMOUNT_NOFOLLOW)
+        }
+        other => other,
+    };
+    match first {
         Ok(()) => Ok(Unmounted::Done),
         Err(e) => match e {
             nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT => Ok(Unmounted::NotMounted),
