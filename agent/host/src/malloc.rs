@@ -8,6 +8,14 @@
 //! The threshold is 1 MiB, above libblkid's 256 KiB read buffers: at 128 KiB every probe mapped,
 //! faulted in, zeroed and unmapped four of them (the unmap a TLB shootdown on every CPU), which the
 //! bench measured at about 0.5 ms of CPU per volume cycle; from the arenas they are reused.
+//!
+//! Reused only if free does not hand them straight back: fixing the mmap threshold also fixes
+//! the trim threshold, at glibc's default of 128 KiB, so a freed buffer at the top of an arena
+//! was returned to the kernel at once (brk, or madvise for the second arena), and the next
+//! allocation faulted and zeroed its pages again: malloc, page faults and page clearing were
+//! about a tenth of the agent's CPU in a concurrency-16 cycle. The trim threshold is 8 MiB, a
+//! few dozen such buffers; what is held above the working set goes back at the periodic trim
+//! below (`malloc_trim` ignores the threshold), within 10 s of a burst.
 /// Applies the settings; call once, before any thread starts. Failures are harmless (the
 /// defaults stay), so they are only logged.
 pub fn tune() {
@@ -17,6 +25,7 @@ pub fn tune() {
             ("M_ARENA_MAX", libc::M_ARENA_MAX, 2),
             // Fixing the threshold also turns off its dynamic growth.
             ("M_MMAP_THRESHOLD", libc::M_MMAP_THRESHOLD, 1024 * 1024),
+            ("M_TRIM_THRESHOLD", libc::M_TRIM_THRESHOLD, 8 * 1024 * 1024),
         ] {
             // SAFETY: mallopt only changes allocator parameters; it takes plain integers and is
             // called before the runtime starts other threads.
