@@ -5,7 +5,7 @@
 //! failed with "Device or resource busy" while another volume's e2fsck was being spawned.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use ebs_node_host::anchor::Anchored;
@@ -42,17 +42,21 @@ fn an_unmount_is_not_busy_because_a_tool_is_starting() {
     let mount_point = scratch.join("m");
     std::fs::create_dir(&mount_point).expect("mount point");
     let stop = Arc::new(AtomicBool::new(false));
+    let spawned = Arc::new(AtomicU32::new(0));
     // Two threads spawn `true` back to back, as 16 stages spawn e2fsck.
     let threads = (0..2)
         .map(|_| {
-            let stop = Arc::clone(&stop);
+            let (stop, spawned) = (Arc::clone(&stop), Arc::clone(&spawned));
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let _ = ebs_node_host::command::run(
+                    let ran = ebs_node_host::command::run(
                         "true",
                         &[] as &[&str],
                         Duration::from_secs(10),
                     );
+                    if ran.is_ok() {
+                        spawned.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             })
         })
@@ -85,6 +89,12 @@ fn an_unmount_is_not_busy_because_a_tool_is_starting() {
             }
         }
     }
+    // The race needs tools starting all along: `true` must have run, and often.
+    let spawned = spawned.load(Ordering::Relaxed);
+    assert!(
+        spawned >= 100,
+        "only {spawned} tools started during {ROUNDS} rounds"
+    );
     assert!(
         busy.is_empty(),
         "{} of {ROUNDS} unmounts failed: {busy:?}",

@@ -40,14 +40,15 @@ pub enum CommandError {
     Killed { program: String, signal: i32 },
 }
 
-/// Held (shared) by every spawn from fork until exec. A child gets a copy of every descriptor of
-/// the agent, exclusive device claims of other threads included, and keeps it until it execs
-/// (they are all close-on-exec). See `host::device::Claim`.
+/// Held (shared) by every spawn from clone until its child lets it go (at exec). A child gets a
+/// copy of every descriptor of the agent, exclusive device claims and handles inside mounts of
+/// other threads included, and closes them before that (close_range; at exec itself on a kernel
+/// without it). See `host::device::Claim` and `mount::ops::unmount`.
 static SPAWNING: RwLock<()> = RwLock::new(());
 
-/// Runs `f` while no tool is being spawned: every spawn begun before has exec'd, and none forks
-/// until `f` returns, so a descriptor opened and closed inside `f` never lives in a child. Spawns
-/// are short (fork to exec), so is the wait; `f` must be short too.
+/// Runs `f` while no tool is being spawned: every spawn begun before has let its caller go, and
+/// none starts until `f` returns, so a descriptor opened and closed inside `f` never lives in a
+/// child. Spawns are short (clone to exec), so is the wait; `f` must be short too.
 pub fn without_spawns<T>(f: impl FnOnce() -> T) -> T {
     let _exclusive = SPAWNING.write().unwrap_or_else(|p| p.into_inner());
     f()

@@ -86,14 +86,32 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // that the suspended caller keeps alive, and every pointer in it points to data the caller
     // keeps alive too. Every signal is blocked (the caller blocked them all before clone), and
     // the handlers are this child's own copy (no CLONE_SIGHAND), so no handler of the agent runs
-    // here. Only async-signal-safe calls are made; nothing allocates or takes a lock; the one
-    // write to shared memory is `errno` in `ChildArgs`.
+    // here. Only async-signal-safe calls are made; nothing allocates or takes a lock. The writes
+    // to shared memory are `errno` in `ChildArgs` and the calling thread's own errno, which
+    // a failing call here sets (the thread reads errno only right after a call that sets it).
     unsafe {
         let a = &mut *(arg as *mut ChildArgs);
         let fail = |a: &mut ChildArgs| -> ! {
             a.errno = *libc::__errno_location();
             libc::_exit(127)
         };
+        for (fd, target) in a.stdio.into_iter().zip(0..) {
+            if libc::dup2(fd, target) < 0 {
+                fail(a);
+            }
+        }
+        // This child's copies of the agent's other descriptors go first, before the caller is
+        // let go: a copy of one inside a mount keeps that mount busy (an unmount on another
+        // thread fails with EBUSY) for as long as it lives, and exec would close them only after
+        // the vfork has released the caller (`mount::ops::unmount` counts on this order). All
+        // of them are close-on-exec, so the tool loses nothing. A kernel before 5.9, or a
+        // seccomp filter, refuses the call: exec closes them then, as before.
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        );
         // Caught signals go back to their default, as exec would do; SIGPIPE too, which the Rust
         // runtime ignores and std's Command restores for its children.
         for sig in 1..65 {
@@ -124,23 +142,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::getppid() != a.parent {
             libc::_exit(137);
         }
-        for (fd, target) in a.stdio.into_iter().zip(0..) {
-            if libc::dup2(fd, target) < 0 {
-                fail(a);
-            }
-        }
-        // This child's copies of the agent's other descriptors go now, before the caller is let
-        // go: a copy of one inside a mount keeps that mount busy (an unmount on another thread
-        // fails with EBUSY) for as long as it lives, and exec would close them only after the
-        // vfork has released the caller (`mount::ops::unmount` relies on this order). All of
-        // them are close-on-exec, so the tool loses nothing; a kernel before 5.9 lacks the
-        // call, and exec closes them as before.
-        libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            0 as libc::c_uint,
-        );
         libc::sigprocmask(libc::SIG_SETMASK, &a.mask, std::ptr::null_mut());
         libc::execve(a.path, a.argv, a.envp);
         fail(a)

@@ -34,7 +34,8 @@ pub struct HeldDevice {
 }
 
 /// An exclusive claim on a block device. A tool that another thread spawns gets a copy of every
-/// descriptor, this one too, from fork until exec; closing ours while such a copy lives leaves the
+/// descriptor, this one too, until it closes them (close_range before its caller is let go, or
+/// at exec on a kernel without it); closing ours while such a copy lives leaves the
 /// device claimed, and the mkfs or mount(2) that follows fails with EBUSY ("apparently in use by
 /// the system", seen with 16 stages at once). So dropping a claim waits for the spawns in flight,
 /// and `HeldDevice::release_exclusive` waits until the device is free again.
@@ -117,9 +118,9 @@ impl HeldDevice {
     }
 
     /// Drops the exclusive claim (before a tool that claims the device itself), and waits until
-    /// no copy of it is left in a child that was between fork and exec (a close-on-exec copy goes
-    /// during exec, a moment after the child's exec is reported); 20 ms at most, then the tool
-    /// reports the device busy.
+    /// no copy of it is left in a child being spawned (the child closes its copies before its
+    /// spawn returns; without close_range they go during exec, a moment after); 20 ms at most,
+    /// then the tool reports the device busy.
     pub fn release_exclusive(&mut self) {
         if self.exclusive.take().is_none() {
             return;
