@@ -54,6 +54,25 @@ pub fn without_spawns<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Tries `attempt` until a child being spawned no longer holds it up (`held`): once every spawn
+/// then in flight has let its caller go, by which time its child closed its copies of our
+/// descriptors (close_range), then every 200 µs for 20 ms at most, for a kernel or seccomp filter
+/// without close_range (the copies then go at exec, a moment later) and for another thread's
+/// short use. Returns the last result. The tries run outside the barrier, so a slow one never
+/// holds up a spawn.
+pub fn past_spawns<T>(mut attempt: impl FnMut() -> T, held: impl Fn(&T) -> bool) -> T {
+    without_spawns(|| ());
+    let mut result = attempt();
+    for _ in 0..100 {
+        if !held(&result) {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+        result = attempt();
+    }
+    result
+}
+
 /// Runs `program` with `args`, `LC_ALL=C` (parsable messages) and stdin from
 /// /dev/null, killing it with SIGKILL if it runs longer than `timeout`.
 pub fn run<P: AsRef<OsStr>, S: AsRef<OsStr>>(

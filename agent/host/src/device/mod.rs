@@ -126,12 +126,7 @@ impl HeldDevice {
             return;
         }
         let fd_path = self.proc_path();
-        for _ in 0..100 {
-            if free_now(&fd_path) {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
+        crate::command::past_spawns(|| free_now(&fd_path), |free| !free);
     }
 
     pub fn path(&self) -> &Path {

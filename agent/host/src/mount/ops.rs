@@ -129,26 +129,6 @@ fn bind_without_mount_api(
     private_bind::bind_with(source, target, flags)
 }
 
-/// The unmount after an EBUSY: first once every spawn then in flight has let its caller go
-/// (`without_spawns`; its child closed its copies before that, with close_range), then, for a
-/// kernel without close_range (before 5.9, or a seccomp filter that denies it: the copies then go
-/// at exec, a moment later) and for another call of the agent that was reading the mount, every
-/// 200 µs for 20 ms at most, as `HeldDevice::release_exclusive` waits for a device. An EBUSY that
-/// outlasts that is a real user, and is returned. The tries run outside the barrier, so a slow
-/// unmount never holds up another volume's tools.
-fn busy_again(path: &Path) -> nix::Result<()> {
-    crate::command::without_spawns(|| ());
-    let mut result = umount2(path, MntFlags::UMOUNT_NOFOLLOW);
-    for _ in 0..100 {
-        if result != Err(nix::errno::Errno::EBUSY) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(200));
-        result = umount2(path, MntFlags::UMOUNT_NOFOLLOW);
-    }
-    result
-}
-
 #[derive(Debug, PartialEq, Eq)]
 pub enum Unmounted {
     Done,
@@ -162,12 +142,16 @@ pub enum Unmounted {
 ///
 /// EBUSY may be no user of the mount at all: a tool being spawned on another thread holds a copy
 /// of every descriptor of the agent from clone until it closes them (`command::spawn`), and one
-/// inside this mount (a handle a call held on the path a moment ago) keeps it busy meanwhile. See
-/// `busy_again`.
+/// inside this mount (a handle a call held on the path a moment ago) keeps it busy meanwhile. So
+/// an EBUSY is tried again past the spawns (`command::past_spawns`, as a released device is
+/// waited for); one that outlasts them is a real user, and is returned.
 pub fn unmount(entry: &Anchored) -> io::Result<Unmounted> {
     let path = entry.unmount_path();
-    let first = match umount2(&path, MntFlags::UMOUNT_NOFOLLOW) {
-        Err(nix::errno::Errno::EBUSY) => busy_again(&path),
+    let unmount = || umount2(&path, MntFlags::UMOUNT_NOFOLLOW);
+    let first = match unmount() {
+        Err(nix::errno::Errno::EBUSY) => {
+            crate::command::past_spawns(unmount, |r| *r == Err(nix::errno::Errno::EBUSY))
+        }
         other => other,
     };
     match first {
