@@ -7,7 +7,6 @@ mod error;
 mod live;
 mod overlay;
 mod reads;
-mod records;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -16,13 +15,14 @@ use std::sync::Arc;
 use redb::{ReadableDatabase, TableDefinition};
 use serde::de::DeserializeOwned;
 
+pub use ebs_node_core::records::*;
 pub use error::StoreError;
-pub use records::*;
 mod group_commit;
+mod ledger;
 
 #[cfg(feature = "test-hooks")]
 pub use group_commit::bench_make_all_commits_lazy;
-pub use writer::{Durability, Writer};
+pub use writer::Writer;
 
 /// Bump when a record changes shape incompatibly; a file written by a newer agent is refused.
 pub const SCHEMA_VERSION: u64 = 1;

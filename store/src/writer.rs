@@ -13,14 +13,6 @@ use crate::{
     StagedVolume, StepRecord, StoreError, now_unix_ms, path_key,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
-    /// On disk when the commit returns: for records that must precede a host change.
-    Immediate,
-    /// Persisted by the next immediate commit: for bookkeeping that can be re-derived.
-    Lazy,
-}
-
 /// Collects the changes of one `Store::write` call. Nothing touches the file while the caller
 /// builds them: the changes are applied later, together with other callers' changes, in one
 /// transaction (see `group_commit`), so that every change of one call commits together or not at

@@ -17,9 +17,13 @@ pub mod config;
 pub mod deadline;
 mod devnum;
 pub mod ec2;
+pub mod error;
 pub mod format;
+pub mod ledger;
 pub mod probe;
+pub mod records;
 pub mod request;
+pub mod seam;
 pub mod steps;
 
 pub use devnum::DevNum;

@@ -15,40 +15,7 @@ pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
 pub const FSCK_TIMEOUT: Duration = Duration::from_secs(600);
 pub const GROW_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// What went wrong with a filesystem tool, in the host's words; the daemon chooses the code.
-#[derive(Debug, thiserror::Error)]
-pub enum FsToolError {
-    #[error("filesystem {fs} is not available on this host: {why}")]
-    Unavailable { fs: FsType, why: String },
-    #[error(
-        "filesystem check of {device} failed (e2fsck exit {code}): {summary}; the volume was not \
-         mounted, repair it by hand"
-    )]
-    FsckFailed {
-        device: PathBuf,
-        code: i32,
-        summary: String,
-    },
-    #[error("{tool} on {device} failed (exit {code}): {stderr}")]
-    ToolFailed {
-        tool: String,
-        device: PathBuf,
-        code: i32,
-        stderr: String,
-    },
-    /// The device is too small or too large for the filesystem and its options.
-    #[error("cannot format {device}: {why}")]
-    DoesNotFit { device: PathBuf, why: String },
-    #[error("sizing {device}: {source}")]
-    Sizing {
-        device: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("non-UTF-8 path {0:?}")]
-    NonUtf8Path(PathBuf),
-    #[error(transparent)]
-    Command(#[from] command::CommandError),
-}
+pub use ebs_node_core::seam::FsToolError;
 
 pub type Result<T, E = FsToolError> = std::result::Result<T, E>;
 
@@ -81,14 +48,7 @@ fn required_tools(fs: FsType) -> &'static [&'static str] {
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum FsckOutcome {
-    Clean,
-    /// e2fsck repaired something (exit 1 or 2): mountable, worth a log line.
-    Repaired(i32),
-    /// xfs has no offline check worth running here: its log is replayed at mount.
-    NotNeeded,
-}
+pub use ebs_node_core::seam::FsckOutcome;
 
 impl FsTools {
     pub fn detect() -> Self {

@@ -29,8 +29,9 @@ impl Admin for AdminService {
         _req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let store = Arc::clone(&self.store);
-        let mut value =
-            blocking(move || crate::inventory::snapshot(&store).map_err(Error::from)).await?;
+        let mut value = blocking(move || crate::inventory::snapshot(&store).map_err(Error::from))
+            .await
+            .map_err(|e| crate::grpc::to_status(&e))?;
         crate::inventory::add_attention(&mut value, self.node.attention.snapshot());
         Ok(Response::new(StatusResponse {
             json: value.to_string(),

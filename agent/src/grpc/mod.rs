@@ -113,12 +113,6 @@ pub fn invalid(err: ValidationError) -> Status {
     to_status(&Error::Invalid(err))
 }
 
-impl From<Error> for Status {
-    fn from(err: Error) -> Self {
-        to_status(&err)
-    }
-}
-
 /// Runs one RPC and logs one line for it: the call, its volume, duration and result.
 pub async fn logged<T, F>(rpc: &'static str, volume: &str, fut: F) -> Result<T, Status>
 where
@@ -137,7 +131,7 @@ where
             tracing::warn!(rpc, volume, ms, code = ?st.code(), error = %e, "failed");
         }
     }
-    result.map_err(Status::from)
+    result.map_err(|e| to_status(&e))
 }
 
 /// The caller's deadline from the `grpc-timeout` header, if it sent a well-formed one.

@@ -10,7 +10,7 @@ use ebs_proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
 use super::spec_order::{self, Rule};
-use super::{capability, logged};
+use super::{capability, logged, to_status};
 use crate::error::{Error, Result, blocking};
 use crate::node::{self, NodeCtx, VolumeGuard, VolumeLocks};
 use crate::nodeinfo::NodeInfoSource;
@@ -342,7 +342,7 @@ impl Node for NodeService {
         &self,
         _req: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        let info = self.info.get().map_err(Status::from)?;
+        let info = self.info.get().map_err(|e| to_status(&e))?;
         Ok(Response::new(csi::NodeGetInfoResponse {
             node_id: info.node_id,
             max_volumes_per_node: info.max_volumes,

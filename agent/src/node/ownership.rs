@@ -161,7 +161,7 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
     let Some(facts) = facts else {
         return Holder::Nothing;
     };
-    if facts.node.kind == rustix::fs::FileType::BlockDevice {
+    if facts.node.kind == ebs_node_core::seam::FileKind::BlockDevice {
         let dev = facts.node.rdev;
         // A read-only block publication binds the agent's read-only device laid over the
         // volume's (see `ro_block`).

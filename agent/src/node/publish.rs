@@ -317,7 +317,7 @@ fn check_target_is_ours_to_use(target: &Anchored, block: bool, recorded: bool) -
         path: target.path().to_path_buf(),
         why,
     };
-    use rustix::fs::FileType;
+    use ebs_node_core::seam::FileKind as FileType;
     match (block, st.kind) {
         (false, FileType::Directory) => Ok(()),
         (true, FileType::RegularFile) if recorded => Ok(()),

@@ -18,8 +18,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{
-    AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, mkdirat, openat, openat2,
-    statx, unlinkat,
+    AtFlags, Mode, OFlags, ResolveFlags, Statx, StatxFlags, mkdirat, openat, openat2, statx,
+    unlinkat,
 };
 
 use super::sandbox::{self, Newer};
@@ -38,22 +38,7 @@ pub struct Anchored {
     path: PathBuf,
 }
 
-/// What sits at an entry, without following a final symlink (mounts are crossed, as the kernel
-/// does for a mount point).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EntryStat {
-    pub kind: FileType,
-    /// st_dev: the filesystem the entry is on (for a mount point: the mounted one).
-    pub dev: DevNum,
-    /// st_rdev: the device a device node stands for.
-    pub rdev: DevNum,
-    pub ino: u64,
-    /// Whether the entry is the root of a mount; `None` when the kernel cannot say (before 5.8).
-    pub mount_root: Option<bool>,
-    /// The mount's id (the unique one where the kernel gives it), when `mount_root` is known.
-    pub mnt_id: Option<u64>,
-    pub mnt_id_unique: bool,
-}
+pub use ebs_node_core::seam::{EntryStat, FileKind, Removed};
 
 fn beneath() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
@@ -187,7 +172,7 @@ impl Anchored {
         match mkdirat(&self.dir, &self.name, Mode::from_raw_mode(DIR_MODE)) {
             Ok(()) => Ok(()),
             Err(e) if e == rustix::io::Errno::EXIST => match self.stat()? {
-                Some(st) if st.kind == FileType::Directory => Ok(()),
+                Some(st) if st.kind == FileKind::Directory => Ok(()),
                 _ => Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
                     format!("{} exists and is not a directory", self.path.display()),
@@ -215,10 +200,10 @@ impl Anchored {
             Mode::empty(),
         )?;
         let st = rustix::fs::fstat(&fd)?;
-        let kind = FileType::from_raw_mode(st.st_mode);
-        if kind != FileType::Directory
-            && kind != FileType::RegularFile
-            && kind != FileType::BlockDevice
+        let kind = FileKind::from_mode(st.st_mode);
+        if kind != FileKind::Directory
+            && kind != FileKind::RegularFile
+            && kind != FileKind::BlockDevice
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -257,8 +242,8 @@ impl Anchored {
             return Ok(Removed::Absent);
         };
         let result = match st.kind {
-            FileType::Directory => unlinkat(&self.dir, &self.name, AtFlags::REMOVEDIR),
-            FileType::RegularFile if self.file_len()? == 0 => {
+            FileKind::Directory => unlinkat(&self.dir, &self.name, AtFlags::REMOVEDIR),
+            FileKind::RegularFile if self.file_len()? == 0 => {
                 unlinkat(&self.dir, &self.name, AtFlags::empty())
             }
             _ => return Ok(Removed::Kept),
@@ -282,14 +267,6 @@ impl Anchored {
         )?;
         Ok(st.stx_size)
     }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-pub enum Removed {
-    Removed,
-    Absent,
-    /// Not empty, or not a directory or file: not ours to delete.
-    Kept,
 }
 
 /// An O_PATH fd of one entry; `proc_path` names exactly it.
@@ -347,7 +324,7 @@ pub fn entry_stat(st: &Statx) -> EntryStat {
     let unique = mask.contains(StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE));
     let has_id = unique || mask.contains(StatxFlags::MNT_ID);
     EntryStat {
-        kind: FileType::from_raw_mode(u32::from(st.stx_mode)),
+        kind: FileKind::from_mode(u32::from(st.stx_mode)),
         dev: DevNum::new(st.stx_dev_major, st.stx_dev_minor),
         rdev: DevNum::new(st.stx_rdev_major, st.stx_rdev_minor),
         ino: st.stx_ino,

@@ -11,7 +11,7 @@ fn prepare_creates_parents_and_lookup_does_not() {
     assert!(a.stat().unwrap().is_none());
     a.mkdir().unwrap();
     a.mkdir().unwrap();
-    assert_eq!(a.stat().unwrap().unwrap().kind, FileType::Directory);
+    assert_eq!(a.stat().unwrap().unwrap().kind, FileKind::Directory);
     assert_eq!(a.remove().unwrap(), Removed::Removed);
     assert_eq!(a.remove().unwrap(), Removed::Absent);
 }
@@ -30,7 +30,7 @@ fn symlinks_anywhere_below_the_prefix_are_refused() {
     assert!(a.mkdir().is_err());
     assert!(a.open_entry().is_err());
     assert!(a.create_file().is_err());
-    assert_eq!(a.stat().unwrap().unwrap().kind, FileType::Symlink);
+    assert_eq!(a.stat().unwrap().unwrap().kind, FileKind::Symlink);
     assert!(
         std::fs::read_dir(&decoy.0).unwrap().next().is_none(),
         "nothing created in the decoy"

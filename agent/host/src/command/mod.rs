@@ -24,21 +24,7 @@ pub struct CommandOutput {
     pub elapsed: Duration,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum CommandError {
-    #[error("{program}: command not found")]
-    NotFound { program: String },
-    #[error("{program}: failed to run: {source}")]
-    Spawn {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{program}: timed out after {after:?} and was killed")]
-    Timeout { program: String, after: Duration },
-    #[error("{program}: killed by signal {signal}")]
-    Killed { program: String, signal: i32 },
-}
+pub use ebs_node_core::seam::CommandError;
 
 /// Held (shared) by every spawn from clone until its child lets it go (at exec). A child gets a
 /// copy of every descriptor of the agent, exclusive device claims and handles inside mounts of

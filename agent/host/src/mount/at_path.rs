@@ -11,7 +11,7 @@
 
 use ebs_node_core::DevNum;
 use std::io;
-use std::path::PathBuf;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::statmount::statmount;
@@ -33,32 +33,7 @@ pub fn read_table() -> io::Result<MountTable> {
     MountTable::read().map_err(|e| io::Error::other(e.to_string()))
 }
 
-/// The mount whose root an entry is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountFacts {
-    /// The mounted filesystem's device (for a bind of a device node: the device filesystem's).
-    pub dev: DevNum,
-    pub fs_type: String,
-    /// The path inside the filesystem that is mounted: "/" unless a bind of a subdirectory.
-    pub root: PathBuf,
-    pub read_only: bool,
-    /// The filesystem itself is read-only (remounted so, or after errors), for every mount of it.
-    pub super_read_only: bool,
-    /// The entry as the mount shows it: for a block publication a device node, whose `rdev` is
-    /// the block device bound there.
-    pub node: EntryStat,
-}
-
-impl MountFacts {
-    pub fn describe(&self) -> String {
-        let root = if self.root == std::path::Path::new("/") {
-            String::new()
-        } else {
-            format!(" (a bind of {})", self.root.display())
-        };
-        format!("a {} mount of device {}{root}", self.fs_type, self.dev)
-    }
-}
+pub use ebs_node_core::seam::MountFacts;
 
 /// The top-most mount at `entry`, if the entry is a mount root.
 pub fn mounted_at(entry: &Anchored) -> io::Result<Option<MountFacts>> {
@@ -154,7 +129,7 @@ mod tests {
         let _ = nix::mount::umount2(&dir.0.join("m"), nix::mount::MntFlags::MNT_DETACH);
         let facts = facts.unwrap().expect("a mount");
         assert_eq!(facts.fs_type, "tmpfs");
-        assert_eq!(facts.root, PathBuf::from("/"));
+        assert_eq!(facts.root, std::path::PathBuf::from("/"));
         assert!(facts.read_only);
     }
 }

@@ -129,14 +129,7 @@ fn bind_without_mount_api(
     private_bind::bind_with(source, target, flags)
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum Unmounted {
-    Done,
-    /// Nothing was mounted there (or the path is gone): success for an idempotent call.
-    NotMounted,
-    /// A dead mount (ENOTCONN/ESTALE/EIO) that could only be detached lazily.
-    Detached,
-}
+pub use ebs_node_core::seam::Unmounted;
 
 /// Unmounts the top-most mount at the entry.
 ///

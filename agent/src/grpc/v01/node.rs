@@ -19,6 +19,7 @@ use crate::error::{Error, blocking};
 use crate::grpc::identity::IdentityService;
 use crate::grpc::invalid;
 use crate::grpc::node::NodeService;
+use crate::grpc::to_status;
 use crate::node::{VolumeGuard, VolumeLocks};
 use ebs_node_core::request::{ValidationError, VolumeId};
 
@@ -44,7 +45,7 @@ impl V01Node {
         let id = VolumeId::parse(raw_id).map_err(invalid)?;
         self.calls
             .try_lock(id.as_str())
-            .ok_or_else(|| Error::Busy(id.to_string()).into())
+            .ok_or_else(|| to_status(&Error::Busy(id.to_string())))
     }
 
     fn staging_for(&self, raw_id: &str) -> Result<PathBuf, Status> {
@@ -70,7 +71,8 @@ impl V01Node {
                 .is_some_and(|s| s.staging_path == staging);
             Ok::<_, Error>(ours && store.publications(&id)?.is_empty())
         })
-        .await?;
+        .await
+        .map_err(|e| to_status(&e))?;
         Ok(unused)
     }
 }
@@ -130,9 +132,15 @@ impl Node for V01Node {
         };
         // The publish half is checked before the stage half runs: a bad target must not leave
         // a staged volume behind.
-        let (volume, checked) = self.v1.publish_command(&publish).await?;
+        let (volume, checked) = self
+            .v1
+            .publish_command(&publish)
+            .await
+            .map_err(|e| to_status(&e))?;
         let cmd = checked.command(volume);
-        blocking(move || crate::node::check_publish_paths(&cmd)).await?;
+        blocking(move || crate::node::check_publish_paths(&cmd))
+            .await
+            .map_err(|e| to_status(&e))?;
         let stage = v1::NodeStageVolumeRequest {
             volume_id: r.volume_id.clone(),
             publish_context: r.publish_volume_info,

@@ -10,8 +10,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use ebs_node_core::seam::FileKind as FileType;
 use ebs_store::Store;
-use rustix::fs::FileType;
 
 use super::super::format::Probed;
 use super::super::host_ops::{DeviceHandle, HostOps};

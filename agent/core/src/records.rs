@@ -1,4 +1,5 @@
-//! The records the agent keeps. Plain data: the store persists them, the agent gives them meaning.
+//! The records the agent keeps. Plain data: the store persists them, the agent gives them meaning
+//! (the store re-exports them, so `ebs_store::StagedVolume` is this `StagedVolume`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,8 +10,17 @@ use serde::{Deserialize, Serialize};
 pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// How soon a write must be on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// On disk when the commit returns: for records that must precede a host change.
+    Immediate,
+    /// Persisted by the next immediate commit: for bookkeeping that can be re-derived.
+    Lazy,
 }
 
 /// What proves that a block device is the volume: checked before anything touches the device.
