@@ -54,6 +54,9 @@ impl LedgerWriter for Writer {
 }
 
 impl Ledger for Store {
+    fn path(&self) -> &Path {
+        Store::path(self)
+    }
     fn format(&self, volume_id: &str) -> LedgerResult<Option<FormatRecord>> {
         Ok(Store::format(self, volume_id)?)
     }

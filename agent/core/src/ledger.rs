@@ -41,6 +41,8 @@ pub trait LedgerWriter {
 
 /// The records the pipeline reads, and its one way to change them.
 pub trait Ledger: Send + Sync {
+    /// Where the records live: it scopes this agent's names on the host (see `node::ro_tag`).
+    fn path(&self) -> &Path;
     fn format(&self, volume_id: &str) -> LedgerResult<Option<FormatRecord>>;
     fn staged(&self, volume_id: &str) -> LedgerResult<Option<StagedVolume>>;
     /// One volume's publications.

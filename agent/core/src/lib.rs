@@ -20,6 +20,7 @@ pub mod ec2;
 pub mod error;
 pub mod format;
 pub mod ledger;
+pub mod node;
 pub mod probe;
 pub mod records;
 pub mod request;

@@ -91,6 +91,14 @@ impl MountFacts {
     }
 }
 
+/// The file behind a device, and where in it the device starts (the loop offset): the blank
+/// proof reads every allocated byte of it instead of a sample.
+#[derive(Debug)]
+pub struct BackingFile {
+    pub file: std::fs::File,
+    pub offset: u64,
+}
+
 /// How an unmount ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Unmounted {

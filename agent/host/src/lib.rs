@@ -40,6 +40,7 @@ pub mod private;
 pub mod ready;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod sandbox;
+pub mod seam;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod trim;
 

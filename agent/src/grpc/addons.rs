@@ -17,7 +17,7 @@ use super::logged;
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::health::Health;
-use crate::node::NodeCtx;
+use crate::node::AgentCtx;
 use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
 use ebs_node_core::request::{RequestPath, Roots, Secrets, VolumeId};
 
@@ -88,7 +88,7 @@ impl addons_id::identity_server::Identity for AddonsIdentity {
 }
 
 pub struct ReclaimSpaceNodeService {
-    pub ctx: Arc<NodeCtx>,
+    pub ctx: Arc<AgentCtx>,
     pub roots: Arc<Roots>,
 }
 

@@ -19,7 +19,7 @@ pub struct AdminService {
     pub backend: BackendKind,
     pub mode: Mode,
     /// For the volumes that need attention, which only the running agent knows.
-    pub node: Arc<crate::node::NodeCtx>,
+    pub node: Arc<crate::node::AgentCtx>,
 }
 
 #[tonic::async_trait]

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use super::spec_order::{self, Rule};
 use super::{capability, logged, to_status};
 use crate::error::{Error, Result, blocking};
-use crate::node::{self, NodeCtx, VolumeGuard, VolumeLocks};
+use crate::node::{self, AgentCtx, VolumeGuard, VolumeLocks};
 use crate::nodeinfo::NodeInfoSource;
 use ebs_node_core::request::{
     AccessType, Capability, FormatOptions, RequestPath, Roots, Secrets, ValidationError, VolumeId,
@@ -20,7 +20,7 @@ use ebs_node_core::request::{
 };
 
 pub struct NodeService {
-    pub ctx: Arc<NodeCtx>,
+    pub ctx: Arc<AgentCtx>,
     pub roots: Arc<Roots>,
     pub info: Arc<NodeInfoSource>,
     pub device_wait: Duration,
@@ -33,7 +33,7 @@ impl NodeService {
     async fn locked<T, F>(&self, volume: VolumeId, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&NodeCtx, VolumeId) -> Result<T> + Send + 'static,
+        F: FnOnce(&AgentCtx, VolumeId) -> Result<T> + Send + 'static,
     {
         let key = volume.as_str().to_string();
         node::run_locked(&self.ctx, &key, move |ctx| f(ctx, volume)).await

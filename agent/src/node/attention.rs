@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::recovery::{self, VolumeReport};
-use super::{NodeCtx, VolumeGuard, lock};
+use super::{AgentCtx, VolumeGuard, lock};
 use crate::error::Error;
 
 /// The background retry's pause after the first failed check, by default.
@@ -201,12 +201,12 @@ pub enum Checked {
 /// thread, holding `guard`, and waits `wait` at most. A check that runs on keeps the guard and
 /// settles the mark itself when it ends.
 pub async fn check(
-    ctx: &Arc<NodeCtx>,
+    ctx: &Arc<AgentCtx>,
     volume: &str,
     guard: VolumeGuard,
     wait: Duration,
 ) -> Checked {
-    let refused = |ctx: &NodeCtx| {
+    let refused = |ctx: &AgentCtx| {
         Checked::Refused(ctx.attention.refusal(volume).unwrap_or_else(|| {
             Error::Unavailable(format!("volume {volume} is being checked; retry shortly"))
         }))
@@ -239,7 +239,7 @@ pub async fn check(
 
 /// Checks marked volumes again in the background, each when its back-off is over, never more
 /// than one check per volume, never waiting on one for another.
-pub fn spawn_retries(ctx: Arc<NodeCtx>, wait: Duration) {
+pub fn spawn_retries(ctx: Arc<AgentCtx>, wait: Duration) {
     let tick = ctx.attention.retry.min(Duration::from_secs(1));
     tokio::spawn(async move {
         loop {

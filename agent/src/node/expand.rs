@@ -9,15 +9,15 @@ use std::path::Path;
 
 use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 
-use super::grow::grow_if_needed;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::volume_device::VolumeDevice;
-use super::{NodeCtx, path_handles, path_string};
+use super::{AgentCtx, path_handles, path_string};
 use crate::error::{Error, Result};
+use ebs_node_core::node::grow::grow_if_needed;
+use ebs_node_core::node::host::OpenEntry;
 use ebs_node_core::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
 use ebs_node_core::steps::{Op, Step};
-use ebs_node_host::anchor::EntryFd;
 use ebs_node_host::device;
 use ebs_node_host::fstools::FsToolError;
 
@@ -33,7 +33,7 @@ pub struct ExpandCommand {
     pub capability: Option<Capability>,
 }
 
-pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
+pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
     let vol = &cmd.volume;
     let (required, limit) = (cmd.required_bytes, cmd.limit_bytes);
     if limit != 0 && required > limit {
@@ -64,7 +64,7 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     let device = held.path();
     let mounted = check_mounts(ctx, cmd, &staged)?;
 
-    let journal = Journal::new(&ctx.store, vol, Op::Expand, ctx.crash_after());
+    let journal = Journal::new(ctx, vol, Op::Expand);
     held.reverify(ctx)?;
     journal.step(
         Step::RefreshSize,
@@ -91,7 +91,7 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     let grown = match mounted {
         Some((fs, root)) => {
             held.reverify(ctx)?;
-            grow_if_needed(ctx, &journal, fs, device, &root)
+            grow_if_needed(ctx, &journal, fs, device, &*root)
                 .map_err(|e| explain_grow_failure(fs, e))?
         }
         None => false,
@@ -128,7 +128,7 @@ fn explain_grow_failure(fs: FsType, err: Error) -> Error {
 
 /// The paths must name this volume: the staging path or a recorded publication. Anything else is
 /// NOT_FOUND, as the spec asks.
-fn check_paths(ctx: &NodeCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Result<()> {
+fn check_paths(ctx: &AgentCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Result<()> {
     let vol = &cmd.volume;
     let not_found = |path: &Path| Error::PathNotFound {
         volume: vol.to_string(),
@@ -169,10 +169,10 @@ fn check_capability(cap: Option<&Capability>, staged: &StagedVolume) -> Result<(
 /// CO named a publication, there too. Returns the filesystem to grow with the staging mount's
 /// root held open, None for block access.
 fn check_mounts(
-    ctx: &NodeCtx,
+    ctx: &AgentCtx,
     cmd: &ExpandCommand,
     staged: &StagedVolume,
-) -> Result<Option<(FsType, EntryFd)>> {
+) -> Result<Option<(FsType, Box<dyn OpenEntry>)>> {
     let vol = &cmd.volume;
     let path = cmd.volume_path.as_path();
     let is_target = path != staged.staging_path;
@@ -182,8 +182,8 @@ fn check_mounts(
     };
     let expected = Expected::of(ctx, vol.as_str(), Some(staged));
     if is_target {
-        let published = match path_handles::lookup(&cmd.volume_path)? {
-            Some(entry) => holder(ctx, &entry, &expected)?.is_volume(),
+        let published = match path_handles::lookup(ctx, &cmd.volume_path)? {
+            Some(entry) => holder(ctx, &*entry, &expected)?.is_volume(),
             None => false,
         };
         if !published {
@@ -204,7 +204,7 @@ fn check_mounts(
     let root = staging
         .open_entry()
         .map_err(|e| Error::io(format!("opening {}", staged.staging_path.display()), e))?;
-    let Holder::Volume(m) = holder_of(ctx, &root, &staging, &expected)? else {
+    let Holder::Volume(m) = holder_of(ctx, &*root, &*staging, &expected)? else {
         return Err(not_mounted());
     };
     if staged.readonly || m.super_read_only {

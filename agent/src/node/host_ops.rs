@@ -1,167 +1,38 @@
-//! The host as the node pipeline sees it: every question stage, publish, unpublish and unstage
-//! ask of the host and every change they make to it, behind one trait. `RealHost` calls the host
-//! crate; the recording double in `node::pipeline_tests` answers from a mount table in memory and
-//! records each call with the journal line committed before it, so the pipeline's steps, their
-//! order and every refusal are unit-tested as any user. The root tests on real devices prove the
-//! host itself.
-//!
-//! Paths and devices still go through held handles: the trait takes the anchored entry or the
-//! entry fd that was checked, never a path to resolve again, and a device is held open from the
-//! moment it is proven (`DeviceHandle`).
+//! The host itself, as the core's node pipeline asks and changes it (`ebs_node_core::node::host`):
+//! every call goes to the host crate, through the handles it made (an `Anchored` entry, an
+//! `EntryFd`, a `HeldDevice`).
 
 use ebs_node_core::DevNum;
-use std::fmt::Debug;
 use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::format::{HeldEvidence, Probed};
-use super::ro_block::{self, ReadOnlyDevice};
-use super::volume_device::VolumeDevice;
-use crate::backend::Backend;
-use crate::error::Result;
-use ebs_node_core::format::DeviceEvidence;
-use ebs_node_core::request::{FormatOptions, FsType};
-use ebs_node_host::anchor::{Anchored, EntryFd};
+use super::evidence::HeldEvidence;
+use super::ro_block;
+use crate::error::{Error, Result};
+use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
+use ebs_node_core::node::backend::Backend;
+use ebs_node_core::node::host::{
+    DeviceHandle, Entry, HostOps, OpenEntry, PathRefusal, ReadOnlyDevice,
+};
+use ebs_node_core::node::path_handles;
+use ebs_node_core::node::volume_device::VolumeDevice;
+use ebs_node_core::probe::ProbeOutcome;
+use ebs_node_core::request::{FormatOptions, FsType, RequestPath};
+use ebs_node_host::anchor::Anchored;
+use ebs_node_host::blkid;
 use ebs_node_host::device::{self, HeldDevice};
-use ebs_node_host::fstools::{FsToolError, FsTools, FsckOutcome};
+use ebs_node_host::fstools::{FsToolError, FsTools, FsckOutcome, filesystem_bytes_of};
 use ebs_node_host::mount::at_path::{self, MountFacts};
 use ebs_node_host::mount::ops::{self, Unmounted};
+use ebs_node_host::seam::{anchored, entry_fd, path_refusal};
 
-/// A block device held open (see `host::device::HeldDevice`): while it is open its numbers
-/// cannot pass to another device.
-pub trait DeviceHandle: Debug + Send + Sync {
-    fn path(&self) -> &Path;
-    fn devnum(&self) -> DevNum;
-    /// The held descriptor: the device's identity and evidence are read through it.
-    fn file(&self) -> &File;
-    /// The held device itself through /proc: a bind of it reaches this very device.
-    fn proc_path(&self) -> PathBuf;
-    /// An exclusive claim through the held fd. EBUSY: mounted, or claimed by another process.
-    fn claim_exclusive(&mut self) -> io::Result<()>;
-    /// Drops the claim before a tool that claims the device itself.
-    fn release_exclusive(&mut self);
-    /// The path still names the held device (checked right before a tool opens it by path).
-    fn still_at_path(&self) -> io::Result<()>;
-}
-
-impl DeviceHandle for HeldDevice {
-    fn path(&self) -> &Path {
-        HeldDevice::path(self)
-    }
-    fn devnum(&self) -> DevNum {
-        HeldDevice::devnum(self)
-    }
-    fn file(&self) -> &File {
-        HeldDevice::file(self)
-    }
-    fn proc_path(&self) -> PathBuf {
-        HeldDevice::proc_path(self)
-    }
-    fn claim_exclusive(&mut self) -> io::Result<()> {
-        HeldDevice::claim_exclusive(self)
-    }
-    fn release_exclusive(&mut self) {
-        HeldDevice::release_exclusive(self)
-    }
-    fn still_at_path(&self) -> io::Result<()> {
-        HeldDevice::still_at_path(self)
-    }
-}
-
-/// What the lifecycle pipeline needs of the host.
-pub trait HostOps: Send + Sync {
-    // The mount table, asked about one held entry.
-    /// The mount whose root `entry` is, if any.
-    fn mounted_at(&self, entry: &Anchored) -> io::Result<Option<MountFacts>>;
-    /// The same about an opened entry (`path` names it in errors).
-    fn mount_of(&self, fd: &EntryFd, path: &Path) -> io::Result<Option<MountFacts>>;
-
-    // Mounts.
-    /// mount(2) of `device`'s filesystem onto `target` (the opened entry at `target_path`).
-    #[allow(clippy::too_many_arguments)] // mount(2)'s own arguments, each validated
-    fn mount_device(
-        &self,
-        device: &Path,
-        target: &EntryFd,
-        target_path: &Path,
-        fs: FsType,
-        vfs_bits: u64,
-        data: &[String],
-        readonly: bool,
-    ) -> io::Result<()>;
-    /// A bind of `source` (a /proc/self/fd path of a proven mount root or device) onto `target`.
-    fn bind(
-        &self,
-        source: &Path,
-        target: &Anchored,
-        readonly: bool,
-        vfs_bits: u64,
-    ) -> io::Result<()>;
-    /// Unmounts the top-most mount at `entry`.
-    fn unmount(&self, entry: &Anchored) -> io::Result<Unmounted>;
-
-    // Devices.
-    /// Holds a block device open (not exclusively).
-    fn open_device(&self, path: &Path) -> io::Result<Box<dyn DeviceHandle>>;
-    /// Whether anything (a mount in any namespace, a mapper, a tool) still claims the device;
-    /// asked through `held` when the call holds it open.
-    fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool;
-    /// Whether a device with these numbers exists now.
-    fn device_exists(&self, devnum: DevNum) -> bool;
-    /// The device's size in bytes, by path (right after it was proven).
-    fn device_bytes(&self, device: &Path) -> io::Result<u64>;
-    /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.
-    fn attachment(&self, devnum: DevNum) -> Option<String>;
-    /// The never-format rule's evidence, read from the held, proven device.
-    fn evidence<'a>(
-        &'a self,
-        backend: &'a dyn Backend,
-        device: &'a VolumeDevice,
-    ) -> Box<dyn DeviceEvidence + 'a>;
-
-    // Read-only raw block publications (see `ro_block`).
-    fn lay_read_only(
-        &self,
-        device: &VolumeDevice,
-        tag: &str,
-        retry: bool,
-    ) -> Result<ReadOnlyDevice>;
-    fn remove_read_only(&self, tag: &str) -> Result<usize>;
-    /// When the device is one of the agents' read-only devices: the device it lies over.
-    fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum>;
-
-    // Filesystem tools.
-    /// Why this host cannot format, check or grow `fs`, if it cannot.
-    fn fs_supported(&self, fs: FsType) -> std::result::Result<(), String>;
-    /// Probes the device, and reads the filesystem's size in the same visit when it is `fs`.
-    fn probe(&self, device: &Path, fs: FsType) -> Result<Probed>;
-    /// Refuses options that cannot make a filesystem on a device this size.
-    fn check_size(
-        &self,
-        fs: FsType,
-        device: &Path,
-        opts: &FormatOptions,
-    ) -> std::result::Result<(), FsToolError>;
-    fn mkfs(
-        &self,
-        fs: FsType,
-        device: &Path,
-        uuid: &str,
-        opts: &FormatOptions,
-    ) -> std::result::Result<(), FsToolError>;
-    fn fsck(&self, fs: FsType, device: &Path) -> std::result::Result<FsckOutcome, FsToolError>;
-    /// The filesystem's size, read from the unmounted device's superblock.
-    fn fs_bytes(&self, fs: FsType, device: &Path) -> io::Result<u64>;
-    /// The mounted filesystem's size (`mount_point` reaches the proven mount).
-    fn mounted_fs_bytes(&self, fs: FsType, device: &Path, mount_point: &Path) -> io::Result<u64>;
-    fn grow(
-        &self,
-        fs: FsType,
-        device: &Path,
-        mount_point: &Path,
-    ) -> std::result::Result<(), FsToolError>;
-    fn grow_offline(&self, fs: FsType, device: &Path) -> std::result::Result<(), FsToolError>;
+/// A request path held as the host crate's `Anchored` itself, for the daemon's own calls that
+/// act on it through the host crate (reclaim's trim, expand's grow); `None`: a directory above
+/// it is missing.
+pub fn anchored_lookup(path: &RequestPath) -> Result<Option<Anchored>> {
+    Anchored::lookup(path.prefix(), path.as_path())
+        .map_err(|e| path_handles::refused(path.field(), path.as_path(), path_refusal(e)))
 }
 
 /// The host itself, through the host crate.
@@ -170,43 +41,76 @@ pub struct RealHost {
 }
 
 impl HostOps for RealHost {
-    fn mounted_at(&self, entry: &Anchored) -> io::Result<Option<MountFacts>> {
-        at_path::mounted_at(entry)
+    fn prepare(
+        &self,
+        prefix: &Path,
+        path: &Path,
+    ) -> std::result::Result<Box<dyn Entry>, PathRefusal> {
+        match Anchored::prepare(prefix, path) {
+            Ok(entry) => Ok(Box::new(entry)),
+            Err(e) => Err(path_refusal(e)),
+        }
     }
 
-    fn mount_of(&self, fd: &EntryFd, path: &Path) -> io::Result<Option<MountFacts>> {
-        at_path::mount_of(fd, path)
+    fn lookup(
+        &self,
+        prefix: &Path,
+        path: &Path,
+    ) -> std::result::Result<Option<Box<dyn Entry>>, PathRefusal> {
+        match Anchored::lookup(prefix, path) {
+            Ok(entry) => Ok(entry.map(|e| Box::new(e) as Box<dyn Entry>)),
+            Err(e) => Err(path_refusal(e)),
+        }
+    }
+
+    fn mounted_at(&self, entry: &dyn Entry) -> io::Result<Option<MountFacts>> {
+        at_path::mounted_at(anchored(entry)?)
+    }
+
+    fn mount_of(&self, fd: &dyn OpenEntry, path: &Path) -> io::Result<Option<MountFacts>> {
+        at_path::mount_of(entry_fd(fd)?, path)
     }
 
     fn mount_device(
         &self,
         device: &Path,
-        target: &EntryFd,
+        target: &dyn OpenEntry,
         _target_path: &Path,
         fs: FsType,
         vfs_bits: u64,
         data: &[String],
         readonly: bool,
     ) -> io::Result<()> {
-        ops::mount_device(device, target, fs.name(), vfs_bits, data, readonly)
+        ops::mount_device(
+            device,
+            entry_fd(target)?,
+            fs.name(),
+            vfs_bits,
+            data,
+            readonly,
+        )
     }
 
     fn bind(
         &self,
         source: &Path,
-        target: &Anchored,
+        target: &dyn Entry,
         readonly: bool,
         vfs_bits: u64,
     ) -> io::Result<()> {
-        ops::bind(source, target, readonly, vfs_bits)
+        ops::bind(source, anchored(target)?, readonly, vfs_bits)
     }
 
-    fn unmount(&self, entry: &Anchored) -> io::Result<Unmounted> {
-        ops::unmount(entry)
+    fn unmount(&self, entry: &dyn Entry) -> io::Result<Unmounted> {
+        ops::unmount(anchored(entry)?)
     }
 
     fn open_device(&self, path: &Path) -> io::Result<Box<dyn DeviceHandle>> {
         Ok(Box::new(HeldDevice::open(path)?))
+    }
+
+    fn block_devnum(&self, path: &Path) -> io::Result<DevNum> {
+        device::block_devnum(path)
     }
 
     fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool {
@@ -255,7 +159,7 @@ impl HostOps for RealHost {
     }
 
     fn probe(&self, device: &Path, fs: FsType) -> Result<Probed> {
-        super::format::probe_with_size(device, fs)
+        probe_with_size(device, fs)
     }
 
     fn check_size(
@@ -301,4 +205,22 @@ impl HostOps for RealHost {
     fn grow_offline(&self, fs: FsType, device: &Path) -> std::result::Result<(), FsToolError> {
         self.fstools.grow_offline(fs, device)
     }
+}
+
+/// Probes the device and reads the filesystem's size in the same visit. The device is held open
+/// across both, so the superblock is still in the device's page cache (the kernel drops it at the
+/// last close) and the size costs no second read through the device.
+pub fn probe_with_size(device: &Path, fs: FsType) -> Result<Probed> {
+    let held = std::fs::File::open(device)
+        .map_err(|e| Error::io(format!("opening {}", device.display()), e))?;
+    let outcome = blkid::probe(device)
+        .map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))?;
+    let fs_bytes = match &outcome {
+        ProbeOutcome::Found(sig) if is_requested(sig, fs) => {
+            // Best effort: without it the grow check reads the superblock itself.
+            filesystem_bytes_of(fs, &held).ok()
+        }
+        _ => None,
+    };
+    Ok(Probed { outcome, fs_bytes })
 }

@@ -1,79 +1,58 @@
-//! The node domain: stage, publish, unpublish, unstage, expand and stats as explicit step
-//! pipelines over the host, journaled through the store. No gRPC here.
+//! The daemon's side of the node domain: the core's pipeline (`ebs_node_core::node`: stage,
+//! publish, unpublish, unstage) wired to the real host, store and metrics, and what needs the
+//! daemon itself: the blocking pool, start-up recovery, volumes that need attention, expansion,
+//! stats, reclaim and read-only block devices. No gRPC here.
 
 pub mod attention;
-mod claims;
-mod compat;
+mod evidence;
 mod expand;
-mod format;
-mod grow;
 mod host_ops;
-pub mod identity;
-pub mod journal;
-mod known;
-mod locks;
-pub mod ownership;
-mod path_handles;
-mod publish;
 mod read_probe;
 pub mod reclaim;
 pub mod recovery;
 pub mod ro_block;
-mod stage;
 mod stats;
-mod unpublish;
-mod unstage;
 mod volume_condition;
-mod volume_device;
 
-use std::path::{Path, PathBuf};
+use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Duration;
 
-use ebs_store::Store;
+use ebs_store::{Durability, Phase, Store};
 
-pub use claims::{PathClaims, Use};
+pub use ebs_node_core::node::{
+    Known, NodeCtx, Observer, PathClaims, PublishCommand, StageCommand, UnpublishCommand,
+    UnstageCommand, Use, VolumeGuard, VolumeLocks, check_publish_paths, compat, identity, journal,
+    ownership, path_handles, publish, require_known, stage, unpublish, unstage, volume_device,
+};
 pub use expand::{ExpandCommand, expand};
-pub use host_ops::{DeviceHandle, HostOps, RealHost};
-pub use known::{Known, require_known};
-pub use locks::{VolumeGuard, VolumeLocks};
-pub use publish::{PublishCommand, check_publish_paths, publish};
-pub use stage::{StageCommand, stage};
+pub use host_ops::{RealHost, anchored_lookup};
 pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
-pub use unpublish::{UnpublishCommand, unpublish};
-pub use unstage::{UnstageCommand, unstage};
 pub use volume_condition::Condition;
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
-use ebs_node_core::request::Roots;
+use ebs_node_core::steps::{Op, Step};
 
-/// Everything a node operation needs, shared by all calls.
-pub struct NodeCtx {
+/// The node pipeline's context and what the daemon adds to it: the store itself (recovery, the
+/// inventory and the v0.1 door read more of it than the pipeline's `Ledger` does), start-up's
+/// state and the volumes that need attention. Derefs to the core's `NodeCtx`, so the pipeline's
+/// calls take it as is.
+pub struct AgentCtx {
+    pub node: NodeCtx,
     pub store: Arc<Store>,
-    pub backend: Arc<dyn Backend>,
-    /// The host, as the lifecycle pipeline asks and changes it (a double in its unit tests).
-    pub host: Arc<dyn HostOps>,
-    /// One operation per volume at a time.
-    pub locks: VolumeLocks,
-    /// One operation per device at a time: two volume ids that resolve to one device (a
-    /// careless CO) never run mkfs or fsck on it together.
-    pub device_locks: VolumeLocks,
-    /// Which volume each staging and target path belongs to, and the paths in use.
-    pub claims: PathClaims,
-    /// Where request paths may lie (recorded paths are resolved below the same prefixes).
-    pub roots: Roots,
-    /// Where the crash matrix kills the agent (test builds only; nothing in a release).
-    pub crash_after: crate::test_hooks::CrashPoint,
     pub health: Arc<crate::health::Health>,
     /// Volumes whose records could not be checked against the host (see `attention`).
     pub attention: Arc<attention::Attention>,
 }
 
-impl NodeCtx {
-    pub fn crash_after(&self) -> &crate::test_hooks::CrashPoint {
-        &self.crash_after
+impl Deref for AgentCtx {
+    type Target = NodeCtx;
+    fn deref(&self) -> &NodeCtx {
+        &self.node
     }
+}
 
+impl AgentCtx {
     /// Node calls wait for start-up recovery: before it, the records may not match the host.
     pub fn ready(&self) -> Result<()> {
         if !self.health.is_ready() {
@@ -85,14 +64,31 @@ impl NodeCtx {
     }
 }
 
+/// What the pipeline reports, as metrics; and in a test build, where the crash matrix kills it.
+pub struct AgentObserver {
+    pub crash_after: crate::test_hooks::CrashPoint,
+}
+
+impl Observer for AgentObserver {
+    fn journal_commit(&self, durability: Durability, elapsed: Duration) {
+        crate::metrics::observe_journal_commit(durability, elapsed);
+    }
+    fn step(&self, op: Op, step: Step, ok: bool, elapsed: Duration) {
+        crate::metrics::observe_step(op.name(), step.name(), ok, elapsed);
+    }
+    fn reached(&self, op: Op, step: Step, phase: Phase) {
+        self.crash_after.reached(op, step, phase);
+    }
+}
+
 /// Runs `f` on the blocking pool while holding the volume's guard (a clash is ABORTED). The
 /// guard moves into the blocking task, so a cancelled call keeps the volume busy until its host
 /// work has ended. A volume that needs attention is checked again first: the call goes on only
 /// once its records check out, and is otherwise refused naming the reason.
-pub async fn run_locked<T, F>(ctx: &Arc<NodeCtx>, volume: &str, f: F) -> Result<T>
+pub async fn run_locked<T, F>(ctx: &Arc<AgentCtx>, volume: &str, f: F) -> Result<T>
 where
     T: Send + 'static,
-    F: FnOnce(&NodeCtx) -> Result<T> + Send + 'static,
+    F: FnOnce(&AgentCtx) -> Result<T> + Send + 'static,
 {
     ctx.ready()?;
     let guard = match ctx.locks.try_lock(volume) {
@@ -121,7 +117,7 @@ where
 }
 
 /// The refusal for a call that takes no guard (stats) on a volume that needs attention.
-pub fn refuse_if_marked(ctx: &NodeCtx, volume: &str) -> Result<()> {
+pub fn refuse_if_marked(ctx: &AgentCtx, volume: &str) -> Result<()> {
     match ctx.attention.refusal(volume) {
         Some(e) => Err(e),
         None => Ok(()),
@@ -134,12 +130,4 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub fn path_string(p: &Path) -> String {
-    p.display().to_string()
-}
-
-pub fn pb(p: &Path) -> PathBuf {
-    p.to_path_buf()
-}
-#[cfg(test)]
-mod pipeline_tests;
+pub use ebs_node_core::node::path_string;

@@ -15,7 +15,7 @@ use nix::errno::Errno;
 
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder_of};
-use super::{NodeCtx, path_handles, path_string};
+use super::{AgentCtx, anchored_lookup, path_string};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_core::steps::{Op, Step};
@@ -61,7 +61,7 @@ pub struct Reclaimed {
     pub measure: Measure,
 }
 
-pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
+pub fn reclaim(ctx: &AgentCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     let vol = &cmd.volume;
     let staged = ctx
         .store
@@ -82,7 +82,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     }
     // The descriptor, not the path, is what gets trimmed: it is proven to be the volume's
     // filesystem root (its device asked for its identity right now).
-    let entry = path_handles::lookup(given)?.ok_or_else(not_here)?;
+    let entry = anchored_lookup(given)?.ok_or_else(not_here)?;
     let dir = entry.open_dir().map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => not_here(),
         _ => Error::io(format!("opening {}", path.display()), e),
@@ -92,7 +92,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         return Err(not_here());
     };
 
-    let journal = Journal::new(&ctx.store, vol, Op::Reclaim, ctx.crash_after());
+    let journal = Journal::new(ctx, vol, Op::Reclaim);
     let facts = detail([
         ("path", path_string(path)),
         ("device", path_string(&staged.device)),
@@ -141,7 +141,7 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
 /// The path must be where this node put the volume: its staging path, or one of its
 /// publications. Anything else is NOT_FOUND.
 fn known_path<'a>(
-    ctx: &NodeCtx,
+    ctx: &AgentCtx,
     staged: &StagedVolume,
     given: &'a ReclaimPath,
 ) -> Result<&'a RequestPath> {

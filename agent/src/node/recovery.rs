@@ -12,9 +12,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ebs_store::{AccessRecord, Durability, FormatState, Progress};
+use ebs_node_core::node::{VolumeGuard, VolumeLocks};
+use ebs_node_core::steps::Step;
+use ebs_node_host::device::block_devnum;
+use ebs_store::{AccessRecord, Durability, FormatState, Progress, Store};
 
-use super::NodeCtx;
+use super::AgentCtx;
 use super::attention::{self, Checked};
 use super::compat::staged_mount_present;
 use super::ownership::{Expected, Holder, holder};
@@ -49,13 +52,13 @@ pub struct VolumeReport {
 
 /// Start-up recovery of every volume with a record, each on its own blocking thread, waiting
 /// `wait` at most for each. Fails only when the state file itself cannot be read.
-pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryReport> {
+pub async fn recover(ctx: &Arc<AgentCtx>, wait: Duration) -> Result<RecoveryReport> {
     let ids = {
         let ctx = Arc::clone(ctx);
         // The paths claimed by the records as they are: a check only drops records (and forgets
         // their claims), so a check still running after start-up never leaves a stale claim.
         blocking(move || {
-            ctx.claims.reload_tolerant(&ctx.store);
+            ctx.claims.reload_tolerant(&*ctx.store);
             format_intents(&ctx);
             Ok(ctx.store.recorded_volume_ids()?)
         })
@@ -77,7 +80,7 @@ pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryRepor
                 // guard: wait for it as long as for a check, and never pass a volume by
                 // unchecked. Still held then: marked, so the background retry and the next call
                 // on it check it before anything else.
-                match ctx.locks.lock_within(&vol, wait).await {
+                match lock_within(&ctx.locks, &vol, wait).await {
                     Some(guard) => attention::check(&ctx, &vol, guard, wait).await,
                     None => {
                         let why = format!(
@@ -106,7 +109,7 @@ pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryRepor
     // Volumes with a staged record or a publication are never pruned, so a check still running
     // (or a volume marked as needing attention) keeps its records.
     let pruning = Arc::clone(ctx);
-    match blocking(move || super::journal::prune_never_staged(&pruning.store)).await {
+    match blocking(move || prune_never_staged(&pruning.store)).await {
         Ok(n) => report.pruned = n,
         Err(e) => {
             tracing::warn!(error = %e, "recovery: records of never-staged volumes not pruned")
@@ -129,20 +132,20 @@ pub async fn recover(ctx: &Arc<NodeCtx>, wait: Duration) -> Result<RecoveryRepor
 /// `ro_block`). Every device a record still names is kept: the records of a volume that needs
 /// attention are all still there, so its devices are never taken from under it. Records that do
 /// not decode leave the sweep for the next start.
-fn sweep_read_only_devices(ctx: &NodeCtx) -> Result<usize> {
+fn sweep_read_only_devices(ctx: &AgentCtx) -> Result<usize> {
     let keep = ctx
         .store
         .all_publications()?
         .into_iter()
         .filter(|p| p.block && p.readonly)
-        .map(|p| super::ro_block::tag(ctx, p.volume_id.as_str(), &p.target_path))
+        .map(|p| ebs_node_core::node::ro_tag::tag(ctx, p.volume_id.as_str(), &p.target_path))
         .collect();
     super::ro_block::sweep(ctx, &keep)
 }
 
 /// Interrupted or failed mkfs runs, for the log; a format record that does not decode marks its
 /// volume.
-fn format_intents(ctx: &NodeCtx) {
+fn format_intents(ctx: &AgentCtx) {
     let ids = match ctx.store.known_volume_ids() {
         Ok(ids) => ids,
         Err(e) => {
@@ -164,7 +167,7 @@ fn format_intents(ctx: &NodeCtx) {
 
 /// Checks one volume's records against the host and completes or drops them. Runs under the
 /// volume's guard, on a blocking thread (it walks recorded paths).
-pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
+pub fn recover_volume(ctx: &AgentCtx, vol: &str) -> Result<VolumeReport> {
     let store = &ctx.store;
     let mut report = VolumeReport::default();
     // Read only to see that it decodes: a stage needs it, so a broken one keeps the mark.
@@ -174,7 +177,10 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             AccessRecord::Mount { .. } => staged_mount_present(ctx, &staged)?,
             AccessRecord::Block => ctx
                 .backend
-                .prove(Shown::Path(&staged.device), &staged.identity)
+                .prove(
+                    Shown::Path(&staged.device, block_devnum(&staged.device).ok()),
+                    &staged.identity,
+                )
                 .is_ok(),
         };
         let staging = staged.staging_path.as_path();
@@ -211,7 +217,7 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
         let target = publication.target_path.as_path();
         let expected = Expected::of(ctx, vol, staged.as_ref());
         let found = match path_handles::lookup_recorded(ctx, target)? {
-            Some(entry) => holder(ctx, &entry, &expected)?,
+            Some(entry) => holder(ctx, &*entry, &expected)?,
             None => Holder::Nothing,
         };
         match found {
@@ -252,6 +258,43 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
     Ok(report)
 }
 
+/// The guard, waiting up to `wait` for a holder to let go (polled: holders are few and
+/// short, and only start-up waits).
+pub async fn lock_within(
+    locks: &VolumeLocks,
+    volume: &str,
+    wait: std::time::Duration,
+) -> Option<VolumeGuard> {
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        if let Some(guard) = locks.try_lock(volume) {
+            return Some(guard);
+        }
+        if tokio::time::Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Steps that only look at the host (find the volume's device, prove it is the volume's): a
+/// call that ended in them changed nothing there, so its lines are kept only for a volume the
+/// node knows. Otherwise every id a CO (or anyone on the socket) names would leave its lines
+/// for good: 2000 stages of unknown ids took the state file from 73 KB to 4.4 MB.
+const LOOKING_STEPS: [&str; 2] = [Step::LOOKING[0].name(), Step::LOOKING[1].name()];
+
+/// Forgets, at start, the volumes that only journal lines of looking steps name (left by
+/// agents before the journal kept such lines only for volumes it knows). Returns how many.
+pub fn prune_never_staged(store: &Store) -> Result<usize> {
+    let ids = store.journals_only_of(&LOOKING_STEPS)?;
+    if !ids.is_empty() {
+        store.write(Durability::Immediate, |w| {
+            ids.iter().try_for_each(|id| w.forget_volume(id))
+        })?;
+    }
+    Ok(ids.len())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
@@ -263,26 +306,29 @@ mod tests {
     use ebs_node_core::request::Roots;
     use ebs_node_host::fstools::FsTools;
 
-    fn ctx(dir: &std::path::Path) -> Arc<NodeCtx> {
+    fn ctx(dir: &std::path::Path) -> Arc<AgentCtx> {
         let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));
-        Arc::new(NodeCtx {
+        Arc::new(AgentCtx {
+            node: crate::node::NodeCtx {
+                ledger: Arc::clone(&store) as _,
+                backend: Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
+                host: Arc::new(crate::node::RealHost {
+                    fstools: FsTools::detect(),
+                }),
+                locks: Default::default(),
+                device_locks: Default::default(),
+                claims: Default::default(),
+                roots: Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
+                observer: Arc::new(ebs_node_core::node::Unobserved),
+            },
             store: Arc::clone(&store),
-            backend: Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
-            host: Arc::new(crate::node::RealHost {
-                fstools: FsTools::detect(),
-            }),
-            locks: Default::default(),
-            device_locks: Default::default(),
-            claims: Default::default(),
-            roots: Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
-            crash_after: Default::default(),
             health: Default::default(),
             attention: Default::default(),
         })
     }
 
     /// A volume recorded as staged whose staging mount is gone (a reboot): recovery drops it.
-    fn staged_without_its_mount(ctx: &NodeCtx, dir: &std::path::Path) {
+    fn staged_without_its_mount(ctx: &AgentCtx, dir: &std::path::Path) {
         let record = StagedVolume {
             volume_id: "v".into(),
             staging_path: dir.join("allowed/staging/v"),

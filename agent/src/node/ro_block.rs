@@ -12,63 +12,17 @@
 use ebs_node_core::DevNum;
 use std::collections::HashSet;
 use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::NodeCtx;
-use super::volume_device::VolumeDevice;
+use super::AgentCtx;
 use crate::error::{Error, Result};
+use ebs_node_core::node::host::ReadOnlyDevice;
+use ebs_node_core::node::ro_tag;
+use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_host::loopdev::{self, overlay};
 
 /// Every agent's tags start so; the loop controller refuses to detach a volume under one.
-const PREFIX: &str = overlay::TAG_PREFIX;
-
-/// FNV-1a, 64 bits: a hash that stays the same across builds (tags outlive the binary).
-fn fnv(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in *part {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// This agent's tags start so.
-fn agent_prefix(ctx: &NodeCtx) -> String {
-    prefix_for(ctx.store.path())
-}
-
-fn prefix_for(state_file: &Path) -> String {
-    let state = state_file.as_os_str().as_bytes();
-    format!("{PREFIX}{:08x}:", fnv(&[state]) as u32)
-}
-
-/// The tag of the read-only device of `volume`'s publication at `target`.
-pub fn tag(ctx: &NodeCtx, volume: &str, target: &Path) -> String {
-    tag_for(ctx.store.path(), volume, target)
-}
-
-fn tag_for(state_file: &Path, volume: &str, target: &Path) -> String {
-    let id = fnv(&[volume.as_bytes(), target.as_os_str().as_bytes()]);
-    format!("{}{id:016x}", prefix_for(state_file))
-}
-
-/// A read-only device laid over the volume's, held open until the bind is done.
-pub struct ReadOnlyDevice {
-    pub(super) file: File,
-    pub path: PathBuf,
-}
-
-impl ReadOnlyDevice {
-    pub fn proc_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
-    }
-}
+const PREFIX: &str = ebs_node_core::node::ro_tag::TAG_PREFIX;
 
 fn loop_error(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Internal(format!("{what}: {e}"))
@@ -155,10 +109,10 @@ pub fn remove(tag: &str) -> Result<usize> {
 /// Start-up: detaches this agent's read-only devices whose tag is not in `keep` (a publish that
 /// crashed between laying the device and binding it, an unpublish that crashed before the
 /// detach). Returns how many it detached.
-pub fn sweep(ctx: &NodeCtx, keep: &HashSet<String>) -> Result<usize> {
+pub fn sweep(ctx: &AgentCtx, keep: &HashSet<String>) -> Result<usize> {
     let mut n = 0;
-    for found in
-        overlay::tagged(&agent_prefix(ctx)).map_err(|e| loop_error("listing loop devices", e))?
+    for found in overlay::tagged(&ro_tag::agent_prefix(ctx))
+        .map_err(|e| loop_error("listing loop devices", e))?
     {
         if keep.contains(&found.tag) {
             continue;
@@ -184,43 +138,4 @@ pub fn lies_over(devnum: DevNum) -> Option<DevNum> {
         .flatten()
         .filter(|s| s.tag.starts_with(PREFIX) && s.read_only)
         .map(|s| s.backing)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tags_fit_the_loop_name_and_tell_agents_and_publications_apart() {
-        let (a, b) = (
-            Path::new("/var/lib/a/state.redb"),
-            Path::new("/var/lib/b/state.redb"),
-        );
-        let t = tag_for(
-            a,
-            "vol-0123456789abcdef0",
-            Path::new("/var/lib/kubelet/pods/x/dev"),
-        );
-        // lo_file_name holds 64 bytes with its NUL.
-        assert!(t.len() <= 63, "{t}");
-        assert!(t.starts_with(&prefix_for(a)) && t.starts_with(PREFIX));
-        assert!(!t.starts_with(&prefix_for(b)));
-        let others = [
-            tag_for(
-                a,
-                "vol-0123456789abcdef0",
-                Path::new("/var/lib/kubelet/pods/y/dev"),
-            ),
-            tag_for(a, "vol-1", Path::new("/var/lib/kubelet/pods/x/dev")),
-            tag_for(
-                b,
-                "vol-0123456789abcdef0",
-                Path::new("/var/lib/kubelet/pods/x/dev"),
-            ),
-        ];
-        assert!(others.iter().all(|o| *o != t));
-        // Stable across builds: the hash is spelled out, not std's.
-        assert_eq!(fnv(&[b"a"]), fnv(&[b"a"]));
-        assert_ne!(fnv(&[b"ab", b""]), fnv(&[b"a", b"b"]));
-    }
 }

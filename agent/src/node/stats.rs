@@ -9,7 +9,7 @@ use std::path::Path;
 
 use ebs_store::{AccessRecord, Progress, StagedVolume};
 
-use super::NodeCtx;
+use super::AgentCtx;
 use super::volume_condition::{self, Condition};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
@@ -42,7 +42,7 @@ pub struct VolumeStats {
     pub condition: Condition,
 }
 
-pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
+pub fn volume_stats(ctx: &AgentCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     let vol = &cmd.volume;
     let path = cmd.volume_path.as_path();
     let staged = ctx

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use ebs_store::{AccessRecord, StagedVolume};
 
-use super::NodeCtx;
+use super::AgentCtx;
 use super::ownership::{Expected, Holder, holder};
 use super::path_handles;
 use super::read_probe::{self, ReadOutcome};
@@ -48,7 +48,7 @@ pub struct Findings {
     pub device_ok: bool,
 }
 
-pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Findings {
+pub fn examine(ctx: &AgentCtx, staged: &StagedVolume, volume_path: &Path) -> Findings {
     let mut problems = Vec::new();
     let device = staged.device.as_path();
     let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
@@ -85,7 +85,7 @@ pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Find
 /// whether it is still the volume only adds noise. The proof is `expected`'s, so the mounts
 /// checked next need none of their own.
 fn check_device(
-    ctx: &NodeCtx,
+    ctx: &AgentCtx,
     expected: &Expected,
     staged: &StagedVolume,
     devnum: DevNum,
@@ -159,7 +159,7 @@ fn describe(e: &io::Error) -> String {
 /// The staging mount carries every publication: check it, and `volume_path` when it is a
 /// publication. Returns whether `volume_path` holds the volume's filesystem.
 fn check_fs_mounts(
-    ctx: &NodeCtx,
+    ctx: &AgentCtx,
     staged: &StagedVolume,
     expected: &Expected,
     volume_path: &Path,
@@ -185,14 +185,14 @@ fn check_fs_mounts(
 
 /// What holds one of the volume's paths; a problem when it is not the volume.
 fn check_path(
-    ctx: &NodeCtx,
+    ctx: &AgentCtx,
     staged: &StagedVolume,
     expected: &Expected,
     path: &Path,
     problems: &mut Vec<String>,
 ) -> Option<MountFacts> {
     let found = path_handles::lookup_recorded(ctx, path).and_then(|entry| match entry {
-        Some(entry) => holder(ctx, &entry, expected),
+        Some(entry) => holder(ctx, &*entry, expected),
         None => Ok(Holder::Nothing),
     });
     match found {

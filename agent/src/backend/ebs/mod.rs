@@ -171,7 +171,7 @@ impl Backend for EbsBackend {
         device: Shown<'_>,
         identity: &DeviceIdentity,
     ) -> std::result::Result<Option<std::fs::File>, NotProven> {
-        if let Shown::Path(path) = device {
+        if let Shown::Path(path, _) = device {
             return self.still_is(path, identity).map(|()| None);
         }
         let devnum = device.devnum()?;

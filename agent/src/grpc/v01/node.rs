@@ -138,7 +138,8 @@ impl Node for V01Node {
             .await
             .map_err(|e| to_status(&e))?;
         let cmd = checked.command(volume);
-        blocking(move || crate::node::check_publish_paths(&cmd))
+        let ctx = Arc::clone(&self.v1.ctx);
+        blocking(move || crate::node::check_publish_paths(&ctx, &cmd))
             .await
             .map_err(|e| to_status(&e))?;
         let stage = v1::NodeStageVolumeRequest {

@@ -239,7 +239,7 @@ fn the_partition_key_selects_a_partition_and_waits_for_it() {
     assert_eq!(dev.path, f.dev_root().join("nvme0n1p2"));
     assert!(
         backend(&f)
-            .prove(Shown::Path(&dev.path), &nvme_identity())
+            .prove(Shown::Path(&dev.path, None), &nvme_identity())
             .is_ok()
     );
     let whole = resolve_with(&f, &[], &[("partition", "0")], Duration::ZERO).unwrap();
@@ -298,13 +298,18 @@ fn a_path_proof_notices_another_serial_under_the_name() {
     f.nvme(0, Some(SERIAL), EBS_MODEL, &[1]).unwrap();
     let dev = resolve(&f).unwrap();
     let b = backend(&f);
-    assert!(b.prove(Shown::Path(&dev.path), &dev.identity).is_ok());
+    assert!(b.prove(Shown::Path(&dev.path, None), &dev.identity).is_ok());
     f.set_serial(0, OTHER).unwrap();
-    let why = b.prove(Shown::Path(&dev.path), &dev.identity).unwrap_err();
+    let why = b
+        .prove(Shown::Path(&dev.path, None), &dev.identity)
+        .unwrap_err();
     assert!(matches!(why, NotProven::Other(_)), "{why:?}");
     assert!(why.to_string().contains(OTHER), "{why}");
     f.remove("nvme0n1").unwrap();
-    assert!(b.prove(Shown::Path(&dev.path), &dev.identity).is_err());
+    assert!(
+        b.prove(Shown::Path(&dev.path, None), &dev.identity)
+            .is_err()
+    );
 }
 
 #[test]

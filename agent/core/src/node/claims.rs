@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ebs_store::Store;
+use crate::ledger::Ledger;
 
 use super::lock;
 use crate::error::{Error, Result};
@@ -69,7 +69,7 @@ impl PathClaims {
     /// records (at start-up, before recovery, which forgets what it drops). Read volume by
     /// volume: a record that does not decode leaves out only its own volume's paths (start-up
     /// recovery marks that volume as needing attention).
-    pub fn reload_tolerant(&self, store: &Store) {
+    pub fn reload_tolerant(&self, store: &dyn Ledger) {
         let mut recorded = BTreeMap::new();
         let ids = store.recorded_volume_ids().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "the recorded volumes cannot be listed");

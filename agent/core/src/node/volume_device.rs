@@ -2,16 +2,16 @@
 //! proven (so its number cannot pass to another disk), one operation per device, and proven again
 //! right before every host mutation that names it (mkfs, e2fsck, mount, bind, resize, trim).
 
-use ebs_node_core::DevNum;
+use crate::DevNum;
 use std::path::Path;
 
-use ebs_store::{DeviceIdentity, StagedVolume};
+use crate::records::{DeviceIdentity, StagedVolume};
 
-use super::host_ops::DeviceHandle;
+use super::backend::{ResolvedDevice, Shown};
+use super::host::DeviceHandle;
 use super::{NodeCtx, VolumeGuard};
-use crate::backend::{ResolvedDevice, Shown};
 use crate::error::{Error, Result};
-use ebs_node_core::request::VolumeId;
+use crate::request::VolumeId;
 
 pub struct VolumeDevice {
     pub held: Box<dyn DeviceHandle>,

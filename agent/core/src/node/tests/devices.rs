@@ -1,24 +1,27 @@
 //! The double's devices (plain files with numbers), the never-format rule's evidence from its
 //! tables, and a backend that resolves and identifies volumes over them.
 
-use ebs_node_core::DevNum;
+use crate::DevNum;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ebs_store::DeviceIdentity;
+use crate::records::DeviceIdentity;
 
-use super::super::host_ops::{DeviceHandle, HostOps};
-use super::super::volume_device::VolumeDevice;
 use super::double::DoubleHost;
-use crate::backend::{Backend, NotProven, ResolvedDevice};
 use crate::error::{Error, Result};
-use ebs_node_core::blank::{Coverage, NonBlank, Proof};
-use ebs_node_core::format::{DeviceEvidence, FormatError};
-use ebs_node_core::probe::Signature;
-use ebs_node_core::request::{FsType, VolumeId};
+use crate::node::backend::{Backend, NotProven, ResolvedDevice};
+use crate::node::host::{DeviceHandle, HostOps};
+use crate::node::volume_device::VolumeDevice;
+
+/// EBUSY, as the kernel refuses an exclusive open of a claimed device.
+const EBUSY: i32 = 16;
+use crate::blank::{Coverage, NonBlank, Proof};
+use crate::format::{DeviceEvidence, FormatError};
+use crate::probe::Signature;
+use crate::request::{FsType, VolumeId};
 
 pub fn signature(fs: FsType, uuid: &str) -> Signature {
     Signature {
@@ -57,7 +60,7 @@ impl DeviceHandle for DoubleDevice {
     }
     fn claim_exclusive(&mut self) -> io::Result<()> {
         if self.claimed {
-            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+            return Err(io::Error::from_raw_os_error(EBUSY));
         }
         self.exclusive = true;
         Ok(())

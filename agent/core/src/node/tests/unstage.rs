@@ -5,7 +5,7 @@ use super::*;
 use crate::error::Error;
 
 fn staged_record(h: &Harness) -> bool {
-    h.ctx.store.staged(VOL).unwrap().is_some()
+    h.ctx.ledger.staged(VOL).unwrap().is_some()
 }
 
 #[test]

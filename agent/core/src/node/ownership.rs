@@ -7,19 +7,18 @@
 //! the device node bound onto a file is the volume's device, or the agent's read-only loop
 //! device over it.
 
-use ebs_node_core::DevNum;
+use crate::DevNum;
 use std::fs::File;
 use std::sync::OnceLock;
 
-use ebs_store::{DeviceIdentity, StagedVolume};
+use crate::records::{DeviceIdentity, StagedVolume};
 
 use super::NodeCtx;
-use crate::backend::{Shown, describe_identity};
+use super::backend::{Shown, describe_identity};
+use super::host::{Entry, OpenEntry};
 use crate::error::{Error, Result};
-use ebs_node_core::request::VolumeId;
-use ebs_node_host::anchor::{Anchored, EntryFd};
-use ebs_node_host::device::block_devnum;
-use ebs_node_host::mount::at_path::MountFacts;
+use crate::request::VolumeId;
+use crate::seam::{FileKind, MountFacts};
 
 /// What a volume's device must show, from the record or, without one, from the backend. One
 /// per call: it keeps the device it proved open for the rest of the call.
@@ -46,7 +45,7 @@ impl Expected {
         Expected {
             volume: volume.to_string(),
             identity,
-            recorded: staged.and_then(recorded_devnum),
+            recorded: staged.and_then(|s| recorded_devnum(ctx, s)),
             proven: OnceLock::new(),
         }
     }
@@ -135,7 +134,7 @@ impl Holder {
 }
 
 /// What holds `entry`, judged against `expected`.
-pub fn holder(ctx: &NodeCtx, entry: &Anchored, expected: &Expected) -> Result<Holder> {
+pub fn holder(ctx: &NodeCtx, entry: &dyn Entry, expected: &Expected) -> Result<Holder> {
     let facts = ctx
         .host
         .mounted_at(entry)
@@ -146,8 +145,8 @@ pub fn holder(ctx: &NodeCtx, entry: &Anchored, expected: &Expected) -> Result<Ho
 /// The same question about an opened entry: the answer holds for the fd that is then used.
 pub fn holder_of(
     ctx: &NodeCtx,
-    fd: &EntryFd,
-    entry: &Anchored,
+    fd: &dyn OpenEntry,
+    entry: &dyn Entry,
     expected: &Expected,
 ) -> Result<Holder> {
     let facts = ctx
@@ -161,7 +160,7 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
     let Some(facts) = facts else {
         return Holder::Nothing;
     };
-    if facts.node.kind == ebs_node_core::seam::FileKind::BlockDevice {
+    if facts.node.kind == FileKind::BlockDevice {
         let dev = facts.node.rdev;
         // A read-only block publication binds the agent's read-only device laid over the
         // volume's (see `ro_block`).
@@ -183,14 +182,14 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
 }
 
 /// The numbers a staged record noted, or (older records) its device's numbers now.
-pub fn recorded_devnum(staged: &StagedVolume) -> Option<DevNum> {
+pub fn recorded_devnum(ctx: &NodeCtx, staged: &StagedVolume) -> Option<DevNum> {
     staged
         .devnum
         .map(DevNum::from)
-        .or_else(|| block_devnum(&staged.device).ok())
+        .or_else(|| ctx.host.block_devnum(&staged.device).ok())
 }
 
-fn examine_error(entry: &Anchored, source: std::io::Error) -> Error {
+fn examine_error(entry: &dyn Entry, source: std::io::Error) -> Error {
     Error::MountUnreadable {
         path: entry.path().to_path_buf(),
         source,

@@ -2,7 +2,7 @@
 //! away from the staging path (and nothing else), forget the staging. The staging directory
 //! itself belongs to the CO; the format fact stays.
 
-use ebs_store::{AccessRecord, Durability, Phase};
+use crate::records::{AccessRecord, Durability, Phase};
 
 use super::claims::Use;
 use super::journal::{Journal, detail};
@@ -10,8 +10,8 @@ use super::ownership::{Expected, holder};
 use super::unpublish::take_down;
 use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
-use ebs_node_core::request::{RequestPath, VolumeId};
-use ebs_node_core::steps::{Op, Step};
+use crate::request::{RequestPath, VolumeId};
+use crate::steps::{Op, Step};
 
 pub struct UnstageCommand {
     pub volume: VolumeId,
@@ -24,7 +24,7 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     let _turn = ctx
         .claims
         .take(vol.as_str(), staging_path, Use::Staging, false)?;
-    let staged = ctx.store.staged(vol.as_str())?;
+    let staged = ctx.ledger.staged(vol.as_str())?;
     let recorded = staged
         .as_ref()
         .is_some_and(|s| s.staging_path == staging_path);
@@ -32,9 +32,9 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
 
     // Each recorded publication, asked of the host: a workload still using the volume keeps it.
     let mut published = Vec::new();
-    for p in ctx.store.publications(vol.as_str())? {
+    for p in ctx.ledger.publications(vol.as_str())? {
         if let Some(entry) = path_handles::lookup_recorded(ctx, &p.target_path)?
-            && holder(ctx, &entry, &expected)?.is_volume()
+            && holder(ctx, &*entry, &expected)?.is_volume()
         {
             published.push(p.target_path.display().to_string());
         }
@@ -46,14 +46,14 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         });
     }
 
-    let journal = Journal::new(&ctx.store, vol, Op::Unstage, ctx.crash_after());
+    let journal = Journal::new(ctx, vol, Op::Unstage);
     let facts = detail([("staging", path_string(staging_path))]);
     let mut device = expected.recorded_devnum();
-    if let Some(entry) = path_handles::lookup(&cmd.staging)? {
-        if let super::ownership::Holder::Volume(m) = holder(ctx, &entry, &expected)? {
+    if let Some(entry) = path_handles::lookup(ctx, &cmd.staging)? {
+        if let super::ownership::Holder::Volume(m) = holder(ctx, &*entry, &expected)? {
             device = Some(m.dev);
         }
-        take_down(ctx, &journal, &entry, &expected, recorded, "staging mount")?;
+        take_down(ctx, &journal, &*entry, &expected, recorded, "staging mount")?;
     }
     let is_fs = staged
         .as_ref()

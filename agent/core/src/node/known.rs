@@ -3,7 +3,7 @@
 
 use super::NodeCtx;
 use crate::error::{Error, Result};
-use ebs_node_core::request::VolumeId;
+use crate::request::VolumeId;
 
 /// Whose word decides that a volume exists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub enum Known {
 pub fn require_known(ctx: &NodeCtx, volume: &VolumeId, known: Known) -> Result<()> {
     let found = match known {
         Known::ByBackend => ctx.backend.exists(volume)?.unwrap_or(true),
-        Known::StagedHere => ctx.store.staged(volume.as_str())?.is_some(),
+        Known::StagedHere => ctx.ledger.staged(volume.as_str())?.is_some(),
     };
     if found {
         Ok(())

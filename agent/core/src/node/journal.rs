@@ -7,13 +7,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use ebs_store::{Durability, Phase, Store, StoreError, Writer};
-
-use super::lock;
+use super::{NodeCtx, Observer, lock};
 use crate::error::Result;
-use crate::test_hooks::CrashPoint;
-use ebs_node_core::request::VolumeId;
-use ebs_node_core::steps::{Op, Step};
+use crate::ledger::{Ledger, LedgerResult, LedgerWriter};
+use crate::records::{Durability, Phase};
+use crate::request::VolumeId;
+use crate::steps::{Op, Step};
 
 /// Extra facts for one journal line (device, UUID, paths, options).
 pub type Detail = BTreeMap<String, String>;
@@ -24,10 +23,10 @@ pub fn detail<const N: usize>(pairs: [(&str, String); N]) -> Detail {
 
 /// The journal of one operation on one volume.
 pub struct Journal<'a> {
-    store: &'a Store,
+    ledger: &'a dyn Ledger,
     volume: &'a VolumeId,
     op: Op,
-    crash_after: &'a CrashPoint,
+    observer: &'a dyn Observer,
     /// When each open step's intent was committed, for the step-duration metric.
     intents: Mutex<BTreeMap<Step, Instant>>,
     /// Lazy lines not yet written: they ride along with the next commit of this operation, or
@@ -40,24 +39,13 @@ pub struct Journal<'a> {
     committed: AtomicBool,
 }
 
-/// Steps that only look at the host (find the volume's device, prove it is the volume's): a
-/// call that ended in them changed nothing there, so its lines are kept only for a volume the
-/// node knows. Otherwise every id a CO (or anyone on the socket) names would leave its lines
-/// for good: 2000 stages of unknown ids took the state file from 73 KB to 4.4 MB.
-const LOOKING_STEPS: [&str; 2] = [Step::LOOKING[0].name(), Step::LOOKING[1].name()];
-
 impl<'a> Journal<'a> {
-    pub fn new(
-        store: &'a Store,
-        volume: &'a VolumeId,
-        op: Op,
-        crash_after: &'a CrashPoint,
-    ) -> Self {
+    pub fn new(ctx: &'a NodeCtx, volume: &'a VolumeId, op: Op) -> Self {
         Journal {
-            store,
+            ledger: &*ctx.ledger,
             volume,
             op,
-            crash_after,
+            observer: &*ctx.observer,
             intents: Default::default(),
             pending: Default::default(),
             committed: AtomicBool::new(false),
@@ -83,16 +71,22 @@ impl<'a> Journal<'a> {
         phase: Phase,
         detail: Detail,
         durability: Durability,
-        also: impl FnOnce(&mut Writer) -> std::result::Result<(), StoreError>,
+        also: impl FnOnce(&mut dyn LedgerWriter) -> LedgerResult<()>,
     ) -> Result<()> {
         let commit = Instant::now();
-        self.store.write(durability, |w| {
+        let (mut also, mut detail) = (Some(also), Some(detail));
+        self.ledger.write(durability, &mut |w| {
             self.write_pending(w)?;
-            also(w)?;
-            self.line(w, step, phase, detail)
+            if let Some(also) = also.take() {
+                also(w)?;
+            }
+            match detail.take() {
+                Some(detail) => self.line(w, step, phase, detail),
+                None => Ok(()),
+            }
         })?;
         self.committed.store(true, Ordering::Relaxed);
-        crate::metrics::observe_journal_commit(durability, commit.elapsed());
+        self.observer.journal_commit(durability, commit.elapsed());
         self.observe_step(step, phase);
         self.maybe_crash(step, phase);
         Ok(())
@@ -130,7 +124,7 @@ impl<'a> Journal<'a> {
     }
 
     /// Moves the lines held so far into `w`.
-    fn write_pending(&self, w: &mut Writer) -> std::result::Result<(), StoreError> {
+    fn write_pending(&self, w: &mut dyn LedgerWriter) -> LedgerResult<()> {
         for (step, phase, detail) in std::mem::take(&mut *lock(&self.pending)) {
             self.line(w, step, phase, detail)?;
         }
@@ -140,11 +134,11 @@ impl<'a> Journal<'a> {
     /// One line of this operation into `w`.
     fn line(
         &self,
-        w: &mut Writer,
+        w: &mut dyn LedgerWriter,
         step: Step,
         phase: Phase,
         detail: Detail,
-    ) -> std::result::Result<(), StoreError> {
+    ) -> LedgerResult<()> {
         w.step(
             self.volume.as_str(),
             self.op.name(),
@@ -163,12 +157,7 @@ impl<'a> Journal<'a> {
             Phase::Done | Phase::Failed => {
                 if let Some(started) = intents.remove(&step) {
                     let ok = matches!(phase, Phase::Done);
-                    crate::metrics::observe_step(
-                        self.op.name(),
-                        step.name(),
-                        ok,
-                        started.elapsed(),
-                    );
+                    self.observer.step(self.op, step, ok, started.elapsed());
                 }
             }
         }
@@ -176,7 +165,7 @@ impl<'a> Journal<'a> {
 
     /// The crash matrix's kill point (test builds only; a no-op in a release).
     fn maybe_crash(&self, step: Step, phase: Phase) {
-        self.crash_after.reached(self.op, step, phase);
+        self.observer.reached(self.op, step, phase);
     }
 }
 
@@ -188,8 +177,8 @@ impl Drop for Journal<'_> {
             return;
         }
         let result = self
-            .store
-            .write(Durability::Lazy, |w| self.write_pending(w));
+            .ledger
+            .write(Durability::Lazy, &mut |w| self.write_pending(w));
         if let Err(e) = result {
             tracing::warn!(volume = %self.volume, op = self.op.name(), error = %e, "journal lines not written");
         }
@@ -197,23 +186,15 @@ impl Drop for Journal<'_> {
 }
 
 impl Journal<'_> {
+    /// Steps that only look at the host (find the volume's device, prove it is the volume's): a
+    /// call that ended in them changed nothing there, so its lines are kept only for a volume
+    /// the node knows. Otherwise every id a CO (or anyone on the socket) names would leave its
+    /// lines for good: 2000 stages of unknown ids took the state file from 73 KB to 4.4 MB.
     fn only_looked_at_an_unknown_volume(&self) -> bool {
         !self.committed.load(Ordering::Relaxed)
             && lock(&self.pending)
                 .iter()
                 .all(|(step, _, _)| Step::LOOKING.contains(step))
-            && matches!(self.store.knows_volume(self.volume.as_str()), Ok(false))
+            && matches!(self.ledger.knows_volume(self.volume.as_str()), Ok(false))
     }
-}
-
-/// Forgets, at start, the volumes that only journal lines of looking steps name (left by
-/// agents before the rule above). Returns how many.
-pub fn prune_never_staged(store: &Store) -> Result<usize> {
-    let ids = store.journals_only_of(&LOOKING_STEPS)?;
-    if !ids.is_empty() {
-        store.write(Durability::Immediate, |w| {
-            ids.iter().try_for_each(|id| w.forget_volume(id))
-        })?;
-    }
-    Ok(ids.len())
 }

@@ -16,7 +16,7 @@ fn stack(h: &Harness, path: &Path, n: usize) {
 fn recorded(h: &Harness, target: &str) -> bool {
     let target = h.target(target);
     h.ctx
-        .store
+        .ledger
         .publication(VOL, target.as_path())
         .unwrap()
         .is_some()

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use ebs_store::{
+use crate::records::{
     Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
 };
 
@@ -15,17 +15,17 @@ use super::format::{
     self, Decision, Existing, decide, forget_intent, format_device, format_record,
 };
 use super::grow::{grow_if_needed, grow_offline_if_needed};
+use super::host::Entry;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::volume_device::VolumeDevice;
 use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
-use ebs_node_core::request::{
+use crate::request::{
     AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, VolumeId,
 };
-use ebs_node_core::steps::{Op, Step};
-use ebs_node_host::anchor::Anchored;
-use ebs_node_host::fstools::{FsToolError, FsckOutcome};
+use crate::seam::{FsToolError, FsckOutcome};
+use crate::steps::{Op, Step};
 
 pub struct StageCommand {
     pub volume: VolumeId,
@@ -39,7 +39,7 @@ pub struct StageCommand {
 
 pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let vol = &cmd.volume;
-    let journal = Journal::new(&ctx.store, vol, Op::Stage, ctx.crash_after());
+    let journal = Journal::new(ctx, vol, Op::Stage);
     check_compatible(ctx, &cmd.volume, &cmd.staging, &cmd.capability)?;
     if let Some(fs) = cmd.capability.fs() {
         ctx.host
@@ -64,7 +64,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             )
         },
     )?;
-    let format = ctx.store.format(vol.as_str())?;
+    let format = ctx.ledger.format(vol.as_str())?;
     let mut device = journal.step(
         Step::VerifyIdentity,
         detail([("device", path_string(&resolved.path))]),
@@ -110,13 +110,13 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     // that every publication of it is read-only too.
     let readonly = readonly || flags.wants_read_only();
     record.readonly = readonly;
-    let staging = path_handles::prepare(&cmd.staging)?;
+    let staging = path_handles::prepare(ctx, &cmd.staging)?;
     staging.mkdir().map_err(|source| Error::StagingNotCreated {
         path: staging_path.to_path_buf(),
         source,
     })?;
     let expected = Expected::resolved(vol, device.identity.clone(), device.devnum());
-    let already = match holder(ctx, &staging, &expected)? {
+    let already = match holder(ctx, &*staging, &expected)? {
         Holder::Volume(_) => true,
         Holder::Foreign(what) => {
             return Err(Error::ForeignMount {
@@ -141,7 +141,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             readonly,
             format: format.as_ref(),
         };
-        size_settled = steps.run(&mut device, &staging, &mut record)?;
+        size_settled = steps.run(&mut device, &*staging, &mut record)?;
     }
 
     if !readonly && !size_settled {
@@ -151,7 +151,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             .open_entry()
             .map_err(|e| Error::io(format!("opening {}", staging_path.display()), e))?;
         if !matches!(
-            holder_of(ctx, &root, &staging, &expected)?,
+            holder_of(ctx, &*root, &*staging, &expected)?,
             Holder::Volume(_)
         ) {
             return Err(Error::StagingChanged {
@@ -160,7 +160,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             });
         }
         device.reverify(ctx)?;
-        grow_if_needed(ctx, &journal, fs, device.path(), &root)?;
+        grow_if_needed(ctx, &journal, fs, device.path(), &*root)?;
     }
     record.progress = Progress::Complete;
     record.at_unix_ms = now_unix_ms();
@@ -194,7 +194,7 @@ impl MountSteps<'_> {
     fn run(
         &self,
         device: &mut VolumeDevice,
-        staging: &Anchored,
+        staging: &dyn Entry,
         record: &mut StagedVolume,
     ) -> Result<bool> {
         let (ctx, journal, fs) = (self.ctx, self.journal, self.fs);
@@ -260,7 +260,7 @@ impl MountSteps<'_> {
             ctx.host
                 .mount_device(
                     device.path(),
-                    &target,
+                    &*target,
                     staging_path,
                     fs,
                     self.flags.vfs_bits(),
@@ -304,8 +304,8 @@ impl MountSteps<'_> {
         } = found;
         if adopt {
             let fact = format_record(ctx, journal.volume(), fs, &uuid, device, FormatState::Done);
-            ctx.store
-                .write(Durability::Immediate, |w| w.put_format(&fact))?;
+            ctx.ledger
+                .write(Durability::Immediate, &mut |w| w.put_format(&fact))?;
         }
         if self.readonly {
             return Ok(());

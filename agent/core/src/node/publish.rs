@@ -3,18 +3,18 @@
 
 use std::path::PathBuf;
 
-use ebs_store::{Durability, Phase, Progress, Publication, StagedVolume, now_unix_ms};
+use crate::records::{Durability, Phase, Progress, Publication, StagedVolume, now_unix_ms};
 
 use super::claims::Use;
 use super::compat::{access_record, same_kind, staged_mount_present};
+use super::host::{Entry, OpenEntry};
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::volume_device::VolumeDevice;
-use super::{NodeCtx, path_handles, path_string, ro_block};
+use super::{NodeCtx, path_handles, path_string, ro_tag};
 use crate::error::{Error, Result};
-use ebs_node_core::request::{AccessType, Capability, RequestPath, VolumeId};
-use ebs_node_core::steps::{Op, Step};
-use ebs_node_host::anchor::{Anchored, EntryFd};
+use crate::request::{AccessType, Capability, RequestPath, VolumeId};
+use crate::steps::{Op, Step};
 
 pub struct PublishCommand {
     pub volume: VolumeId,
@@ -26,7 +26,7 @@ pub struct PublishCommand {
 
 /// What is bound: kept open until the bind is done, so it cannot change after it was proven.
 enum Source {
-    StagingMount(EntryFd),
+    StagingMount(Box<dyn OpenEntry>),
     Device(VolumeDevice),
 }
 
@@ -44,7 +44,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let target_path = cmd.target.as_path();
     // A path that leads through a symlink is a bad request whatever the volume's state. The
     // handle is kept: its parent stays the one checked, and it is not resolved a second time.
-    let looked_up = path_handles::lookup(&cmd.target)?;
+    let looked_up = path_handles::lookup(ctx, &cmd.target)?;
     let staged = staged_here(ctx, cmd)?;
     let block = cmd.capability.is_block();
     let (flags_raw, vfs_bits, ro_flag) = match &cmd.capability.access {
@@ -70,15 +70,15 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         at_unix_ms: now_unix_ms(),
     };
     let expected = Expected::of(ctx, vol.as_str(), Some(&staged));
-    let prior = ctx.store.publication(vol.as_str(), target_path)?;
+    let prior = ctx.ledger.publication(vol.as_str(), target_path)?;
     let _turn = ctx
         .claims
         .take(vol.as_str(), target_path, Use::Target, true)?;
     let target = match looked_up {
         Some(target) => target,
-        None => path_handles::prepare(&cmd.target)?,
+        None => path_handles::prepare(ctx, &cmd.target)?,
     };
-    let published_here = holder(ctx, &target, &expected)?;
+    let published_here = holder(ctx, &*target, &expected)?;
     if let Some(existing) = &prior
         && existing.access_mode != 0
         && published_here.is_volume()
@@ -97,7 +97,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     }
 
     // One journal for the call: the bind's done line rides with the "published" commit.
-    let journal = Journal::new(&ctx.store, vol, Op::Publish, ctx.crash_after());
+    let journal = Journal::new(ctx, vol, Op::Publish);
     match published_here {
         Holder::Volume(m) => {
             if m.read_only != readonly {
@@ -122,7 +122,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 ("target", path_string(target_path)),
                 ("readonly", readonly.to_string()),
             ]);
-            check_target_is_ours_to_use(&target, block, prior.is_some())?;
+            check_target_is_ours_to_use(&*target, block, prior.is_some())?;
             // A raw block device may get anything written to it: a format intent stops
             // licensing anything in the commit before the bind (see `format::forget_intent`).
             journal.record(
@@ -137,7 +137,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     w.put_publication(&record)
                 },
             )?;
-            if let Err(e) = create_target(&target, block, prior.is_some()) {
+            if let Err(e) = create_target(&*target, block, prior.is_some()) {
                 // Someone made the path in between: the intent must not vouch for their file.
                 journal.record(
                     Step::Bind,
@@ -154,7 +154,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             // A read-only raw block publication binds a read-only device laid over the
             // volume's: the bind's read-only flag does not reach a device node. The bind intent
             // above is durable first, so a crash from here on leaves a tag recovery finds.
-            let tag = ro_block::tag(ctx, vol.as_str(), target_path);
+            let tag = ro_tag::tag(ctx, vol.as_str(), target_path);
             let ro_device = match &source {
                 Source::Device(d) if readonly => Some(journal.step(
                     Step::RoDevice,
@@ -168,7 +168,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 Some(ro) => ro.proc_path(),
                 None => source.proc_path(),
             };
-            if let Err(e) = ctx.host.bind(&from, &target, readonly, vfs_bits) {
+            if let Err(e) = ctx.host.bind(&from, &*target, readonly, vfs_bits) {
                 // The record stays in progress: the retry binds again, and may use the file it
                 // made at a block target.
                 let mut failed = facts;
@@ -204,8 +204,8 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
 
 /// The path checks of a publish that ask the host, without changing anything: v0.1 runs them
 /// before its internal stage, so a target below a symlink leaves no staged volume behind.
-pub fn check_publish_paths(cmd: &PublishCommand) -> Result<()> {
-    path_handles::lookup(&cmd.target).map(drop)
+pub fn check_publish_paths(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
+    path_handles::lookup(ctx, &cmd.target).map(drop)
 }
 
 /// The staged record, checked against the request: staged (or its in-progress stage mounted
@@ -215,7 +215,7 @@ fn staged_here(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<StagedVolume> {
     let not_staged = || Error::NotStaged {
         volume: vol.to_string(),
     };
-    let staged = ctx.store.staged(vol.as_str())?.ok_or_else(not_staged)?;
+    let staged = ctx.ledger.staged(vol.as_str())?.ok_or_else(not_staged)?;
     if staged.progress != Progress::Complete && !staged_mount_present(ctx, &staged)? {
         return Err(not_staged());
     }
@@ -240,14 +240,14 @@ fn check_single_publication(
     expected: &Expected,
     cmd: &PublishCommand,
 ) -> Result<()> {
-    for other in ctx.store.publications(&staged.volume_id)? {
+    for other in ctx.ledger.publications(&staged.volume_id)? {
         if other.target_path == cmd.target.as_path() {
             continue;
         }
         let Some(entry) = path_handles::lookup_recorded(ctx, &other.target_path)? else {
             continue;
         };
-        if holder(ctx, &entry, expected)?.is_volume() {
+        if holder(ctx, &*entry, expected)?.is_volume() {
             return Err(Error::SinglePublication {
                 volume: staged.volume_id.clone(),
                 at: other.target_path,
@@ -286,7 +286,7 @@ fn source(
     let fd = staging
         .open_entry()
         .map_err(|e| Error::io(format!("opening {}", staged.staging_path.display()), e))?;
-    match holder_of(ctx, &fd, &staging, expected)? {
+    match holder_of(ctx, &*fd, &*staging, expected)? {
         Holder::Volume(_) => Ok(Source::StagingMount(fd)),
         Holder::Nothing => Err(nothing()),
         Holder::Foreign(what) => Err(Error::ForeignStaging {
@@ -308,7 +308,7 @@ fn source_of(staged: &StagedVolume, block: bool) -> PathBuf {
 /// An existing file at a block target is used only when an earlier attempt of this publication
 /// (its durable intent) made it: anything else may be a host file (kubelet's config, the agent's
 /// own state) that a bind would cover and a later unpublish would delete.
-fn check_target_is_ours_to_use(target: &Anchored, block: bool, recorded: bool) -> Result<()> {
+fn check_target_is_ours_to_use(target: &dyn Entry, block: bool, recorded: bool) -> Result<()> {
     let st = target
         .stat()
         .map_err(|e| Error::io(format!("inspecting {}", target.path().display()), e))?;
@@ -317,7 +317,7 @@ fn check_target_is_ours_to_use(target: &Anchored, block: bool, recorded: bool) -
         path: target.path().to_path_buf(),
         why,
     };
-    use ebs_node_core::seam::FileKind as FileType;
+    use crate::seam::FileKind as FileType;
     match (block, st.kind) {
         (false, FileType::Directory) => Ok(()),
         (true, FileType::RegularFile) if recorded => Ok(()),
@@ -332,7 +332,7 @@ fn check_target_is_ours_to_use(target: &Anchored, block: bool, recorded: bool) -
     }
 }
 
-fn create_target(target: &Anchored, block: bool, recorded: bool) -> Result<()> {
+fn create_target(target: &dyn Entry, block: bool, recorded: bool) -> Result<()> {
     let made = if block {
         match target.create_file() {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && recorded => Ok(()),

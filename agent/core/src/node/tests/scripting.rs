@@ -5,17 +5,17 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ebs_node_core::DevNum;
-use ebs_node_core::probe::ProbeOutcome;
-use ebs_node_host::mount::at_path::MountFacts;
-use ebs_store::Store;
+use super::ledger::MemLedger;
+use crate::DevNum;
+use crate::probe::ProbeOutcome;
+use crate::seam::MountFacts;
 
 use super::double::{Call, DoubleHost, State, mount_facts};
 
 impl DoubleHost {
-    pub fn new(store: Arc<Store>, watched: &str, dir: &Path) -> Self {
+    pub fn new(ledger: Arc<MemLedger>, watched: &str, dir: &Path) -> Self {
         DoubleHost {
-            store,
+            ledger,
             watched: watched.to_string(),
             dir: dir.to_path_buf(),
             state: Mutex::default(),
@@ -88,12 +88,8 @@ impl DoubleHost {
 
     /// Records a call that changes the host; fails it when scripted to.
     pub(super) fn act(&self, what: String, name: &'static str) -> io::Result<()> {
-        let after = self
-            .store
-            .journal(&self.watched)
-            .ok()
-            .and_then(|lines| lines.last().map(super::line));
-        let durable = self.store.last_write_durable();
+        let after = self.ledger.journal(&self.watched).last().map(super::line);
+        let durable = self.ledger.last_write_durable();
         let mut s = self.state();
         s.calls.push(Call {
             what,

@@ -3,30 +3,31 @@
 //! host is recorded with the journal line committed last before it (so a test sees what was
 //! durable when the host was touched). Failures are scripted by call name.
 
-use ebs_node_core::DevNum;
+use crate::DevNum;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ebs_node_core::seam::FileKind as FileType;
-use ebs_store::Store;
+use crate::seam::FileKind as FileType;
 
-use super::super::format::Probed;
-use super::super::host_ops::{DeviceHandle, HostOps};
-use super::super::ro_block::ReadOnlyDevice;
-use super::super::volume_device::VolumeDevice;
 use super::devices::{DoubleDevice, DoubleEvidence, signature};
-use crate::backend::Backend;
+use super::entries::resolve;
+use super::ledger::MemLedger;
 use crate::error::{Error, Result};
-use ebs_node_core::format::DeviceEvidence;
-use ebs_node_core::probe::ProbeOutcome;
-use ebs_node_core::request::{FormatOptions, FsType};
-use ebs_node_host::anchor::{Anchored, EntryFd, EntryStat};
-use ebs_node_host::fstools::{FsToolError, FsckOutcome};
-use ebs_node_host::mount::at_path::MountFacts;
-use ebs_node_host::mount::ops::Unmounted;
+use crate::format::DeviceEvidence;
+use crate::format::Probed;
+use crate::node::backend::Backend;
+use crate::node::host::ReadOnlyDevice;
+use crate::node::host::{DeviceHandle, HostOps};
+use crate::node::host::{Entry, OpenEntry, PathRefusal};
+use crate::node::volume_device::VolumeDevice;
+use crate::probe::ProbeOutcome;
+use crate::request::{FormatOptions, FsType};
+use crate::seam::MountFacts;
+use crate::seam::Unmounted;
+use crate::seam::{EntryStat, FsToolError, FsckOutcome};
 
 /// The device filesystem's numbers: what a bind of a device node shows as its `dev`.
 const DEVTMPFS: DevNum = DevNum::new(0, 5);
@@ -65,7 +66,7 @@ pub struct State {
 }
 
 pub struct DoubleHost {
-    pub(super) store: Arc<Store>,
+    pub(super) ledger: Arc<MemLedger>,
     /// Whose journal the recorded calls are set against.
     pub(super) watched: String,
     pub(super) dir: PathBuf,
@@ -101,18 +102,37 @@ fn tool_error(e: io::Error) -> FsToolError {
 }
 
 impl HostOps for DoubleHost {
-    fn mounted_at(&self, entry: &Anchored) -> io::Result<Option<MountFacts>> {
+    fn prepare(
+        &self,
+        prefix: &Path,
+        path: &Path,
+    ) -> std::result::Result<Box<dyn Entry>, PathRefusal> {
+        let entry = resolve(prefix, path, true)?;
+        entry
+            .map(|e| Box::new(e) as Box<dyn Entry>)
+            .ok_or(PathRefusal::NotDirectory)
+    }
+
+    fn lookup(
+        &self,
+        prefix: &Path,
+        path: &Path,
+    ) -> std::result::Result<Option<Box<dyn Entry>>, PathRefusal> {
+        Ok(resolve(prefix, path, false)?.map(|e| Box::new(e) as Box<dyn Entry>))
+    }
+
+    fn mounted_at(&self, entry: &dyn Entry) -> io::Result<Option<MountFacts>> {
         Ok(self.top(entry.path()))
     }
 
-    fn mount_of(&self, _fd: &EntryFd, path: &Path) -> io::Result<Option<MountFacts>> {
+    fn mount_of(&self, _fd: &dyn OpenEntry, path: &Path) -> io::Result<Option<MountFacts>> {
         Ok(self.top(path))
     }
 
     fn mount_device(
         &self,
         device: &Path,
-        _target: &EntryFd,
+        _target: &dyn OpenEntry,
         target_path: &Path,
         fs: FsType,
         _vfs_bits: u64,
@@ -146,7 +166,7 @@ impl HostOps for DoubleHost {
     fn bind(
         &self,
         source: &Path,
-        target: &Anchored,
+        target: &dyn Entry,
         readonly: bool,
         _vfs_bits: u64,
     ) -> io::Result<()> {
@@ -182,7 +202,7 @@ impl HostOps for DoubleHost {
         Ok(())
     }
 
-    fn unmount(&self, entry: &Anchored) -> io::Result<Unmounted> {
+    fn unmount(&self, entry: &dyn Entry) -> io::Result<Unmounted> {
         self.act(format!("unmount {}", Self::name(entry.path())), "unmount")?;
         let mut s = self.state();
         let popped = s.mounts.get_mut(entry.path()).and_then(Vec::pop);
@@ -210,6 +230,14 @@ impl HostOps for DoubleHost {
             exclusive: false,
             claimed: self.state().claimed.contains(&devnum),
         }))
+    }
+
+    fn block_devnum(&self, path: &Path) -> io::Result<DevNum> {
+        self.state()
+            .devices
+            .get(path)
+            .copied()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
 
     fn still_claimed(&self, devnum: DevNum, _held: Option<&File>) -> bool {

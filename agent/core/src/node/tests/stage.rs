@@ -5,9 +5,9 @@ use super::devices::signature;
 use super::double::GIB;
 use super::*;
 use crate::error::Error;
-use ebs_node_core::format::FormatError;
-use ebs_node_core::probe::ProbeOutcome;
-use ebs_node_host::fstools::FsToolError;
+use crate::format::FormatError;
+use crate::probe::ProbeOutcome;
+use crate::seam::FsToolError;
 
 const RWO: AccessMode = AccessMode::SingleNodeWriter;
 const FIRST_STAGE: &[&str] = &[
@@ -57,11 +57,11 @@ fn a_blank_device_is_formatted_then_mounted_each_after_its_durable_intent() {
         ]
     );
     assert_eq!(h.journal(VOL), strings(FIRST_STAGE));
-    let staged = h.ctx.store.staged(VOL).unwrap().expect("record");
-    assert_eq!(staged.progress, ebs_store::Progress::Complete);
+    let staged = h.ctx.ledger.staged(VOL).unwrap().expect("record");
+    assert_eq!(staged.progress, crate::records::Progress::Complete);
     assert_eq!(staged.staging_path, h.staging(VOL).as_path());
-    let format = h.ctx.store.format(VOL).unwrap().expect("format fact");
-    assert_eq!(format.state, ebs_store::FormatState::Done);
+    let format = h.ctx.ledger.format(VOL).unwrap().expect("format fact");
+    assert_eq!(format.state, crate::records::FormatState::Done);
     assert_eq!(format.attachment.as_deref(), Some("seq-1"));
 }
 
@@ -79,13 +79,15 @@ fn a_staging_mount_found_without_its_record_is_taken_as_is() {
     let h = Harness::new();
     h.staged(VOL);
     h.ctx
-        .store
-        .write(ebs_store::Durability::Immediate, |w| w.delete_staged(VOL))
+        .ledger
+        .write(crate::records::Durability::Immediate, &mut |w| {
+            w.delete_staged(VOL)
+        })
         .unwrap();
     h.stage(&h.stage_cmd(VOL, mount(RWO))).expect("stage");
     assert_eq!(h.host.calls(), Vec::<String>::new(), "mounted again");
-    let staged = h.ctx.store.staged(VOL).unwrap().expect("record again");
-    assert_eq!(staged.progress, ebs_store::Progress::Complete);
+    let staged = h.ctx.ledger.staged(VOL).unwrap().expect("record again");
+    assert_eq!(staged.progress, crate::records::Progress::Complete);
 }
 
 #[test]
@@ -100,7 +102,7 @@ fn a_filesystem_made_elsewhere_is_adopted_checked_and_mounted_never_formatted() 
     );
     let calls = h.host.durable_before();
     assert_eq!(calls[1].1.as_deref(), Some("stage/mount:intent"));
-    let format = h.ctx.store.format(VOL).unwrap().expect("adopted");
+    let format = h.ctx.ledger.format(VOL).unwrap().expect("adopted");
     assert_eq!(format.uuid, "aaaaaaaa-0000-4000-8000-000000000000");
     assert!(h.journal(VOL).contains(&"stage/check:done".to_string()));
 }
@@ -133,7 +135,7 @@ fn a_read_only_stage_neither_checks_nor_grows_and_mounts_read_only() {
         h.host.calls(),
         strings(&["mount ext4 dev-vol-a on vol-a ro"])
     );
-    assert!(h.ctx.store.staged(VOL).unwrap().expect("record").readonly);
+    assert!(h.ctx.ledger.staged(VOL).unwrap().expect("record").readonly);
 }
 
 #[test]
@@ -152,8 +154,8 @@ fn a_block_stage_mounts_nothing_and_records_the_device_durably() {
             "stage/staged:done",
         ])
     );
-    let staged = h.ctx.store.staged(VOL).unwrap().expect("record");
-    assert_eq!(staged.access, ebs_store::AccessRecord::Block);
+    let staged = h.ctx.ledger.staged(VOL).unwrap().expect("record");
+    assert_eq!(staged.access, crate::records::AccessRecord::Block);
     assert_eq!(
         staged.devnum,
         Some(h.host.devnum(&h.backend.device_of(VOL)).into())
@@ -165,7 +167,7 @@ fn refused_untouched(h: &Harness, e: &Error, what: &str) {
     assert_eq!(h.host.calls(), Vec::<String>::new(), "{what}: {e}");
     assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0, "{what}: {e}");
     assert!(
-        h.ctx.store.staged(VOL).unwrap().is_none(),
+        h.ctx.ledger.staged(VOL).unwrap().is_none(),
         "{what}: a record stayed: {e}"
     );
 }
@@ -182,7 +184,7 @@ fn a_device_with_data_and_no_record_is_refused_untouched() {
         "{e:?}"
     );
     refused_untouched(&h, &e, "not blank");
-    assert!(h.ctx.store.format(VOL).unwrap().is_none());
+    assert!(h.ctx.ledger.format(VOL).unwrap().is_none());
 }
 
 #[test]
@@ -274,8 +276,8 @@ fn refusals_before_the_device_is_touched() {
         assert!(expected(&e), "{what}: {e:?}");
         assert_eq!(h.host.calls(), Vec::<String>::new(), "{what}: {e}");
         assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), before, "{what}");
-        assert!(h.ctx.store.staged(VOL).unwrap().is_none(), "{what}: {e}");
-        assert!(h.ctx.store.format(VOL).unwrap().is_none(), "{what}: {e}");
+        assert!(h.ctx.ledger.staged(VOL).unwrap().is_none(), "{what}: {e}");
+        assert!(h.ctx.ledger.format(VOL).unwrap().is_none(), "{what}: {e}");
     }
 }
 
@@ -310,7 +312,7 @@ fn a_failed_mount_forgets_the_stage_so_a_corrected_retry_is_not_held_to_it() {
     h.host.fail("mount", "wrong fs type, bad option");
     let e = h.stage(&h.stage_cmd(VOL, mount(RWO))).unwrap_err();
     assert!(matches!(e, Error::Io { .. }), "{e:?}");
-    assert!(h.ctx.store.staged(VOL).unwrap().is_none());
+    assert!(h.ctx.ledger.staged(VOL).unwrap().is_none());
     assert!(h.journal(VOL).contains(&"stage/mount:failed".to_string()));
     // Corrected: another staging path; the filesystem made before is used, not made again.
     h.host.state().fail.clear();

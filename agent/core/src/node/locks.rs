@@ -28,25 +28,6 @@ impl VolumeLocks {
         })
     }
 
-    /// The guard, waiting up to `wait` for a holder to let go (polled: holders are few and
-    /// short, and only start-up waits).
-    pub async fn lock_within(
-        &self,
-        volume: &str,
-        wait: std::time::Duration,
-    ) -> Option<VolumeGuard> {
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            if let Some(guard) = self.try_lock(volume) {
-                return Some(guard);
-            }
-            if tokio::time::Instant::now() >= until {
-                return None;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-
     pub fn in_flight(&self) -> usize {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
     }

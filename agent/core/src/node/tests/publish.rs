@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::error::Error;
-use ebs_store::{Durability, Progress, StoreError, Writer};
+use crate::ledger::{LedgerResult, LedgerWriter};
+use crate::records::{Durability, Progress};
 
 /// Publishes `cmd`, expects the refusal `is` accepts, and checks that neither the host nor the
 /// journal changed: every refusal comes before the bind intent.
@@ -25,9 +26,9 @@ macro_rules! refused {
 }
 
 /// The publication record of `VOL` at `target`.
-fn record(h: &Harness, target: &str) -> Option<ebs_store::Publication> {
+fn record(h: &Harness, target: &str) -> Option<crate::records::Publication> {
     let target = h.target(target);
-    h.ctx.store.publication(VOL, target.as_path()).unwrap()
+    h.ctx.ledger.publication(VOL, target.as_path()).unwrap()
 }
 
 /// A change to a publish request, or to the records and the host before it.
@@ -39,13 +40,16 @@ fn writer_cmd(h: &Harness, target: &str) -> PublishCommand {
 }
 
 /// Changes the records behind the agent's back (a lost line, a rebuilt record).
-fn rewrite(h: &Harness, f: impl FnOnce(&mut Writer) -> Result<(), StoreError>) {
-    h.ctx.store.write(Durability::Immediate, f).unwrap();
+fn rewrite(h: &Harness, f: impl Fn(&mut dyn LedgerWriter) -> LedgerResult<()>) {
+    h.ctx
+        .ledger
+        .write(Durability::Immediate, &mut |w| f(w))
+        .unwrap();
 }
 
 /// Marks the staged record of `VOL` in progress, as a stage's mount intent leaves it.
 fn stage_in_progress(h: &Harness) {
-    let mut staged = h.ctx.store.staged(VOL).unwrap().expect("staged record");
+    let mut staged = h.ctx.ledger.staged(VOL).unwrap().expect("staged record");
     staged.progress = Progress::InProgress;
     rewrite(h, |w| w.put_staged(&staged));
 }

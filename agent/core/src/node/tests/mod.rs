@@ -6,6 +6,8 @@
 
 mod devices;
 mod double;
+mod entries;
+mod ledger;
 mod publish;
 mod scripting;
 mod stage;
@@ -18,16 +20,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ebs_store::{Phase, StepRecord, Store};
+use crate::records::{Phase, StepRecord};
 
-use super::{NodeCtx, PublishCommand, StageCommand, UnpublishCommand, UnstageCommand};
+use super::{NodeCtx, PublishCommand, StageCommand, Unobserved, UnpublishCommand, UnstageCommand};
 use crate::error::Result;
-use devices::DoubleBackend;
-use double::{DoubleHost, GIB};
-use ebs_node_core::request::{
+use crate::request::{
     AccessMode, AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, Roots,
     VolumeId,
 };
+use devices::DoubleBackend;
+use double::{DoubleHost, GIB};
+use ledger::MemLedger;
 
 /// The volume most tests act on; the double sets its calls against this volume's journal.
 pub const VOL: &str = "vol-a";
@@ -46,6 +49,7 @@ pub fn line(r: &StepRecord) -> String {
 pub struct Harness {
     pub dir: PathBuf,
     pub ctx: Arc<NodeCtx>,
+    pub ledger: Arc<MemLedger>,
     pub host: Arc<DoubleHost>,
     pub backend: Arc<DoubleBackend>,
     roots: Roots,
@@ -68,8 +72,8 @@ impl Harness {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("allowed")).expect("temp dir");
-        let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));
-        let host = Arc::new(DoubleHost::new(Arc::clone(&store), VOL, &dir));
+        let ledger = Arc::new(MemLedger::default());
+        let host = Arc::new(DoubleHost::new(Arc::clone(&ledger), VOL, &dir));
         let backend = Arc::new(DoubleBackend {
             host: Arc::clone(&host),
             dir: dir.clone(),
@@ -77,20 +81,19 @@ impl Harness {
         });
         let roots = Roots::new(vec![dir.join("allowed")], vec![dir.clone()]);
         let ctx = Arc::new(NodeCtx {
-            store,
+            ledger: Arc::clone(&ledger) as _,
             backend: Arc::clone(&backend) as _,
             host: Arc::clone(&host) as _,
             locks: Default::default(),
             device_locks: Default::default(),
             claims: Default::default(),
             roots: roots.clone(),
-            crash_after: Default::default(),
-            health: Default::default(),
-            attention: Default::default(),
+            observer: Arc::new(Unobserved),
         });
         Harness {
             dir,
             ctx,
+            ledger,
             host,
             backend,
             roots,
@@ -196,13 +199,7 @@ impl Harness {
 
     /// The volume's journal lines, `op/step:phase`.
     pub fn journal(&self, volume: &str) -> Vec<String> {
-        self.ctx
-            .store
-            .journal(volume)
-            .expect("journal")
-            .iter()
-            .map(line)
-            .collect()
+        self.ledger.journal(volume).iter().map(line).collect()
     }
 
     /// The journal lines written from the `n`-th on.

@@ -1,45 +1,21 @@
-//! The format step around the never-format rule (the core's `format::decide`): the probe that
-//! feeds it, and mkfs itself with its UUID chosen and journaled before it runs.
+//! The format step around the never-format rule (`crate::format::decide`): mkfs itself, with its
+//! UUID chosen and journaled before it runs, and the format record's life around it.
 
-use std::path::Path;
 use std::time::Instant;
 
-use ebs_store::{Durability, FormatRecord, FormatState, Phase, now_unix_ms};
+use crate::records::{Durability, FormatRecord, FormatState, Phase, now_unix_ms};
 
-mod evidence;
-
-pub use ebs_node_core::format::{Decision, Existing, Probed, decide};
-pub use evidence::HeldEvidence;
+pub use crate::format::{Decision, Existing, Probed, decide};
 
 use super::NodeCtx;
 use super::journal::{Journal, detail};
 use super::path_string;
 use super::volume_device::VolumeDevice;
-use crate::error::{Error, Result};
-use ebs_node_core::format::{FormatView, is_requested};
-use ebs_node_core::probe::ProbeOutcome;
-use ebs_node_core::request::{FormatOptions, FsType, VolumeId};
-use ebs_node_core::steps::Step;
-use ebs_node_host::blkid;
-use ebs_node_host::fstools::filesystem_bytes_of;
-
-/// Probes the device and reads the filesystem's size in the same visit. The device is held open
-/// across both, so the superblock is still in the device's page cache (the kernel drops it at the
-/// last close) and the size costs no second read through the device.
-pub fn probe_with_size(device: &Path, fs: FsType) -> Result<Probed> {
-    let held = std::fs::File::open(device)
-        .map_err(|e| Error::io(format!("opening {}", device.display()), e))?;
-    let outcome = blkid::probe(device)
-        .map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))?;
-    let fs_bytes = match &outcome {
-        ProbeOutcome::Found(sig) if is_requested(sig, fs) => {
-            // Best effort: without it the grow check reads the superblock itself.
-            filesystem_bytes_of(fs, &held).ok()
-        }
-        _ => None,
-    };
-    Ok(Probed { outcome, fs_bytes })
-}
+use crate::error::Result;
+use crate::format::FormatView;
+use crate::ledger::{LedgerResult, LedgerWriter};
+use crate::request::{FormatOptions, FsType, VolumeId};
+use crate::steps::Step;
 
 /// The journal's format record as the never-format rule reads it.
 pub fn view(f: &FormatRecord) -> FormatView<'_> {
@@ -54,12 +30,8 @@ pub fn view(f: &FormatRecord) -> FormatView<'_> {
 /// Drops a format intent in the commit that hands the volume out as a raw block device (block
 /// stage and block publish): from then on anything may be written to it, a filesystem with the
 /// intent's UUID included, so the intent may license nothing any more.
-pub fn forget_intent(
-    ctx: &NodeCtx,
-    vol: &VolumeId,
-    w: &mut ebs_store::Writer,
-) -> std::result::Result<(), ebs_store::StoreError> {
-    match ctx.store.format(vol.as_str())? {
+pub fn forget_intent(ctx: &NodeCtx, vol: &VolumeId, w: &mut dyn LedgerWriter) -> LedgerResult<()> {
+    match ctx.ledger.format(vol.as_str())? {
         Some(f) if f.state == FormatState::Intent => w.delete_format(vol.as_str()),
         _ => Ok(()),
     }
@@ -131,7 +103,7 @@ pub fn format_device(
         return Err(e);
     }
     tracing::info!(volume = %vol, device = %device.path().display(), %fs, uuid,
-        ms = started.elapsed().as_millis() as u64, "formatted");
+        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "formatted");
     let done = format_record(ctx, vol, fs, uuid, device, FormatState::Done);
     journal.record(
         Step::Format,

@@ -1,17 +1,18 @@
 //! NodeUnpublishVolume: take the volume's bind away from a target path, and nothing else. A mount
 //! there that the host does not show to be the volume's is left alone, whatever the records say.
 
-use ebs_store::{Durability, Phase};
+use crate::records::{Durability, Phase};
 
 use super::claims::Use;
+use super::host::Entry;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder};
-use super::{NodeCtx, path_handles, path_string, ro_block};
+use super::{NodeCtx, path_handles, path_string, ro_tag};
 use crate::error::{Error, Result};
-use ebs_node_core::request::{RequestPath, VolumeId};
-use ebs_node_core::steps::{Op, Step};
-use ebs_node_host::anchor::{Anchored, Removed};
-use ebs_node_host::mount::ops::Unmounted;
+use crate::request::{RequestPath, VolumeId};
+use crate::seam::Removed;
+use crate::seam::Unmounted;
+use crate::steps::{Op, Step};
 
 pub struct UnpublishCommand {
     pub volume: VolumeId,
@@ -24,21 +25,21 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     let _turn = ctx
         .claims
         .take(vol.as_str(), target_path, Use::Target, false)?;
-    let record = ctx.store.publication(vol.as_str(), target_path)?;
+    let record = ctx.ledger.publication(vol.as_str(), target_path)?;
     let recorded = record.is_some();
-    // A read-only raw block publication binds a read-only device of the agent's (see ro_block).
+    // A read-only raw block publication binds a read-only device of the agent's (see ro_tag).
     let ro_device = record.as_ref().is_some_and(|p| p.block && p.readonly);
-    let journal = Journal::new(&ctx.store, vol, Op::Unpublish, ctx.crash_after());
+    let journal = Journal::new(ctx, vol, Op::Unpublish);
     let facts = detail([("target", path_string(target_path))]);
-    let Some(target) = path_handles::lookup(&cmd.target)? else {
+    let Some(target) = path_handles::lookup(ctx, &cmd.target)? else {
         if ro_device {
             detach_ro_device(ctx, &journal, vol, target_path)?;
         }
         return forget(ctx, &journal, cmd, recorded, facts);
     };
-    let staged = ctx.store.staged(vol.as_str())?;
+    let staged = ctx.ledger.staged(vol.as_str())?;
     let expected = Expected::of(ctx, vol.as_str(), staged.as_ref());
-    let unmounted = take_down(ctx, &journal, &target, &expected, recorded, "publication")?;
+    let unmounted = take_down(ctx, &journal, &*target, &expected, recorded, "publication")?;
     if ro_device {
         // After the unmount (a retry after a crash finds the bind gone and detaches here).
         detach_ro_device(ctx, &journal, vol, target_path)?;
@@ -64,7 +65,7 @@ fn detach_ro_device(
     vol: &VolumeId,
     target: &std::path::Path,
 ) -> Result<()> {
-    let tag = ro_block::tag(ctx, vol.as_str(), target);
+    let tag = ro_tag::tag(ctx, vol.as_str(), target);
     journal
         .step(
             Step::DetachRoDevice,
@@ -107,7 +108,7 @@ const MAX_UNMOUNTS: usize = 8;
 pub fn take_down(
     ctx: &NodeCtx,
     journal: &Journal<'_>,
-    entry: &Anchored,
+    entry: &dyn Entry,
     expected: &Expected,
     recorded: bool,
     what: &'static str,

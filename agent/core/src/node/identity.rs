@@ -1,6 +1,6 @@
 //! Comparing device identities recorded in the journal with the ones found now.
 
-use ebs_store::DeviceIdentity;
+use crate::records::DeviceIdentity;
 
 /// Whether two identities name the same volume. An unverified identity (Xen, no serial) cannot
 /// contradict anything: the backend logged that it could not verify.

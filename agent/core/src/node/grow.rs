@@ -4,15 +4,15 @@
 
 use std::path::Path;
 
-use ebs_store::Durability;
+use crate::records::Durability;
 
 use super::NodeCtx;
+use super::host::OpenEntry;
 use super::journal::{Journal, detail};
 use super::path_string;
 use crate::error::{Error, Result};
-use ebs_node_core::request::FsType;
-use ebs_node_core::steps::Step;
-use ebs_node_host::anchor::EntryFd;
+use crate::request::FsType;
+use crate::steps::Step;
 
 /// Slack below which a device is not "larger": mkfs rounds the filesystem down to whole blocks.
 const GROW_SLACK: u64 = 1 << 20;
@@ -26,7 +26,7 @@ pub fn grow_if_needed(
     journal: &Journal<'_>,
     fs: FsType,
     device: &Path,
-    root: &EntryFd,
+    root: &dyn OpenEntry,
 ) -> Result<bool> {
     let mount_point = root.path_for_tools();
     let mount_point = mount_point.as_path();

@@ -5,10 +5,10 @@ use std::io;
 use std::path::Path;
 use std::time::Instant;
 
-use super::super::volume_device::VolumeDevice;
 use crate::backend::Backend;
 use ebs_node_core::blank::Proof;
 use ebs_node_core::format::{DeviceEvidence, FormatError};
+use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_host::{attachment, blank, device};
 
 /// The held device, proven to be the volume's, and the backend that knows its backing file.

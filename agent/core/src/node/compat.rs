@@ -2,15 +2,15 @@
 //! shows what it records: a stage that failed or was interrupted before its mount never holds a
 //! corrected retry to its arguments.
 
-use ebs_store::{AccessRecord, FormatRecord, Progress, StagedVolume};
+use crate::records::{AccessRecord, FormatRecord, Progress, StagedVolume};
 
 use super::NodeCtx;
+use super::backend::ResolvedDevice;
+use super::identity::same_identity;
 use super::ownership::{Expected, holder};
 use super::path_handles;
-use crate::backend::ResolvedDevice;
 use crate::error::{Error, Result};
-use crate::node::identity::same_identity;
-use ebs_node_core::request::{AccessType, Capability, RequestPath, VolumeId};
+use crate::request::{AccessType, Capability, RequestPath, VolumeId};
 
 /// A volume is staged at one path with one capability; anything else is ALREADY_EXISTS. A
 /// stage that failed or was interrupted before its mount never holds a corrected retry to its
@@ -21,7 +21,7 @@ pub fn check_compatible(
     staging: &RequestPath,
     capability: &Capability,
 ) -> Result<()> {
-    let Some(existing) = ctx.store.staged(volume.as_str())? else {
+    let Some(existing) = ctx.ledger.staged(volume.as_str())? else {
         return Ok(());
     };
     if existing.progress == Progress::InProgress && !staged_mount_present(ctx, &existing)? {
@@ -60,7 +60,7 @@ pub fn staged_mount_present(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool
         return Ok(false);
     };
     let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
-    Ok(holder(ctx, &entry, &expected)?.is_volume())
+    Ok(holder(ctx, &*entry, &expected)?.is_volume())
 }
 
 /// Block with block, or the same filesystem type (mount flags aside).

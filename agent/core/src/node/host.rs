@@ -1,0 +1,206 @@
+//! The host as the node pipeline sees it: every question stage, publish, unpublish and unstage
+//! ask of the host and every change they make to it, behind one trait. The daemon's `RealHost`
+//! calls the host crate; the recording double in this crate's tests answers from a mount table in
+//! memory and records each call with the journal line committed before it, so the pipeline's
+//! steps, their order and every refusal are unit-tested as any user. The root tests on real
+//! devices prove the host itself.
+//!
+//! Paths and devices still go through held handles: a request path becomes an `Entry` once,
+//! resolved below its allowed prefix with no symlink followed (the host crate's `Anchored`), and
+//! every later question or change names that entry or an `OpenEntry` of it, never a path to
+//! resolve again; a device is held open from the moment it is proven (`DeviceHandle`).
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use super::backend::Backend;
+use super::format::Probed;
+use super::volume_device::VolumeDevice;
+use crate::DevNum;
+use crate::error::Result;
+use crate::format::DeviceEvidence;
+use crate::request::{FormatOptions, FsType};
+use crate::seam::{EntryStat, FsToolError, FsckOutcome, MountFacts, Removed, Unmounted};
+
+/// One entry (the last component of a path) in a directory held open.
+pub trait Entry: Debug + Send + Sync {
+    /// The path it was resolved from (for messages and the journal).
+    fn path(&self) -> &Path;
+    /// What sits there now (`None`: nothing).
+    fn stat(&self) -> io::Result<Option<EntryStat>>;
+    /// Makes it a directory; an existing directory is fine.
+    fn mkdir(&self) -> io::Result<()>;
+    /// Makes it an empty file; an existing one is `AlreadyExists`.
+    fn create_file(&self) -> io::Result<()>;
+    /// Opens what is there (crossing a mount on it), without following a final symlink.
+    fn open_entry(&self) -> io::Result<Box<dyn OpenEntry>>;
+    /// Removes an empty directory or an empty file; anything else is kept.
+    fn remove(&self) -> io::Result<Removed>;
+    /// The concrete handle, for the host that made it.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// An entry held open: what is checked through it is what is used.
+pub trait OpenEntry: Debug + Send + Sync {
+    /// The entry itself through this process's descriptor table: a bind of it reaches it.
+    fn proc_path(&self) -> PathBuf;
+    /// The same through this process's pid, for a tool the agent runs.
+    fn path_for_tools(&self) -> PathBuf;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Why a request or recorded path cannot be held.
+#[derive(Debug)]
+pub enum PathRefusal {
+    /// A component is a symbolic link, or leads outside the allowed prefix.
+    Symlink,
+    /// A component is not a directory.
+    NotDirectory,
+    /// It cannot be examined (EIO, ENOTCONN below a dead mount, EACCES).
+    Unexaminable(io::Error),
+}
+
+/// A block device held open (see `host::device::HeldDevice`): while it is open its numbers
+/// cannot pass to another device.
+pub trait DeviceHandle: Debug + Send + Sync {
+    fn path(&self) -> &Path;
+    fn devnum(&self) -> DevNum;
+    /// The held descriptor: the device's identity and evidence are read through it.
+    fn file(&self) -> &File;
+    /// The held device itself through /proc: a bind of it reaches this very device.
+    fn proc_path(&self) -> PathBuf;
+    /// An exclusive claim through the held fd. EBUSY: mounted, or claimed by another process.
+    fn claim_exclusive(&mut self) -> io::Result<()>;
+    /// Drops the claim before a tool that claims the device itself.
+    fn release_exclusive(&mut self);
+    /// The path still names the held device (checked right before a tool opens it by path).
+    fn still_at_path(&self) -> io::Result<()>;
+}
+
+/// A read-only device laid over the volume's, held open until the bind is done.
+#[derive(Debug)]
+pub struct ReadOnlyDevice {
+    pub file: File,
+    pub path: PathBuf,
+}
+
+impl ReadOnlyDevice {
+    pub fn proc_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+}
+
+/// What the lifecycle pipeline needs of the host.
+pub trait HostOps: Send + Sync {
+    // Paths.
+    /// The entry `path` names below `prefix`, with no symlink followed; missing parents are made.
+    fn prepare(
+        &self,
+        prefix: &Path,
+        path: &Path,
+    ) -> std::result::Result<Box<dyn Entry>, PathRefusal>;
+    /// The same without making anything; `None`: a directory above it is missing.
+    fn lookup(
+        &self,
+        prefix: &Path,
+        path: &Path,
+    ) -> std::result::Result<Option<Box<dyn Entry>>, PathRefusal>;
+
+    // The mount table, asked about one held entry.
+    /// The mount whose root `entry` is, if any.
+    fn mounted_at(&self, entry: &dyn Entry) -> io::Result<Option<MountFacts>>;
+    /// The same about an opened entry (`path` names it in errors).
+    fn mount_of(&self, fd: &dyn OpenEntry, path: &Path) -> io::Result<Option<MountFacts>>;
+
+    // Mounts.
+    /// mount(2) of `device`'s filesystem onto `target` (the opened entry at `target_path`).
+    #[allow(clippy::too_many_arguments)] // mount(2)'s own arguments, each validated
+    fn mount_device(
+        &self,
+        device: &Path,
+        target: &dyn OpenEntry,
+        target_path: &Path,
+        fs: FsType,
+        vfs_bits: u64,
+        data: &[String],
+        readonly: bool,
+    ) -> io::Result<()>;
+    /// A bind of `source` (a /proc/self/fd path of a proven mount root or device) onto `target`.
+    fn bind(
+        &self,
+        source: &Path,
+        target: &dyn Entry,
+        readonly: bool,
+        vfs_bits: u64,
+    ) -> io::Result<()>;
+    /// Unmounts the top-most mount at `entry`.
+    fn unmount(&self, entry: &dyn Entry) -> io::Result<Unmounted>;
+
+    // Devices.
+    /// Holds a block device open (not exclusively).
+    fn open_device(&self, path: &Path) -> io::Result<Box<dyn DeviceHandle>>;
+    /// The numbers of the block device at `path` now.
+    fn block_devnum(&self, path: &Path) -> io::Result<DevNum>;
+    /// Whether anything (a mount in any namespace, a mapper, a tool) still claims the device;
+    /// asked through `held` when the call holds it open.
+    fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool;
+    /// Whether a device with these numbers exists now.
+    fn device_exists(&self, devnum: DevNum) -> bool;
+    /// The device's size in bytes, by path (right after it was proven).
+    fn device_bytes(&self, device: &Path) -> io::Result<u64>;
+    /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.
+    fn attachment(&self, devnum: DevNum) -> Option<String>;
+    /// The never-format rule's evidence, read from the held, proven device.
+    fn evidence<'a>(
+        &'a self,
+        backend: &'a dyn Backend,
+        device: &'a VolumeDevice,
+    ) -> Box<dyn DeviceEvidence + 'a>;
+
+    // Read-only raw block publications (see `ro_tag`).
+    fn lay_read_only(
+        &self,
+        device: &VolumeDevice,
+        tag: &str,
+        retry: bool,
+    ) -> Result<ReadOnlyDevice>;
+    fn remove_read_only(&self, tag: &str) -> Result<usize>;
+    /// When the device is one of the agents' read-only devices: the device it lies over.
+    fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum>;
+
+    // Filesystem tools.
+    /// Why this host cannot format, check or grow `fs`, if it cannot.
+    fn fs_supported(&self, fs: FsType) -> std::result::Result<(), String>;
+    /// Probes the device, and reads the filesystem's size in the same visit when it is `fs`.
+    fn probe(&self, device: &Path, fs: FsType) -> Result<Probed>;
+    /// Refuses options that cannot make a filesystem on a device this size.
+    fn check_size(
+        &self,
+        fs: FsType,
+        device: &Path,
+        opts: &FormatOptions,
+    ) -> std::result::Result<(), FsToolError>;
+    fn mkfs(
+        &self,
+        fs: FsType,
+        device: &Path,
+        uuid: &str,
+        opts: &FormatOptions,
+    ) -> std::result::Result<(), FsToolError>;
+    fn fsck(&self, fs: FsType, device: &Path) -> std::result::Result<FsckOutcome, FsToolError>;
+    /// The filesystem's size, read from the unmounted device's superblock.
+    fn fs_bytes(&self, fs: FsType, device: &Path) -> io::Result<u64>;
+    /// The mounted filesystem's size (`mount_point` reaches the proven mount).
+    fn mounted_fs_bytes(&self, fs: FsType, device: &Path, mount_point: &Path) -> io::Result<u64>;
+    fn grow(
+        &self,
+        fs: FsType,
+        device: &Path,
+        mount_point: &Path,
+    ) -> std::result::Result<(), FsToolError>;
+    fn grow_offline(&self, fs: FsType, device: &Path) -> std::result::Result<(), FsToolError>;
+}

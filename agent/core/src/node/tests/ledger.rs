@@ -1,0 +1,202 @@
+//! The store as the pipeline's unit tests keep it: records and journal lines in memory, each
+//! write applied whole or not at all, and whether the last one was durable (the real store's
+//! `last_write_durable`), so the double can say what was on disk when the host was touched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::ledger::{Ledger, LedgerResult, LedgerWriter};
+use crate::records::{Durability, FormatRecord, Phase, Publication, StagedVolume, StepRecord};
+
+#[derive(Default)]
+struct Records {
+    formats: HashMap<String, FormatRecord>,
+    staged: HashMap<String, StagedVolume>,
+    publications: BTreeMap<(String, PathBuf), Publication>,
+    journal: HashMap<String, Vec<StepRecord>>,
+}
+
+/// One change of a write. Collected while the pipeline builds the write (it may read the ledger
+/// meanwhile, as it may read the store), then applied together under the lock.
+enum Change {
+    PutFormat(FormatRecord),
+    DeleteFormat(String),
+    PutStaged(StagedVolume),
+    DeleteStaged(String),
+    PutPublication(Publication),
+    DeletePublication(String, PathBuf),
+    Step(String, String, String, Phase, BTreeMap<String, String>),
+}
+
+#[derive(Default)]
+struct Changes(Vec<Change>);
+
+impl LedgerWriter for Changes {
+    fn put_format(&mut self, f: &FormatRecord) -> LedgerResult<()> {
+        self.0.push(Change::PutFormat(f.clone()));
+        Ok(())
+    }
+    fn delete_format(&mut self, volume_id: &str) -> LedgerResult<()> {
+        self.0.push(Change::DeleteFormat(volume_id.to_string()));
+        Ok(())
+    }
+    fn put_staged(&mut self, s: &StagedVolume) -> LedgerResult<()> {
+        self.0.push(Change::PutStaged(s.clone()));
+        Ok(())
+    }
+    fn delete_staged(&mut self, volume_id: &str) -> LedgerResult<()> {
+        self.0.push(Change::DeleteStaged(volume_id.to_string()));
+        Ok(())
+    }
+    fn put_publication(&mut self, p: &Publication) -> LedgerResult<()> {
+        self.0.push(Change::PutPublication(p.clone()));
+        Ok(())
+    }
+    fn delete_publication(&mut self, volume_id: &str, target: &Path) -> LedgerResult<()> {
+        self.0.push(Change::DeletePublication(
+            volume_id.to_string(),
+            target.to_path_buf(),
+        ));
+        Ok(())
+    }
+    fn step(
+        &mut self,
+        volume_id: &str,
+        op: &str,
+        step: &str,
+        phase: Phase,
+        detail: BTreeMap<String, String>,
+    ) -> LedgerResult<()> {
+        self.0.push(Change::Step(
+            volume_id.to_string(),
+            op.to_string(),
+            step.to_string(),
+            phase,
+            detail,
+        ));
+        Ok(())
+    }
+}
+
+impl Records {
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::PutFormat(f) => {
+                self.formats.insert(f.volume_id.clone(), f);
+            }
+            Change::DeleteFormat(v) => {
+                self.formats.remove(&v);
+            }
+            Change::PutStaged(s) => {
+                self.staged.insert(s.volume_id.clone(), s);
+            }
+            Change::DeleteStaged(v) => {
+                self.staged.remove(&v);
+            }
+            Change::PutPublication(p) => {
+                let key = (p.volume_id.clone(), p.target_path.clone());
+                self.publications.insert(key, p);
+            }
+            Change::DeletePublication(v, target) => {
+                self.publications.remove(&(v, target));
+            }
+            Change::Step(v, op, step, phase, detail) => {
+                let lines = self.journal.entry(v).or_default();
+                lines.push(StepRecord {
+                    seq: u64::try_from(lines.len()).unwrap_or(u64::MAX),
+                    op,
+                    step,
+                    phase,
+                    at_unix_ms: 0,
+                    detail,
+                });
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct MemLedger {
+    records: Mutex<Records>,
+    last_durable: AtomicBool,
+}
+
+impl MemLedger {
+    fn records(&self) -> std::sync::MutexGuard<'_, Records> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The volume's journal lines, oldest first.
+    pub fn journal(&self, volume_id: &str) -> Vec<StepRecord> {
+        self.records()
+            .journal
+            .get(volume_id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Whether the last write that changed anything was `Immediate`.
+    pub fn last_write_durable(&self) -> bool {
+        self.last_durable.load(Ordering::Relaxed)
+    }
+}
+
+impl Ledger for MemLedger {
+    fn path(&self) -> &Path {
+        Path::new("/double/state.redb")
+    }
+    fn format(&self, volume_id: &str) -> LedgerResult<Option<FormatRecord>> {
+        Ok(self.records().formats.get(volume_id).cloned())
+    }
+    fn staged(&self, volume_id: &str) -> LedgerResult<Option<StagedVolume>> {
+        Ok(self.records().staged.get(volume_id).cloned())
+    }
+    fn publications(&self, volume_id: &str) -> LedgerResult<Vec<Publication>> {
+        Ok(self
+            .records()
+            .publications
+            .iter()
+            .filter(|((v, _), _)| v == volume_id)
+            .map(|(_, p)| p.clone())
+            .collect())
+    }
+    fn publication(&self, volume_id: &str, target: &Path) -> LedgerResult<Option<Publication>> {
+        let key = (volume_id.to_string(), target.to_path_buf());
+        Ok(self.records().publications.get(&key).cloned())
+    }
+    fn recorded_volume_ids(&self) -> LedgerResult<Vec<String>> {
+        let r = self.records();
+        let mut ids: Vec<String> = r.staged.keys().cloned().collect();
+        ids.extend(r.publications.keys().map(|(v, _)| v.clone()));
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+    fn knows_volume(&self, volume_id: &str) -> LedgerResult<bool> {
+        let r = self.records();
+        Ok(r.formats.contains_key(volume_id)
+            || r.staged.contains_key(volume_id)
+            || r.journal.contains_key(volume_id)
+            || r.publications.keys().any(|(v, _)| v == volume_id))
+    }
+    fn write(
+        &self,
+        durability: Durability,
+        changes: &mut dyn FnMut(&mut dyn LedgerWriter) -> LedgerResult<()>,
+    ) -> LedgerResult<()> {
+        let mut collected = Changes::default();
+        changes(&mut collected)?;
+        if collected.0.is_empty() {
+            return Ok(());
+        }
+        let mut records = self.records();
+        for change in collected.0 {
+            records.apply(change);
+        }
+        self.last_durable
+            .store(durability == Durability::Immediate, Ordering::Relaxed);
+        Ok(())
+    }
+}
