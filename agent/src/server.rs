@@ -15,7 +15,7 @@ use crate::backend::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
 use crate::cli::{BackendKind, ServeArgs};
 use crate::grpc;
 use crate::health::{self, Health};
-use crate::node::{self, AgentCtx, NodeCtx, VolumeLocks};
+use crate::node::{self, AgentCtx};
 use crate::nodeinfo::{self, NodeInfo, NodeInfoSource};
 use ebs_node_core::request::{FsType, Roots};
 use ebs_node_host::fstools::FsTools;
@@ -208,23 +208,17 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         Arc::clone(&store),
     ));
     let attention = Arc::new(node::attention::Attention::new(args.attention_retry));
-    let ctx = Arc::new(AgentCtx {
-        node: NodeCtx {
-            ledger: Arc::clone(&store) as _,
-            backend: Arc::clone(&backend),
-            host: Arc::new(node::RealHost { fstools }),
-            locks: VolumeLocks::default(),
-            device_locks: VolumeLocks::default(),
-            claims: Default::default(),
-            roots: (*roots).clone(),
-            observer: Arc::new(node::AgentObserver {
-                crash_after: crate::test_hooks::CrashPoint::from_args(&args.test_hooks),
-            }),
-        },
-        store: Arc::clone(&store),
-        health: Arc::clone(&health),
-        attention: Arc::clone(&attention),
-    });
+    let ctx = Arc::new(AgentCtx::new(
+        Arc::clone(&store),
+        Arc::clone(&backend),
+        Arc::new(node::RealHost { fstools }),
+        (*roots).clone(),
+        Arc::new(node::AgentObserver {
+            crash_after: crate::test_hooks::CrashPoint::from_args(&args.test_hooks),
+        }),
+        Arc::clone(&health),
+        Arc::clone(&attention),
+    ));
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.
     if let Some(addr) = args.metrics_address {

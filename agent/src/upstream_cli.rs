@@ -142,12 +142,18 @@ pub fn apply_env(args: &mut ServeArgs, env: impl Fn(&str) -> Option<String>) {
 
 /// klog's `-v` level as a tracing filter: up to 3 is info (the chart's default is 2), 4 and 5
 /// are the agent's debug lines (where upstream logs each call), 6 and above its trace lines.
-/// Libraries (gRPC, HTTP/2) stay at info: their debug output is not what `-v` asks for.
+/// Libraries (gRPC, HTTP/2) stay at info: their debug output is not what `-v` asks for. The
+/// agent's lines come from its crates: the daemon, the core (the node pipeline), the host layer
+/// and the store.
 pub fn log_level(verbosity: Option<u8>) -> &'static str {
     match verbosity {
         None | Some(0..=3) => "info",
-        Some(4..=5) => "info,ebs_node_agent=debug,ebs_store=debug",
-        Some(_) => "info,ebs_node_agent=trace,ebs_store=trace",
+        Some(4..=5) => {
+            "info,ebs_node_agent=debug,ebs_node_core=debug,ebs_node_host=debug,ebs_store=debug"
+        }
+        Some(_) => {
+            "info,ebs_node_agent=trace,ebs_node_core=trace,ebs_node_host=trace,ebs_store=trace"
+        }
     }
 }
 
@@ -194,7 +200,20 @@ mod tests {
     fn levels() {
         assert_eq!(log_level(None), "info");
         assert_eq!(log_level(Some(2)), "info");
-        assert!(log_level(Some(4)).contains("ebs_node_agent=debug"));
-        assert!(log_level(Some(7)).contains("ebs_node_agent=trace"));
+        for krate in [
+            "ebs_node_agent",
+            "ebs_node_core",
+            "ebs_node_host",
+            "ebs_store",
+        ] {
+            assert!(
+                log_level(Some(4)).contains(&format!("{krate}=debug")),
+                "{krate}"
+            );
+            assert!(
+                log_level(Some(7)).contains(&format!("{krate}=trace")),
+                "{krate}"
+            );
+        }
     }
 }

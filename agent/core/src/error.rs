@@ -62,6 +62,9 @@ pub enum Error {
     StillPublished { volume: String, targets: String },
     #[error("volume {volume} is already published at {path} with other arguments")]
     PublishedWithOtherArguments { volume: String, path: PathBuf },
+    /// Another call is using the staging or target path (whatever volume it names).
+    #[error("another operation (volume {volume}) is using {} right now; retry later", .path.display())]
+    PathBusy { path: PathBuf, volume: String },
     /// Another call holds the device (two volume ids resolving to one device).
     #[error("another operation is using device {path} ({devnum}) right now; retry later")]
     DeviceBusy { path: PathBuf, devnum: DevNum },

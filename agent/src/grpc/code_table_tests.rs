@@ -118,6 +118,13 @@ fn each_named_refusal_has_its_csi_code() {
             },
             Code::Aborted,
         ),
+        (
+            Error::PathBusy {
+                path: p(),
+                volume: v(),
+            },
+            Code::Aborted,
+        ),
         (Error::StillMounted { path: p() }, Code::Internal),
         (
             Error::CoveredMount {

@@ -33,7 +33,9 @@ pub fn to_status(err: &Error) -> Status {
         Error::VolumeNotFound(_) | Error::PathNotFound { .. } | Error::NotFound(_) => {
             Code::NotFound
         }
-        Error::Busy(_) | Error::Aborted(_) | Error::DeviceBusy { .. } => Code::Aborted,
+        Error::Busy(_) | Error::Aborted(_) | Error::PathBusy { .. } | Error::DeviceBusy { .. } => {
+            Code::Aborted
+        }
         Error::AlreadyExists(_)
         | Error::AlreadyStagedAt { .. }
         | Error::StagedWithOtherCapability { .. }

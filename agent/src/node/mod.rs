@@ -31,6 +31,9 @@ pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
 pub use volume_condition::Condition;
 
 use crate::error::{Error, Result};
+use ebs_node_core::node::backend::Backend;
+use ebs_node_core::node::host::HostOps;
+use ebs_node_core::request::Roots;
 use ebs_node_core::steps::{Op, Step};
 
 /// The node pipeline's context and what the daemon adds to it: the store itself (recovery, the
@@ -53,6 +56,34 @@ impl Deref for AgentCtx {
 }
 
 impl AgentCtx {
+    /// The context over `store`, which is also the pipeline's ledger: one store, so what the
+    /// pipeline commits is what recovery, the inventory and the v0.1 door read.
+    pub fn new(
+        store: Arc<Store>,
+        backend: Arc<dyn Backend>,
+        host: Arc<dyn HostOps>,
+        roots: Roots,
+        observer: Arc<dyn Observer>,
+        health: Arc<crate::health::Health>,
+        attention: Arc<attention::Attention>,
+    ) -> Self {
+        AgentCtx {
+            node: NodeCtx {
+                ledger: Arc::clone(&store) as _,
+                backend,
+                host,
+                locks: VolumeLocks::default(),
+                device_locks: VolumeLocks::default(),
+                claims: PathClaims::default(),
+                roots,
+                observer,
+            },
+            store,
+            health,
+            attention,
+        }
+    }
+
     /// Node calls wait for start-up recovery: before it, the records may not match the host.
     pub fn ready(&self) -> Result<()> {
         if !self.health.is_ready() {

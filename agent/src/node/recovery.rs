@@ -308,23 +308,17 @@ mod tests {
 
     fn ctx(dir: &std::path::Path) -> Arc<AgentCtx> {
         let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));
-        Arc::new(AgentCtx {
-            node: crate::node::NodeCtx {
-                ledger: Arc::clone(&store) as _,
-                backend: Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
-                host: Arc::new(crate::node::RealHost {
-                    fstools: FsTools::detect(),
-                }),
-                locks: Default::default(),
-                device_locks: Default::default(),
-                claims: Default::default(),
-                roots: Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
-                observer: Arc::new(ebs_node_core::node::Unobserved),
-            },
-            store: Arc::clone(&store),
-            health: Default::default(),
-            attention: Default::default(),
-        })
+        Arc::new(AgentCtx::new(
+            Arc::clone(&store),
+            Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
+            Arc::new(crate::node::RealHost {
+                fstools: FsTools::detect(),
+            }),
+            Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
+            Arc::new(ebs_node_core::node::Unobserved),
+            Default::default(),
+            Default::default(),
+        ))
     }
 
     /// A volume recorded as staged whose staging mount is gone (a reboot): recovery drops it.

@@ -106,11 +106,10 @@ impl PathClaims {
     pub fn take(&self, volume: &str, path: &Path, usage: Use, claim: bool) -> Result<PathTurn> {
         let mut s = lock(&self.state);
         if let Some(other) = s.busy.get(path) {
-            return Err(Error::Aborted(format!(
-                "another operation (volume {}) is using {} right now; retry later",
-                other.volume,
-                path.display()
-            )));
+            return Err(Error::PathBusy {
+                path: path.to_path_buf(),
+                volume: other.volume.clone(),
+            });
         }
         let me = Claim {
             volume: volume.to_string(),
@@ -212,7 +211,7 @@ mod tests {
             .take("b", Path::new("/k/x"), Use::Staging, false)
             .err()
             .unwrap();
-        assert!(matches!(e, Error::Aborted(_)));
+        assert!(matches!(e, Error::PathBusy { .. }));
         let e = c
             .take("b", Path::new("/k/x/y"), Use::Target, true)
             .err()

@@ -1,7 +1,9 @@
 //! Paths as the double hands them out: plain paths in the test's temporary directory, acted on
 //! through std. The anchoring walk that makes a real entry safe (no symlink followed, nothing
-//! swapped between check and use) is the host crate's, proven by its own tests; here a symlink
-//! on the way is refused the same way, so the pipeline's refusal is still exercised.
+//! swapped between check and use) is the host crate's, proven by its own tests. Its answers are
+//! kept: a symlink or a non-directory on the way is refused, a missing directory above the entry
+//! is `None` (or made, for `prepare`), and the entry itself may be anything, a symlink included
+//! (held, never followed), so the pipeline's own refusals are exercised as on the host.
 
 use std::any::Any;
 use std::fs::{self, File};
@@ -19,8 +21,8 @@ pub struct DoubleEntry {
     path: PathBuf,
 }
 
-/// The entry at `path` below `prefix`: refused when a component below the prefix is a symlink
-/// or not a directory; `None` when a directory above it is missing (unless `make`: then made).
+/// The entry at `path` below `prefix`: refused when a directory on the way (below the prefix) is
+/// a symlink or not a directory; `None` when one is missing (unless `make`: then made).
 pub fn resolve(prefix: &Path, path: &Path, make: bool) -> Result<Option<DoubleEntry>, PathRefusal> {
     let Ok(below) = path.strip_prefix(prefix) else {
         return Err(PathRefusal::Symlink);
@@ -31,6 +33,7 @@ pub fn resolve(prefix: &Path, path: &Path, make: bool) -> Result<Option<DoubleEn
         at.push(part);
         let last = i + 1 == parts.len();
         match fs::symlink_metadata(&at) {
+            Ok(_) if last => {}
             Ok(m) if m.file_type().is_symlink() => return Err(PathRefusal::Symlink),
             Ok(m) if !last && !m.is_dir() => return Err(PathRefusal::NotDirectory),
             Ok(_) => {}

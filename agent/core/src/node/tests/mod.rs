@@ -8,6 +8,7 @@ mod devices;
 mod double;
 mod entries;
 mod ledger;
+mod paths;
 mod publish;
 mod scripting;
 mod stage;
