@@ -79,7 +79,10 @@ mod tests {
             ),
         ];
         assert!(others.iter().all(|o| *o != t));
-        // Stable across builds: the hash is spelled out, not std's.
+        // Stable across builds: the hash is spelled out, not std's, and a tag an agent laid
+        // before an upgrade must still be found after it (the value the daemon's ro_block gave
+        // before the pipeline moved to the core).
+        assert_eq!(t, "ebsna-ro:f816c673:3cddad61b9deacac");
         assert_eq!(fnv(&[b"a"]), fnv(&[b"a"]));
         assert_ne!(fnv(&[b"ab", b""]), fnv(&[b"a", b"b"]));
     }
