@@ -1,29 +1,15 @@
 //! Comparing device identities recorded in the journal with the ones found now.
 
+use super::backend::proves;
 use crate::records::DeviceIdentity;
 
 /// Whether two identities name the same volume. An unverified identity (Xen, no serial) cannot
-/// contradict anything: the backend logged that it could not verify.
+/// contradict anything: the backend logged that it could not verify. Otherwise they must prove
+/// each other (`backend::proves`: the same loop file inode, the same NVMe serial).
 pub fn same_identity(recorded: &DeviceIdentity, now: &DeviceIdentity) -> bool {
-    match (recorded, now) {
-        (
-            DeviceIdentity::LoopFile {
-                st_dev: d1,
-                st_ino: i1,
-                ..
-            },
-            DeviceIdentity::LoopFile {
-                st_dev: d2,
-                st_ino: i2,
-                ..
-            },
-        ) => d1 == d2 && i1 == i2,
-        (DeviceIdentity::NvmeSerial { serial: a }, DeviceIdentity::NvmeSerial { serial: b }) => {
-            a == b
-        }
-        (DeviceIdentity::Unverified, _) | (_, DeviceIdentity::Unverified) => true,
-        _ => false,
-    }
+    matches!(recorded, DeviceIdentity::Unverified)
+        || matches!(now, DeviceIdentity::Unverified)
+        || proves(recorded, now)
 }
 
 #[cfg(test)]
