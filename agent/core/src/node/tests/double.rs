@@ -107,7 +107,8 @@ impl HostOps for DoubleHost {
         prefix: &Path,
         path: &Path,
     ) -> std::result::Result<Box<dyn Entry>, PathRefusal> {
-        let entry = resolve(prefix, path, true)?;
+        self.examinable()?;
+        let entry = resolve(prefix, path, true, self.scripted("mkdir"))?;
         entry
             .map(|e| Box::new(e) as Box<dyn Entry>)
             .ok_or(PathRefusal::NotDirectory)
@@ -118,11 +119,16 @@ impl HostOps for DoubleHost {
         prefix: &Path,
         path: &Path,
     ) -> std::result::Result<Option<Box<dyn Entry>>, PathRefusal> {
-        Ok(resolve(prefix, path, false)?.map(|e| Box::new(e) as Box<dyn Entry>))
+        self.examinable()?;
+        let entry = resolve(prefix, path, false, self.scripted("mkdir"))?;
+        Ok(entry.map(|e| Box::new(e) as Box<dyn Entry>))
     }
 
     fn mounted_at(&self, entry: &dyn Entry) -> io::Result<Option<MountFacts>> {
-        Ok(self.top(entry.path()))
+        match self.scripted("mounted_at") {
+            Some(why) => Err(io::Error::other(why)),
+            None => Ok(self.top(entry.path())),
+        }
     }
 
     fn mount_of(&self, _fd: &dyn OpenEntry, path: &Path) -> io::Result<Option<MountFacts>> {
@@ -155,7 +161,11 @@ impl HostOps for DoubleHost {
         let mut s = self.state();
         let dev = s.devices[device];
         s.claimed.insert(dev);
-        let facts = mount_facts(dev, fs.name(), readonly);
+        let facts = match s.fail.get("mount_lands_foreign") {
+            // Something else ends up on top (another mount raced in over ours).
+            Some(_) => mount_facts(DevNum::new(8, 99), "ext4", false),
+            None => mount_facts(dev, fs.name(), readonly),
+        };
         s.mounts
             .entry(target_path.to_path_buf())
             .or_default()

@@ -19,11 +19,18 @@ use crate::seam::{EntryStat, FileKind, Removed};
 #[derive(Debug)]
 pub struct DoubleEntry {
     path: PathBuf,
+    /// Why making it a directory or a file fails, when scripted.
+    make_fails: Option<String>,
 }
 
 /// The entry at `path` below `prefix`: refused when a directory on the way (below the prefix) is
 /// a symlink or not a directory; `None` when one is missing (unless `make`: then made).
-pub fn resolve(prefix: &Path, path: &Path, make: bool) -> Result<Option<DoubleEntry>, PathRefusal> {
+pub fn resolve(
+    prefix: &Path,
+    path: &Path,
+    make: bool,
+    make_fails: Option<String>,
+) -> Result<Option<DoubleEntry>, PathRefusal> {
     let Ok(below) = path.strip_prefix(prefix) else {
         return Err(PathRefusal::Symlink);
     };
@@ -47,6 +54,7 @@ pub fn resolve(prefix: &Path, path: &Path, make: bool) -> Result<Option<DoubleEn
     }
     Ok(Some(DoubleEntry {
         path: path.to_path_buf(),
+        make_fails,
     }))
 }
 
@@ -70,12 +78,18 @@ impl Entry for DoubleEntry {
         }
     }
     fn mkdir(&self) -> io::Result<()> {
+        if let Some(why) = &self.make_fails {
+            return Err(io::Error::other(why.clone()));
+        }
         match fs::create_dir(&self.path) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && self.path.is_dir() => Ok(()),
             other => other,
         }
     }
     fn create_file(&self) -> io::Result<()> {
+        if let Some(why) = &self.make_fails {
+            return Err(io::Error::other(why.clone()));
+        }
         File::options()
             .write(true)
             .create_new(true)

@@ -86,6 +86,22 @@ impl DoubleHost {
             .push(facts);
     }
 
+    /// The text a question of the host (not a change: nothing is recorded) is scripted to fail
+    /// with: "examine" (paths), "mkdir" (entries made), "mounted_at" (the mount table).
+    pub(super) fn scripted(&self, question: &str) -> Option<String> {
+        self.state().fail.get(question).cloned()
+    }
+
+    /// Paths cannot be examined when scripted so (EIO below a dead mount, as the host says).
+    pub(super) fn examinable(&self) -> Result<(), crate::node::host::PathRefusal> {
+        match self.scripted("examine") {
+            Some(why) => Err(crate::node::host::PathRefusal::Unexaminable(
+                io::Error::other(why),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Records a call that changes the host; fails it when scripted to.
     pub(super) fn act(&self, what: String, name: &'static str) -> io::Result<()> {
         let after = self.ledger.journal(&self.watched).last().map(super::line);

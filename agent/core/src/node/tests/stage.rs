@@ -354,3 +354,25 @@ fn a_failed_check_mounts_nothing() {
     assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0);
     assert!(h.journal(VOL).contains(&"stage/check:failed".to_string()));
 }
+
+#[test]
+fn a_staging_mount_that_is_not_the_volumes_once_mounted_is_never_grown() {
+    let h = Harness::new();
+    h.attach(VOL);
+    let dev = h.host.devnum(&h.backend.device_of(VOL));
+    {
+        let mut s = h.host.state();
+        let uuid = "bbbbbbbb-0000-4000-8000-000000000000";
+        s.probes
+            .insert(dev, ProbeOutcome::Found(signature(FsType::Xfs, uuid)));
+        s.fs_bytes.insert(dev, GIB / 2);
+    }
+    // xfs grows only mounted, through the staging mount's root held open and proven first.
+    h.host
+        .fail("mount_lands_foreign", "another mount raced in over ours");
+    let cmd = h.stage_cmd(VOL, mount_with(FsType::Xfs, &[], RWO));
+    let e = h.stage(&cmd).unwrap_err();
+    assert!(matches!(e, Error::StagingChanged { .. }), "{e:?}");
+    let calls = h.host.calls();
+    assert!(!calls.iter().any(|c| c.starts_with("grow")), "{calls:?}");
+}
