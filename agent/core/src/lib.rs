@@ -1,6 +1,8 @@
-//! The node plugin's core: what a CSI request means once it is checked, free of the wire and of
-//! the host. It links neither tonic nor libc and holds no `unsafe`; the gRPC door (the daemon)
-//! parses into these types, and the host crate acts on them.
+//! The node plugin's core: what a CSI request means once it is checked, and the node pipeline
+//! (`node`) that acts on it through its seams (`node::host::HostOps`, `ledger::Ledger`,
+//! `node::backend::Backend`), free of the wire and of the host. It links neither tonic nor libc
+//! and holds no `unsafe`; the daemon parses requests into these types and wires in the real host,
+//! store and backends.
 
 #![forbid(unsafe_code)]
 // Sizes, offsets and device numbers are handled here: a cast that could truncate, wrap or drop

@@ -4,7 +4,7 @@
 //! inside, or above another record's path (a target inside another volume's staging path would
 //! write into that volume; one above it would cover it).
 //!
-//! Loaded from the store at start-up, then kept in step by the operations that write the
+//! Loaded from the ledger at start-up, then kept in step by the operations that write the
 //! records, right after each commit.
 
 use std::collections::BTreeMap;
@@ -65,18 +65,18 @@ fn nested(a: &Path, b: &Path) -> bool {
 }
 
 impl PathClaims {
-    /// Replaces the recorded paths with every staging path and publication target the store
+    /// Replaces the recorded paths with every staging path and publication target the ledger
     /// records (at start-up, before recovery, which forgets what it drops). Read volume by
     /// volume: a record that does not decode leaves out only its own volume's paths (start-up
     /// recovery marks that volume as needing attention).
-    pub fn reload_tolerant(&self, store: &dyn Ledger) {
+    pub fn reload_tolerant(&self, ledger: &dyn Ledger) {
         let mut recorded = BTreeMap::new();
-        let ids = store.recorded_volume_ids().unwrap_or_else(|e| {
+        let ids = ledger.recorded_volume_ids().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "the recorded volumes cannot be listed");
             Vec::new()
         });
         for id in ids {
-            if let Ok(Some(v)) = store.staged(&id)
+            if let Ok(Some(v)) = ledger.staged(&id)
                 && !v.staging_path.as_os_str().is_empty()
             {
                 recorded.insert(
@@ -87,7 +87,7 @@ impl PathClaims {
                     },
                 );
             }
-            for p in store.publications(&id).unwrap_or_default() {
+            for p in ledger.publications(&id).unwrap_or_default() {
                 recorded.insert(
                     p.target_path,
                     Claim {
@@ -145,7 +145,7 @@ impl PathClaims {
         })
     }
 
-    /// The store now records `path` as `volume`'s.
+    /// The ledger now records `path` as `volume`'s.
     pub fn record(&self, volume: &str, path: &Path, usage: Use) {
         lock(&self.state).recorded.insert(
             path.to_path_buf(),
@@ -156,7 +156,7 @@ impl PathClaims {
         );
     }
 
-    /// The store no longer records `path` for `volume`.
+    /// The ledger no longer records `path` for `volume`.
     pub fn forget(&self, volume: &str, path: &Path) {
         let mut s = lock(&self.state);
         if s.recorded.get(path).is_some_and(|c| c.volume == volume) {

@@ -64,7 +64,7 @@ pub enum PathRefusal {
     Unexaminable(io::Error),
 }
 
-/// A block device held open (see `host::device::HeldDevice`): while it is open its numbers
+/// A block device held open (the host crate's `ebs_node_host::device::HeldDevice`): while it is open its numbers
 /// cannot pass to another device.
 pub trait DeviceHandle: Debug + Send + Sync {
     fn path(&self) -> &Path;

@@ -30,10 +30,10 @@ pub struct Journal<'a> {
     /// When each open step's intent was committed, for the step-duration metric.
     intents: Mutex<BTreeMap<Step, Instant>>,
     /// Lazy lines not yet written: they ride along with the next commit of this operation, or
-    /// are written when it ends. A lazy line is lost in a crash either way (redb keeps lazy
-    /// commits in memory until a durable one), so holding it here changes nothing about what
-    /// survives; it only saves a write transaction per line, and every transaction queues on
-    /// redb's one writer lock behind whichever fsync is in flight.
+    /// are written when it ends. A lazy line is lost in a crash either way (the store, the real
+    /// ledger, keeps lazy commits in memory until a durable one), so holding it here changes
+    /// nothing about what survives; it only saves a write per line, and the store's writes queue
+    /// behind whichever fsync is in flight.
     pending: Mutex<Vec<(Step, Phase, Detail)>>,
     /// Whether this operation committed anything yet.
     committed: AtomicBool,
@@ -61,7 +61,7 @@ impl<'a> Journal<'a> {
     pub fn note(&self, step: Step, phase: Phase, detail: Detail) {
         lock(&self.pending).push((step, phase, detail));
         self.observe_step(step, phase);
-        self.maybe_crash(step, phase);
+        self.report_reached(step, phase);
     }
 
     /// Commits a journal line, plus any records `also` writes, in one transaction.
@@ -88,7 +88,7 @@ impl<'a> Journal<'a> {
         self.committed.store(true, Ordering::Relaxed);
         self.observer.journal_commit(durability, commit.elapsed());
         self.observe_step(step, phase);
-        self.maybe_crash(step, phase);
+        self.report_reached(step, phase);
         Ok(())
     }
 
@@ -163,8 +163,9 @@ impl<'a> Journal<'a> {
         }
     }
 
-    /// The crash matrix's kill point (test builds only; a no-op in a release).
-    fn maybe_crash(&self, step: Step, phase: Phase) {
+    /// Tells the observer this line was reached: the daemon's crash matrix kills the agent here
+    /// in a `test-hooks` build; otherwise nothing happens.
+    fn report_reached(&self, step: Step, phase: Phase) {
         self.observer.reached(self.op, step, phase);
     }
 }

@@ -1,5 +1,7 @@
-//! The per-volume operation guard: a second call on a volume while one is in flight gets ABORTED
-//! (CSI's "operation pending"), calls on different volumes run in parallel.
+//! Operation guards keyed by a string: one per volume id (`NodeCtx::locks`: a second call on a
+//! volume while one is in flight is refused, which the daemon answers ABORTED, CSI's "operation
+//! pending") and one per device number (`NodeCtx::device_locks`). Different keys run in
+//! parallel.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,9 @@
 //! Unit tests of the lifecycle pipeline (stage, publish, unpublish, unstage) against the
-//! recording double of the host (`double`), with the real journal on a temporary file: which
-//! steps run and in what order, what was durable before each change to the host, and every
-//! refusal, with the host left untouched. They run as any user in a second. The root tests in
-//! `tests/` prove the host itself on real devices.
+//! recording double of the host (`double`; its devices and backend in `devices`, its paths in
+//! `entries`) and an in-memory ledger (`ledger`): which steps run and in what order, what was
+//! durable before each change to the host, and every refusal, with the host left untouched. They
+//! run as any user in a second. The root tests (the `ebs-tests` crate, `tests/tests/` at the top
+//! of the repository) prove the host itself on real devices.
 
 mod devices;
 mod double;
