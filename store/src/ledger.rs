@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ebs_node_core::ledger::{Ledger, LedgerError, LedgerResult, LedgerWriter};
+use ebs_node_core::ledger::{Changes, Ledger, LedgerError, LedgerResult, LedgerWriter};
 
 use crate::{
     Durability, FormatRecord, Phase, Publication, StagedVolume, Store, StoreError, Writer,
@@ -75,25 +75,7 @@ impl Ledger for Store {
     fn knows_volume(&self, volume_id: &str) -> LedgerResult<bool> {
         Ok(Store::knows_volume(self, volume_id)?)
     }
-    fn write(
-        &self,
-        durability: Durability,
-        changes: &mut dyn FnMut(&mut dyn LedgerWriter) -> LedgerResult<()>,
-    ) -> LedgerResult<()> {
-        // The ledger's error passes through the store's write as its message; the store's own
-        // failures (a full disk, a lost fsync) keep their words.
-        let mut failed = None;
-        let out = Store::write(self, durability, |w| {
-            changes(w).map_err(|e| {
-                let text = e.to_string();
-                failed = Some(e);
-                StoreError::Internal(text)
-            })
-        });
-        match (out, failed) {
-            (_, Some(e)) => Err(e),
-            (Err(e), None) => Err(e.into()),
-            (Ok(()), None) => Ok(()),
-        }
+    fn write(&self, durability: Durability, changes: Changes<'_>) -> LedgerResult<()> {
+        self.write_with(durability, |w: &mut Writer| changes(w))
     }
 }

@@ -244,8 +244,18 @@ impl Store {
         durability: Durability,
         f: impl FnOnce(&mut Writer) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.write_with(durability, f)
+    }
+
+    /// `write` for a caller whose changes fail with its own error type (the core's ledger): an
+    /// error of `f` commits nothing and is returned as it is.
+    pub fn write_with<T, E: From<StoreError>>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&mut Writer) -> Result<T, E>,
+    ) -> Result<T, E> {
         let Db::ReadWrite(live) = &self.db else {
-            return Err(StoreError::ReadOnly);
+            return Err(StoreError::ReadOnly.into());
         };
         let mut w = Writer::default();
         let out = f(&mut w)?;

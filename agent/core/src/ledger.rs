@@ -20,6 +20,9 @@ impl LedgerError {
 
 pub type LedgerResult<T> = Result<T, LedgerError>;
 
+/// What one write changes, called exactly once with the write's changes to fill.
+pub type Changes<'a> = Box<dyn FnOnce(&mut dyn LedgerWriter) -> LedgerResult<()> + 'a>;
+
 /// The changes of one write: applied together, or not at all.
 pub trait LedgerWriter {
     fn put_format(&mut self, f: &FormatRecord) -> LedgerResult<()>;
@@ -53,9 +56,5 @@ pub trait Ledger: Send + Sync {
     /// Whether any record names the volume.
     fn knows_volume(&self, volume_id: &str) -> LedgerResult<bool>;
     /// Commits what `changes` writes as one unit; on disk when it returns if `Immediate`.
-    fn write(
-        &self,
-        durability: Durability,
-        changes: &mut dyn FnMut(&mut dyn LedgerWriter) -> LedgerResult<()>,
-    ) -> LedgerResult<()>;
+    fn write(&self, durability: Durability, changes: Changes<'_>) -> LedgerResult<()>;
 }

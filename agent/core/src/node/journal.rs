@@ -74,17 +74,14 @@ impl<'a> Journal<'a> {
         also: impl FnOnce(&mut dyn LedgerWriter) -> LedgerResult<()>,
     ) -> Result<()> {
         let commit = Instant::now();
-        let (mut also, mut detail) = (Some(also), Some(detail));
-        self.ledger.write(durability, &mut |w| {
-            self.write_pending(w)?;
-            if let Some(also) = also.take() {
+        self.ledger.write(
+            durability,
+            Box::new(|w| {
+                self.write_pending(w)?;
                 also(w)?;
-            }
-            match detail.take() {
-                Some(detail) => self.line(w, step, phase, detail),
-                None => Ok(()),
-            }
-        })?;
+                self.line(w, step, phase, detail)
+            }),
+        )?;
         self.committed.store(true, Ordering::Relaxed);
         self.observer.journal_commit(durability, commit.elapsed());
         self.observe_step(step, phase);
@@ -179,7 +176,7 @@ impl Drop for Journal<'_> {
         }
         let result = self
             .ledger
-            .write(Durability::Lazy, &mut |w| self.write_pending(w));
+            .write(Durability::Lazy, Box::new(|w| self.write_pending(w)));
         if let Err(e) = result {
             tracing::warn!(volume = %self.volume, op = self.op.name(), error = %e, "journal lines not written");
         }

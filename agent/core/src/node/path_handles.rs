@@ -32,7 +32,7 @@ pub fn lookup_recorded(ctx: &NodeCtx, path: &Path) -> Result<Option<Box<dyn Entr
 }
 
 /// The longest allowed or reserved prefix a recorded path lies strictly below ("/" if none).
-pub fn recorded_prefix<'a>(ctx: &'a NodeCtx, path: &Path) -> &'a Path {
+fn recorded_prefix<'a>(ctx: &'a NodeCtx, path: &Path) -> &'a Path {
     ctx.roots
         .allowed
         .iter()

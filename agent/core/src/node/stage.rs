@@ -305,7 +305,7 @@ impl MountSteps<'_> {
         if adopt {
             let fact = format_record(ctx, journal.volume(), fs, &uuid, device, FormatState::Done);
             ctx.ledger
-                .write(Durability::Immediate, &mut |w| w.put_format(&fact))?;
+                .write(Durability::Immediate, Box::new(|w| w.put_format(&fact)))?;
         }
         if self.readonly {
             return Ok(());

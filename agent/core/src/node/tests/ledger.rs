@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::ledger::{Ledger, LedgerResult, LedgerWriter};
+use crate::ledger::{Changes as LedgerChanges, Ledger, LedgerResult, LedgerWriter};
 use crate::records::{Durability, FormatRecord, Phase, Publication, StagedVolume, StepRecord};
 
 #[derive(Default)]
@@ -181,11 +181,7 @@ impl Ledger for MemLedger {
             || r.journal.contains_key(volume_id)
             || r.publications.keys().any(|(v, _)| v == volume_id))
     }
-    fn write(
-        &self,
-        durability: Durability,
-        changes: &mut dyn FnMut(&mut dyn LedgerWriter) -> LedgerResult<()>,
-    ) -> LedgerResult<()> {
+    fn write(&self, durability: Durability, changes: LedgerChanges<'_>) -> LedgerResult<()> {
         let mut collected = Changes::default();
         changes(&mut collected)?;
         if collected.0.is_empty() {

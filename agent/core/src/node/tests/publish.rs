@@ -40,10 +40,10 @@ fn writer_cmd(h: &Harness, target: &str) -> PublishCommand {
 }
 
 /// Changes the records behind the agent's back (a lost line, a rebuilt record).
-fn rewrite(h: &Harness, f: impl Fn(&mut dyn LedgerWriter) -> LedgerResult<()>) {
+fn rewrite(h: &Harness, f: impl FnOnce(&mut dyn LedgerWriter) -> LedgerResult<()>) {
     h.ctx
         .ledger
-        .write(Durability::Immediate, &mut |w| f(w))
+        .write(Durability::Immediate, Box::new(f))
         .unwrap();
 }
 

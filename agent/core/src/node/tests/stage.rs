@@ -80,9 +80,10 @@ fn a_staging_mount_found_without_its_record_is_taken_as_is() {
     h.staged(VOL);
     h.ctx
         .ledger
-        .write(crate::records::Durability::Immediate, &mut |w| {
-            w.delete_staged(VOL)
-        })
+        .write(
+            crate::records::Durability::Immediate,
+            Box::new(|w| w.delete_staged(VOL)),
+        )
         .unwrap();
     h.stage(&h.stage_cmd(VOL, mount(RWO))).expect("stage");
     assert_eq!(h.host.calls(), Vec::<String>::new(), "mounted again");
