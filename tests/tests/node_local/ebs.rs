@@ -18,6 +18,7 @@ const SERIAL: &str = "vol0123456789abcdef0";
 
 #[tokio::test]
 async fn on_ebs_the_volume_id_is_the_disks_serial() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
     if !require_root("on_ebs_the_volume_id_is_the_disks_serial") {
         return;
     }

@@ -19,6 +19,7 @@ fn rwx() -> csi::VolumeCapability {
 
 #[tokio::test]
 async fn a_node_local_volume_lives_through_v1_v0_and_v01() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_node_local_volume_lives_through_v1_v0_and_v01") {
         return;
     }
@@ -177,6 +178,7 @@ async fn a_node_local_volume_lives_through_v1_v0_and_v01() {
 /// v1 and v0.3 alike, with nothing mounted, while block keeps it (io2 Multi-Attach).
 #[tokio::test]
 async fn multi_node_writer_mounts_are_for_node_local_handles_only() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
     if !require_root("multi_node_writer_mounts_are_for_node_local_handles_only") {
         return;
     }
@@ -228,6 +230,7 @@ async fn multi_node_writer_mounts_are_for_node_local_handles_only() {
 /// nothing is touched.
 #[tokio::test]
 async fn the_publish_contexts_volume_id_must_be_the_device() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
     if !require_root("the_publish_contexts_volume_id_must_be_the_device") {
         return;
     }

@@ -15,6 +15,13 @@ use std::path::{Path, PathBuf};
 
 use ebs_tests::*;
 
+/// A new mount namespace copies every mount there is. The one `refusals` makes (to keep a device
+/// mounted "elsewhere") lazily unmounts its copies of the other tests' mounts first, but until it
+/// has, a parallel test's device is still claimed there, and that test's unstage is rightly
+/// refused ("still mounted elsewhere": seen in about one CI run in ten). So the other tests of
+/// this binary hold this shared while they run, and making the namespace takes it alone.
+pub static NAMESPACE_COPY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// A loop device over a file of `size` bytes below the scratch directory (detached by its
 /// Drop), as a disk pre-attached to the node.
 pub struct Disk {

@@ -185,7 +185,10 @@ async fn bad_node_local_handles_change_nothing() {
 
     // The same disk mounted in another mount namespace only: the kernel's claim refuses it.
     {
+        let alone = crate::NAMESPACE_COPY.write().await;
         let _foreign = ForeignMount::start(&scratch, &busy.dev);
+        // The namespace has dropped its copies of other tests' mounts: they may go on.
+        drop(alone);
         refused(
             &agent,
             "mounted-in-another-namespace",
