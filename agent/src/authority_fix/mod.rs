@@ -22,7 +22,9 @@
 //! frame of h2's maximum size is buffered (a larger one is handed to h2 unbuffered, which
 //! refuses it), a header block at most four times h2's header list limit, and a decoded list at
 //! most that limit, counted field by field while decoding (one indexed byte can stand for a
-//! 4 KiB field). A block over a limit goes on to h2 as it came, to be refused by h2's own
+//! 4 KiB field); the block's Huffman-coded strings are made plain in a copy before decoding
+//! (`plain`, which spares the crate a Huffman table built per string), less than twice the
+//! block's size. A block over a limit goes on to h2 as it came, to be refused by h2's own
 //! limits; on a connection already re-encoded (h2's table no longer follows the client's) it
 //! ends the connection with GOAWAY(PROTOCOL_ERROR).
 //!
@@ -30,6 +32,7 @@
 //! tonic depends on it), remove `AuthorityFix::new` from `server::serve` and this module; the
 //! test `path_authority` in tests/tests/grpc_clients.rs then shows whether h2 alone suffices.
 
+mod plain;
 mod rewriter;
 #[cfg(test)]
 mod tests;

@@ -251,14 +251,16 @@ pub type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
 /// Decodes a whole block (the dynamic table must follow every one of them), keeping the fields
 /// only while their list stays within [`MAX_HEADER_LIST`]: None once it is larger. Counted per
 /// field as it is decoded, before it is copied: an indexed field of one byte can stand for a
-/// table entry of 4 KiB, so the block's own size bounds nothing.
+/// table entry of 4 KiB, so the block's own size bounds nothing. Its Huffman-coded strings are
+/// made plain first (`plain`: the same fields, in a copy less than twice the block's size).
 pub fn decode_bounded(
     decoder: &mut loona_hpack::Decoder<'static>,
     fragment: &[u8],
 ) -> Result<Option<HeaderList>, loona_hpack::decoder::DecoderError> {
+    let plain = super::plain::without_huffman(fragment);
     let mut size = 0usize;
     let mut list = Vec::new();
-    decoder.decode_with_cb(fragment, |name, value| {
+    decoder.decode_with_cb(plain.as_deref().unwrap_or(fragment), |name, value| {
         size = size.saturating_add(name.len() + value.len() + 32);
         if size <= MAX_HEADER_LIST {
             list.push((name.into_owned(), value.into_owned()));
