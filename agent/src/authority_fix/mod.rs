@@ -38,6 +38,7 @@ mod rewriter;
 mod tests;
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -93,8 +94,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
             if this.eof {
                 return Poll::Ready(Ok(()));
             }
-            let mut chunk = [0u8; 8192];
-            let mut read = ReadBuf::new(&mut chunk);
+            // Uninitialised: h2 polls many times per request, and most polls find nothing to
+            // read; zeroing 8 KiB each time was 1 % of a call's CPU.
+            let mut chunk = [const { MaybeUninit::<u8>::uninit() }; 8192];
+            let mut read = ReadBuf::uninit(&mut chunk);
             ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
             if read.filled().is_empty() {
                 // The client is gone: an unfinished frame goes to h2 as it is.
