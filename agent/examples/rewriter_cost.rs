@@ -47,6 +47,25 @@ fn blocks() -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// `ROUNDS` pairs of `run(false)` and `run(true)` in alternating order, and the ratio of each
+/// pair, so that load from other processes (which comes and goes) weighs on both sides alike.
+fn pairs(mut run: impl FnMut(bool) -> f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut a, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let (x, y) = if round % 2 == 0 {
+            let x = run(false);
+            (x, run(true))
+        } else {
+            let y = run(true);
+            (run(false), y)
+        };
+        a.push(x);
+        b.push(y);
+        ratios.push(y / x);
+    }
+    (a, b, ratios)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -69,21 +88,7 @@ fn main() {
         assert_eq!(fields, 8 * CALLS);
         t.elapsed().as_nanos() as f64 / CALLS as f64
     };
-    // Pairs in alternating order; the ratio of each pair, so that load from other processes
-    // (which comes and goes) weighs on both sides of a pair alike.
-    let (mut a, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        let (x, y) = if round % 2 == 0 {
-            let x = ns_per_block(false);
-            (x, ns_per_block(true))
-        } else {
-            let y = ns_per_block(true);
-            (ns_per_block(false), y)
-        };
-        a.push(x);
-        b.push(y);
-        ratios.push(y / x);
-    }
+    let (a, b, ratios) = pairs(ns_per_block);
     println!(
         "decode per block, median of {ROUNDS} pairs: unbounded {:.0} ns, bounded {:.0} ns; \
          median ratio bounded/unbounded {:.3}",
@@ -148,19 +153,7 @@ fn huffman_coded() {
         }
         t.elapsed().as_nanos() as f64 / (REPEAT * connection.len()) as f64
     };
-    let (mut a, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        let (x, y) = if round % 2 == 0 {
-            let x = ns_per_block(false);
-            (x, ns_per_block(true))
-        } else {
-            let y = ns_per_block(true);
-            (ns_per_block(false), y)
-        };
-        a.push(x);
-        b.push(y);
-        ratios.push(y / x);
-    }
+    let (a, b, ratios) = pairs(ns_per_block);
     println!(
         "h2-encoded blocks ({} of one bench connection), per block, median of {ROUNDS} pairs: \
          the crate alone {:.0} ns, made plain first {:.0} ns; median ratio {:.3}",
