@@ -23,8 +23,8 @@ thread_local! {
 
 /// Blocks up to h2's header list limit are made plain: requests are a few hundred bytes, and the
 /// copy (less than twice the block) stays within the connection's memory bound
-/// (docs/resources.md). A larger one, which h2 refuses anyway unless indexed fields make it
-/// smaller, is decoded as it came.
+/// (docs/resources.md). A larger one (whose decoded list, table size updates aside, is then over
+/// what h2 accepts) is decoded as it came.
 pub const PLAIN_MAX: usize = super::rewriter::MAX_HEADER_LIST;
 
 /// The block with every Huffman-coded string as plain octets; None when it has none, when it is
