@@ -83,8 +83,8 @@ pub trait Backend: Send + Sync {
     /// Proves that `device` carries `identity`, asked of the very device where the backend can
     /// (loop: LOOP_GET_STATUS64 on the held fd), by its numbers otherwise. For a device shown by
     /// its numbers, hands back the device held open when the backend opened it to ask: while
-    /// that file is open the numbers keep naming the device proven (see the host crate's `ebs_node_host::device`), so the
-    /// same call need not ask again.
+    /// that file is open the numbers keep naming the device proven (see the host crate's
+    /// `ebs_node_host::device`), so the same call need not ask again.
     fn prove(
         &self,
         device: Shown<'_>,

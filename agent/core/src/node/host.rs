@@ -64,8 +64,8 @@ pub enum PathRefusal {
     Unexaminable(io::Error),
 }
 
-/// A block device held open (the host crate's `ebs_node_host::device::HeldDevice`): while it is open its numbers
-/// cannot pass to another device.
+/// A block device held open (the host crate's `ebs_node_host::device::HeldDevice`): while it is
+/// open its numbers cannot pass to another device.
 pub trait DeviceHandle: Debug + Send + Sync {
     fn path(&self) -> &Path;
     fn devnum(&self) -> DevNum;

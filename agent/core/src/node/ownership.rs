@@ -29,8 +29,9 @@ pub struct Expected {
     /// The recorded device's numbers: all an unverified identity can be checked against.
     recorded: Option<DevNum>,
     /// The device proven to be the volume in this call, held open: while it is open its numbers
-    /// cannot pass to another device (see the host crate's `ebs_node_host::device`), so the staging mount, a bind of it
-    /// and the device itself, asked about in turn, need one proof, not one each.
+    /// cannot pass to another device (see the host crate's `ebs_node_host::device`), so the
+    /// staging mount, a bind of it and the device itself, asked about in turn, need one proof,
+    /// not one each.
     proven: OnceLock<(DevNum, File)>,
 }
 

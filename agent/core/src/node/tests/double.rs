@@ -1,7 +1,8 @@
-//! The recording double of the host (its devices, evidence and backend are in `devices`). Devices are plain files given
-//! device numbers; the mount table is a stack of mounts per path; every call that changes the
-//! host is recorded with the journal line committed last before it (so a test sees what was
-//! durable when the host was touched). Failures are scripted by call name.
+//! The recording double of the host (its devices, evidence and backend are in `devices`).
+//! Devices are plain files given device numbers; the mount table is a stack of mounts per path;
+//! every call that changes the host is recorded with the journal line committed last before it
+//! (so a test sees what was durable when the host was touched). Failures are scripted by call
+//! name.
 
 use crate::DevNum;
 use std::collections::{HashMap, HashSet};

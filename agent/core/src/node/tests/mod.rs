@@ -208,6 +208,13 @@ impl Harness {
     pub fn journal_from(&self, volume: &str, n: usize) -> Vec<String> {
         self.journal(volume).split_off(n)
     }
+
+    /// A refusal's promise: the host was not touched, and `volume`'s journal has no line after
+    /// its first `lines`.
+    pub fn assert_nothing_done(&self, volume: &str, lines: usize) {
+        assert_eq!(self.host.calls(), Vec::<String>::new());
+        assert_eq!(self.journal_from(volume, lines), Vec::<String>::new());
+    }
 }
 
 pub fn mount(mode: AccessMode) -> Capability {

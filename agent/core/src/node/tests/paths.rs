@@ -28,8 +28,7 @@ fn a_publish_target_below_a_symlink_is_refused_and_nothing_changes() {
         .publish(&h.publish_cmd(VOL, "p1", mount(AccessMode::SingleNodeWriter)))
         .expect_err("refused");
     assert!(is_bad_path(&e), "{e:?}");
-    assert_eq!(h.host.calls(), Vec::<String>::new());
-    assert_eq!(h.journal_from(VOL, lines), strings(&[]));
+    h.assert_nothing_done(VOL, lines);
     assert!(h.ctx.ledger.publications(VOL).expect("read").is_empty());
     assert!(
         !h.dir.join("outside/p1").exists(),
@@ -64,8 +63,7 @@ fn an_unpublish_target_below_a_non_directory_is_refused_and_nothing_changes() {
     let lines = h.journal(VOL).len();
     let e = h.unpublish(VOL, "p2").expect_err("refused");
     assert!(is_bad_path(&e), "{e:?}");
-    assert_eq!(h.host.calls(), Vec::<String>::new());
-    assert_eq!(h.journal_from(VOL, lines), strings(&[]));
+    h.assert_nothing_done(VOL, lines);
     assert_eq!(h.ctx.ledger.publications(VOL).expect("read").len(), 1);
 }
 
@@ -87,8 +85,7 @@ fn a_path_that_cannot_be_examined_is_refused_by_every_call_and_nothing_changes()
     assert!(unexaminable(&e), "unpublish: {e:?}");
     let e = h.unstage(VOL).unwrap_err();
     assert!(unexaminable(&e), "unstage: {e:?}");
-    assert_eq!(h.host.calls(), Vec::<String>::new());
-    assert_eq!(h.journal_from(VOL, lines), strings(&[]));
+    h.assert_nothing_done(VOL, lines);
     assert!(h.ctx.ledger.staged(VOL).expect("read").is_some());
     assert_eq!(h.ctx.ledger.publications(VOL).expect("read").len(), 1);
 }
@@ -109,8 +106,7 @@ fn a_mount_that_cannot_be_read_is_never_acted_on() {
     let rwo = mount(AccessMode::SingleNodeWriter);
     let e = h.publish(&h.publish_cmd(VOL, "p2", rwo)).unwrap_err();
     assert!(unreadable(&e), "publish: {e:?}");
-    assert_eq!(h.host.calls(), Vec::<String>::new());
-    assert_eq!(h.journal_from(VOL, lines), strings(&[]));
+    h.assert_nothing_done(VOL, lines);
     assert_eq!(h.host.mounts_at(h.target("p1").as_path()), 1);
 }
 
@@ -155,8 +151,7 @@ fn a_path_another_call_is_using_is_refused_as_busy() {
     assert!(matches!(e, Error::PathBusy { .. }), "publish: {e:?}");
     let e = h.unpublish(VOL, "p1").unwrap_err();
     assert!(matches!(e, Error::PathBusy { .. }), "unpublish: {e:?}");
-    assert_eq!(h.host.calls(), Vec::<String>::new());
-    assert_eq!(h.journal_from(VOL, lines), strings(&[]));
+    h.assert_nothing_done(VOL, lines);
 }
 
 #[test]
