@@ -15,4 +15,5 @@ agent=$!
 trap 'kill "$agent" 2>/dev/null; wait "$agent" 2>/dev/null; rm -rf "$scratch"' EXIT
 for _ in $(seq 100); do [ -S "$scratch/csi.sock" ] && break; sleep 0.05; done
 "$bin" client --endpoint "unix://$scratch/csi.sock" bench --pid "$agent" \
-    --work-dir "$scratch/work/bench" --volumes 128 --concurrency 16 --rounds 3 --restart-check "$@"
+    --work-dir "$scratch/work/bench" --volumes 128 --concurrency 16 --rounds 3 --restart-check \
+    --grpc-floor "$@"

@@ -30,6 +30,7 @@ async fn bench_smoke_run() {
         "3",
         "--restart-rounds",
         "1",
+        "--grpc-floor",
     ]);
     assert!(ok, "bench failed: {v:#}\nagent log:\n{}", agent.log_text());
 
@@ -54,6 +55,19 @@ async fn bench_smoke_run() {
     assert_eq!(v["errors"], 0);
     assert_eq!(v["floor"]["errors"], 0, "floor: {}", v["floor"]);
     assert!(v["ratios"]["wall"].is_number());
+    // The gRPC floor ran the same cycle through its own server, which is gone again.
+    let g = &v["grpc_floor"];
+    assert_eq!(g["errors"], 0, "gRPC floor: {g}");
+    for rpc in ["NodeStageVolume", "NodePublishVolume", "NodeUnstageVolume"] {
+        assert_eq!(g["rpcs"][rpc]["count"], 3, "gRPC floor {rpc}: {g}");
+    }
+    assert!(g["ratios"]["agent_wall"].is_number(), "{g}");
+    assert!(g["cpu_per_cycle_ms"]["server"].is_number(), "{g}");
+    let servers = processes_naming(&["ebs-bench-grpc-floor", work_dir.to_str().unwrap()]);
+    assert!(
+        servers.is_empty(),
+        "the gRPC floor's server outlived the bench: {servers:?}"
+    );
     assert!(v["memory"]["idle_kib"].as_u64().unwrap() > 0);
     assert!(v["memory"]["peak_kib"].as_u64().unwrap() > 0);
     for key in ["agent", "agent_tools", "client", "floor", "floor_tools"] {
@@ -86,6 +100,21 @@ async fn bench_smoke_run() {
         serde_json::json!([]),
         "volumes left: {list}"
     );
+}
+
+/// The pids whose command line holds every one of `words`.
+fn processes_naming(words: &[&str]) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            words.iter().all(|w| cmdline.contains(w))
+        })
+        .collect()
 }
 
 /// A work dir the agent would refuse (outside its allowed prefixes, or inside its state

@@ -118,45 +118,71 @@ fn timed<T>(
 fn cycle(tools: &FsTools, fs: FsType, v: &FloorVolume, r: &mut FloorResult) -> Result<(), String> {
     let dev = v.device.as_path();
     let stage = (|| {
-        let (_, a) = timed(&mut r.probe, || {
-            blkid::probe(dev).map_err(|e| e.to_string())
-        })?;
-        let (_, b) = timed(&mut r.check, || {
-            tools.check(fs, dev).map_err(|e| e.to_string())
-        })?;
-        let (_, c) = timed(&mut r.mount, || {
-            sys_mount::Mount::builder()
-                .fstype(fs.name())
-                .mount(dev, &v.staging)
-                .map(drop)
-                .map_err(|e| format!("mount: {e}"))
-        })?;
+        let (_, a) = timed(&mut r.probe, || probe(dev))?;
+        let (_, b) = timed(&mut r.check, || check(tools, fs, dev))?;
+        let (_, c) = timed(&mut r.mount, || mount(fs, dev, &v.staging))?;
         Ok::<_, String>(a + b + c)
     })();
     record(&mut r.stage, stage)?;
-    let publish = timed(&mut Series::default(), || {
-        std::fs::create_dir_all(&v.target).map_err(|e| format!("mkdir: {e}"))?;
-        sys_mount::Mount::builder()
-            .fstype("none")
-            .flags(sys_mount::MountFlags::BIND)
-            .mount(&v.staging, &v.target)
-            .map(drop)
-            .map_err(|e| format!("bind: {e}"))
-    });
-    record(&mut r.publish, publish.map(|(_, d)| d))?;
-    timed(&mut r.stats, || {
-        nix::sys::statvfs::statvfs(&v.target).map_err(|e| format!("statvfs: {e}"))
-    })?;
-    let unpublish = timed(&mut Series::default(), || {
-        unmount(&v.target).map_err(|e| format!("unmount: {e}"))?;
-        std::fs::remove_dir(&v.target).map_err(|e| format!("rmdir: {e}"))
-    });
-    record(&mut r.unpublish, unpublish.map(|(_, d)| d))?;
-    let unstage = timed(&mut Series::default(), || {
-        unmount(&v.staging).map_err(|e| format!("unmount: {e}"))
-    });
-    record(&mut r.unstage, unstage.map(|(_, d)| d))?;
+    let published = timed(&mut Series::default(), || publish(&v.staging, &v.target));
+    record(&mut r.publish, published.map(|(_, d)| d))?;
+    timed(&mut r.stats, || stats(&v.target))?;
+    let unpublished = timed(&mut Series::default(), || unpublish(&v.target));
+    record(&mut r.unpublish, unpublished.map(|(_, d)| d))?;
+    let unstaged = timed(&mut Series::default(), || unstage(&v.staging));
+    record(&mut r.unstage, unstaged.map(|(_, d)| d))?;
     Ok(())
+}
+
+// The host work of each node call, shared by this floor and the gRPC floor (`grpc_floor`), so
+// that both do exactly the same.
+
+/// NodeStageVolume's first step: libblkid's probe, as the agent makes it.
+pub fn probe(dev: &Path) -> Result<(), String> {
+    blkid::probe(dev).map(drop).map_err(|e| e.to_string())
+}
+
+/// NodeStageVolume's check: the agent's own fsck invocation.
+pub fn check(tools: &FsTools, fs: FsType, dev: &Path) -> Result<(), String> {
+    tools.check(fs, dev).map(drop).map_err(|e| e.to_string())
+}
+
+/// NodeStageVolume's mount.
+pub fn mount(fs: FsType, dev: &Path, staging: &Path) -> Result<(), String> {
+    sys_mount::Mount::builder()
+        .fstype(fs.name())
+        .mount(dev, staging)
+        .map(drop)
+        .map_err(|e| format!("mount: {e}"))
+}
+
+/// NodePublishVolume: mkdir + bind.
+pub fn publish(staging: &Path, target: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(target).map_err(|e| format!("mkdir: {e}"))?;
+    sys_mount::Mount::builder()
+        .fstype("none")
+        .flags(sys_mount::MountFlags::BIND)
+        .mount(staging, target)
+        .map(drop)
+        .map_err(|e| format!("bind: {e}"))
+}
+
+/// NodeGetVolumeStats: statvfs.
+pub fn stats(target: &Path) -> Result<(), String> {
+    nix::sys::statvfs::statvfs(target)
+        .map(drop)
+        .map_err(|e| format!("statvfs: {e}"))
+}
+
+/// NodeUnpublishVolume: umount + rmdir.
+pub fn unpublish(target: &Path) -> Result<(), String> {
+    unmount(target).map_err(|e| format!("unmount: {e}"))?;
+    std::fs::remove_dir(target).map_err(|e| format!("rmdir: {e}"))
+}
+
+/// NodeUnstageVolume: umount.
+pub fn unstage(staging: &Path) -> Result<(), String> {
+    unmount(staging).map_err(|e| format!("unmount: {e}"))
 }
 
 fn record(series: &mut Series, outcome: Result<Duration, String>) -> Result<(), String> {
@@ -178,7 +204,7 @@ fn unmount(path: &Path) -> std::io::Result<()> {
 }
 
 /// Best-effort: leave nothing mounted after a failed floor cycle.
-fn undo(v: &FloorVolume) {
+pub fn undo(v: &FloorVolume) {
     let _ = unmount(&v.target);
     let _ = std::fs::remove_dir(&v.target);
     let _ = unmount(&v.staging);

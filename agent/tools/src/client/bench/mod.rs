@@ -7,6 +7,7 @@
 mod cpu;
 mod cycle;
 mod floor;
+pub mod grpc_floor;
 mod host_mounts;
 mod probe;
 mod report;
@@ -57,6 +58,11 @@ pub struct BenchArgs {
     /// Skip the floor (it needs root and the devices on this host).
     #[arg(long)]
     pub no_floor: bool,
+    /// Also run the gRPC floor in each round: the floor's host work behind a bare tonic CSI
+    /// server of its own, called like the agent. What the agent spends beyond it is its own
+    /// logic; what it spends beyond the bare floor is the protocol's.
+    #[arg(long)]
+    pub grpc_floor: bool,
     /// Run the measured cycle and the floor this many times, alternating, and pool the samples:
     /// a neighbour's load then weighs on both sides alike.
     #[arg(long, default_value_t = 1)]
@@ -85,10 +91,7 @@ pub struct BenchArgs {
 
 /// Runs the bench and prints its report; returns the exit code (1 when any call failed).
 pub async fn main(b: &BenchArgs, args: &ClientArgs) -> i32 {
-    let report = tokio::select! {
-        r = run(b, args) => r,
-        _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
-    };
+    let report = run(b, args, interrupted()).await;
     match report {
         Ok(report) => {
             if args.json {
@@ -109,7 +112,29 @@ pub async fn main(b: &BenchArgs, args: &ClientArgs) -> i32 {
 /// after an error or Ctrl-C.
 type Registry = Arc<Mutex<Vec<BenchVolume>>>;
 
-async fn run(b: &BenchArgs, args: &ClientArgs) -> Result<Report, String> {
+/// Ctrl-C, listened for from the start: once a listener is installed the signal no longer ends
+/// the process, so the clean-up after an interrupted cycle runs to its end.
+fn interrupted() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = tx.send(true);
+        }
+    });
+    rx
+}
+
+async fn until(mut interrupted: tokio::sync::watch::Receiver<bool>) {
+    if interrupted.wait_for(|i| *i).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn run(
+    b: &BenchArgs,
+    args: &ClientArgs,
+    interrupted: tokio::sync::watch::Receiver<bool>,
+) -> Result<Report, String> {
     if b.volumes == 0 || b.concurrency == 0 {
         return Err("--volumes and --concurrency must be at least 1".into());
     }
@@ -158,11 +183,18 @@ async fn run(b: &BenchArgs, args: &ClientArgs) -> Result<Report, String> {
         ..Default::default()
     });
 
+    let grpc = grpc_floor::Rounds::default();
+    let grpc_busy = grpc.busy();
     let outcome = tokio::select! {
-        r = measure(b, &csi, fs, &node_id, &registry, &mut report) => r,
-        _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
+        r = measure(b, &csi, fs, &node_id, &registry, &mut report, grpc) => r,
+        _ = until(interrupted.clone()) => Err("interrupted".to_string()),
     };
     let volumes = registry.lock().map(|v| v.clone()).unwrap_or_default();
+    if grpc_busy.load(std::sync::atomic::Ordering::SeqCst) {
+        // Interrupted in the gRPC floor's cycle: its server is gone (dropped with `measure`),
+        // its mounts at the volumes' paths are not the agent's to undo.
+        grpc_floor::undo(&volumes);
+    }
     report.cleanup_problems = cycle::cleanup(&csi, &volumes, &node_id, b.concurrency).await;
     remove_if_unmounted(&run_dir, &mut report.cleanup_problems);
     outcome?;
@@ -173,18 +205,20 @@ async fn run(b: &BenchArgs, args: &ClientArgs) -> Result<Report, String> {
             None => std::env::current_exe().map_err(|e| format!("own executable: {e}"))?,
         };
         let dir = b.work_dir.join(format!("restart-{}", std::process::id()));
-        report.restart = Some(
-            restart::run(&restart::Plan {
-                bin,
-                dir,
-                volumes: b.restart_volumes,
-                rounds: b.restart_rounds.max(1),
-                concurrency: b.concurrency,
-                fs_type: b.fs_type.clone(),
-                timeout: args.timeout,
-            })
-            .await?,
-        );
+        let plan = restart::Plan {
+            bin,
+            dir,
+            volumes: b.restart_volumes,
+            rounds: b.restart_rounds.max(1),
+            concurrency: b.concurrency,
+            fs_type: b.fs_type.clone(),
+            timeout: args.timeout,
+        };
+        // Its scratch agent and volumes are undone when the future is dropped (restart::Scratch).
+        report.restart = Some(tokio::select! {
+            r = restart::run(&plan) => r?,
+            _ = until(interrupted) => return Err("interrupted".to_string()),
+        });
     }
     Ok(report)
 }
@@ -197,6 +231,7 @@ async fn measure(
     node_id: &str,
     registry: &Registry,
     report: &mut Report,
+    mut grpc: grpc_floor::Rounds,
 ) -> Result<(), String> {
     let fs_name = fs.name();
     // Create and attach: not measured.
@@ -264,7 +299,15 @@ async fn measure(
     // The measured cycle (Probe and memory sampled alongside), then the floor on the same
     // devices, still attached; alternating for each round.
     let sampler = b.pid.map(rss::Sampler::start);
-    for _ in 0..b.rounds.max(1) {
+    let grpc_plan = grpc_floor::Plan {
+        volumes: &volumes,
+        fs_type: fs_name,
+        concurrency: b.concurrency,
+        with_stats: report.with_stats,
+        probe_interval: b.probe_interval,
+        timeout: csi.timeout,
+    };
+    for round in 0..b.rounds.max(1) {
         let probes =
             probe::ProbeLoad::start(report.endpoint.clone(), b.probe_interval, csi.timeout);
         let (agent_cpu, client_cpu) = (b.pid.and_then(cpu::read), cpu::read_self());
@@ -275,11 +318,38 @@ async fn measure(
         report.cpu.cycles += volumes.len();
         cpu::add_spent(&mut report.cpu.agent, agent_cpu, agent_cpu_after);
         cpu::add_spent(&mut report.cpu.client, client_cpu, client_cpu_after);
+        // The two floors take turns at going first, so that neither always inherits the other's
+        // write-back. The gRPC floor needs what the floor needs (root, the devices).
+        let grpc_first = round % 2 == 1 && b.grpc_floor && report.floor.is_some();
+        if grpc_first {
+            grpc.run(
+                &grpc_plan,
+                &b.work_dir,
+                &mut report.grpc_floor,
+                &mut report.notes,
+            )
+            .await?;
+        }
         let floor_cpu = cpu::read_self();
         if let Some(f) = floor_run(b, fs, &volumes, &mut report.notes).await {
             report.floor.get_or_insert_with(Default::default).merge(f);
             cpu::add_spent(&mut report.cpu.floor, floor_cpu, cpu::read_self());
         }
+        if !grpc_first && b.grpc_floor && report.floor.is_some() {
+            grpc.run(
+                &grpc_plan,
+                &b.work_dir,
+                &mut report.grpc_floor,
+                &mut report.notes,
+            )
+            .await?;
+        }
+    }
+    drop(grpc);
+    if b.grpc_floor && report.floor.is_none() {
+        report
+            .notes
+            .push("gRPC floor skipped: it runs only where the floor does".into());
     }
     report.notes.dedup();
     if let (Some(s), Some(mem)) = (sampler, report.memory.as_mut()) {

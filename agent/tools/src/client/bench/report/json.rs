@@ -50,6 +50,7 @@ impl Report {
             "stats_measured": self.with_stats,
             "warmup_stage": summary_or_null(&self.warmup.summary()),
             "floor": floor,
+            "grpc_floor": self.grpc_json(),
             "ratios": ratios,
             "memory": self.memory.map(|m| json!({
                 "idle_kib": m.idle_kib, "peak_kib": m.peak_kib, "hwm_kib": m.hwm_kib, "after_kib": m.after_kib,

@@ -5,12 +5,14 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
+mod grpc;
 mod json;
 
 use super::BenchArgs;
 use super::cpu::CpuSpent;
 use super::cycle::CycleResult;
 use super::floor::FloorResult;
+use super::grpc_floor::GrpcFloorResult;
 use super::restart::RestartReport;
 use super::stats::{Series, ms, round};
 
@@ -50,6 +52,7 @@ pub struct Report {
     pub warmup: Series,
     pub agent: CycleResult,
     pub floor: Option<FloorResult>,
+    pub grpc_floor: Option<GrpcFloorResult>,
     pub probe: Series,
     pub memory: Option<MemoryReport>,
     pub cpu: CpuReport,
@@ -95,6 +98,7 @@ impl Report {
             warmup: Series::default(),
             agent: CycleResult::default(),
             floor: None,
+            grpc_floor: None,
             probe: Series::default(),
             memory: None,
             cpu: CpuReport::default(),
@@ -108,6 +112,10 @@ impl Report {
     pub fn clean(&self) -> bool {
         self.agent.errors() == 0
             && self.floor.as_ref().is_none_or(|f| f.errors() == 0)
+            && self
+                .grpc_floor
+                .as_ref()
+                .is_none_or(|g| g.cycle.errors() == 0)
             && self.cleanup_problems.is_empty()
             && self
                 .restart
@@ -322,6 +330,7 @@ impl Report {
                 let _ = writeln!(o, "floor error: {e}");
             }
         }
+        self.grpc_table(&mut o);
         let w = self.warmup.summary();
         if w.count > 0 {
             let _ = writeln!(
