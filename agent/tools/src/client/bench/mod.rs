@@ -320,29 +320,18 @@ async fn measure(
         cpu::add_spent(&mut report.cpu.client, client_cpu, client_cpu_after);
         // The two floors take turns at going first, so that neither always inherits the other's
         // write-back. The gRPC floor needs what the floor needs (root, the devices).
-        let grpc_first = round % 2 == 1 && b.grpc_floor && report.floor.is_some();
-        if grpc_first {
-            grpc.run(
-                &grpc_plan,
-                &b.work_dir,
-                &mut report.grpc_floor,
-                &mut report.notes,
-            )
-            .await?;
-        }
-        let floor_cpu = cpu::read_self();
-        if let Some(f) = floor_run(b, fs, &volumes, &mut report.notes).await {
-            report.floor.get_or_insert_with(Default::default).merge(f);
-            cpu::add_spent(&mut report.cpu.floor, floor_cpu, cpu::read_self());
-        }
-        if !grpc_first && b.grpc_floor && report.floor.is_some() {
-            grpc.run(
-                &grpc_plan,
-                &b.work_dir,
-                &mut report.grpc_floor,
-                &mut report.notes,
-            )
-            .await?;
+        let grpc_first = round % 2 == 1;
+        for grpc_now in [grpc_first, !grpc_first] {
+            if !grpc_now {
+                let floor_cpu = cpu::read_self();
+                if let Some(f) = floor_run(b, fs, &volumes, &mut report.notes).await {
+                    report.floor.get_or_insert_with(Default::default).merge(f);
+                    cpu::add_spent(&mut report.cpu.floor, floor_cpu, cpu::read_self());
+                }
+            } else if b.grpc_floor && report.floor.is_some() {
+                let (total, notes) = (&mut report.grpc_floor, &mut report.notes);
+                grpc.run(&grpc_plan, &b.work_dir, total, notes).await?;
+            }
         }
     }
     drop(grpc);
