@@ -102,6 +102,76 @@ async fn bench_smoke_run() {
     );
 }
 
+/// Ctrl-C at any moment of a bench: no new call starts, those in flight end, then everything is
+/// undone. Interrupted twice here: at the first mount (the warm-up) and once the gRPC floor's
+/// server runs (a round's floors); each time nothing may be left.
+#[tokio::test]
+async fn bench_interrupted_leaves_nothing() {
+    if !require_root("bench_interrupted_leaves_nothing") {
+        return;
+    }
+    let scratch = Scratch::new("bench-interrupt");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let work_dir = agent.work.join("bench");
+    let dir = work_dir.to_str().unwrap().to_string();
+    let server_runs = || !processes_naming(&["ebs-bench-grpc-floor", &dir]).is_empty();
+    let first_mount = || !mounts_below(&work_dir).is_empty();
+    for (moment, reached) in [
+        ("the first mount", &first_mount as &dyn Fn() -> bool),
+        ("the gRPC floor", &server_runs),
+    ] {
+        let child = std::process::Command::new(agent_bin())
+            .args(["client", "--endpoint", &agent.endpoint(), "--json", "bench"])
+            .args(["--volumes", "8", "--concurrency", "4", "--size", "64MiB"])
+            .args(["--rounds", "50", "--grpc-floor", "--work-dir", &dir])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("bench");
+        let mut bench = KillOnDrop(Some(child));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !reached() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(reached(), "the bench never reached {moment}");
+        let child = bench.0.take().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "at {moment}: {stderr}");
+        assert!(stderr.contains("interrupted"), "at {moment}: {stderr}");
+        assert!(
+            mounts_below(&work_dir).is_empty(),
+            "mounts left after an interrupt at {moment}: {:?}",
+            mounts_below(&work_dir)
+        );
+        assert!(
+            !server_runs(),
+            "the gRPC floor outlived an interrupt at {moment}"
+        );
+        let (ok, list) = agent.client_json(&["controller", "list-volumes"]);
+        assert!(ok);
+        assert_eq!(
+            list["entries"],
+            serde_json::json!([]),
+            "volumes left after an interrupt at {moment}: {list}"
+        );
+    }
+}
+
+/// A bench process killed if the test fails before it ends.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// The pids whose command line holds every one of `words`.
 fn processes_naming(words: &[&str]) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {

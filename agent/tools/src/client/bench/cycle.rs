@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use csi::controller_client::ControllerClient;
@@ -58,9 +58,41 @@ pub struct BenchVolume {
     pub device: Option<PathBuf>,
 }
 
-/// Runs `f(i)` for i in 0..n with at most `concurrency` calls in flight; results in order.
-/// Dropping the future aborts the workers (Ctrl-C), which is why a JoinSet holds them.
-pub async fn par<R, F, Fut>(n: usize, concurrency: usize, f: F) -> Vec<R>
+/// Set by the first Ctrl-C: `par` starts no new item, and what is in flight ends, so that the
+/// clean-up after it knows every volume a call was made for.
+pub static STOPPING: AtomicBool = AtomicBool::new(false);
+
+pub fn stopping() -> bool {
+    STOPPING.load(Ordering::SeqCst)
+}
+
+/// Runs `f(i)` for i in 0..n with at most `concurrency` calls in flight; results in order, `None`
+/// for the items not started because the bench is stopping. Dropping the future aborts the
+/// workers (a second Ctrl-C), which is why a JoinSet holds them.
+pub async fn par<R, F, Fut>(n: usize, concurrency: usize, f: F) -> Vec<Option<R>>
+where
+    R: Send + 'static,
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+{
+    run_items(n, concurrency, true, f).await
+}
+
+/// `par` for the clean-up, which runs every item whatever the bench is doing.
+pub async fn par_all<R, F, Fut>(n: usize, concurrency: usize, f: F) -> Vec<R>
+where
+    R: Send + 'static,
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+{
+    run_items(n, concurrency, false, f)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+async fn run_items<R, F, Fut>(n: usize, concurrency: usize, stoppable: bool, f: F) -> Vec<Option<R>>
 where
     R: Send + 'static,
     F: Fn(usize) -> Fut + Send + Sync + 'static,
@@ -74,6 +106,9 @@ where
         set.spawn(async move {
             let mut out = Vec::new();
             loop {
+                if stoppable && stopping() {
+                    break;
+                }
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
                     break;
@@ -83,14 +118,13 @@ where
             out
         });
     }
-    let mut all: Vec<(usize, R)> = Vec::with_capacity(n);
+    let mut all: Vec<Option<R>> = (0..n).map(|_| None).collect();
     while let Some(joined) = set.join_next().await {
-        if let Ok(part) = joined {
-            all.extend(part);
+        for (i, r) in joined.into_iter().flatten() {
+            all[i] = Some(r);
         }
     }
-    all.sort_by_key(|(i, _)| *i);
-    all.into_iter().map(|(_, r)| r).collect()
+    all
 }
 
 pub fn capability(fs_type: &str) -> csi::VolumeCapability {
@@ -302,7 +336,7 @@ pub async fn measured(
     })
     .await;
     let mut total = CycleResult::default();
-    for p in parts {
+    for p in parts.into_iter().flatten() {
         total.merge(p);
     }
     total.wall = started.elapsed();
@@ -352,7 +386,7 @@ pub async fn cleanup(
 ) -> Vec<String> {
     let vols = Arc::new(volumes.to_vec());
     let (c, node_id) = (c.clone(), node_id.to_string());
-    let per_volume = par(volumes.len(), concurrency, move |i| {
+    let per_volume = par_all(volumes.len(), concurrency, move |i| {
         let (c, vols, node_id) = (c.clone(), Arc::clone(&vols), node_id.clone());
         async move {
             let v = &vols[i];

@@ -112,16 +112,33 @@ pub async fn main(b: &BenchArgs, args: &ClientArgs) -> i32 {
 /// after an error or Ctrl-C.
 type Registry = Arc<Mutex<Vec<BenchVolume>>>;
 
-/// Ctrl-C, listened for from the start: once a listener is installed the signal no longer ends
-/// the process, so the clean-up after an interrupted cycle runs to its end.
-fn interrupted() -> tokio::sync::watch::Receiver<bool> {
-    let (tx, rx) = tokio::sync::watch::channel(false);
+const INTERRUPTED: &str = "interrupted";
+
+/// Ctrl-C, listened for from the start (once a listener is installed the signal no longer ends
+/// the process). The first stops the bench gracefully: no new call is started, those in flight
+/// end (each within its deadline), so the clean-up after it knows every volume a call was made
+/// for. A second stops waiting for them: the clean-up then runs at once.
+struct Interrupts {
+    first: tokio::sync::watch::Receiver<bool>,
+    second: tokio::sync::watch::Receiver<bool>,
+}
+
+fn interrupted() -> Interrupts {
+    let (first_tx, first) = tokio::sync::watch::channel(false);
+    let (second_tx, second) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = tx.send(true);
+            cycle::STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = first_tx.send(true);
+            eprintln!(
+                "stopping: the calls in flight end, then everything is undone (Ctrl-C again: undo at once)"
+            );
+        }
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = second_tx.send(true);
         }
     });
-    rx
+    Interrupts { first, second }
 }
 
 async fn until(mut interrupted: tokio::sync::watch::Receiver<bool>) {
@@ -130,11 +147,7 @@ async fn until(mut interrupted: tokio::sync::watch::Receiver<bool>) {
     }
 }
 
-async fn run(
-    b: &BenchArgs,
-    args: &ClientArgs,
-    interrupted: tokio::sync::watch::Receiver<bool>,
-) -> Result<Report, String> {
+async fn run(b: &BenchArgs, args: &ClientArgs, interrupts: Interrupts) -> Result<Report, String> {
     if b.volumes == 0 || b.concurrency == 0 {
         return Err("--volumes and --concurrency must be at least 1".into());
     }
@@ -187,7 +200,7 @@ async fn run(
     let grpc_busy = grpc.busy();
     let outcome = tokio::select! {
         r = measure(b, &csi, fs, &node_id, &registry, &mut report, grpc) => r,
-        _ = until(interrupted.clone()) => Err("interrupted".to_string()),
+        _ = until(interrupts.second.clone()) => Err(INTERRUPTED.to_string()),
     };
     let volumes = registry.lock().map(|v| v.clone()).unwrap_or_default();
     if grpc_busy.load(std::sync::atomic::Ordering::SeqCst) {
@@ -217,7 +230,7 @@ async fn run(
         // Its scratch agent and volumes are undone when the future is dropped (restart::Scratch).
         report.restart = Some(tokio::select! {
             r = restart::run(&plan) => r?,
-            _ = until(interrupted) => return Err("interrupted".to_string()),
+            _ = until(interrupts.first) => return Err(INTERRUPTED.to_string()),
         });
     }
     Ok(report)
@@ -261,8 +274,8 @@ async fn measure(
         })
         .await
     };
-    if let Some(Err(e)) = errors.into_iter().find(Result::is_err) {
-        return Err(e);
+    for e in errors {
+        e.unwrap_or_else(|| Err(INTERRUPTED.into()))?;
     }
 
     // Warm-up: the first stage formats; the measured cycle stages already-formatted volumes.
@@ -288,7 +301,7 @@ async fn measure(
         .await
     };
     for (i, w) in warm.into_iter().enumerate() {
-        let (took, device) = w?;
+        let (took, device) = w.unwrap_or_else(|| Err(INTERRUPTED.into()))?;
         report.warmup.ok(took);
         if let Ok(mut reg) = registry.lock() {
             reg[i].device = device;
@@ -308,6 +321,9 @@ async fn measure(
         timeout: csi.timeout,
     };
     for round in 0..b.rounds.max(1) {
+        if cycle::stopping() {
+            return Err(INTERRUPTED.into());
+        }
         let probes =
             probe::ProbeLoad::start(report.endpoint.clone(), b.probe_interval, csi.timeout);
         let (agent_cpu, client_cpu) = (b.pid.and_then(cpu::read), cpu::read_self());
@@ -322,6 +338,9 @@ async fn measure(
         // write-back. The gRPC floor needs what the floor needs (root, the devices).
         let grpc_first = round % 2 == 1;
         for grpc_now in [grpc_first, !grpc_first] {
+            if cycle::stopping() {
+                return Err(INTERRUPTED.into());
+            }
             if !grpc_now {
                 let floor_cpu = cpu::read_self();
                 if let Some(f) = floor_run(b, fs, &volumes, &mut report.notes).await {

@@ -207,7 +207,7 @@ async fn populate(c: &Csi, plan: &Plan) -> Result<Vec<BenchVolume>, String> {
     let base = plan.dir.join("mounts/bench");
     let fs: Arc<str> = Arc::from(plan.fs_type.as_str());
     let (c2, base2) = (c.clone(), base.clone());
-    let results = cycle::par(plan.volumes, plan.concurrency, move |i| {
+    let results = cycle::par_all(plan.volumes, plan.concurrency, move |i| {
         let (c, fs, base) = (c2.clone(), Arc::clone(&fs), base2.clone());
         async move {
             let mut v = BenchVolume {
