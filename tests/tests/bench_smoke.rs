@@ -134,12 +134,25 @@ async fn bench_interrupted_leaves_nothing() {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         assert!(reached(), "the bench never reached {moment}");
-        let child = bench.0.take().unwrap();
+        let child = bench.0.as_mut().unwrap();
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "at {moment}: {stderr}");
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline + std::time::Duration::from_secs(120),
+                "the bench did not end after an interrupt at {moment}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            std::io::Read::read_to_string(&mut e, &mut stderr).unwrap();
+        }
+        bench.0 = None;
+        assert!(!status.success(), "at {moment}: {stderr}");
         assert!(stderr.contains("interrupted"), "at {moment}: {stderr}");
         assert!(
             mounts_below(&work_dir).is_empty(),
@@ -150,6 +163,8 @@ async fn bench_interrupted_leaves_nothing() {
             !server_runs(),
             "the gRPC floor outlived an interrupt at {moment}"
         );
+        let loops = loops_below(&agent.state_dir);
+        assert!(loops.is_empty(), "loop devices left at {moment}: {loops:?}");
         let (ok, list) = agent.client_json(&["controller", "list-volumes"]);
         assert!(ok);
         assert_eq!(

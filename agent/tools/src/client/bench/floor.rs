@@ -77,6 +77,10 @@ pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType) -> FloorResu
             s.spawn(|| {
                 let mut mine = FloorResult::default();
                 loop {
+                    // Ctrl-C: the volume in its cycle ends it, no other starts.
+                    if super::cycle::stopping() {
+                        break;
+                    }
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(v) = volumes.get(i) else { break };
                     if let Err(e) = cycle(&tools, fs, v, &mut mine) {

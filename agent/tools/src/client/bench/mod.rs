@@ -117,7 +117,8 @@ const INTERRUPTED: &str = "interrupted";
 /// Ctrl-C, listened for from the start (once a listener is installed the signal no longer ends
 /// the process). The first stops the bench gracefully: no new call is started, those in flight
 /// end (each within its deadline), so the clean-up after it knows every volume a call was made
-/// for. A second stops waiting for them: the clean-up then runs at once.
+/// for. A second stops waiting for them: the clean-up then runs at once, and a call still in
+/// flight may finish after it. A third exits at once, leaving whatever is left.
 struct Interrupts {
     first: tokio::sync::watch::Receiver<bool>,
     second: tokio::sync::watch::Receiver<bool>,
@@ -136,6 +137,11 @@ fn interrupted() -> Interrupts {
         }
         if tokio::signal::ctrl_c().await.is_ok() {
             let _ = second_tx.send(true);
+            eprintln!("undoing now (Ctrl-C again: exit at once, leaving what is left)");
+        }
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("error: bench: interrupted three times; volumes and mounts may be left");
+            std::process::exit(130);
         }
     });
     Interrupts { first, second }
@@ -211,6 +217,10 @@ async fn run(b: &BenchArgs, args: &ClientArgs, interrupts: Interrupts) -> Result
     report.cleanup_problems = cycle::cleanup(&csi, &volumes, &node_id, b.concurrency).await;
     remove_if_unmounted(&run_dir, &mut report.cleanup_problems);
     outcome?;
+    // A Ctrl-C in the last phase ended it early without an error: its figures are partial.
+    if cycle::stopping() {
+        return Err(INTERRUPTED.into());
+    }
 
     if b.restart_check {
         let bin = match &b.agent_bin {

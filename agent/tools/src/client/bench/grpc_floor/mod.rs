@@ -7,6 +7,7 @@
 
 mod server;
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -105,6 +106,9 @@ impl GrpcFloor {
             .arg(&devices)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            // Out of the terminal's process group: a Ctrl-C is the bench's to handle (the
+            // calls in flight end), not the server's to die of mid-call.
+            .process_group(0)
             .spawn()
             .map_err(|e| format!("starting the gRPC floor: {e}"))?;
         let child = floor.child.insert(child);
