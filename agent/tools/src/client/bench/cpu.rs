@@ -62,6 +62,13 @@ pub fn spent(before: Ticks, after: Ticks) -> CpuSpent {
     }
 }
 
+/// Adds `o`, when it was measured, to `total`.
+pub fn add(total: &mut Option<CpuSpent>, o: Option<CpuSpent>) {
+    if let Some(o) = o {
+        total.get_or_insert_default().add(o);
+    }
+}
+
 /// Adds the CPU spent between two readings to `total`, when both readings were possible.
 pub fn add_spent(total: &mut Option<CpuSpent>, before: Option<Ticks>, after: Option<Ticks>) {
     if let (Some(before), Some(after)) = (before, after) {

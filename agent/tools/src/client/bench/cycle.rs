@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use csi::controller_client::ControllerClient;
@@ -58,14 +58,6 @@ pub struct BenchVolume {
     pub device: Option<PathBuf>,
 }
 
-/// Set by the first Ctrl-C: `par` starts no new item, and what is in flight ends, so that the
-/// clean-up after it knows every volume a call was made for.
-pub static STOPPING: AtomicBool = AtomicBool::new(false);
-
-pub fn stopping() -> bool {
-    STOPPING.load(Ordering::SeqCst)
-}
-
 /// Runs `f(i)` for i in 0..n with at most `concurrency` calls in flight; results in order, `None`
 /// for the items not started because the bench is stopping. Dropping the future aborts the
 /// workers (a second Ctrl-C), which is why a JoinSet holds them.
@@ -106,7 +98,7 @@ where
         set.spawn(async move {
             let mut out = Vec::new();
             loop {
-                if stoppable && stopping() {
+                if stoppable && super::interrupt::stopping() {
                     break;
                 }
                 let i = next.fetch_add(1, Ordering::Relaxed);

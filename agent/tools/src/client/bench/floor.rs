@@ -78,7 +78,7 @@ pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType) -> FloorResu
                 let mut mine = FloorResult::default();
                 loop {
                     // Ctrl-C: the volume in its cycle ends it, no other starts.
-                    if super::cycle::stopping() {
+                    if super::interrupt::stopping() {
                         break;
                     }
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -86,7 +86,7 @@ pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType) -> FloorResu
                     if let Err(e) = cycle(&tools, fs, v, &mut mine) {
                         mine.first_error
                             .get_or_insert(format!("{}: {e}", v.device.display()));
-                        undo(v);
+                        undo(&v.staging, &v.target);
                     }
                 }
                 if let Ok(mut t) = total.lock() {
@@ -208,10 +208,10 @@ fn unmount(path: &Path) -> std::io::Result<()> {
 }
 
 /// Best-effort: leave nothing mounted after a failed floor cycle.
-pub fn undo(v: &FloorVolume) {
-    let _ = unmount(&v.target);
-    let _ = std::fs::remove_dir(&v.target);
-    let _ = unmount(&v.staging);
+pub fn undo(staging: &Path, target: &Path) {
+    let _ = unmount(target);
+    let _ = std::fs::remove_dir(target);
+    let _ = unmount(staging);
 }
 
 /// The block device mounted at `path`, as the mount table names it (or by its numbers).

@@ -9,9 +9,11 @@ mod cycle;
 mod floor;
 pub mod grpc_floor;
 mod host_mounts;
+mod interrupt;
 mod probe;
 mod report;
 mod restart;
+mod round;
 mod rss;
 mod stats;
 mod workdir;
@@ -23,6 +25,7 @@ use std::time::Duration;
 use clap::Args;
 
 use self::cycle::{BenchVolume, Csi};
+use self::interrupt::{INTERRUPTED, Interrupts, interrupted, until};
 use self::report::{MemoryReport, Report};
 use super::{ClientArgs, parse_size};
 use ebs_node_core::config::parse_duration;
@@ -112,47 +115,6 @@ pub async fn main(b: &BenchArgs, args: &ClientArgs) -> i32 {
 /// after an error or Ctrl-C.
 type Registry = Arc<Mutex<Vec<BenchVolume>>>;
 
-const INTERRUPTED: &str = "interrupted";
-
-/// Ctrl-C, listened for from the start (once a listener is installed the signal no longer ends
-/// the process). The first stops the bench gracefully: no new call is started, those in flight
-/// end (each within its deadline), so the clean-up after it knows every volume a call was made
-/// for. A second stops waiting for them: the clean-up then runs at once, and a call still in
-/// flight may finish after it. A third exits at once, leaving whatever is left.
-struct Interrupts {
-    first: tokio::sync::watch::Receiver<bool>,
-    second: tokio::sync::watch::Receiver<bool>,
-}
-
-fn interrupted() -> Interrupts {
-    let (first_tx, first) = tokio::sync::watch::channel(false);
-    let (second_tx, second) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            cycle::STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
-            let _ = first_tx.send(true);
-            eprintln!(
-                "stopping: the calls in flight end, then everything is undone (Ctrl-C again: undo at once)"
-            );
-        }
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = second_tx.send(true);
-            eprintln!("undoing now (Ctrl-C again: exit at once, leaving what is left)");
-        }
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("error: bench: interrupted three times; volumes and mounts may be left");
-            std::process::exit(130);
-        }
-    });
-    Interrupts { first, second }
-}
-
-async fn until(mut interrupted: tokio::sync::watch::Receiver<bool>) {
-    if interrupted.wait_for(|i| *i).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 async fn run(b: &BenchArgs, args: &ClientArgs, interrupts: Interrupts) -> Result<Report, String> {
     if b.volumes == 0 || b.concurrency == 0 {
         return Err("--volumes and --concurrency must be at least 1".into());
@@ -218,7 +180,7 @@ async fn run(b: &BenchArgs, args: &ClientArgs, interrupts: Interrupts) -> Result
     remove_if_unmounted(&run_dir, &mut report.cleanup_problems);
     outcome?;
     // A Ctrl-C in the last phase ended it early without an error: its figures are partial.
-    if cycle::stopping() {
+    if interrupt::stopping() {
         return Err(INTERRUPTED.into());
     }
 
@@ -322,7 +284,7 @@ async fn measure(
     // The measured cycle (Probe and memory sampled alongside), then the floor on the same
     // devices, still attached; alternating for each round.
     let sampler = b.pid.map(rss::Sampler::start);
-    let grpc_plan = grpc_floor::Plan {
+    let plan = round::Plan {
         volumes: &volumes,
         fs_type: fs_name,
         concurrency: b.concurrency,
@@ -331,24 +293,20 @@ async fn measure(
         timeout: csi.timeout,
     };
     for round in 0..b.rounds.max(1) {
-        if cycle::stopping() {
+        if interrupt::stopping() {
             return Err(INTERRUPTED.into());
         }
-        let probes =
-            probe::ProbeLoad::start(report.endpoint.clone(), b.probe_interval, csi.timeout);
-        let (agent_cpu, client_cpu) = (b.pid.and_then(cpu::read), cpu::read_self());
-        let cycle = cycle::measured(csi, &volumes, b.concurrency, fs_name, report.with_stats).await;
-        let (agent_cpu_after, client_cpu_after) = (b.pid.and_then(cpu::read), cpu::read_self());
-        report.probe.merge(probes.finish().await?);
-        report.agent.merge(cycle);
+        let m = round::measure(csi, &report.endpoint, b.pid, &plan).await?;
+        report.probe.merge(m.probe);
+        report.agent.merge(m.cycle);
         report.cpu.cycles += volumes.len();
-        cpu::add_spent(&mut report.cpu.agent, agent_cpu, agent_cpu_after);
-        cpu::add_spent(&mut report.cpu.client, client_cpu, client_cpu_after);
+        cpu::add(&mut report.cpu.agent, m.server);
+        cpu::add(&mut report.cpu.client, m.client);
         // The two floors take turns at going first, so that neither always inherits the other's
         // write-back. The gRPC floor needs what the floor needs (root, the devices).
         let grpc_first = round % 2 == 1;
         for grpc_now in [grpc_first, !grpc_first] {
-            if cycle::stopping() {
+            if interrupt::stopping() {
                 return Err(INTERRUPTED.into());
             }
             if !grpc_now {
@@ -359,7 +317,7 @@ async fn measure(
                 }
             } else if b.grpc_floor && report.floor.is_some() {
                 let (total, notes) = (&mut report.grpc_floor, &mut report.notes);
-                grpc.run(&grpc_plan, &b.work_dir, total, notes).await?;
+                grpc.run(&plan, &b.work_dir, total, notes).await?;
             }
         }
     }

@@ -16,44 +16,9 @@ use std::time::{Duration, Instant};
 
 pub use server::{ServeArgs, serve};
 
-use super::cpu::{self, CpuSpent};
-use super::cycle::{self, BenchVolume, Csi, CycleResult};
-use super::floor::{self, FloorVolume};
-use super::probe::ProbeLoad;
-use super::stats::Series;
-
-/// What the gRPC floor measured, over all rounds.
-#[derive(Debug, Default)]
-pub struct GrpcFloorResult {
-    pub cycle: CycleResult,
-    pub probe: Series,
-    /// The server process and its tools.
-    pub server: Option<CpuSpent>,
-    /// This bench process meanwhile: the client's side, as `cpu.client` is for the agent.
-    pub client: Option<CpuSpent>,
-}
-
-impl GrpcFloorResult {
-    pub fn merge(&mut self, o: GrpcFloorResult) {
-        self.cycle.merge(o.cycle);
-        self.probe.merge(o.probe);
-        for (mine, theirs) in [(&mut self.server, o.server), (&mut self.client, o.client)] {
-            if let Some(t) = theirs {
-                mine.get_or_insert_default().add(t);
-            }
-        }
-    }
-}
-
-/// The cycle's shape, as the agent's.
-pub struct Plan<'a> {
-    pub volumes: &'a [BenchVolume],
-    pub fs_type: &'a str,
-    pub concurrency: usize,
-    pub with_stats: bool,
-    pub probe_interval: Duration,
-    pub timeout: Duration,
-}
+use super::cycle::{BenchVolume, Csi};
+use super::floor;
+use super::round::{self, Measured, Plan};
 
 /// A running server, started once for every round (so that it is as warm as the agent). Dropping
 /// it kills and reaps the process and removes its socket and devices file, whatever happened.
@@ -132,30 +97,11 @@ impl GrpcFloor {
 
     /// One measured cycle. After an error, drop the server before `undo`: a call the client gave
     /// up on may still be running in it.
-    pub async fn cycle(&self, plan: &Plan<'_>) -> Result<GrpcFloorResult, String> {
+    pub async fn cycle(&self, plan: &Plan<'_>) -> Result<Measured, String> {
         let (Some(csi), Some(child)) = (&self.csi, &self.child) else {
             return Err("the gRPC floor is not running".into());
         };
-        let pid = child.id();
-        let probes = ProbeLoad::start(self.endpoint.clone(), plan.probe_interval, plan.timeout);
-        let (server_before, client_before) = (cpu::read(pid), cpu::read_self());
-        let measured = cycle::measured(
-            csi,
-            plan.volumes,
-            plan.concurrency,
-            plan.fs_type,
-            plan.with_stats,
-        )
-        .await;
-        let (server_after, client_after) = (cpu::read(pid), cpu::read_self());
-        let mut result = GrpcFloorResult {
-            cycle: measured,
-            probe: probes.finish().await?,
-            ..Default::default()
-        };
-        cpu::add_spent(&mut result.server, server_before, server_after);
-        cpu::add_spent(&mut result.client, client_before, client_after);
-        Ok(result)
+        round::measure(csi, &self.endpoint, Some(child.id()), plan).await
     }
 }
 
@@ -179,11 +125,7 @@ const SERVER: &str = "ebs-bench-grpc-floor";
 /// the volumes' paths before the agent's next round or its clean-up meets them.
 pub fn undo(volumes: &[BenchVolume]) {
     for v in volumes {
-        floor::undo(&FloorVolume {
-            device: PathBuf::new(),
-            staging: v.staging.clone(),
-            target: v.target.clone(),
-        });
+        floor::undo(&v.staging, &v.target);
     }
 }
 
@@ -206,7 +148,7 @@ impl Rounds {
         &mut self,
         plan: &Plan<'_>,
         dir: &Path,
-        total: &mut Option<GrpcFloorResult>,
+        total: &mut Option<Measured>,
         notes: &mut Vec<String>,
     ) -> Result<(), String> {
         if self.stopped {

@@ -49,6 +49,7 @@ pub async fn serve(args: &ServeArgs) -> Result<(), String> {
     let listener = UnixListener::bind(&args.socket)
         .map_err(|e| format!("binding {}: {e}", args.socket.display()))?;
     // A bench killed outright cannot kill its server: the server notices it was orphaned.
+    // (PR_SET_PDEATHSIG would fire when the spawning thread ends, not the bench.)
     let parent = nix::unistd::getppid();
     tokio::spawn(async move {
         loop {

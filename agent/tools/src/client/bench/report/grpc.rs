@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 use super::super::cycle::CycleResult;
-use super::super::grpc_floor::GrpcFloorResult;
+use super::super::round::Measured;
 use super::super::stats::{Series, ms, round};
 use super::{Report, ratio};
 
@@ -24,7 +24,7 @@ impl Report {
     }
 
     /// Per volume cycle: the server and its tools, and the client meanwhile.
-    fn grpc_cpu_ms(&self, g: &GrpcFloorResult) -> Option<(f64, f64, f64)> {
+    fn grpc_cpu_ms(&self, g: &Measured) -> Option<(f64, f64, f64)> {
         let cycles = g.cycle.stage.summary().count.max(1) as f64;
         let s = g.server?;
         let c = g.client.unwrap_or_default();

@@ -12,8 +12,8 @@ use super::BenchArgs;
 use super::cpu::CpuSpent;
 use super::cycle::CycleResult;
 use super::floor::FloorResult;
-use super::grpc_floor::GrpcFloorResult;
 use super::restart::RestartReport;
+use super::round::Measured;
 use super::stats::{Series, ms, round};
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -52,7 +52,7 @@ pub struct Report {
     pub warmup: Series,
     pub agent: CycleResult,
     pub floor: Option<FloorResult>,
-    pub grpc_floor: Option<GrpcFloorResult>,
+    pub grpc_floor: Option<Measured>,
     pub probe: Series,
     pub memory: Option<MemoryReport>,
     pub cpu: CpuReport,
