@@ -6,7 +6,8 @@ use std::path::Path;
 use ebs_node_core::ledger::{Changes, Ledger, LedgerError, LedgerResult, LedgerWriter};
 
 use crate::{
-    Durability, FormatRecord, Phase, Publication, StagedVolume, Store, StoreError, Writer,
+    DeviceClaim, Durability, FormatRecord, Phase, Publication, StagedVolume, Store, StoreError,
+    Writer,
 };
 
 impl From<StoreError> for LedgerError {
@@ -41,6 +42,12 @@ impl LedgerWriter for Writer {
     fn delete_publication(&mut self, volume_id: &str, target: &Path) -> LedgerResult<()> {
         Ok(Writer::delete_publication(self, volume_id, target)?)
     }
+    fn put_claim(&mut self, key: &str, claim: &DeviceClaim) -> LedgerResult<()> {
+        Ok(Writer::put_claim(self, key, claim)?)
+    }
+    fn delete_claim(&mut self, key: &str) -> LedgerResult<()> {
+        Ok(Writer::delete_claim(self, key)?)
+    }
     fn step(
         &mut self,
         volume_id: &str,
@@ -71,6 +78,9 @@ impl Ledger for Store {
     }
     fn recorded_volume_ids(&self) -> LedgerResult<Vec<String>> {
         Ok(Store::recorded_volume_ids(self)?)
+    }
+    fn claim(&self, key: &str) -> LedgerResult<Option<DeviceClaim>> {
+        Ok(Store::claim(self, key)?)
     }
     fn knows_volume(&self, volume_id: &str) -> LedgerResult<bool> {
         Ok(Store::knows_volume(self, volume_id)?)

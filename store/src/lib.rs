@@ -36,6 +36,9 @@ pub(crate) const LOOP_VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::n
 pub(crate) const LOOP_SNAPSHOTS: TableDefinition<&str, &[u8]> =
     TableDefinition::new("loop_snapshots");
 pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("formats");
+/// Which volume id holds each device, by door and identity (`records::claim_key`). Never held
+/// in the overlay: a claim is written with a durable intent, or waits for its commit.
+pub(crate) const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("device_claims");
 pub(crate) const STAGED: TableDefinition<&str, &[u8]> = TableDefinition::new("staged");
 pub(crate) const PUBLICATIONS: TableDefinition<(&str, &str), &[u8]> =
     TableDefinition::new("publications");

@@ -227,6 +227,11 @@ impl Store {
         self.get(FORMATS, volume_id)
     }
 
+    /// Which volume id holds a device (`records::claim_key`).
+    pub fn claim(&self, key: &str) -> Result<Option<crate::DeviceClaim>, StoreError> {
+        self.get(crate::CLAIMS, key)
+    }
+
     pub fn staged(&self, volume_id: &str) -> Result<Option<StagedVolume>, StoreError> {
         self.get(STAGED, volume_id)
     }

@@ -8,9 +8,9 @@ use redb::{ReadableTable, TableDefinition};
 use serde::Serialize;
 
 use crate::{
-    FORMATS, FormatRecord, JOURNAL, JOURNAL_LINES_PER_VOLUME, JOURNAL_TRIM_SLACK, LOOP_SNAPSHOTS,
-    LOOP_VOLUMES, LoopSnapshot, LoopVolume, META, PUBLICATIONS, Phase, Publication, STAGED,
-    StagedVolume, StepRecord, StoreError, now_unix_ms, path_key,
+    CLAIMS, DeviceClaim, FORMATS, FormatRecord, JOURNAL, JOURNAL_LINES_PER_VOLUME,
+    JOURNAL_TRIM_SLACK, LOOP_SNAPSHOTS, LOOP_VOLUMES, LoopSnapshot, LoopVolume, META, PUBLICATIONS,
+    Phase, Publication, STAGED, StagedVolume, StepRecord, StoreError, now_unix_ms, path_key,
 };
 
 /// Collects the changes of one `Store::write` call. Nothing touches the file while the caller
@@ -81,6 +81,14 @@ impl Writer {
 
     pub fn delete_format(&mut self, volume_id: &str) -> Result<(), StoreError> {
         self.delete(FORMATS, volume_id)
+    }
+
+    pub fn put_claim(&mut self, key: &str, claim: &DeviceClaim) -> Result<(), StoreError> {
+        self.put(CLAIMS, key, claim)
+    }
+
+    pub fn delete_claim(&mut self, key: &str) -> Result<(), StoreError> {
+        self.delete(CLAIMS, key)
     }
 
     pub fn put_staged(&mut self, s: &StagedVolume) -> Result<(), StoreError> {
@@ -157,6 +165,7 @@ pub(crate) fn init_schema(tx: &redb::WriteTransaction, version: u64) -> Result<(
     drop(tx.open_table(STAGED)?);
     drop(tx.open_table(PUBLICATIONS)?);
     drop(tx.open_table(JOURNAL)?);
+    drop(tx.open_table(CLAIMS)?);
     Ok(())
 }
 
@@ -186,6 +195,11 @@ pub(crate) fn apply(tx: &redb::WriteTransaction, op: Op) -> Result<(), StoreErro
             tx.open_table(FORMATS)?.remove(id)?;
             tx.open_table(STAGED)?.remove(id)?;
             tx.open_table(PUBLICATIONS)?.retain(|(v, _), _| v != id)?;
+            // Its claims go with it: a later volume file may reuse the inode. A claim that does
+            // not decode is kept (it is nobody's until read, and refuses nothing it should not).
+            tx.open_table(CLAIMS)?.retain(|_, v| {
+                serde_json::from_slice::<DeviceClaim>(v).map_or(true, |c| c.volume_id != id)
+            })?;
             tx.open_table(JOURNAL)?
                 .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
         }

@@ -68,6 +68,19 @@ pub enum Error {
     /// Another call holds the device (two volume ids resolving to one device).
     #[error("another operation is using device {path} ({devnum}) right now; retry later")]
     DeviceBusy { path: PathBuf, devnum: DevNum },
+    /// Another volume id holds the device (staged, published, raw-bound, a format intent, or
+    /// attached by the loop controller): a device has one owner.
+    #[error(
+        "device {device} of volume {volume} is held by volume {owner} ({door}); a device has one \
+         owner: release it there first (NodeUnstageVolume, NodeUnpublishVolume or \
+         ControllerUnpublishVolume of {owner}); nothing was changed"
+    )]
+    DeviceClaimed {
+        device: PathBuf,
+        volume: String,
+        owner: String,
+        door: &'static str,
+    },
     /// The kernel refused the agent's exclusive claim: mounted elsewhere, or claimed.
     #[error(
         "{path} is in use ({why}): mounted elsewhere, or claimed by another process (a mkfs \

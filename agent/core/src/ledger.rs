@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::records::{Durability, FormatRecord, Phase, Publication, StagedVolume};
+use crate::records::{DeviceClaim, Durability, FormatRecord, Phase, Publication, StagedVolume};
 
 /// The store failed (its own words; the daemon reports it as an internal error).
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,9 @@ pub trait LedgerWriter {
     fn delete_staged(&mut self, volume_id: &str) -> LedgerResult<()>;
     fn put_publication(&mut self, p: &Publication) -> LedgerResult<()>;
     fn delete_publication(&mut self, volume_id: &str, target: &Path) -> LedgerResult<()>;
+    /// Takes a device for a volume id under `key` (`records::claim_key`).
+    fn put_claim(&mut self, key: &str, claim: &DeviceClaim) -> LedgerResult<()>;
+    fn delete_claim(&mut self, key: &str) -> LedgerResult<()>;
     /// Appends a line to the volume's step journal.
     fn step(
         &mut self,
@@ -53,6 +56,8 @@ pub trait Ledger: Send + Sync {
     fn publication(&self, volume_id: &str, target: &Path) -> LedgerResult<Option<Publication>>;
     /// Every volume id with a staging or a publication record.
     fn recorded_volume_ids(&self) -> LedgerResult<Vec<String>>;
+    /// Which volume id holds a device (`records::claim_key`).
+    fn claim(&self, key: &str) -> LedgerResult<Option<DeviceClaim>>;
     /// Whether any record names the volume.
     fn knows_volume(&self, volume_id: &str) -> LedgerResult<bool>;
     /// Commits what `changes` writes as one unit; on disk when it returns if `Immediate`.

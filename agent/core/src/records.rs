@@ -176,3 +176,53 @@ pub struct StepRecord {
     pub at_unix_ms: u64,
     pub detail: BTreeMap<String, String>,
 }
+
+/// Which door took a device for a volume id (see `node::device_claim`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimDoor {
+    /// The node: a stage (format intent, mount intent, raw block staging), a node-local handle,
+    /// recovery's adoption. Live while its volume has a staged record, a publication or a
+    /// format intent: the volume's own records end it, so unstage writes nothing more.
+    Node,
+    /// The loop controller's attach; ended by its detach or the volume's deletion.
+    Controller,
+}
+
+/// A device held by one volume id through one door, keyed by the device's identity (the loop
+/// volume file's inode, the NVMe serial; the numbers only for a device without one): a device
+/// has at most one owner per door, and the node's owner is the controller's volume or acts for
+/// it (see `node::device_claim`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct DeviceClaim {
+    pub volume_id: String,
+    pub door: ClaimDoor,
+    pub identity: DeviceIdentity,
+    pub at_unix_ms: u64,
+}
+
+impl DeviceClaim {
+    /// The claim's key: its door and its device's identity.
+    pub fn key(&self, devnum: Option<crate::DevNum>) -> Option<String> {
+        claim_key(self.door, &self.identity, devnum)
+    }
+}
+
+/// The key of `door`'s claim on the device with `identity` (and, for a device without one,
+/// these numbers; `None` then without numbers).
+pub fn claim_key(
+    door: ClaimDoor,
+    identity: &DeviceIdentity,
+    devnum: Option<crate::DevNum>,
+) -> Option<String> {
+    let door = match door {
+        ClaimDoor::Node => "node",
+        ClaimDoor::Controller => "controller",
+    };
+    let device = match identity {
+        DeviceIdentity::LoopFile { st_dev, st_ino, .. } => format!("loop:{st_dev}:{st_ino}"),
+        DeviceIdentity::NvmeSerial { serial } => format!("nvme:{serial}"),
+        DeviceIdentity::Unverified => format!("dev:{}", devnum?),
+    };
+    Some(format!("{door}/{device}"))
+}

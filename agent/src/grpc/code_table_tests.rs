@@ -467,6 +467,17 @@ fn the_other_named_refusals_keep_their_code_and_words() {
              namespace, swap, device-mapper or RAID); refusing to touch it",
         ),
         (
+            Error::DeviceClaimed {
+                device: p(),
+                volume: v(),
+                owner: "other".into(),
+                door: "staged or published on this node",
+            },
+            "device /k/p of volume vol is held by volume other (staged or published on this \
+             node); a device has one owner: release it there first (NodeUnstageVolume, \
+             NodeUnpublishVolume or ControllerUnpublishVolume of other); nothing was changed",
+        ),
+        (
             Error::AmbiguousSerial {
                 volume: v(),
                 serial: "s".into(),

@@ -3,14 +3,14 @@
 
 use std::time::Instant;
 
-use crate::records::{Durability, FormatRecord, FormatState, Phase, now_unix_ms};
+use crate::records::{DeviceClaim, Durability, FormatRecord, FormatState, Phase, now_unix_ms};
 
 pub use crate::format::{Decision, Existing, Probed, decide};
 
 use super::NodeCtx;
 use super::journal::{Journal, detail};
 use super::path_string;
-use super::volume_device::VolumeDevice;
+use super::volume_device::{VolumeDevice, put_claim};
 use crate::error::Result;
 use crate::format::FormatView;
 use crate::ledger::{LedgerResult, LedgerWriter};
@@ -65,6 +65,7 @@ pub fn format_device(
     device: &mut VolumeDevice,
     uuid: &str,
     options: &FormatOptions,
+    claim: &Option<(String, DeviceClaim)>,
 ) -> Result<()> {
     let vol = journal.volume();
     let facts = detail([
@@ -80,7 +81,12 @@ pub fn format_device(
         Phase::Intent,
         facts.clone(),
         Durability::Immediate,
-        |w| w.put_format(&intent),
+        |w| {
+            // The device becomes the volume's in the intent's own commit: an intent is tied to
+            // its claim (`device_claim`).
+            put_claim(w, claim)?;
+            w.put_format(&intent)
+        },
     )?;
     let started = Instant::now();
     // mkfs claims the device exclusively itself.

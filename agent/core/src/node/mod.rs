@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod claims;
 pub mod compat;
+pub mod device_claim;
 pub mod format;
 pub mod grow;
 pub mod host;

@@ -13,9 +13,9 @@ use std::sync::OnceLock;
 
 use crate::records::{DeviceIdentity, StagedVolume};
 
-use super::NodeCtx;
 use super::backend::{Shown, describe_identity};
 use super::host::{Entry, OpenEntry};
+use super::{NodeCtx, device_claim};
 use crate::error::{Error, Result};
 use crate::request::VolumeId;
 use crate::seam::{FileKind, MountFacts};
@@ -73,23 +73,44 @@ impl Expected {
 
     /// Whether the device with these numbers, as it is now, is the volume; `Err` says why not.
     pub fn prove(&self, ctx: &NodeCtx, devnum: DevNum) -> std::result::Result<(), String> {
+        if self.held(devnum).is_some() {
+            return Ok(());
+        }
+        let opened = self.prove_identity(ctx, devnum)?;
+        // A device another id holds is never this volume's, whatever it shows: a node-local
+        // handle or a careless CO naming another volume's device must not make that volume's
+        // mounts its own (`device_claim`).
+        if let Some(identity) = &self.identity {
+            match device_claim::node_owner(&*ctx.ledger, identity, Some(devnum)) {
+                Ok(Some(owner)) if owner != self.volume => {
+                    return Err(format!("device {devnum} is held by volume {owner}"));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(format!("the device's owner cannot be read: {e}")),
+            }
+        }
+        if let Some(file) = opened {
+            let _ = self.proven.set((devnum, file));
+        }
+        Ok(())
+    }
+
+    /// The identity half of `prove`, handing back the device if it was opened to ask.
+    fn prove_identity(
+        &self,
+        ctx: &NodeCtx,
+        devnum: DevNum,
+    ) -> std::result::Result<Option<File>, String> {
         match &self.identity {
-            Some(DeviceIdentity::Unverified) if self.recorded == Some(devnum) => Ok(()),
+            Some(DeviceIdentity::Unverified) if self.recorded == Some(devnum) => Ok(None),
             Some(DeviceIdentity::Unverified) => Err(format!(
                 "device {} is not the one recorded for a volume without a verifiable identity",
                 devnum
             )),
-            Some(_) if self.held(devnum).is_some() => Ok(()),
-            Some(identity) => {
-                if let Some(file) = ctx
-                    .backend
-                    .prove(Shown::Numbers(devnum), identity)
-                    .map_err(|e| e.to_string())?
-                {
-                    let _ = self.proven.set((devnum, file));
-                }
-                Ok(())
-            }
+            Some(identity) => ctx
+                .backend
+                .prove(Shown::Numbers(devnum), identity)
+                .map_err(|e| e.to_string()),
             None => Err(format!(
                 "nothing is known of what {}'s device must show",
                 self.volume

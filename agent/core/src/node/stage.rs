@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::records::{
-    Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
+    DeviceClaim, Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
 };
 
 use super::claims::Use;
 use super::compat::{access_record, check_compatible, verify_identity};
+use super::device_claim::acts_for;
 use super::format::{
     self, Decision, Existing, decide, forget_intent, format_device, format_record,
 };
@@ -18,7 +19,7 @@ use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::host::Entry;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
-use super::volume_device::VolumeDevice;
+use super::volume_device::{VolumeDevice, put_claim};
 use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
 use crate::request::{
@@ -71,9 +72,14 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         Durability::Lazy,
         || {
             verify_identity(&cmd.volume, &resolved, format.as_ref())?;
-            VolumeDevice::hold(ctx, vol, &resolved)
+            let mut device = VolumeDevice::hold(ctx, vol, &resolved)?;
+            device.take_for_node(ctx, vol, acts_for(vol, &cmd.publish_context))?;
+            Ok(device)
         },
     )?;
+    // Written with the first intent below, so the device is this volume's before anything is
+    // done to it.
+    let claim = device.pending_claim();
 
     let readonly = cmd.capability.mode.is_read_only();
     let mut record = StagedVolume {
@@ -99,6 +105,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             Durability::Immediate,
             |w| {
                 forget_intent(ctx, vol, w)?;
+                put_claim(w, &claim)?;
                 w.put_staged(&record)
             },
         )?;
@@ -140,6 +147,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             flags,
             readonly,
             format: format.as_ref(),
+            claim: &claim,
         };
         size_settled = steps.run(&mut device, &*staging, &mut record)?;
     }
@@ -172,7 +180,13 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         Phase::Done,
         detail([("staging", path_string(staging_path))]),
         Durability::Lazy,
-        |w| w.put_staged(&record),
+        |w| {
+            // Found mounted already (records lost): the claim, if it was not held, comes here.
+            if already {
+                put_claim(w, &claim)?;
+            }
+            w.put_staged(&record)
+        },
     )?;
     ctx.claims.record(vol.as_str(), staging_path, Use::Staging);
     Ok(())
@@ -187,6 +201,8 @@ struct MountSteps<'a> {
     flags: &'a MountFlags,
     readonly: bool,
     format: Option<&'a FormatRecord>,
+    /// The device's claim, written with the first intent if the volume did not hold it yet.
+    claim: &'a Option<(String, DeviceClaim)>,
 }
 
 impl MountSteps<'_> {
@@ -229,7 +245,10 @@ impl MountSteps<'_> {
                 Phase::Intent,
                 facts.clone(),
                 Durability::Immediate,
-                |w| w.put_staged(record),
+                |w| {
+                    put_claim(w, self.claim)?;
+                    w.put_staged(record)
+                },
             )
         };
         let record = self.format.map(format::view);
@@ -239,7 +258,15 @@ impl MountSteps<'_> {
         };
         let size_settled = match decision {
             Decision::Format { uuid } => {
-                format_device(ctx, journal, fs, device, &uuid, &self.cmd.format)?;
+                format_device(
+                    ctx,
+                    journal,
+                    fs,
+                    device,
+                    &uuid,
+                    &self.cmd.format,
+                    self.claim,
+                )?;
                 mount_intent()?;
                 true
             }

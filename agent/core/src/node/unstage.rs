@@ -2,7 +2,7 @@
 //! away from the staging path (and nothing else), forget the staging. The staging directory
 //! itself belongs to the CO; the format fact stays.
 
-use crate::records::{AccessRecord, Durability, Phase};
+use crate::records::{AccessRecord, Durability, FormatState, Phase};
 
 use super::claims::Use;
 use super::journal::{Journal, detail};
@@ -72,6 +72,11 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         });
     }
     if !recorded {
+        // The CO is done with the volume here: a format intent of a stage that never finished
+        // licenses nothing any more, and the device is free for another id (`device_claim`).
+        if staged.is_none() && ctx.ledger.publications(vol.as_str())?.is_empty() {
+            void_intent(ctx, vol)?;
+        }
         return Ok(());
     }
     // Lazy: if this line is lost, recovery finds the staging mount gone and drops the record.
@@ -79,5 +84,21 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         w.delete_staged(vol.as_str())
     })?;
     ctx.claims.forget(vol.as_str(), staging_path);
+    Ok(())
+}
+
+/// Drops the volume's format intent, if it has one (a lazy write: lost in a crash, the intent
+/// stays and so does the volume's hold on its device, which only refuses more).
+fn void_intent(ctx: &NodeCtx, vol: &VolumeId) -> Result<()> {
+    if ctx
+        .ledger
+        .format(vol.as_str())?
+        .is_some_and(|f| f.state == FormatState::Intent)
+    {
+        ctx.ledger.write(
+            Durability::Lazy,
+            Box::new(|w| w.delete_format(vol.as_str())),
+        )?;
+    }
     Ok(())
 }

@@ -5,7 +5,8 @@
 use crate::DevNum;
 use std::path::Path;
 
-use crate::records::{DeviceIdentity, StagedVolume};
+use crate::ledger::{LedgerResult, LedgerWriter};
+use crate::records::{ClaimDoor, DeviceClaim, DeviceIdentity, StagedVolume, claim_key};
 
 use super::backend::{ResolvedDevice, Shown};
 use super::host::DeviceHandle;
@@ -18,6 +19,14 @@ pub struct VolumeDevice {
     pub identity: DeviceIdentity,
     volume: String,
     _turn: VolumeGuard,
+    /// The device's identity taken (one door at a time per identity, whatever its numbers: a
+    /// file bound to two loop devices is one device), with the claim to write, if any.
+    claim: Option<Claim>,
+}
+
+struct Claim {
+    _turn: VolumeGuard,
+    pending: Option<(String, DeviceClaim)>,
 }
 
 impl VolumeDevice {
@@ -60,9 +69,50 @@ impl VolumeDevice {
             identity: identity.clone(),
             volume: volume.to_string(),
             _turn: turn,
+            claim: None,
         };
         device.prove(ctx)?;
         Ok(device)
+    }
+
+    /// Takes the device for `volume` through the node (see `device_claim`): refuses when another
+    /// id holds it; otherwise the claim to write, if `volume` does not hold it yet, is kept for
+    /// the first intent's commit (`put_claim`).
+    pub fn take_for_node(
+        &mut self,
+        ctx: &NodeCtx,
+        volume: &VolumeId,
+        acts_for: Option<&str>,
+    ) -> Result<()> {
+        let devnum = self.devnum();
+        let key = claim_key(ClaimDoor::Node, &self.identity, Some(devnum))
+            .unwrap_or_else(|| format!("node/dev:{devnum}"));
+        let turn = ctx
+            .device_locks
+            .try_lock(&key)
+            .ok_or_else(|| Error::DeviceBusy {
+                path: self.path().to_path_buf(),
+                devnum,
+            })?;
+        let pending = super::device_claim::take_for_node(
+            ctx,
+            volume,
+            acts_for,
+            &self.identity,
+            devnum,
+            self.path(),
+        )?;
+        self.claim = Some(Claim {
+            _turn: turn,
+            pending,
+        });
+        Ok(())
+    }
+
+    /// The claim a commit must carry for the device to be this volume's: nothing when the volume
+    /// held it already.
+    pub fn pending_claim(&self) -> Option<(String, DeviceClaim)> {
+        self.claim.as_ref().and_then(|c| c.pending.clone())
     }
 
     pub fn path(&self) -> &Path {
@@ -100,5 +150,16 @@ impl VolumeDevice {
             device: self.path().to_path_buf(),
             reason,
         }
+    }
+}
+
+/// Adds a pending claim (`VolumeDevice::pending_claim`) to a commit.
+pub fn put_claim(
+    w: &mut dyn LedgerWriter,
+    claim: &Option<(String, DeviceClaim)>,
+) -> LedgerResult<()> {
+    match claim {
+        Some((key, claim)) => w.put_claim(key, claim),
+        None => Ok(()),
     }
 }

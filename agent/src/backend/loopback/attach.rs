@@ -3,7 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use ebs_store::{Durability, LoopAttachment};
+use ebs_store::{
+    ClaimDoor, DeviceClaim, DeviceIdentity, Durability, LoopAttachment, LoopVolume, claim_key,
+    now_unix_ms,
+};
 
 use super::LoopController;
 use crate::error::{Error, Result};
@@ -70,8 +73,13 @@ impl LoopController {
             device: device.clone(),
             readonly,
         });
-        self.store
-            .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+        // The device is the volume's from the attachment's own commit (one owner per device:
+        // a node-local handle naming it is refused unless it acts for this volume).
+        let (key, claim) = controller_claim(&volume, st_dev, st_ino);
+        self.store.write(Durability::Immediate, |w| {
+            w.put_loop_volume(&volume)?;
+            w.put_claim(&key, &claim)
+        })?;
         Ok(device)
     }
 
@@ -118,8 +126,16 @@ impl LoopController {
                 })?;
             }
             volume.attachment = None;
-            self.store
-                .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+            let claim = super::file_inode(&volume.file)
+                .ok()
+                .map(|(st_dev, st_ino)| controller_claim(&volume, st_dev, st_ino).0);
+            self.store.write(Durability::Immediate, |w| {
+                w.put_loop_volume(&volume)?;
+                match &claim {
+                    Some(key) => w.delete_claim(key),
+                    None => Ok(()),
+                }
+            })?;
         }
         Ok(())
     }
@@ -144,6 +160,12 @@ impl LoopController {
                     continue;
                 }
             };
+            // Attachments recorded before device claims existed get theirs.
+            let (key, claim) = controller_claim(&volume, identity.0, identity.1);
+            if self.store.claim(&key)?.is_none() {
+                self.store
+                    .write(Durability::Immediate, |w| w.put_claim(&key, &claim))?;
+            }
             if let Ok(Some(dev)) = loopdev::find_by_backing_inode(identity.0, identity.1) {
                 if dev != att.device {
                     volume.attachment = Some(LoopAttachment { device: dev, ..att });
@@ -190,4 +212,22 @@ impl LoopController {
         }
         Ok(thawed)
     }
+}
+
+/// The loop controller's claim on a volume's device (its file's inode), with its key.
+fn controller_claim(volume: &LoopVolume, st_dev: u64, st_ino: u64) -> (String, DeviceClaim) {
+    let identity = DeviceIdentity::LoopFile {
+        file: volume.file.clone(),
+        st_dev,
+        st_ino,
+    };
+    let key = claim_key(ClaimDoor::Controller, &identity, None)
+        .unwrap_or_else(|| format!("controller/loop:{st_dev}:{st_ino}"));
+    let claim = DeviceClaim {
+        volume_id: volume.id.clone(),
+        door: ClaimDoor::Controller,
+        identity,
+        at_unix_ms: now_unix_ms(),
+    };
+    (key, claim)
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use ebs_store::Store;
 
 use crate::error::{Error, Result};
+use ebs_node_core::node::device_claim;
 use ebs_node_host::device::{block_devnum, still_claimed};
 use ebs_node_host::loopdev::overlay;
 use ebs_node_host::mount::at_path::read_table;
@@ -33,6 +34,17 @@ pub fn refuse_if_recorded(store: &Store, id: &str) -> Result<()> {
 /// `Err(FAILED_PRECONDITION)` naming the use, when the node still uses `device` for volume `id`.
 pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     refuse_if_recorded(store, id)?;
+    // The node may hold the device under another id (a node-local handle acting for the volume).
+    if let Ok(Some((st_dev, st_ino))) = ebs_node_host::loopdev::backing_inode(device) {
+        let identity = ebs_store::DeviceIdentity::LoopFile {
+            file: std::path::PathBuf::new(),
+            st_dev,
+            st_ino,
+        };
+        if let Some(owner) = device_claim::node_owner(store, &identity, None)? {
+            return busy(id, format!("the node holds its device for volume {owner}"));
+        }
+    }
     let busy = |why: String| busy(id, why);
     let Ok(devnum) = block_devnum(device) else {
         return Ok(());

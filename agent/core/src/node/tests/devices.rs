@@ -146,17 +146,25 @@ impl Backend for DoubleBackend {
         _volume_context: &HashMap<String, String>,
         _deadline: std::time::Instant,
     ) -> Result<ResolvedDevice> {
-        let path = self.device_of(volume.as_str());
-        if !self.host.state().devices.contains_key(&path) {
+        // A node-local handle names a device of the double's by its file name, and is whatever
+        // that device shows (as the daemon's node-local backend).
+        let path = match volume.local_device().and_then(Path::file_name) {
+            Some(name) => self.dir.join("dev").join(name),
+            None => self.device_of(volume.as_str()),
+        };
+        let Some(devnum) = self.host.state().devices.get(&path).copied() else {
             return Err(Error::NotFound(format!(
                 "volume {} is not attached",
                 volume.as_str()
             )));
-        }
-        Ok(ResolvedDevice {
-            path,
-            identity: serial(volume.as_str()),
-        })
+        };
+        let identity = match volume.local_device() {
+            Some(_) => self
+                .identify(devnum)
+                .map_err(|e| Error::NotFound(e.to_string()))?,
+            None => serial(volume.as_str()),
+        };
+        Ok(ResolvedDevice { path, identity })
     }
 
     fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven> {
@@ -179,7 +187,7 @@ impl Backend for DoubleBackend {
     }
 
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
-        Some(serial(volume.as_str()))
+        (!volume.is_local()).then(|| serial(volume.as_str()))
     }
 
     fn refresh_size(&self, _device: &Path) -> Result<()> {

@@ -8,7 +8,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::ledger::{Changes as LedgerChanges, Ledger, LedgerResult, LedgerWriter};
-use crate::records::{Durability, FormatRecord, Phase, Publication, StagedVolume, StepRecord};
+use crate::records::{
+    DeviceClaim, Durability, FormatRecord, Phase, Publication, StagedVolume, StepRecord,
+};
 
 #[derive(Default)]
 struct Records {
@@ -16,6 +18,7 @@ struct Records {
     staged: HashMap<String, StagedVolume>,
     publications: BTreeMap<(String, PathBuf), Publication>,
     journal: HashMap<String, Vec<StepRecord>>,
+    claims: BTreeMap<String, DeviceClaim>,
 }
 
 /// One change of a write. Collected while the pipeline builds the write (it may read the ledger
@@ -28,6 +31,8 @@ enum Change {
     PutPublication(Publication),
     DeletePublication(String, PathBuf),
     Step(String, String, String, Phase, BTreeMap<String, String>),
+    PutClaim(String, DeviceClaim),
+    DeleteClaim(String),
 }
 
 #[derive(Default)]
@@ -59,6 +64,15 @@ impl LedgerWriter for Changes {
             volume_id.to_string(),
             target.to_path_buf(),
         ));
+        Ok(())
+    }
+    fn put_claim(&mut self, key: &str, claim: &DeviceClaim) -> LedgerResult<()> {
+        self.0
+            .push(Change::PutClaim(key.to_string(), claim.clone()));
+        Ok(())
+    }
+    fn delete_claim(&mut self, key: &str) -> LedgerResult<()> {
+        self.0.push(Change::DeleteClaim(key.to_string()));
         Ok(())
     }
     fn step(
@@ -102,6 +116,12 @@ impl Records {
             Change::DeletePublication(v, target) => {
                 self.publications.remove(&(v, target));
             }
+            Change::PutClaim(key, claim) => {
+                self.claims.insert(key, claim);
+            }
+            Change::DeleteClaim(key) => {
+                self.claims.remove(&key);
+            }
             Change::Step(v, op, step, phase, detail) => {
                 let lines = self.journal.entry(v).or_default();
                 lines.push(StepRecord {
@@ -135,6 +155,11 @@ impl MemLedger {
             .get(volume_id)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Every device claim, by key.
+    pub fn claims(&self) -> BTreeMap<String, DeviceClaim> {
+        self.records().claims.clone()
     }
 
     /// Whether the last write that changed anything was `Immediate`.
@@ -173,6 +198,9 @@ impl Ledger for MemLedger {
         ids.sort();
         ids.dedup();
         Ok(ids)
+    }
+    fn claim(&self, key: &str) -> LedgerResult<Option<DeviceClaim>> {
+        Ok(self.records().claims.get(key).cloned())
     }
     fn knows_volume(&self, volume_id: &str) -> LedgerResult<bool> {
         let r = self.records();

@@ -9,6 +9,7 @@ mod devices;
 mod double;
 mod entries;
 mod ledger;
+mod owners;
 mod paths;
 mod publish;
 mod scripting;

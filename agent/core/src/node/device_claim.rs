@@ -1,0 +1,119 @@
+//! One device, one owner: which volume id holds a device, asked by every door that takes one
+//! (stage, raw block stage, node-local handles, recovery's adoption, the loop controller's
+//! attach) and by every door that would act on another's mount (through `ownership::Expected`).
+//!
+//! A device is keyed by the identity its backend proves (the loop volume file's inode, the NVMe
+//! serial; its numbers only for a device without one), so two names of one device (a udev link,
+//! a node-local handle, a second loop device over the same file) are one key. The node's claim
+//! is written in the same commit as the first intent of the door that takes the device (the
+//! format intent, the mount intent, the raw block staging) and is live while its volume still has
+//! a staged record, a publication or a format intent: the volume's own records end it, so
+//! unstage writes nothing more, and a claim whose volume has none of them is free to take. The
+//! loop controller's claim is written with its attachment and removed with it.
+//!
+//! A node claim by another id refuses. The controller's claim refuses a node door unless that
+//! door is the controller's volume, or a node-local handle whose publish context names it (the
+//! backend has proven the device is that volume where it can: upstream's node-local volumes).
+
+use crate::DevNum;
+use crate::records::{ClaimDoor, DeviceClaim, DeviceIdentity, FormatState, claim_key, now_unix_ms};
+
+use super::NodeCtx;
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+use crate::request::VolumeId;
+
+/// The publish-context key upstream's controller sets to a node-local handle's real volume id.
+pub const ACTS_FOR_KEY: &str = "volumeID";
+
+/// Why a claim by `owner` refuses: words for the error.
+fn door_words(door: ClaimDoor) -> &'static str {
+    match door {
+        ClaimDoor::Node => "staged, published or being formatted on this node",
+        ClaimDoor::Controller => "attached to this node by the loop controller",
+    }
+}
+
+/// Whether `volume` still uses a device through the node: a staged record, a publication, or a
+/// format intent (an interrupted mkfs that only its own volume may redo).
+pub fn holds_through_node(ledger: &dyn Ledger, volume: &str) -> Result<bool> {
+    if ledger.staged(volume)?.is_some() || !ledger.publications(volume)?.is_empty() {
+        return Ok(true);
+    }
+    Ok(ledger
+        .format(volume)?
+        .is_some_and(|f| f.state == FormatState::Intent))
+}
+
+/// The live node claim on a device: its owner, unless the owner's own records have ended it.
+pub fn node_owner(
+    ledger: &dyn Ledger,
+    identity: &DeviceIdentity,
+    devnum: Option<DevNum>,
+) -> Result<Option<String>> {
+    let Some(key) = claim_key(ClaimDoor::Node, identity, devnum) else {
+        return Ok(None);
+    };
+    match ledger.claim(&key)? {
+        Some(c) if holds_through_node(ledger, &c.volume_id)? => Ok(Some(c.volume_id)),
+        _ => Ok(None),
+    }
+}
+
+/// What a node door must write to take a device for `volume`: `None` when `volume` holds it
+/// already. Refuses (`DeviceClaimed`, nothing changed) when another id holds it through the node,
+/// or the loop controller attached it for another volume that `volume` does not act for.
+pub fn take_for_node(
+    ctx: &NodeCtx,
+    volume: &VolumeId,
+    acts_for: Option<&str>,
+    identity: &DeviceIdentity,
+    devnum: DevNum,
+    device: &std::path::Path,
+) -> Result<Option<(String, DeviceClaim)>> {
+    let refuse = |owner: String, door: ClaimDoor| Error::DeviceClaimed {
+        device: device.to_path_buf(),
+        volume: volume.to_string(),
+        owner,
+        door: door_words(door),
+    };
+    if let Some(key) = claim_key(ClaimDoor::Controller, identity, Some(devnum))
+        && let Some(c) = ctx.ledger.claim(&key)?
+        && c.volume_id != volume.as_str()
+        && acts_for != Some(c.volume_id.as_str())
+    {
+        return Err(refuse(c.volume_id, ClaimDoor::Controller));
+    }
+    let Some(key) = claim_key(ClaimDoor::Node, identity, Some(devnum)) else {
+        return Ok(None);
+    };
+    match ctx.ledger.claim(&key)? {
+        Some(c) if c.volume_id == volume.as_str() => Ok(None),
+        Some(c) if holds_through_node(&*ctx.ledger, &c.volume_id)? => {
+            Err(refuse(c.volume_id, ClaimDoor::Node))
+        }
+        _ => Ok(Some((
+            key,
+            DeviceClaim {
+                volume_id: volume.to_string(),
+                door: ClaimDoor::Node,
+                identity: identity.clone(),
+                at_unix_ms: now_unix_ms(),
+            },
+        ))),
+    }
+}
+
+/// The node-local handle's real volume, from its publish context (`None` for any other id).
+pub fn acts_for<'a>(
+    volume: &VolumeId,
+    publish_context: &'a std::collections::HashMap<String, String>,
+) -> Option<&'a str> {
+    if !volume.is_local() {
+        return None;
+    }
+    publish_context
+        .get(ACTS_FOR_KEY)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
