@@ -8,6 +8,7 @@
 
 mod ebs;
 mod lifecycle;
+mod owners;
 mod refusals;
 
 use std::collections::HashMap;

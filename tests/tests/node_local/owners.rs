@@ -1,0 +1,153 @@
+//! One device, one owner (issue 49's high and medium): a node-local handle naming another
+//! volume's device, staged or published raw, or merely attached by the loop controller, is
+//! refused with FAILED_PRECONDITION and nothing changes; the handle's id never takes the
+//! volume's mounts away; and a volume's interrupted format holds its device against a handle.
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+const SIZE: i64 = 64 << 20;
+
+/// The handle naming `vol`'s device, as a node-local volume's id.
+fn handle_of(vol: &Vol) -> Vol {
+    Vol {
+        id: format!("local-ebs://{}", vol.device.trim_start_matches('/')),
+        device: vol.device.clone(),
+    }
+}
+
+fn rwx_block() -> csi::VolumeCapability {
+    block_cap(Mode::MultiNodeMultiWriter)
+}
+
+fn rwx_mount() -> csi::VolumeCapability {
+    mount_cap("ext4", Mode::MultiNodeMultiWriter)
+}
+
+#[tokio::test]
+async fn a_node_local_handle_never_takes_another_volumes_device() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_node_local_handle_never_takes_another_volumes_device") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-owner");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let mut node = agent.node().await;
+
+    // X: staged and published as raw block, with the workload's bytes on it.
+    let x = create_attached(&agent, "x", SIZE).await;
+    let x_staging = agent.work.join("x/staging");
+    let x_target = agent.work.join("x/pod/dev");
+    let blk = block_cap(Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_req(&x, &x_staging, blk.clone()))
+        .await
+        .expect("stage x");
+    node.node_publish_volume(publish_req(&x, &x_staging, &x_target, blk, false))
+        .await
+        .expect("publish x");
+    std::fs::write(&x_target, b"x's workload bytes").expect("write through x's device");
+    // Y: attached by the loop controller, never staged.
+    let y = create_attached(&agent, "y", SIZE).await;
+
+    for vol in [&x, &y] {
+        let h = handle_of(vol);
+        let before = checksum(std::path::Path::new(&vol.device));
+        let mounts = mounts_below(&agent.work);
+        for (n, cap) in [rwx_block(), rwx_mount()].into_iter().enumerate() {
+            let staging = agent.work.join(format!("h/{n}/staging"));
+            let e = node
+                .node_stage_volume(stage_req(&h, &staging, cap))
+                .await
+                .expect_err("a handle on another volume's device");
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert!(e.message().contains("held by volume"), "{e:?}");
+        }
+        assert_eq!(
+            before,
+            checksum(std::path::Path::new(&vol.device)),
+            "{}'s bytes changed",
+            vol.id
+        );
+        assert_eq!(mounts, mounts_below(&agent.work));
+    }
+
+    // The handle's id never makes X's mounts its own.
+    let h = handle_of(&x);
+    let _ = node
+        .node_unpublish_volume(unpublish_req(&h, &x_target))
+        .await;
+    let _ = node.node_unstage_volume(unstage_req(&h, &x_staging)).await;
+    assert!(
+        std::fs::read(&x_target).is_ok_and(|b| b.starts_with(b"x's workload bytes")),
+        "x's publication was taken away by the handle's id"
+    );
+
+    node.node_unpublish_volume(unpublish_req(&x, &x_target))
+        .await
+        .expect("unpublish x");
+    node.node_unstage_volume(unstage_req(&x, &x_staging))
+        .await
+        .expect("unstage x");
+    // Free again once X lets go, as far as the node goes (the controller's attachment of X
+    // still holds it for X: a handle acting for X is the way to use it).
+    let mut acting = stage_req(&h, &agent.work.join("h/x/staging"), rwx_block());
+    acting
+        .publish_context
+        .insert("volumeID".into(), x.id.clone());
+    node.node_stage_volume(acting)
+        .await
+        .expect("a handle acting for x, once x is unstaged");
+    node.node_unstage_volume(unstage_req(&h, &agent.work.join("h/x/staging")))
+        .await
+        .expect("unstage the handle");
+}
+
+/// The agent died with X's format intent committed: the intent still holds the device for X, so
+/// a handle that would write raw to it (and have X's retry format over that) is refused, and X's
+/// retry formats and stages.
+#[tokio::test]
+async fn an_interrupted_format_holds_the_device_against_a_handle() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("an_interrupted_format_holds_the_device_against_a_handle") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-intent");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let x = create_attached(&agent, "x", SIZE).await;
+    let staging = agent.work.join("x/staging");
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    // Killed right after the format intent's commit.
+    let mut crash = AgentOpts::default();
+    crash.args.push("--crash-after".into());
+    crash.args.push(crash_points::intent(
+        crash_points::Op::Stage,
+        crash_points::Step::Format,
+    ));
+    agent.restart(Some(crash)).await;
+    let mut node = agent.node().await;
+    let _ = node
+        .node_stage_volume(stage_req(&x, &staging, cap.clone()))
+        .await;
+    drop(node);
+    agent.restart(Some(AgentOpts::default())).await;
+    let mut node = agent.node().await;
+    let h = handle_of(&x);
+    let mut acting = stage_req(&h, &agent.work.join("h/staging"), rwx_block());
+    acting
+        .publish_context
+        .insert("volumeID".into(), x.id.clone());
+    let e = node
+        .node_stage_volume(acting)
+        .await
+        .expect_err("x's format intent holds the device");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    node.node_stage_volume(stage_req(&x, &staging, cap))
+        .await
+        .expect("x's retry");
+    node.node_unstage_volume(unstage_req(&x, &staging))
+        .await
+        .expect("unstage x");
+}
