@@ -140,22 +140,33 @@ pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Loop devices whose backing file lies below `dir`.
+/// Loop devices whose backing file lies below `dir`, after the loop devices laid over them (a
+/// read-only block publication's, which a test that failed midway leaves behind): those go first.
 pub fn loops_below(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
+    let mut backed: Vec<(PathBuf, PathBuf)> = Vec::new();
     if let Ok(entries) = std::fs::read_dir("/sys/block") {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if !name.starts_with("loop") {
                 continue;
             }
-            if let Ok(b) = std::fs::read_to_string(e.path().join("loop/backing_file"))
-                && Path::new(b.trim().trim_end_matches(" (deleted)")).starts_with(dir)
-            {
-                out.push(PathBuf::from("/dev").join(&name));
+            if let Ok(b) = std::fs::read_to_string(e.path().join("loop/backing_file")) {
+                let backing = PathBuf::from(b.trim().trim_end_matches(" (deleted)"));
+                backed.push((PathBuf::from("/dev").join(&name), backing));
             }
         }
     }
+    let ours: Vec<PathBuf> = backed
+        .iter()
+        .filter(|(_, b)| b.starts_with(dir))
+        .map(|(d, _)| d.clone())
+        .collect();
+    let mut out: Vec<PathBuf> = backed
+        .iter()
+        .filter(|(_, b)| ours.contains(b))
+        .map(|(d, _)| d.clone())
+        .collect();
+    out.extend(ours);
     out
 }
 
@@ -179,7 +190,10 @@ fn detach_loops_below(dir: &Path) {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let still_ours = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
-            .is_ok_and(|b| Path::new(b.trim().trim_end_matches(" (deleted)")).starts_with(dir));
+            .is_ok_and(|b| {
+                let backing = Path::new(b.trim().trim_end_matches(" (deleted)"));
+                backing.starts_with(dir) || backing.starts_with("/dev/loop")
+            });
         if still_ours {
             // Mounted devices only get autoclear here and go when their last user does.
             detach_loop(&dev);

@@ -90,6 +90,18 @@ impl WithLocalVolumes {
     /// volume's recorded staging and target paths; when none is mounted here, the kernel shows no
     /// claim on the disk either.
     fn check_free(&self, volume: &VolumeId, node: &Path, devnum: DevNum) -> Result<()> {
+        // A read-only device an agent laid over a volume's for a read-only block publication is
+        // that volume's bytes: never a handle's.
+        if let Ok(Some(o)) = ebs_node_host::loopdev::overlay::status_by_devnum(devnum)
+            && o.tag.starts_with(ebs_node_core::node::ro_tag::TAG_PREFIX)
+        {
+            return Err(Error::DeviceClaimed {
+                device: node.to_path_buf(),
+                volume: volume.to_string(),
+                owner: format!("(the read-only block publication {})", o.tag),
+                door: "a read-only device laid over a volume's",
+            });
+        }
         let (whole, family) = disk_family(devnum);
         let mut ours: Vec<PathBuf> = Vec::new();
         if let Some(staged) = self.store.staged(volume.as_str())? {

@@ -224,8 +224,26 @@ fn rebuild_mounts(
                 }
                 _ => None,
             };
+            // The device is the rebuilt volume's from the same commit (one owner per device).
+            let claim = ebs_store::claim_key(
+                ebs_store::ClaimDoor::Node,
+                &record.identity,
+                record.devnum.map(ebs_node_core::DevNum::from),
+            )
+            .map(|key| {
+                let claim = ebs_store::DeviceClaim {
+                    volume_id: record.volume_id.clone(),
+                    door: ebs_store::ClaimDoor::Node,
+                    identity: record.identity.clone(),
+                    at_unix_ms: now_unix_ms(),
+                };
+                (key, claim)
+            });
             store
                 .write(Durability::Immediate, |w| {
+                    if let Some((key, claim)) = &claim {
+                        w.put_claim(key, claim)?;
+                    }
                     w.put_staged(&record)?;
                     if let Some(f) = &format {
                         w.put_format(f)?;

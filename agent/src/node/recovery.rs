@@ -213,6 +213,9 @@ pub fn recover_volume(ctx: &AgentCtx, vol: &str) -> Result<VolumeReport> {
         }
     }
     let staged = store.staged(vol)?;
+    if let Some(s) = &staged {
+        ebs_node_core::node::device_claim::adopt(ctx, s)?;
+    }
     for publication in store.publications(vol)? {
         let target = publication.target_path.as_path();
         let expected = Expected::of(ctx, vol, staged.as_ref());

@@ -151,3 +151,51 @@ async fn an_interrupted_format_holds_the_device_against_a_handle() {
         .await
         .expect("unstage x");
 }
+
+/// A read-only block publication binds a read-only loop device laid over the volume's: a handle
+/// naming that device would hand a second workload the volume's bytes.
+#[tokio::test]
+async fn a_node_local_handle_never_takes_a_read_only_publications_device() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_node_local_handle_never_takes_a_read_only_publications_device") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let scratch = Scratch::new("node-local-ro-owner");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let mut node = agent.node().await;
+    let x = create_attached(&agent, "x", SIZE).await;
+    let staging = agent.work.join("x/staging");
+    let target = agent.work.join("x/pod/dev");
+    let blk = block_cap(Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_req(&x, &staging, blk.clone()))
+        .await
+        .expect("stage x");
+    node.node_publish_volume(publish_req(&x, &staging, &target, blk, true))
+        .await
+        .expect("publish x read-only");
+    let rdev = std::fs::metadata(&target).expect("the target").rdev();
+    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+    assert_eq!(major, 7, "a read-only loop device is bound");
+    let overlay = Vol {
+        id: format!("local-ebs://dev/loop{minor}"),
+        device: format!("/dev/loop{minor}"),
+    };
+    let mounts = mounts_below(&agent.work);
+    let e = node
+        .node_stage_volume(stage_req(
+            &overlay,
+            &agent.work.join("h/staging"),
+            rwx_block(),
+        ))
+        .await
+        .expect_err("the read-only device is x's");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(mounts, mounts_below(&agent.work));
+    node.node_unpublish_volume(unpublish_req(&x, &target))
+        .await
+        .expect("unpublish x");
+    node.node_unstage_volume(unstage_req(&x, &staging))
+        .await
+        .expect("unstage x");
+}

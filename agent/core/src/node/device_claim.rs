@@ -27,7 +27,7 @@ use crate::request::VolumeId;
 pub const ACTS_FOR_KEY: &str = "volumeID";
 
 /// Why a claim by `owner` refuses: words for the error.
-fn door_words(door: ClaimDoor) -> &'static str {
+pub fn door_words(door: ClaimDoor) -> &'static str {
     match door {
         ClaimDoor::Node => "staged, published or being formatted on this node",
         ClaimDoor::Controller => "attached to this node by the loop controller",
@@ -116,4 +116,35 @@ pub fn acts_for<'a>(
         .get(ACTS_FOR_KEY)
         .map(String::as_str)
         .filter(|v| !v.is_empty())
+}
+
+/// Recovery's adoption: a staged record with no node claim on its device (records written before
+/// claims existed, or rebuilt from the mount table) takes it, durably. A device another id holds
+/// already is left to that id and said: two records naming one device cannot both be right.
+pub fn adopt(ctx: &NodeCtx, staged: &crate::records::StagedVolume) -> Result<()> {
+    let devnum = staged.devnum.map(DevNum::from);
+    let Some(key) = claim_key(ClaimDoor::Node, &staged.identity, devnum) else {
+        return Ok(());
+    };
+    match ctx.ledger.claim(&key)? {
+        Some(c) if c.volume_id == staged.volume_id => Ok(()),
+        Some(c) if holds_through_node(&*ctx.ledger, &c.volume_id)? => {
+            tracing::warn!(volume = %staged.volume_id, owner = %c.volume_id,
+                "recovery: the staged device is held by another volume; left to it");
+            Ok(())
+        }
+        _ => {
+            let claim = DeviceClaim {
+                volume_id: staged.volume_id.clone(),
+                door: ClaimDoor::Node,
+                identity: staged.identity.clone(),
+                at_unix_ms: now_unix_ms(),
+            };
+            ctx.ledger.write(
+                crate::records::Durability::Immediate,
+                Box::new(|w| w.put_claim(&key, &claim)),
+            )?;
+            Ok(())
+        }
+    }
 }

@@ -41,8 +41,22 @@ impl VolumeDevice {
 
     /// Holds the device a staged record names, proven to still be the volume: a detach and a new
     /// attach reuse device numbers, so the recorded path alone proves nothing.
+    /// A device another id holds is not the volume's, whatever its record says (records from
+    /// before device claims existed).
     pub fn hold_recorded(ctx: &NodeCtx, staged: &StagedVolume) -> Result<VolumeDevice> {
-        Self::hold_path(ctx, &staged.volume_id, &staged.device, &staged.identity)
+        let device = Self::hold_path(ctx, &staged.volume_id, &staged.device, &staged.identity)?;
+        if let Some(owner) =
+            super::device_claim::node_owner(&*ctx.ledger, &device.identity, Some(device.devnum()))?
+            && owner != staged.volume_id
+        {
+            return Err(Error::DeviceClaimed {
+                device: device.path().to_path_buf(),
+                volume: staged.volume_id.clone(),
+                owner,
+                door: super::device_claim::door_words(ClaimDoor::Node),
+            });
+        }
+        Ok(device)
     }
 
     fn hold_path(
