@@ -1,5 +1,6 @@
 //! `serve`: open the state, bind the socket, serve, recover, report ready; on SIGTERM stop
-//! accepting, let in-flight calls finish within the grace period, remove the socket.
+//! accepting, let in-flight calls finish within the grace period, remove the socket. SIGHUP is
+//! ignored (see `ignore_hangups`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

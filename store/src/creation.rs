@@ -10,7 +10,7 @@
 //! cut during the first start leaves only `<name>.creating`, which the next start sets aside
 //! (kept, never deleted) and makes again.
 
-use std::io::Read;
+use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
 
 use crate::StoreError;
@@ -131,12 +131,22 @@ pub(crate) fn create_whole(path: &Path) -> Result<(), StoreError> {
         .map_err(|e| failed("syncing", &e))?;
     match std::fs::hard_link(&creating, path) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        // A filesystem without hard links: a rename names it as well (it could replace a file
+        // another start named in the last instant, which the link would not).
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::Unsupported | ErrorKind::PermissionDenied
+            ) =>
+        {
+            std::fs::rename(&creating, path).map_err(|e| failed("naming", &e))?;
+        }
         Err(e) => return Err(failed("naming", &e)),
     }
     match std::fs::remove_file(&creating) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
         Err(e) => return Err(failed("removing", &e)),
     }
     sync_parent(path).map_err(|e| failed("syncing the directory of", &e))
@@ -150,7 +160,8 @@ pub(crate) fn tidy_creating(path: &Path) -> Result<(), StoreError> {
     let Ok(left) = std::fs::symlink_metadata(&creating) else {
         return Ok(());
     };
-    let same = std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == (left.dev(), left.ino()));
+    let same =
+        std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == (left.dev(), left.ino()));
     if same {
         let _ = std::fs::remove_file(&creating);
         return Ok(());

@@ -26,8 +26,8 @@ pub(crate) struct LiveDb {
 /// unfinished is set aside and made again.
 pub(crate) fn open_or_create(path: &Path) -> Result<redb::Database, StoreError> {
     use crate::creation::{self, Shape};
-    let missing = std::fs::symlink_metadata(path)
-        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+    let missing =
+        std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
     if missing {
         creation::create_whole(path)?;
     } else {

@@ -366,7 +366,11 @@ fn an_emptied_or_headerless_state_file_is_refused_with_the_way_out() {
             );
         }
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name}: file changed");
-        assert_eq!(named(&dir.0, "s.redb"), vec!["s.redb".to_string()], "{name}");
+        assert_eq!(
+            named(&dir.0, "s.redb"),
+            vec!["s.redb".to_string()],
+            "{name}"
+        );
     }
 }
 

@@ -250,7 +250,10 @@ async fn half_sent_requests_by_a_local_user_leave_every_scrape_answered() {
         .await
         .unwrap();
         let took = started.elapsed();
-        let first = answer.as_deref().and_then(|a| a.lines().next()).map(str::to_string);
+        let first = answer
+            .as_deref()
+            .and_then(|a| a.lines().next())
+            .map(str::to_string);
         if first.as_deref() != Some("HTTP/1.1 200 OK") || took > Duration::from_secs(2) {
             failed.push((i, took, first));
         }

@@ -160,8 +160,18 @@ mod tests {
         let mut held: Vec<_> = (0..2).map(|_| a.admit(LOCAL).unwrap()).collect();
         // The per-peer cap (2) is reached: the next local one evicts the oldest local one.
         let (_t, _rx) = a.admit(LOCAL).expect("admitted by eviction");
-        assert!(held[0].1.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Closed));
-        assert!(held[1].1.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Empty));
+        assert!(
+            held[0]
+                .1
+                .try_recv()
+                .is_err_and(|e| e == oneshot::error::TryRecvError::Closed)
+        );
+        assert!(
+            held[1]
+                .1
+                .try_recv()
+                .is_err_and(|e| e == oneshot::error::TryRecvError::Empty)
+        );
         assert!(EVICTED.load(Ordering::Relaxed) >= 1);
         held.remove(0);
         assert!(a.admit(REMOTE).is_some());

@@ -49,6 +49,10 @@ pub fn spawn(listener: TcpListener, sources: Arc<Sources>, max_connections: usiz
                     };
                     let sources = Arc::clone(&sources);
                     tokio::spawn(serve_one(stream, sources, ticket, evicted));
+                    // Lets the new connection read its head before the next accept: a scrape's
+                    // head is there at once, and once read the scrape can no longer be evicted
+                    // by a burst of accepts behind it.
+                    tokio::task::yield_now().await;
                 }
                 // EMFILE and the like: back off rather than spin on a full descriptor table.
                 Err(e) => {

@@ -47,13 +47,20 @@ async fn an_emptied_state_file_is_refused_and_recover_rebuilds_it() {
     let state = agent.state_dir.join("state.redb");
     std::fs::File::create(&state).expect("empty the state file");
 
-    let (ok, err) = serve_until_exit(&agent, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}"));
+    let (ok, err) =
+        serve_until_exit(&agent, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}"));
     assert!(!ok, "the agent exited successfully: {err}");
     assert!(
-        err.contains("empty") && err.contains("recover --from-mounts") && err.contains("recover --reset"),
+        err.contains("empty")
+            && err.contains("recover --from-mounts")
+            && err.contains("recover --reset"),
         "the refusal names neither the damage nor the way out: {err}"
     );
-    assert_eq!(std::fs::metadata(&state).unwrap().len(), 0, "the file was changed");
+    assert_eq!(
+        std::fs::metadata(&state).unwrap().len(),
+        0,
+        "the file was changed"
+    );
     assert!(!agent.socket.exists(), "a refused start left its socket");
 
     let out = Command::new(agent_bin())
@@ -62,8 +69,15 @@ async fn an_emptied_state_file_is_refused_and_recover_rebuilds_it() {
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(said.contains("1 staged volume(s) and 1 publication(s)"), "{said}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("1 staged volume(s) and 1 publication(s)"),
+        "{said}"
+    );
 
     agent.spawn().await;
     let v = agent.status_json();
