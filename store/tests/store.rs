@@ -333,7 +333,9 @@ fn a_new_state_file_appears_whole_under_its_name() {
 /// new database), and set an all-zero file aside as a "creation cut short".
 #[test]
 fn an_emptied_or_headerless_state_file_is_refused_with_the_way_out() {
-    let cases: [(&str, fn(usize) -> Vec<u8>); 3] = [
+    /// A name, and the bytes the file is left with given its length.
+    type Damage = (&'static str, fn(usize) -> Vec<u8>);
+    let cases: [Damage; 3] = [
         ("empty", |_| Vec::new()),
         ("zeroed", |len| vec![0u8; len]),
         ("short-zeroed", |_| vec![0u8; 100]),
