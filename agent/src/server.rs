@@ -1,5 +1,6 @@
 //! `serve`: open the state, bind the socket, serve, recover, report ready; on SIGTERM stop
-//! accepting, let in-flight calls finish within the grace period, remove the socket.
+//! accepting, let in-flight calls finish within the grace period, remove the socket. SIGHUP is
+//! ignored (see `ignore_hangups`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -134,7 +135,28 @@ async fn loop_controller_recovery(c: Arc<LoopController>) {
     }
 }
 
+/// SIGHUP is logged and ignored, from the start of `serve` (start-up recovery included). It
+/// reaches a daemon as a "reload" (an `ExecReload=kill -HUP`, Nomad's `change_signal` for a
+/// re-rendered template, an operator's habit of reopening logs) or because the terminal or shell
+/// that started it went away (no nohup). The agent has nothing to reload (its configuration is
+/// its flags, read once; it logs to stderr), and none of these means "stop serving this node's
+/// volumes": a node plugin that goes away leaves the orchestrator's calls failing until someone
+/// restarts it. Draining would be that same outage, only tidier; the default action was worse
+/// still (death mid-call: no drain, the socket file left). SIGTERM and SIGINT stop the agent.
+fn ignore_hangups() -> Result<(), Fatal> {
+    let mut hangups = signal(SignalKind::hangup()).map_err(|e| fatal(e.to_string()))?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            tracing::warn!(
+                "SIGHUP ignored: nothing to reload, and a closed terminal does not stop the agent; stop it with SIGTERM"
+            );
+        }
+    });
+    Ok(())
+}
+
 pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
+    ignore_hangups()?;
     let upstream = crate::upstream::from_args(&args.upstream, args.backend, args.mode)
         .map_err(|message| Fatal { code: 2, message })?;
     let fds = crate::fd_budget::raise_nofile_limit();

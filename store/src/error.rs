@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 pub enum StoreError {
     #[error(
         "state file {path} is corrupt or unreadable ({detail}); the agent will not start on it. \
-         Rebuild it from the mount table with `ebs-node-agent recover --from-mounts`, or move it \
-         aside to start afresh"
+         Rebuild it from the mount table with `ebs-node-agent recover --from-mounts`, or start \
+         empty with `ebs-node-agent recover --reset` (either keeps this file, moved aside)"
     )]
     Corrupt { path: PathBuf, detail: String },
     #[error(

@@ -3,6 +3,7 @@
 //! blocking, so async callers wrap it in `spawn_blocking`.
 
 mod bounds;
+mod creation;
 mod error;
 mod live;
 mod overlay;
@@ -80,13 +81,7 @@ impl Drop for Store {
 impl Store {
     /// Opens (or creates) the state file for the one agent that owns it.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        // Checked only once redb refused the file: an agent that holds it never gets here.
-        let db = match live::open_database(path) {
-            Err(StoreError::Corrupt { .. }) if live::set_aside_if_cut_short(path)? => {
-                live::open_database(path)?
-            }
-            opened => opened?,
-        };
+        let db = live::open_or_create(path)?;
         let live = Arc::new(live::LiveDb::new(path, db));
         let group: Arc<group_commit::GroupCommit> = Default::default();
         let mut store = Store {
@@ -119,8 +114,15 @@ impl Store {
         if !path.exists() {
             return Err(StoreError::Missing(path.to_path_buf()));
         }
-        if live::creation_cut_short(path) {
-            return Err(StoreError::Unfinished(path.to_path_buf()));
+        match creation::shape(path) {
+            creation::Shape::CreationCutShort => {
+                return Err(StoreError::Unfinished(path.to_path_buf()));
+            }
+            shape => {
+                if let Some(refused) = creation::refusal(path, &shape) {
+                    return Err(refused);
+                }
+            }
         }
         let checked = Self::open_checked_copy(path)?;
         match redb::Database::builder().open_read_only(path) {

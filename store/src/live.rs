@@ -21,53 +21,30 @@ pub(crate) struct LiveDb {
     failure: Mutex<Option<String>>,
 }
 
-/// Whether `path` is a redb file whose creation was cut short (a power cut or a kill during the
-/// agent's first start). redb sizes a new file, writes its header without the magic number,
-/// flushes, and only then writes the magic number; nothing is committed before that. So a file
-/// without the magic number whose pages past the header page are all zeros never held a record.
-/// A committed file that lost its magic number has data pages, and stays refused as corrupt.
-pub(crate) fn creation_cut_short(path: &Path) -> bool {
-    use std::io::Read;
-    const MAGIC_LEN: usize = 9;
-    const HEADER_PAGE: usize = 4096;
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut buf = vec![0u8; 64 << 10];
-    let mut seen = 0usize;
-    loop {
-        let n = match f.read(&mut buf) {
-            Ok(0) => return seen > 0,
-            Ok(n) => n,
-            Err(_) => return false,
-        };
-        let checked = |from: usize, to: usize| buf[from.min(n)..to.min(n)].iter().all(|b| *b == 0);
-        let zero = if seen == 0 {
-            checked(0, MAGIC_LEN) && checked(HEADER_PAGE, n)
-        } else {
-            checked(0, n)
-        };
-        if !zero {
-            return false;
+/// Opens the state file, creating it first when there is none (see `creation`). A file at its
+/// name that is empty or has no header is refused; one an older agent's first start left
+/// unfinished is set aside and made again.
+pub(crate) fn open_or_create(path: &Path) -> Result<redb::Database, StoreError> {
+    use crate::creation::{self, Shape};
+    let missing =
+        std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+    if missing {
+        creation::create_whole(path)?;
+    } else {
+        match creation::shape(path) {
+            Shape::CreationCutShort => {
+                creation::set_aside(path, path)?;
+                creation::create_whole(path)?;
+            }
+            shape => {
+                if let Some(refused) = creation::refusal(path, &shape) {
+                    return Err(refused);
+                }
+                creation::tidy_creating(path)?;
+            }
         }
-        seen += n;
     }
-}
-
-/// Moves a file whose creation was cut short aside (kept, never deleted), so that redb creates
-/// the state file again instead of refusing it. Whether it did.
-pub(crate) fn set_aside_if_cut_short(path: &Path) -> Result<bool, StoreError> {
-    if !creation_cut_short(path) {
-        return Ok(false);
-    }
-    let aside = path.with_extension(format!("redb.unfinished-{}", crate::now_unix_ms()));
-    std::fs::rename(path, &aside).map_err(|e| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        detail: format!("its creation was cut short, and moving it aside failed: {e}"),
-    })?;
-    tracing::warn!(path = %path.display(), aside = %aside.display(),
-        "the state file's creation was cut short (power loss or kill during the first start); it held no records: set aside, starting afresh");
-    Ok(true)
+    open_database(path)
 }
 
 /// Copies the state file to `copy`, a new file only its owner can read (the copy lies in the
@@ -84,10 +61,11 @@ pub(crate) fn private_copy(path: &Path, copy: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Opens the existing file: never `create`, which would take an emptied file for a new one.
 pub(crate) fn open_database(path: &Path) -> Result<redb::Database, StoreError> {
     redb::Database::builder()
         .set_check_integrity_on_open(true)
-        .create(path)
+        .open(path)
         .map_err(|e| StoreError::open(path, e))
 }
 

@@ -265,31 +265,113 @@ fn cut_short_creation(path: &std::path::Path, header: bool) {
     std::fs::write(path, bytes).unwrap();
 }
 
+/// The files in `dir` whose name contains `part`.
+fn named(dir: &std::path::Path, part: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(part))
+        .collect()
+}
+
+/// The agent creates its state file under a temporary name (`<file>.creating`) and moves it
+/// into place only once it is whole; a power cut during the first start leaves that temporary
+/// file (in any of redb's creation stages), which the next start sets aside and makes again.
+/// A file of an older agent, which created in place, is still recognised at the final name by
+/// redb's own creation pattern: a header without its magic number, every other byte zero.
 #[test]
 fn a_creation_cut_short_is_set_aside_and_made_again() {
-    for header in [true, false] {
-        let dir = TempDir::new(&format!("cut-short-{header}"));
+    let cases: [(&str, Option<bool>, &str); 4] = [
+        ("creating-header", Some(true), "s.redb.creating"),
+        ("creating-zeros", Some(false), "s.redb.creating"),
+        ("creating-empty", None, "s.redb.creating"),
+        ("older-agent", Some(true), "s.redb"),
+    ];
+    for (name, header, left) in cases {
+        let dir = TempDir::new(&format!("cut-short-{name}"));
         let path = dir.0.join("s.redb");
-        cut_short_creation(&path, header);
-        let ro = Store::open_read_only(&path)
-            .err()
-            .expect("read-only open refuses");
-        assert!(matches!(ro, StoreError::Unfinished(_)), "{ro}");
-        assert!(ro.to_string().contains("holds no records"), "{ro}");
+        match header {
+            Some(header) => cut_short_creation(&dir.0.join(left), header),
+            None => std::fs::write(dir.0.join(left), b"").unwrap(),
+        }
+        if left == "s.redb" {
+            let ro = Store::open_read_only(&path)
+                .err()
+                .expect("read-only open refuses");
+            assert!(matches!(ro, StoreError::Unfinished(_)), "{name}: {ro}");
+            assert!(ro.to_string().contains("holds no records"), "{ro}");
+        }
         let store = Store::open(&path).expect("the agent starts afresh");
         store
             .write(Durability::Immediate, |w| w.put_staged(&staged("v1", 1)))
             .unwrap();
         assert!(store.staged("v1").unwrap().is_some());
-        let aside: Vec<_> = std::fs::read_dir(&dir.0)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().contains(".unfinished-"))
-            .collect();
         assert_eq!(
-            aside.len(),
+            named(&dir.0, ".unfinished-").len(),
             1,
-            "the cut-short file is kept aside, not deleted"
+            "{name}: the cut-short file is kept aside, not deleted"
+        );
+        assert!(named(&dir.0, ".creating").is_empty(), "{name}");
+    }
+}
+
+/// A first start leaves exactly the state file, with its schema: no temporary name behind.
+#[test]
+fn a_new_state_file_appears_whole_under_its_name() {
+    let dir = TempDir::new("appears-whole");
+    let path = dir.0.join("s.redb");
+    drop(Store::open(&path).unwrap());
+    assert_eq!(named(&dir.0, "s.redb"), vec!["s.redb".to_string()]);
+    let ro = Store::open_read_only(&path).unwrap();
+    assert_eq!(ro.schema_version().unwrap(), Some(SCHEMA_VERSION));
+}
+
+/// An existing state file cut to 0 bytes, or whose every byte is zero (no header at all), is
+/// corruption like any other: refused with the way out, and left as it is. Before the fix the
+/// agent started on the empty file ready and with no volumes (redb takes an empty file for a
+/// new database), and set an all-zero file aside as a "creation cut short".
+#[test]
+fn an_emptied_or_headerless_state_file_is_refused_with_the_way_out() {
+    /// A name, and the bytes the file is left with given its length.
+    type Damage = (&'static str, fn(usize) -> Vec<u8>);
+    let cases: [Damage; 3] = [
+        ("empty", |_| Vec::new()),
+        ("zeroed", |len| vec![0u8; len]),
+        ("short-zeroed", |_| vec![0u8; 100]),
+    ];
+    for (name, damage) in cases {
+        let dir = TempDir::new(&format!("emptied-{name}"));
+        let path = dir.0.join("s.redb");
+        {
+            let store = Store::open(&path).unwrap();
+            store
+                .write(Durability::Immediate, |w| w.put_staged(&staged("v1", 1)))
+                .unwrap();
+        }
+        let len = std::fs::metadata(&path).unwrap().len() as usize;
+        let bytes = damage(len);
+        std::fs::write(&path, &bytes).unwrap();
+        for (how, refused) in [
+            ("open", Store::open(&path).err()),
+            ("read-only open", Store::open_read_only(&path).err()),
+        ] {
+            let err = refused.unwrap_or_else(|| panic!("{name}: {how} accepted the file"));
+            assert!(
+                matches!(err, StoreError::Corrupt { .. }),
+                "{name}: {how}: {err}"
+            );
+            let said = err.to_string();
+            assert!(
+                said.contains("recover --from-mounts") && said.contains("recover --reset"),
+                "{name}: {how}: {said}"
+            );
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name}: file changed");
+        assert_eq!(
+            named(&dir.0, "s.redb"),
+            vec!["s.redb".to_string()],
+            "{name}"
         );
     }
 }

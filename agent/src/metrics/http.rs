@@ -1,9 +1,11 @@
 //! The scrape endpoint: a minimal HTTP/1.1 responder for `GET /metrics` on a TCP listener that
 //! anyone on the host may reach. One request per connection, and every resource a client can
-//! tie up is bounded: at most `max_connections` open at once (further ones are closed as soon
-//! as they are accepted, and counted), 2 s to send a request head of at most 2 KiB, 5 s to take
-//! the answer. A flood or a slowloris client costs a few descriptors for a few seconds, never
-//! the ones host work needs (see `fd_budget`).
+//! tie up is bounded: at most `max_connections` open at once, half of them per peer address;
+//! at the cap the oldest connection still waiting for its request head is closed to make room
+//! (see `admission`: so half-sent requests cannot keep a scrape out), and a new one is closed
+//! on accept only while every slot is answering; 2 s to send a request head of at most 2 KiB,
+//! 5 s to take the answer. A flood or a slowloris client costs a few descriptors for a few
+//! seconds, never the ones host work needs (see `fd_budget`), and never a scrape.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -13,9 +15,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
 use super::Sources;
+use super::admission::{Admission, EVICTED, Ticket};
 
 /// Prometheus sends a few hundred bytes of headers.
 const MAX_REQUEST: usize = 2 * 1024;
@@ -34,21 +37,22 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves until the process exits: metrics stay scrapable while calls drain after SIGTERM.
 pub fn spawn(listener: TcpListener, sources: Arc<Sources>, max_connections: usize) {
-    let slots = Arc::new(Semaphore::new(max_connections));
+    let admission = Admission::new(max_connections);
     tokio::spawn(async move {
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => {
-                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                Ok((stream, peer)) => {
+                    let Some((ticket, evicted)) = admission.admit(peer.ip()) else {
                         REFUSED.fetch_add(1, Ordering::Relaxed);
                         drop(stream);
                         continue;
                     };
                     let sources = Arc::clone(&sources);
-                    tokio::spawn(async move {
-                        serve_one(stream, sources).await;
-                        drop(slot);
-                    });
+                    tokio::spawn(serve_one(stream, sources, ticket, evicted));
+                    // Lets the new connection read its head before the next accept: a scrape's
+                    // head is there at once, and once read the scrape can no longer be evicted
+                    // by a burst of accepts behind it.
+                    tokio::task::yield_now().await;
                 }
                 // EMFILE and the like: back off rather than spin on a full descriptor table.
                 Err(e) => {
@@ -60,8 +64,19 @@ pub fn spawn(listener: TcpListener, sources: Arc<Sources>, max_connections: usiz
     });
 }
 
-async fn serve_one(mut stream: TcpStream, sources: Arc<Sources>) {
-    let request = match tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await {
+/// One connection, holding its slot (`ticket`) until it ends; `evicted` ends if the slot is
+/// taken back while the head is still awaited.
+async fn serve_one(
+    mut stream: TcpStream,
+    sources: Arc<Sources>,
+    ticket: Ticket,
+    evicted: oneshot::Receiver<()>,
+) {
+    let head = tokio::select! {
+        head = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)) => head,
+        _ = evicted => return,
+    };
+    let request = match head {
         Ok(Ok(Some(head))) => head,
         Ok(Ok(None)) | Ok(Err(_)) => return,
         Err(_) => {
@@ -69,6 +84,9 @@ async fn serve_one(mut stream: TcpStream, sources: Arc<Sources>) {
             return;
         }
     };
+    if !ticket.head_received() {
+        return;
+    }
     let answer = async {
         let (status, body) = match request {
             Head::TooLarge => ("431 Request Header Fields Too Large", String::new()),
@@ -132,14 +150,19 @@ fn render_listener(out: &mut String) {
     let _ = write!(
         out,
         "# HELP ebs_agent_metrics_connections_refused_total Metrics connections closed on \
-         accept because the connection cap was reached.\n\
+         accept because the connection cap was reached and every slot was answering.\n\
          # TYPE ebs_agent_metrics_connections_refused_total counter\n\
          ebs_agent_metrics_connections_refused_total {}\n\
+         # HELP ebs_agent_metrics_connections_evicted_total Metrics connections closed while \
+         still sending their request, to make room for a new one at the connection cap.\n\
+         # TYPE ebs_agent_metrics_connections_evicted_total counter\n\
+         ebs_agent_metrics_connections_evicted_total {}\n\
          # HELP ebs_agent_metrics_connections_timed_out_total Metrics connections dropped for \
          sending a request or taking the answer too slowly.\n\
          # TYPE ebs_agent_metrics_connections_timed_out_total counter\n\
          ebs_agent_metrics_connections_timed_out_total {}\n",
         REFUSED.load(Ordering::Relaxed),
+        EVICTED.load(Ordering::Relaxed),
         TIMED_OUT.load(Ordering::Relaxed),
     );
 }

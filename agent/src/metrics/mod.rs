@@ -3,6 +3,7 @@
 //! Gauges that describe state (volumes staged, published, operations in flight) are computed at
 //! scrape time from their sources, so they can never drift from the truth.
 
+mod admission;
 pub mod ebs;
 mod histogram;
 mod http;

@@ -1,13 +1,14 @@
 //! A hostile neighbour for the flood test: keeps up to CONNECTIONS idle TCP connections open to
 //! ADDR for SECONDS, opening a new one a second after the server closes one. Run as an unprivileged
-//! user (the test drops to nobody). Prints `established=N max_open=M` when done.
-//!   metrics_flood ADDR CONNECTIONS SECONDS
+//! user (the test drops to nobody). Prints `established=N max_open=M` when done. With `half`, each
+//! connection sends the start of a request head and never its end (a half-sent request).
+//!   metrics_flood ADDR CONNECTIONS SECONDS [half]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Default)]
@@ -17,7 +18,10 @@ struct Counts {
     max_open: AtomicUsize,
 }
 
-async fn hold(addr: String, until: Instant, counts: Arc<Counts>) {
+/// The start of a scrape's request head, without the empty line that ends it.
+const HALF_HEAD: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n";
+
+async fn hold(addr: String, until: Instant, counts: Arc<Counts>, half: bool) {
     while Instant::now() < until {
         let left = until.saturating_duration_since(Instant::now());
         let connected = tokio::time::timeout(left, TcpStream::connect(&addr)).await;
@@ -29,7 +33,10 @@ async fn hold(addr: String, until: Instant, counts: Arc<Counts>) {
         counts.established.fetch_add(1, Ordering::Relaxed);
         let now_open = counts.open.fetch_add(1, Ordering::Relaxed) + 1;
         counts.max_open.fetch_max(now_open, Ordering::Relaxed);
-        // Send nothing; wait for the server to give up on us (or the end of the flood).
+        if half {
+            let _ = stream.write_all(HALF_HEAD).await;
+        }
+        // Send nothing (more); wait for the server to give up on us (or the end of the flood).
         let mut byte = [0u8; 1];
         let left = until.saturating_duration_since(Instant::now());
         let _ = tokio::time::timeout(left, stream.read(&mut byte)).await;
@@ -44,9 +51,15 @@ async fn hold(addr: String, until: Instant, counts: Arc<Counts>) {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, addr, connections, seconds] = args.as_slice() else {
-        eprintln!("usage: metrics_flood ADDR CONNECTIONS SECONDS");
-        std::process::exit(2);
+    let (addr, connections, seconds, half) = match args.as_slice() {
+        [_, addr, connections, seconds] => (addr, connections, seconds, false),
+        [_, addr, connections, seconds, half] if half == "half" => {
+            (addr, connections, seconds, true)
+        }
+        _ => {
+            eprintln!("usage: metrics_flood ADDR CONNECTIONS SECONDS [half]");
+            std::process::exit(2);
+        }
     };
     let (Ok(connections), Ok(seconds)) = (connections.parse::<usize>(), seconds.parse::<u64>())
     else {
@@ -56,7 +69,7 @@ async fn main() {
     let until = Instant::now() + Duration::from_secs(seconds);
     let counts = Arc::new(Counts::default());
     let tasks: Vec<_> = (0..connections)
-        .map(|_| tokio::spawn(hold(addr.clone(), until, Arc::clone(&counts))))
+        .map(|_| tokio::spawn(hold(addr.clone(), until, Arc::clone(&counts), half)))
         .collect();
     for t in tasks {
         let _ = t.await;

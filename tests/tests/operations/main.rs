@@ -1,11 +1,13 @@
 //! Running the agent as operators do: systemd's notify protocol, the Prometheus endpoint, the logs
 //! (one line per call, JSON on request, never a secret), the systemd unit's capability set, and
-//! `doctor`.
+//! `doctor`; signals other than SIGTERM, and a damaged state file.
 
 mod doctor;
 mod logs;
 mod metrics;
 mod notify;
+mod signals;
+mod state_file;
 mod syscall_filter;
 mod unit_caps;
 

@@ -183,8 +183,9 @@ impl Run<'_> {
             return serde_json::from_slice(&out.stdout).map_err(|e| format!("status JSON: {e}"));
         }
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        // Before the agent first said it was ready, the file may not exist yet, or its
-        // creation may have been cut short (then the agent sets it aside and starts afresh).
+        // Before the agent first said it was ready, the file may not exist yet (it is made as
+        // `state.redb.creating` and named only once whole; the next start sets a cut-short one
+        // aside), or, as an older agent left it, its creation may have been cut short in place.
         let no_file_yet = !agent.state_dir.join("state.redb").exists();
         let unfinished = err.contains("was still being created");
         if (no_file_yet || unfinished) && !acked("agent-ready") {
