@@ -208,6 +208,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         Arc::clone(&store),
     ));
     let attention = Arc::new(node::attention::Attention::new(args.attention_retry));
+    let agent_tag = node::instance::agent_tag(&args.state_dir, &args.state_dir.join(STATE_FILE))
+        .map_err(|e| fatal(format!("this agent's instance id: {e}")))?;
     let ctx = Arc::new(AgentCtx::new(
         Arc::clone(&store),
         Arc::clone(&backend),
@@ -218,6 +220,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }),
         Arc::clone(&health),
         Arc::clone(&attention),
+        agent_tag,
     ));
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.

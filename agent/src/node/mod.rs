@@ -7,9 +7,11 @@ pub mod attention;
 mod evidence;
 mod expand;
 mod host_ops;
+pub mod instance;
 mod read_probe;
 pub mod reclaim;
 pub mod recovery;
+mod ro_binds;
 pub mod ro_block;
 mod stats;
 mod volume_condition;
@@ -66,6 +68,7 @@ impl AgentCtx {
         observer: Arc<dyn Observer>,
         health: Arc<crate::health::Health>,
         attention: Arc<attention::Attention>,
+        agent_tag: ebs_node_core::node::ro_tag::AgentTag,
     ) -> Self {
         AgentCtx {
             node: NodeCtx {
@@ -77,6 +80,7 @@ impl AgentCtx {
                 claims: PathClaims::default(),
                 roots,
                 observer,
+                agent_tag,
             },
             store,
             health,
