@@ -293,18 +293,20 @@ mod tests {
 
     fn ctx(dir: &std::path::Path) -> Arc<AgentCtx> {
         let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));
-        Arc::new(AgentCtx::new(
-            Arc::clone(&store),
-            Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
-            Arc::new(crate::node::RealHost {
-                fstools: FsTools::detect(),
-            }),
-            Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
-            Arc::new(ebs_node_core::node::Unobserved),
-            Default::default(),
-            Default::default(),
-            ebs_node_core::node::ro_tag::AgentTag::new(1, &dir.join("state.redb")),
-        ))
+        Arc::new(
+            AgentCtx::new(
+                Arc::clone(&store),
+                Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
+                Arc::new(crate::node::RealHost {
+                    fstools: FsTools::detect(),
+                }),
+                Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
+                Arc::new(ebs_node_core::node::Unobserved),
+                Default::default(),
+                Default::default(),
+            )
+            .expect("context"),
+        )
     }
 
     /// A volume recorded as staged whose staging mount is gone (a reboot): recovery drops it.
