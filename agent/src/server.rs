@@ -230,17 +230,20 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         Arc::clone(&store),
     ));
     let attention = Arc::new(node::attention::Attention::new(args.attention_retry));
-    let ctx = Arc::new(AgentCtx::new(
-        Arc::clone(&store),
-        Arc::clone(&backend),
-        Arc::new(node::RealHost { fstools }),
-        (*roots).clone(),
-        Arc::new(node::AgentObserver {
-            crash_after: crate::test_hooks::CrashPoint::from_args(&args.test_hooks),
-        }),
-        Arc::clone(&health),
-        Arc::clone(&attention),
-    ));
+    let ctx = Arc::new(
+        AgentCtx::new(
+            Arc::clone(&store),
+            Arc::clone(&backend),
+            Arc::new(node::RealHost { fstools }),
+            (*roots).clone(),
+            Arc::new(node::AgentObserver {
+                crash_after: crate::test_hooks::CrashPoint::from_args(&args.test_hooks),
+            }),
+            Arc::clone(&health),
+            Arc::clone(&attention),
+        )
+        .map_err(|e| fatal(format!("this agent's instance id: {e}")))?,
+    );
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.
     if let Some(addr) = args.metrics_address {

@@ -2,6 +2,11 @@
 //! kept (moved aside), never deleted; `--from-mounts` rebuilds staged volumes and publications from
 //! /proc/self/mountinfo, `--reset` starts empty.
 //!
+//! A read-only raw block publication binds one of this agent's read-only loop devices laid over
+//! the volume's (see `node::ro_block`): it is rebuilt as such (read-only, block), so the device
+//! stays and unpublish detaches it; one this agent did not lay there is left alone and said so.
+//! Start-up never detaches a read-only device the host shows in use, record or not.
+//!
 //! Records rebuilt from mounts do not know the access mode or mount flags the CO asked for: they
 //! carry access mode 0 ("recovered"), which the compatibility checks treat as "accept the CO's".
 
@@ -17,11 +22,13 @@ use ebs_store::{
 use crate::backend::loopback::file_inode;
 use crate::cli::RecoverArgs;
 use crate::server::STATE_FILE;
+use ebs_node_core::node::ro_tag::AgentTag;
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_host::blkid;
 use ebs_node_host::device::block_devnum;
-use ebs_node_host::loopdev;
+use ebs_node_host::loopdev::{self, overlay};
 use ebs_node_host::mount::table::MountTable;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 /// A device the agent can tell is one of its volumes.
 struct Known {
@@ -70,7 +77,10 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
         .chain(nvme_volumes())
         .collect::<Vec<_>>();
     let table = MountTable::read().map_err(|e| e.to_string())?;
-    let (staged, published) = rebuild_mounts(&store, &known, &table)?;
+    // Kept beside the state file, so the read-only block devices this agent laid are still its.
+    let agent_tag = crate::node::instance::agent_tag(state_dir, path)
+        .map_err(|e| format!("this agent's instance id: {e}"))?;
+    let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag)?;
     Ok(format!(
         "rebuilt {} staged volume(s) and {} publication(s) from the mount table",
         staged, published
@@ -161,10 +171,46 @@ fn nvme_volumes() -> Vec<Known> {
     known
 }
 
+/// The volume a block bind at `at` hands out, and whether through one of this agent's
+/// read-only devices laid over it (a read-only raw block publication): by the device numbers of
+/// the node bound there, not by names.
+fn block_bound<'k>(
+    at: &Path,
+    by_numbers: &HashMap<DevNum, &'k Known>,
+    agent_tag: &AgentTag,
+) -> Option<(&'k Known, bool)> {
+    let meta = std::fs::symlink_metadata(at).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let devnum = ebs_node_host::device::devnum_of(meta.rdev());
+    if let Some(k) = by_numbers.get(&devnum) {
+        return Some((k, false));
+    }
+    let ro = overlay::status_by_devnum(devnum).ok().flatten()?;
+    let k = by_numbers.get(&ro.backing)?;
+    let laid_here = [
+        agent_tag.tag(&k.volume_id, at),
+        agent_tag.legacy_tag(&k.volume_id, at),
+    ];
+    if !ro.read_only || !laid_here.contains(&ro.tag) {
+        println!(
+            "volume {}: {} binds a read-only device ({}) this agent did not lay there; left alone, \
+             no record made",
+            k.volume_id,
+            at.display(),
+            ro.tag
+        );
+        return None;
+    }
+    Some((k, true))
+}
+
 fn rebuild_mounts(
     store: &Store,
     known: &[Known],
     table: &MountTable,
+    agent_tag: &AgentTag,
 ) -> Result<(usize, usize), String> {
     let mut by_numbers: HashMap<DevNum, &Known> = HashMap::new();
     for k in known {
@@ -177,9 +223,16 @@ fn rebuild_mounts(
     // mountinfo lists mounts in the order they were made: a volume's first mount is its staging.
     for m in table.entries() {
         let block_bind = m.fs_type == "devtmpfs" || m.fs_type == "tmpfs";
+        let mut read_only_device = false;
         let k = if block_bind {
             let dev = Path::new("/dev").join(m.root.strip_prefix("/").unwrap_or(&m.root));
-            known.iter().find(|k| k.device == dev)
+            match block_bound(&m.mount_point, &by_numbers, agent_tag) {
+                Some((k, ro)) => {
+                    read_only_device = ro;
+                    Some(k)
+                }
+                None => known.iter().find(|k| k.device == dev),
+            }
         } else {
             by_numbers.get(&DevNum::new(m.major, m.minor)).copied()
         };
@@ -267,7 +320,7 @@ fn rebuild_mounts(
             target_path: m.mount_point.clone(),
             staging_path: staging_of.get(vol).cloned().unwrap_or_default(),
             block: block_bind,
-            readonly: m.is_read_only(),
+            readonly: m.is_read_only() || read_only_device,
             access_mode: 0,
             mount_flags: Vec::new(),
             progress: Progress::Complete,
@@ -277,7 +330,15 @@ fn rebuild_mounts(
             .write(Durability::Immediate, |w| w.put_publication(&publication))
             .map_err(|e| e.to_string())?;
         published += 1;
-        println!("volume {vol}: published at {}", m.mount_point.display());
+        let how = if read_only_device {
+            " (read-only raw block, through its read-only device: kept)"
+        } else {
+            ""
+        };
+        println!(
+            "volume {vol}: published at {}{how}",
+            m.mount_point.display()
+        );
     }
     Ok((staged, published))
 }

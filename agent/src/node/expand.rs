@@ -88,6 +88,10 @@ pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
             device.display()
         )));
     }
+    // A read-only block publication binds a loop device laid over the volume's: it keeps the
+    // old size until told, and the answer must be what the workload sees.
+    held.reverify(ctx)?;
+    let followed = super::ro_block::follow_resize(ctx, vol.as_str(), held.devnum(), size)?;
     let grown = match mounted {
         Some((fs, root)) => {
             held.reverify(ctx)?;
@@ -96,7 +100,7 @@ pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
         }
         None => false,
     };
-    tracing::info!(volume = %vol, bytes = size, grown, "expanded");
+    tracing::info!(volume = %vol, bytes = size, grown, read_only_devices = followed, "expanded");
     journal.note(
         Step::Expanded,
         Phase::Done,

@@ -7,9 +7,11 @@ pub mod attention;
 mod evidence;
 mod expand;
 mod host_ops;
+pub mod instance;
 mod read_probe;
 pub mod reclaim;
 pub mod recovery;
+mod ro_binds;
 pub mod ro_block;
 mod stats;
 mod volume_condition;
@@ -57,7 +59,8 @@ impl Deref for AgentCtx {
 
 impl AgentCtx {
     /// The context over `store`, which is also the pipeline's ledger: one store, so what the
-    /// pipeline commits is what recovery, the inventory and the v0.1 door read.
+    /// pipeline commits is what recovery, the inventory and the v0.1 door read. Fails only when
+    /// the instance id beside the store's file can be neither read nor made.
     pub fn new(
         store: Arc<Store>,
         backend: Arc<dyn Backend>,
@@ -66,8 +69,13 @@ impl AgentCtx {
         observer: Arc<dyn Observer>,
         health: Arc<crate::health::Health>,
         attention: Arc<attention::Attention>,
-    ) -> Self {
-        AgentCtx {
+    ) -> std::io::Result<Self> {
+        // The instance id beside the store's file (made with the state directory) names the
+        // read-only block devices this agent lays.
+        let state_file = store.path().to_path_buf();
+        let state_dir = state_file.parent().unwrap_or(std::path::Path::new("."));
+        let agent_tag = instance::agent_tag(state_dir, &state_file)?;
+        Ok(AgentCtx {
             node: NodeCtx {
                 ledger: Arc::clone(&store) as _,
                 backend,
@@ -77,11 +85,12 @@ impl AgentCtx {
                 claims: PathClaims::default(),
                 roots,
                 observer,
+                agent_tag,
             },
             store,
             health,
             attention,
-        }
+        })
     }
 
     /// Node calls wait for start-up recovery: before it, the records may not match the host.

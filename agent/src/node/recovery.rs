@@ -116,31 +116,16 @@ pub async fn recover(ctx: &Arc<AgentCtx>, wait: Duration) -> Result<RecoveryRepo
         }
     }
     let ctx = Arc::clone(ctx);
-    match blocking(move || sweep_read_only_devices(&ctx)).await {
-        Ok(n) if n > 0 => tracing::info!(
-            detached = n,
-            "recovery: stray read-only block devices detached"
+    match blocking(move || super::ro_block::sweep(&ctx)).await {
+        Ok(s) if s.detached + s.adopted > 0 => tracing::info!(
+            detached = s.detached,
+            adopted = s.adopted,
+            "recovery: read-only block devices no record names: unused ones detached, used ones kept"
         ),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "recovery: stray read-only block devices not swept"),
     }
     Ok(report)
-}
-
-/// A publish that crashed between laying its read-only device and binding it, or an unpublish
-/// that crashed before detaching it, leaves a device no publication record names (see
-/// `ro_block`). Every device a record still names is kept: the records of a volume that needs
-/// attention are all still there, so its devices are never taken from under it. Records that do
-/// not decode leave the sweep for the next start.
-fn sweep_read_only_devices(ctx: &AgentCtx) -> Result<usize> {
-    let keep = ctx
-        .store
-        .all_publications()?
-        .into_iter()
-        .filter(|p| p.block && p.readonly)
-        .map(|p| ebs_node_core::node::ro_tag::tag(ctx, p.volume_id.as_str(), &p.target_path))
-        .collect();
-    super::ro_block::sweep(ctx, &keep)
 }
 
 /// Interrupted or failed mkfs runs, for the log; a format record that does not decode marks its
@@ -311,17 +296,20 @@ mod tests {
 
     fn ctx(dir: &std::path::Path) -> Arc<AgentCtx> {
         let store = Arc::new(Store::open(&dir.join("state.redb")).expect("store"));
-        Arc::new(AgentCtx::new(
-            Arc::clone(&store),
-            Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
-            Arc::new(crate::node::RealHost {
-                fstools: FsTools::detect(),
-            }),
-            Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
-            Arc::new(ebs_node_core::node::Unobserved),
-            Default::default(),
-            Default::default(),
-        ))
+        Arc::new(
+            AgentCtx::new(
+                Arc::clone(&store),
+                Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
+                Arc::new(crate::node::RealHost {
+                    fstools: FsTools::detect(),
+                }),
+                Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),
+                Arc::new(ebs_node_core::node::Unobserved),
+                Default::default(),
+                Default::default(),
+            )
+            .expect("context"),
+        )
     }
 
     /// A volume recorded as staged whose staging mount is gone (a reboot): recovery drops it.

@@ -2,13 +2,16 @@
 //! the real binary: the loop controller racing a stage (item 2), a read-only raw block
 //! publication that was writable (item 5), a v0.1 retry removing the first call's staging
 //! directory (item 8), `ro` among the mount flags (item 9), a CreateVolume retry after a failed
-//! sizing (item 10).
+//! sizing (item 10). Issue 49: read-only raw block devices kept through a rebuilt or reset
+//! state and through another agent's start, and following a resize (`ro_recovery`, `ro_resize`).
 
 mod create_retry;
 mod races;
 mod ro_block;
 mod ro_flags;
 mod ro_peer;
+mod ro_recovery;
+mod ro_resize;
 mod v01_retry;
 
 use std::path::Path;

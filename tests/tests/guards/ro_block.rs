@@ -16,7 +16,7 @@ use csi::volume_capability::access_mode::Mode;
 use super::{MIB, backing_file, is_mounted, write_fails};
 
 /// Loop devices laid over `device` (their backing file is the device node).
-fn loops_over(device: &str) -> Vec<String> {
+pub(super) fn loops_over(device: &str) -> Vec<String> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/sys/block")
         .into_iter()
@@ -32,7 +32,7 @@ fn loops_over(device: &str) -> Vec<String> {
 }
 
 /// Detaches, on drop, every loop device over `device` (a failed test leaks none).
-struct Overlays(String);
+pub(super) struct Overlays(pub(super) String);
 
 impl Drop for Overlays {
     fn drop(&mut self) {
@@ -44,7 +44,7 @@ impl Drop for Overlays {
     }
 }
 
-fn head(path: &Path) -> Vec<u8> {
+pub(super) fn head(path: &Path) -> Vec<u8> {
     let mut buf = vec![0u8; 4096];
     std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut buf))
@@ -52,10 +52,14 @@ fn head(path: &Path) -> Vec<u8> {
     buf
 }
 
-const PATTERN: u8 = 0x5A;
+pub(super) const PATTERN: u8 = 0x5A;
 
 /// A block volume with a known first block, staged at `staging`.
-async fn staged_block(agent: &Agent, name: &str, mode: Mode) -> (Vol, std::path::PathBuf) {
+pub(super) async fn staged_block(
+    agent: &Agent,
+    name: &str,
+    mode: Mode,
+) -> (Vol, std::path::PathBuf) {
     let vol = create_attached(agent, name, 16 * MIB).await;
     std::fs::write(&vol.device, vec![PATTERN; 4096]).expect("write the first block");
     let staging = agent.work.join(format!("staging/{name}"));
@@ -68,13 +72,13 @@ async fn staged_block(agent: &Agent, name: &str, mode: Mode) -> (Vol, std::path:
     (vol, staging)
 }
 
-fn target(agent: &Agent, name: &str) -> std::path::PathBuf {
+pub(super) fn target(agent: &Agent, name: &str) -> std::path::PathBuf {
     let t = agent.work.join(format!("pods/{name}/dev"));
     std::fs::create_dir_all(t.parent().unwrap()).unwrap();
     t
 }
 
-fn check_read_only(vol: &Vol, target: &Path) {
+pub(super) fn check_read_only(vol: &Vol, target: &Path) {
     assert!(is_mounted(target), "nothing bound at {}", target.display());
     write_fails(target).expect("a write into a read-only block publication");
     assert_eq!(

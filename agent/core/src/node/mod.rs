@@ -76,6 +76,8 @@ pub struct NodeCtx {
     pub roots: Roots,
     /// Metrics and, in test builds only, the crash matrix's kill point.
     pub observer: Arc<dyn Observer>,
+    /// This agent instance's part of the names it gives on the host (`ro_tag`).
+    pub agent_tag: ro_tag::AgentTag,
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked (plain lists and maps,

@@ -1,7 +1,13 @@
 //! The names of read-only raw block devices (see the daemon's `ro_block`). Each such device is
-//! named with a tag: this agent's (a hash of its state file's path, so that agents sharing a host
-//! never take each other's), and the publication's (volume and target). Publish journals its bind
-//! intent durably before it lays the device, so after a crash the record names the tag.
+//! named with a tag: this agent instance's part, and the publication's (volume and target).
+//! Publish journals its bind intent durably before it lays the device, so after a crash the
+//! record names the tag.
+//!
+//! The agent's part is a random instance id kept beside the state file (the daemon's
+//! `node::instance`): two agents whose state files have one path in two mount namespaces are two
+//! instances, so neither ever takes the other's devices. Agents before it used a hash of the
+//! state file's path (8 hex digits, not 16): such tags outlive the binary, so they are still
+//! read as this agent's ("legacy").
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -26,64 +32,136 @@ fn fnv(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// This agent's tags start so.
-pub fn agent_prefix(ctx: &NodeCtx) -> String {
-    prefix_for(ctx.ledger.path())
+/// This agent's part of its tags: the current one (its instance id) and the legacy one (its
+/// state file's path), which an agent before instance ids gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTag {
+    current: String,
+    legacy: String,
 }
 
-fn prefix_for(state_file: &Path) -> String {
+impl AgentTag {
+    /// `instance`: 16 hex digits, random, made once with the state directory.
+    pub fn new(instance: u64, state_file: &Path) -> Self {
+        AgentTag {
+            current: format!("{PREFIX}{instance:016x}:"),
+            legacy: legacy_prefix(state_file),
+        }
+    }
+
+    /// The prefix of the tags this agent lays.
+    pub fn prefix(&self) -> &str {
+        &self.current
+    }
+
+    /// Both prefixes this agent's tags may start with (current first).
+    pub fn prefixes(&self) -> [&str; 2] {
+        [&self.current, &self.legacy]
+    }
+
+    /// Whether `tag` is one this agent laid, now or before instance ids.
+    pub fn owns(&self, tag: &str) -> bool {
+        self.prefixes().iter().any(|p| tag.starts_with(p))
+    }
+
+    /// The tag of the read-only device of `volume`'s publication at `target`.
+    pub fn tag(&self, volume: &str, target: &Path) -> String {
+        format!("{}{:016x}", self.current, publication(volume, target))
+    }
+
+    /// The tag the same publication had under the legacy scheme.
+    pub fn legacy_tag(&self, volume: &str, target: &Path) -> String {
+        format!("{}{:016x}", self.legacy, publication(volume, target))
+    }
+}
+
+fn publication(volume: &str, target: &Path) -> u64 {
+    fnv(&[volume.as_bytes(), target.as_os_str().as_bytes()])
+}
+
+fn legacy_prefix(state_file: &Path) -> String {
     let state = state_file.as_os_str().as_bytes();
     format!("{PREFIX}{:08x}:", fnv(&[state]) & 0xffff_ffff)
 }
 
-/// The tag of the read-only device of `volume`'s publication at `target`.
-pub fn tag(ctx: &NodeCtx, volume: &str, target: &Path) -> String {
-    tag_for(ctx.ledger.path(), volume, target)
+/// This agent's tags start so.
+pub fn agent_prefix(ctx: &NodeCtx) -> &str {
+    ctx.agent_tag.prefix()
 }
 
-fn tag_for(state_file: &Path, volume: &str, target: &Path) -> String {
-    let id = fnv(&[volume.as_bytes(), target.as_os_str().as_bytes()]);
-    format!("{}{id:016x}", prefix_for(state_file))
+/// The tag of the read-only device of `volume`'s publication at `target`.
+pub fn tag(ctx: &NodeCtx, volume: &str, target: &Path) -> String {
+    ctx.agent_tag.tag(volume, target)
+}
+
+/// The publication part of any agent's tag, current or legacy.
+pub fn publication_part(tag: &str) -> Option<&str> {
+    let rest = tag.strip_prefix(PREFIX)?;
+    let (agent, publication) = rest.split_once(':')?;
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    ((hex(agent, 8) || hex(agent, 16)) && hex(publication, 16)).then_some(publication)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const ID: u64 = 0x0123_4567_89ab_cdef;
+
     #[test]
     fn tags_fit_the_loop_name_and_tell_agents_and_publications_apart() {
         let (a, b) = (
-            Path::new("/var/lib/a/state.redb"),
-            Path::new("/var/lib/b/state.redb"),
+            AgentTag::new(ID, Path::new("/var/lib/a/state.redb")),
+            AgentTag::new(ID + 1, Path::new("/var/lib/b/state.redb")),
         );
-        let t = tag_for(
-            a,
-            "vol-0123456789abcdef0",
-            Path::new("/var/lib/kubelet/pods/x/dev"),
-        );
+        let x = Path::new("/var/lib/kubelet/pods/x/dev");
+        let t = a.tag("vol-0123456789abcdef0", x);
         // lo_file_name holds 64 bytes with its NUL.
         assert!(t.len() <= 63, "{t}");
-        assert!(t.starts_with(&prefix_for(a)) && t.starts_with(PREFIX));
-        assert!(!t.starts_with(&prefix_for(b)));
+        assert!(t.starts_with(a.prefix()) && t.starts_with(PREFIX) && a.owns(&t));
+        assert!(!b.owns(&t));
         let others = [
-            tag_for(
-                a,
+            a.tag(
                 "vol-0123456789abcdef0",
                 Path::new("/var/lib/kubelet/pods/y/dev"),
             ),
-            tag_for(a, "vol-1", Path::new("/var/lib/kubelet/pods/x/dev")),
-            tag_for(
-                b,
-                "vol-0123456789abcdef0",
-                Path::new("/var/lib/kubelet/pods/x/dev"),
-            ),
+            a.tag("vol-1", x),
+            b.tag("vol-0123456789abcdef0", x),
         ];
         assert!(others.iter().all(|o| *o != t));
-        // Stable across builds: the hash is spelled out, not std's, and a tag an agent laid
-        // before an upgrade must still be found after it (the value the daemon's ro_block gave
-        // before the pipeline moved to the core).
-        assert_eq!(t, "ebsna-ro:f816c673:3cddad61b9deacac");
+        assert_eq!(t, "ebsna-ro:0123456789abcdef:3cddad61b9deacac");
+        assert_eq!(publication_part(&t), Some("3cddad61b9deacac"));
         assert_eq!(fnv(&[b"a"]), fnv(&[b"a"]));
         assert_ne!(fnv(&[b"ab", b""]), fnv(&[b"a", b"b"]));
+    }
+
+    #[test]
+    fn one_state_path_in_two_namespaces_is_two_agents() {
+        let path = Path::new("/var/lib/ebs-node-agent/state.redb");
+        let (a, b) = (AgentTag::new(ID, path), AgentTag::new(ID ^ 1, path));
+        let x = Path::new("/var/lib/kubelet/pods/x/dev");
+        assert!(!b.owns(&a.tag("v", x)) && !a.owns(&b.tag("v", x)));
+        // Both still read the tags the path's agent laid before instance ids.
+        assert!(a.owns(&a.legacy_tag("v", x)) && b.owns(&a.legacy_tag("v", x)));
+    }
+
+    #[test]
+    fn tags_laid_before_instance_ids_are_still_this_agents() {
+        // Stable across builds: the hash is spelled out, not std's; the value the daemon's
+        // ro_block gave before the pipeline moved to the core, and before instance ids.
+        let a = AgentTag::new(ID, Path::new("/var/lib/a/state.redb"));
+        let old = "ebsna-ro:f816c673:3cddad61b9deacac";
+        assert_eq!(
+            a.legacy_tag(
+                "vol-0123456789abcdef0",
+                Path::new("/var/lib/kubelet/pods/x/dev")
+            ),
+            old
+        );
+        assert!(a.owns(old));
+        assert_eq!(publication_part(old), Some("3cddad61b9deacac"));
+        // A legacy prefix never matches a current tag (8 hex digits then ':', not 16).
+        assert!(!a.tag("v", Path::new("/t")).starts_with(a.prefixes()[1]));
+        assert_eq!(publication_part("ebsna-ro:xyz:3cddad61b9deacac"), None);
     }
 }

@@ -92,6 +92,7 @@ impl Harness {
             claims: Default::default(),
             roots: roots.clone(),
             observer: Arc::new(Unobserved),
+            agent_tag: crate::node::ro_tag::AgentTag::new(1, &dir.join("state.redb")),
         });
         Harness {
             dir,
