@@ -76,7 +76,11 @@ async fn prefixes_and_the_agents_own_directories_are_never_paths() {
 /// Binds `from` at `to` (made first); the scratch directory's clean-up unmounts it.
 fn bind_alias(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
-    sh(&format!("mount --bind '{}' '{}'", from.display(), to.display()));
+    sh(&format!(
+        "mount --bind '{}' '{}'",
+        from.display(),
+        to.display()
+    ));
 }
 
 /// Issue 49: the shipped DaemonSet gave the socket directory a second name below the allowed

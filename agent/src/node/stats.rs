@@ -13,9 +13,9 @@ use super::AgentCtx;
 use super::ownership::{Expected, Holder, holder};
 use super::path_handles;
 use super::volume_condition::{self, Condition};
-use ebs_node_core::seam::FileKind;
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_core::seam::FileKind;
 use ebs_node_host::device;
 
 pub struct StatsCommand {

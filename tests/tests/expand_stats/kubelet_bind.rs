@@ -69,17 +69,13 @@ async fn block_stats_answer_at_kubelets_own_bind_of_the_device() {
         .expect("read-only publish");
     let ro_at = devices.join("pv-kb/dev/pod-2");
     kubelet_bind(&ro_target, &ro_at);
-    let s = stats(&agent, &p.vol.id, &ro_at).await.expect("read-only bind");
+    let s = stats(&agent, &p.vol.id, &ro_at)
+        .await
+        .expect("read-only bind");
     assert_eq!(s.usage[0].total, 32 * MIB);
 
     // Another volume's device, a plain file, nothing at all: not this volume's place.
-    let other = placed(
-        &agent,
-        "other",
-        32 * MIB,
-        block_cap(Mode::SingleNodeWriter),
-    )
-    .await;
+    let other = placed(&agent, "other", 32 * MIB, block_cap(Mode::SingleNodeWriter)).await;
     let other_at = devices.join("pv-other/dev/pod-3");
     kubelet_bind(&other.target, &other_at);
     let plain = devices.join("pv-kb/dev/plain");

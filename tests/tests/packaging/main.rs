@@ -94,7 +94,8 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
             .cloned()
             .unwrap_or_else(|| panic!("{} does not mount {path}", c["name"]))
     };
-    let plugin_volume = mount_of(find(containers, "node-driver-registrar"), socket_dir)["name"].clone();
+    let plugin_volume =
+        mount_of(find(containers, "node-driver-registrar"), socket_dir)["name"].clone();
     for name in ["node-driver-registrar", "liveness-probe"] {
         let c = find(containers, name);
         assert_eq!(flag(&c["args"], "csi-address"), socket, "{name}");
@@ -109,7 +110,10 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
     // name below an allowed prefix (issue 49: `/csi` was also `/var/lib/kubelet/plugins/<driver>`)
     // would let a stage there cover the socket kubelet dials.
     let state_dir = str_of(&cfg["state_dir"], "state_dir");
-    assert_eq!(host_path_in(pod, agent, socket_dir), Some(plugin_host.clone()));
+    assert_eq!(
+        host_path_in(pod, agent, socket_dir),
+        Some(plugin_host.clone())
+    );
     for dir in [socket_dir, state_dir] {
         let host = host_path_in(pod, agent, dir).unwrap_or_else(|| panic!("{dir} not mounted"));
         assert_eq!(

@@ -5,16 +5,20 @@ use std::path::Path;
 
 use super::host::{Ancestry, Entry, PathRefusal, Place};
 use super::{NodeCtx, claims};
-use crate::seam::FileKind;
 use crate::error::{Error, Result};
 use crate::request::{RequestPath, ValidationError};
+use crate::seam::FileKind;
 
 /// A request path for work that creates it (stage, publish): missing parents are made. Where
 /// it lies is checked as places, not names: neither in the agent's own directories nor in a
 /// volume's filesystem, under any name.
 pub fn prepare(ctx: &NodeCtx, path: &RequestPath) -> Result<Box<dyn Entry>> {
     let refuse = |e| refused(path.field(), path.as_path(), e);
-    let entry = match ctx.host.lookup(path.prefix(), path.as_path()).map_err(refuse)? {
+    let entry = match ctx
+        .host
+        .lookup(path.prefix(), path.as_path())
+        .map_err(refuse)?
+    {
         Some(entry) => entry,
         None => {
             // Directories are to be made: the one they go in is checked first, so that a

@@ -143,7 +143,12 @@ impl Anchored {
         let (name, parents) = parts
             .split_last()
             .expect("below() returns at least one part");
-        let root = open_prefix(prefix, create)?;
+        let root = match open_prefix(prefix, create) {
+            // No prefix yet (v0.1's staging directory before its first stage): nothing is
+            // below it either.
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
+        };
         let prefix = place(&root)?;
         Ok(walk(root, parents, create)?.map(|dir| Anchored {
             dir,

@@ -38,7 +38,9 @@ pub use ebs_node_core::seam::MountFacts;
 /// The top-most mount at `entry`, if the entry is a mount root.
 pub fn mounted_at(entry: &Anchored) -> io::Result<Option<MountFacts>> {
     match entry.stat()? {
-        Some(node) => facts(node, entry.path(), || Ok(entry.stat()?.and_then(|st| st.mnt_id))),
+        Some(node) => facts(node, entry.path(), || {
+            Ok(entry.stat()?.and_then(|st| st.mnt_id))
+        }),
         None => Ok(None),
     }
 }
@@ -78,10 +80,7 @@ fn facts(
     let table = read_table()?;
     let line = match node.mnt_id {
         Some(id) if !node.mnt_id_unique => {
-            let line = table
-                .entries()
-                .iter()
-                .find(|e| u64::from(e.mount_id) == id);
+            let line = table.entries().iter().find(|e| u64::from(e.mount_id) == id);
             if line.is_some() && mnt_id_now()? != Some(id) {
                 return Err(io::Error::other(format!(
                     "the mount at {} changed while it was examined",

@@ -21,8 +21,8 @@ use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
 use crate::node::host::ReadOnlyDevice;
-use crate::node::host::{DeviceHandle, HostOps};
 use crate::node::host::{Ancestry, Entry, OpenEntry, PathRefusal, Place};
+use crate::node::host::{DeviceHandle, HostOps};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
 use crate::request::{FormatOptions, FsType};
@@ -414,8 +414,8 @@ fn place(path: &Path) -> io::Result<Place> {
     let dev = m.dev();
     Ok(Place {
         dev: DevNum::new(
-            (((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)) as u32,
-            (((dev >> 12) & 0xffff_ff00) | (dev & 0xff)) as u32,
+            u32::try_from(((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)).unwrap_or(0),
+            u32::try_from(((dev >> 12) & 0xffff_ff00) | (dev & 0xff)).unwrap_or(0),
         ),
         ino: m.ino(),
     })
