@@ -62,17 +62,18 @@ patches:
               - name: ebs-node-agent
                 env:
                   - {name: EBS_AGENT_ALLOWED_PATH_PREFIXES, value: "$K"}
+                  - {name: CSI_ENDPOINT, value: "unix://$SOCKET"}
                   - {name: EBS_AGENT_METRICS_ADDRESS, value: "127.0.0.1:$METRICS_PORT"}
                   - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
                   - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
 $extra_env              - name: node-driver-registrar
-                args: ["--csi-address=/csi/csi.sock", "--kubelet-registration-path=$SOCKET", "--v=2"]
+                args: ["--csi-address=/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock", "--kubelet-registration-path=$SOCKET", "--v=2"]
                 livenessProbe:
                   exec:
                     command: ["/csi-node-driver-registrar", "--kubelet-registration-path=$SOCKET",
                               "--mode=kubelet-registration-probe"]
               - name: liveness-probe
-                args: ["--csi-address=/csi/csi.sock", "--health-port=$HEALTH_PORT"]
+                args: ["--csi-address=/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock", "--health-port=$HEALTH_PORT"]
             volumes:
               - {name: kubelet-dir, hostPath: {path: "$K", type: Directory}}
               - {name: plugin-dir, hostPath: {path: "$K/plugins/ebs.csi.aws.com/", type: DirectoryOrCreate}}

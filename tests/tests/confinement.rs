@@ -73,6 +73,117 @@ async fn prefixes_and_the_agents_own_directories_are_never_paths() {
     assert_eq!(checksum(&state_file), before);
 }
 
+/// Binds `from` at `to` (made first); the scratch directory's clean-up unmounts it.
+fn bind_alias(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    sh(&format!(
+        "mount --bind '{}' '{}'",
+        from.display(),
+        to.display()
+    ));
+}
+
+/// Issue 49: the shipped DaemonSet gave the socket directory a second name below the allowed
+/// prefix (`/csi` is also `/var/lib/kubelet/plugins/<driver>`). A place is what it is, not what
+/// it is called: a bind of the socket or state directory below the prefix is that directory.
+#[tokio::test]
+async fn a_second_name_of_the_agents_own_directories_is_never_a_path() {
+    if !require_root("a_second_name_of_the_agents_own_directories_is_never_a_path") {
+        return;
+    }
+    let scratch = Scratch::new("conf-alias-own");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "v", 32 * MIB).await;
+    let socket_dir = agent.socket.parent().unwrap().to_path_buf();
+    let socket_alias = agent.work.join("plugins/ebs.csi.aws.com");
+    let state_alias = agent.work.join("state-alias");
+    bind_alias(&socket_dir, &socket_alias);
+    bind_alias(&agent.state_dir, &state_alias);
+    let mut node = agent.node().await;
+    for path in [
+        socket_alias.join("x"),
+        socket_alias.join("a/b"),
+        socket_alias.clone(),
+        state_alias.join("staging/v"),
+        state_alias.clone(),
+    ] {
+        let e = node
+            .node_stage_volume(stage_req(&vol, &path, ext4()))
+            .await
+            .expect_err("a second name of the agent's own directory is refused");
+        assert_eq!(e.code(), Code::InvalidArgument, "{}: {e:?}", path.display());
+    }
+    let staging = agent.work.join("staging/v");
+    node.node_stage_volume(stage_req(&vol, &staging, ext4()))
+        .await
+        .expect("stage");
+    let e = node
+        .node_publish_volume(publish_req(
+            &vol,
+            &staging,
+            &socket_alias.join("pod/mount"),
+            ext4(),
+            false,
+        ))
+        .await
+        .expect_err("nor is a target inside it");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let mut mounted = mounts_below(&agent.work);
+    mounted.sort();
+    let mut want = vec![socket_alias.clone(), staging.clone(), state_alias.clone()];
+    want.sort();
+    assert_eq!(mounted, want, "nothing mounted in the agent's directories");
+    assert!(!socket_dir.join("x").exists() && !socket_dir.join("pod").exists());
+    assert!(!agent.state_dir.join("staging").exists());
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+}
+
+/// Issue 49: through a bind alias of volume A's staging path, volume B was staged inside A's
+/// filesystem (nesting compared names). The directory a path lies in is on A's device: A's.
+#[tokio::test]
+async fn a_volumes_paths_never_nest_in_anothers_through_an_alias() {
+    if !require_root("a_volumes_paths_never_nest_in_anothers_through_an_alias") {
+        return;
+    }
+    let scratch = Scratch::new("conf-alias-nest");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (a, a_staging) = staged(&agent, "a").await;
+    let b = create_attached(&agent, "b", 32 * MIB).await;
+    let alias = agent.work.join("alias-of-a");
+    bind_alias(&a_staging, &alias);
+    let mut node = agent.node().await;
+    let e = node
+        .node_stage_volume(stage_req(&b, &alias.join("b"), ext4()))
+        .await
+        .expect_err("b's staging path never lies in a's filesystem");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let b_staging = agent.work.join("staging/b");
+    node.node_stage_volume(stage_req(&b, &b_staging, ext4()))
+        .await
+        .unwrap();
+    for (vol, staging) in [(&b, &b_staging), (&a, &a_staging)] {
+        let target = alias.join("pod/mount");
+        let e = node
+            .node_publish_volume(publish_req(vol, staging, &target, ext4(), false))
+            .await
+            .expect_err("no target lies in a's filesystem");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    }
+    assert!(
+        !a_staging.join("b").exists() && !a_staging.join("pod").exists(),
+        "nothing written into a"
+    );
+    assert_eq!(mounts_below(&a_staging), vec![a_staging.clone()]);
+    sh(&format!("umount '{}'", alias.display()));
+    for (vol, staging) in [(&a, &a_staging), (&b, &b_staging)] {
+        node.node_unstage_volume(unstage_req(vol, staging))
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_block_target_is_a_file_the_agent_creates() {
     if !require_root("a_block_target_is_a_file_the_agent_creates") {
@@ -309,14 +420,41 @@ async fn swap_race(name: &str, wrapper: Vec<std::ffi::OsString>) {
             empty(&decoy),
             "call {i}: something was created in the decoy"
         );
+        for pod in 0..10 {
+            let stacked = mounts_at_pod(&race, pod);
+            assert!(
+                stacked <= 1,
+                "call {i}: {stacked} mounts at pod{pod}/mount: a publish stacked on the volume's \
+                 own publication"
+            );
+        }
     }
     let swaps = swaps.finish();
     eprintln!("{ok} publishes succeeded, {refused} refused, {swaps} swaps");
     assert!(swaps > 1000, "the swapper ran");
-    // Leave nothing mounted below the race directory either.
-    for target in mounts_below(&race) {
-        sh(&format!("umount {}", target.display()));
+    // Leave nothing mounted below the race directory either: detached, so that a mount a
+    // shared `/` propagated (or one a failed unpublish left) never fails the clean-up.
+    for _ in 0..3 {
+        for target in mounts_below(&race) {
+            let _ = nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH);
+        }
     }
+    assert!(mounts_below(&race).is_empty(), "{:?}", mounts_below(&race));
+}
+
+/// How many mounts this namespace shows at one race target, whatever the name its directory
+/// has at the moment (`d` or `d-swap`): the same volume bound twice there is a stack.
+fn mounts_at_pod(race: &Path, pod: usize) -> usize {
+    let tail = PathBuf::from(format!("pod{pod}/mount"));
+    mounts_below(race)
+        .iter()
+        .filter(|m| {
+            m.strip_prefix(race)
+                .ok()
+                .and_then(|rest| rest.strip_prefix("d").or(rest.strip_prefix("d-swap")).ok())
+                == Some(tail.as_path())
+        })
+        .count()
 }
 
 #[tokio::test]

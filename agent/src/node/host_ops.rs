@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
 use ebs_node_core::node::backend::Backend;
 use ebs_node_core::node::host::{
-    DeviceHandle, Entry, HostOps, OpenEntry, PathRefusal, ReadOnlyDevice,
+    Ancestry, DeviceHandle, Entry, HostOps, OpenEntry, PathRefusal, Place, ReadOnlyDevice,
 };
 use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
@@ -204,6 +204,14 @@ impl HostOps for RealHost {
 
     fn grow_offline(&self, fs: FsType, device: &Path) -> std::result::Result<(), FsToolError> {
         self.fstools.grow_offline(fs, device)
+    }
+
+    fn place_of(&self, path: &Path) -> io::Result<Place> {
+        ebs_node_host::anchor::place_of(path)
+    }
+
+    fn ancestry(&self, entry: &dyn Entry) -> io::Result<Ancestry> {
+        anchored(entry)?.ancestry()
     }
 }
 

@@ -10,9 +10,12 @@ use std::path::Path;
 use ebs_store::{AccessRecord, Progress, StagedVolume};
 
 use super::AgentCtx;
+use super::ownership::{Expected, Holder, holder};
+use super::path_handles;
 use super::volume_condition::{self, Condition};
 use crate::error::{Error, Result};
 use ebs_node_core::request::{RequestPath, VolumeId};
+use ebs_node_core::seam::FileKind;
 use ebs_node_host::device;
 
 pub struct StatsCommand {
@@ -61,11 +64,11 @@ pub fn volume_stats(ctx: &AgentCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     let unfinished = if path == staged.staging_path {
         staged.progress != Progress::Complete
     } else {
-        let publication = ctx
-            .store
-            .publication(vol.as_str(), path)?
-            .ok_or_else(|| not_found(path))?;
-        publication.progress != Progress::Complete
+        match ctx.store.publication(vol.as_str(), path)? {
+            Some(publication) => publication.progress != Progress::Complete,
+            None if holds_the_device(ctx, &staged, &cmd.volume_path)? => false,
+            None => return Err(not_found(path)),
+        }
     };
     if unfinished {
         return Ok(VolumeStats {
@@ -89,6 +92,25 @@ pub fn volume_stats(ctx: &AgentCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     Ok(VolumeStats {
         usage,
         condition: findings.condition,
+    })
+}
+
+/// Whether `path`, which no record names, is a bind of the block volume's device: kubelet asks
+/// at its own bind of the publication (`…/volumeDevices/<pv>/dev/<pod uid>`), which it made, not
+/// the agent. A place is what it is: a device node bound there whose device is the staged one
+/// (or the read-only device laid over it), proven as a publication is. The path is resolved
+/// below its allowed prefix with no symlink followed, as every request path.
+fn holds_the_device(ctx: &AgentCtx, staged: &StagedVolume, path: &RequestPath) -> Result<bool> {
+    if staged.access != AccessRecord::Block || staged.progress != Progress::Complete {
+        return Ok(false);
+    }
+    let Some(entry) = path_handles::lookup(ctx, path)? else {
+        return Ok(false);
+    };
+    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
+    Ok(match holder(ctx, &*entry, &expected)? {
+        Holder::Volume(m) => m.node.kind == FileKind::BlockDevice,
+        Holder::Nothing | Holder::Foreign(_) => false,
     })
 }
 

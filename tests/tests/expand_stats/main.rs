@@ -3,6 +3,7 @@
 
 mod conditions;
 mod grow;
+mod kubelet_bind;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

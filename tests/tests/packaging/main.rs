@@ -94,7 +94,8 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
             .cloned()
             .unwrap_or_else(|| panic!("{} does not mount {path}", c["name"]))
     };
-    let plugin_volume = mount_of(agent, socket_dir)["name"].clone();
+    let plugin_volume =
+        mount_of(find(containers, "node-driver-registrar"), socket_dir)["name"].clone();
     for name in ["node-driver-registrar", "liveness-probe"] {
         let c = find(containers, name);
         assert_eq!(flag(&c["args"], "csi-address"), socket, "{name}");
@@ -105,6 +106,22 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
         .unwrap()
         .trim_end_matches('/')
         .to_string();
+    // The agent reaches that very directory at its socket path, and by no other name: a second
+    // name below an allowed prefix (issue 49: `/csi` was also `/var/lib/kubelet/plugins/<driver>`)
+    // would let a stage there cover the socket kubelet dials.
+    let state_dir = str_of(&cfg["state_dir"], "state_dir");
+    assert_eq!(
+        host_path_in(pod, agent, socket_dir),
+        Some(plugin_host.clone())
+    );
+    for dir in [socket_dir, state_dir] {
+        let host = host_path_in(pod, agent, dir).unwrap_or_else(|| panic!("{dir} not mounted"));
+        assert_eq!(
+            names_in(pod, agent, &host),
+            vec![dir.to_string()],
+            "the agent's {dir} has other names in its container"
+        );
+    }
     let registrar = find(containers, "node-driver-registrar");
     assert_eq!(
         flag(&registrar["args"], "kubelet-registration-path"),
@@ -135,7 +152,6 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
         find(&pod["volumes"], str_of(&dev["name"], "dev"))["hostPath"]["path"],
         "/dev"
     );
-    let state_dir = str_of(&cfg["state_dir"], "state_dir");
     let state = mount_of(agent, state_dir);
     assert!(find(&pod["volumes"], str_of(&state["name"], "state"))["hostPath"].is_object());
 
@@ -150,6 +166,54 @@ fn daemonset_gives_the_agent_and_sidecars_one_socket_and_the_mounts_it_needs() {
     // Shutdown: the pod's grace outlasts the pre-stop wait and the agent's drain after it
     // (kube_duties); metrics stay on loopback.
     assert!(is_loopback(str_of(&cfg["metrics_address"], "metrics")));
+}
+
+/// The container's hostPath mounts as (container path, host path), without trailing slashes.
+fn host_mounts(pod: &Value, c: &Value) -> Vec<(String, String)> {
+    c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let v = find(&pod["volumes"], str_of(&m["name"], "name"));
+            let host = v["hostPath"]["path"].as_str()?;
+            Some((
+                str_of(&m["mountPath"], "mountPath")
+                    .trim_end_matches('/')
+                    .to_string(),
+                host.trim_end_matches('/').to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The host directory `container_path` is in container `c` (through its deepest mount).
+fn host_path_in(pod: &Value, c: &Value, container_path: &str) -> Option<String> {
+    host_mounts(pod, c)
+        .into_iter()
+        .filter_map(|(at, host)| {
+            let rest = Path::new(container_path).strip_prefix(&at).ok()?;
+            Some((at.len(), Path::new(&host).join(rest)))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, p)| p.to_string_lossy().trim_end_matches('/').to_string())
+}
+
+/// Every path in container `c` that reaches the host directory `host`.
+fn names_in(pod: &Value, c: &Value, host: &str) -> Vec<String> {
+    let mut names: Vec<String> = host_mounts(pod, c)
+        .into_iter()
+        .filter_map(|(at, from)| {
+            let rest = Path::new(host).strip_prefix(&from).ok()?;
+            let name = Path::new(&at).join(rest);
+            // Reached through this mount only if no deeper mount covers it.
+            (host_path_in(pod, c, name.to_str()?).as_deref() == Some(host))
+                .then(|| name.to_string_lossy().trim_end_matches('/').to_string())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// The CSIDriver object is the upstream chart's: a cluster switching from the chart to these

@@ -13,7 +13,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::ledger::Ledger;
 
+use super::NodeCtx;
+use super::host::Ancestry;
 use super::lock;
+use super::ownership::recorded_devnum;
+use crate::DevNum;
 use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,6 +172,38 @@ impl PathClaims {
     pub fn forget_volume(&self, volume: &str) {
         lock(&self.state).recorded.retain(|_, c| c.volume != volume);
     }
+}
+
+/// Refuses a new staging path or target whose directory, or a directory above it below the
+/// prefix, lies on a volume's filesystem: nesting seen through places, not names (a bind alias
+/// of volume A's staging path below the prefix would put B inside A's filesystem). The ledger
+/// is read only when a directory on the way lies on another filesystem than the prefix.
+pub fn not_inside_a_volume(ctx: &NodeCtx, path: &Path, ancestry: &Ancestry) -> Result<()> {
+    let mut devices: Vec<DevNum> = ancestry
+        .dirs
+        .iter()
+        .map(|p| p.dev)
+        .filter(|d| *d != ancestry.prefix.dev)
+        .collect();
+    devices.dedup();
+    if devices.is_empty() {
+        return Ok(());
+    }
+    for id in ctx.ledger.recorded_volume_ids()? {
+        let Some(v) = ctx.ledger.staged(&id)? else {
+            continue;
+        };
+        if recorded_devnum(ctx, &v).is_some_and(|d| devices.contains(&d)) {
+            return Err(Error::PathOfAnotherVolume {
+                path: path.to_path_buf(),
+                how: "lies (through another name) inside the filesystem at",
+                usage: "staging path",
+                volume: v.volume_id,
+                theirs: v.staging_path,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -203,4 +203,27 @@ pub trait HostOps: Send + Sync {
         mount_point: &Path,
     ) -> std::result::Result<(), FsToolError>;
     fn grow_offline(&self, fs: FsType, device: &Path) -> std::result::Result<(), FsToolError>;
+
+    // Places: what a directory is, whatever it is called.
+    /// The place the directory at `path` is (symlinks followed: the operator's own directories).
+    fn place_of(&self, path: &Path) -> io::Result<Place>;
+    /// The places `entry` lies in below its prefix, as the kernel reaches them from the held
+    /// directory (`..`), not by their names.
+    fn ancestry(&self, entry: &dyn Entry) -> io::Result<Ancestry>;
+}
+
+/// What a directory is: its filesystem's device and its inode. A bind of it, or a second mount of
+/// its filesystem, shows the same place under another name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Place {
+    pub dev: DevNum,
+    pub ino: u64,
+}
+
+/// The places an entry lies in: its allowed prefix, and each directory from the one that holds
+/// the entry up to the prefix (the prefix not included).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ancestry {
+    pub prefix: Place,
+    pub dirs: Vec<Place>,
 }

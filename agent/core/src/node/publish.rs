@@ -75,7 +75,10 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
         .claims
         .take(vol.as_str(), target_path, Use::Target, true)?;
     let target = match looked_up {
-        Some(target) => target,
+        Some(target) => {
+            path_handles::for_a_mount(ctx, &cmd.target, &*target)?;
+            target
+        }
         None => path_handles::prepare(ctx, &cmd.target)?,
     };
     let published_here = holder(ctx, &*target, &expected)?;

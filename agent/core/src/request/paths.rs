@@ -5,8 +5,10 @@
 //! through file descriptors (`host::anchor`), off the async executor.
 
 use std::path::{Component, Path, PathBuf};
+use std::sync::OnceLock;
 
 use super::ValidationError;
+use crate::node::host::Place;
 
 /// Linux PATH_MAX: the spec asks us to accept the OS maximum.
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -19,11 +21,44 @@ pub struct Roots {
     /// The state directory and the sockets' directories: never a staging or target path, nor
     /// inside or above one of them.
     pub reserved: Vec<PathBuf>,
+    /// The reserved directories as places (device and inode), noted once: a second name of one
+    /// (a bind of the socket directory below the allowed prefix) is the same directory.
+    places: OnceLock<Vec<(PathBuf, Place)>>,
 }
 
 impl Roots {
     pub fn new(allowed: Vec<PathBuf>, reserved: Vec<PathBuf>) -> Self {
-        Roots { allowed, reserved }
+        Roots {
+            allowed,
+            reserved,
+            places: OnceLock::new(),
+        }
+    }
+
+    /// Notes what each reserved directory is (at start-up, or at the first path resolved); one
+    /// that cannot be examined is said once and left to the lexical rule.
+    pub fn record_places(&self, place_of: impl Fn(&Path) -> std::io::Result<Place>) {
+        self.reserved_places(place_of);
+    }
+
+    /// The reserved directories' places, noted on the first call.
+    pub fn reserved_places(
+        &self,
+        place_of: impl Fn(&Path) -> std::io::Result<Place>,
+    ) -> &[(PathBuf, Place)] {
+        self.places.get_or_init(|| {
+            self.reserved
+                .iter()
+                .filter_map(|dir| match place_of(dir) {
+                    Ok(place) => Some((dir.clone(), place)),
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e,
+                            "the agent's own directory cannot be examined; only its name is refused");
+                        None
+                    }
+                })
+                .collect()
+        })
     }
 }
 

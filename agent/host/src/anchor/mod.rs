@@ -12,6 +12,7 @@
 //! cannot be examined cannot be proven safe.
 
 use ebs_node_core::DevNum;
+use ebs_node_core::node::host::{Ancestry, Place};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -36,6 +37,8 @@ pub struct Anchored {
     dir: OwnedFd,
     name: OsString,
     path: PathBuf,
+    /// What the prefix it was resolved below is: where `ancestry` stops.
+    prefix: Place,
 }
 
 pub use ebs_node_core::seam::{EntryStat, FileKind, Removed};
@@ -140,12 +143,52 @@ impl Anchored {
         let (name, parents) = parts
             .split_last()
             .expect("below() returns at least one part");
-        let root = open_prefix(prefix, create)?;
+        let root = match open_prefix(prefix, create) {
+            // No prefix yet (v0.1's staging directory before its first stage): nothing is
+            // below it either.
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
+        };
+        let prefix = place(&root)?;
         Ok(walk(root, parents, create)?.map(|dir| Anchored {
             dir,
             name: name.to_os_string(),
             path: path.to_path_buf(),
+            prefix,
         }))
+    }
+
+    /// The places the entry lies in: the held directory and each one above it up to the prefix,
+    /// reached through `..` from the held fd, so what is checked is where the entry really is,
+    /// whatever names lead there (a bind alias, a rename since the walk). A directory moved out
+    /// from below the prefix since is refused (EXDEV, as openat2 answers a path leading out).
+    pub fn ancestry(&self) -> io::Result<Ancestry> {
+        let mut dirs = Vec::new();
+        let mut cur = openat(&self.dir, ".", dir_flags(), Mode::empty())?;
+        let mut here = place(&cur)?;
+        // A path has at most PATH_MAX / 2 components.
+        for _ in 0..2048 {
+            if here == self.prefix {
+                return Ok(Ancestry {
+                    prefix: self.prefix,
+                    dirs,
+                });
+            }
+            dirs.push(here);
+            let parent = openat(&cur, "..", dir_flags(), Mode::empty())?;
+            let up = place(&parent)?;
+            if up == here {
+                break;
+            }
+            (cur, here) = (parent, up);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::CrossesDevices,
+            format!(
+                "{} no longer lies below its allowed prefix",
+                self.path.display()
+            ),
+        ))
     }
 
     /// A path the agent itself chose below a directory it owns (v0.1's internal staging).
@@ -304,6 +347,26 @@ impl AsFd for EntryFd {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.0.as_fd()
     }
+}
+
+/// What the directory held by `fd` is (device and inode).
+fn place(fd: &OwnedFd) -> io::Result<Place> {
+    let st = statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::INO)?;
+    Ok(Place {
+        dev: DevNum::new(st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
+    })
+}
+
+/// What the directory at `path` is, symlinks followed (the operator's own directories).
+pub fn place_of(path: &Path) -> io::Result<Place> {
+    let fd = openat(
+        rustix::fs::CWD,
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    place(&fd)
 }
 
 /// The unique mount id (6.8+) only where statmount can use it; otherwise the old id, which the

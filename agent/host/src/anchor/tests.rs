@@ -56,3 +56,28 @@ fn paths_not_strictly_below_are_refused() {
     assert!(Anchored::lookup(&dir.0, &dir.0).is_err());
     assert!(Anchored::lookup(&dir.0, Path::new("/etc/x")).is_err());
 }
+
+#[test]
+fn the_ancestry_is_what_the_held_directory_lies_in() {
+    let dir = TempDir::new("anchor-ancestry");
+    let a = Anchored::prepare(&dir.0, &dir.0.join("x/y/z")).unwrap();
+    let ancestry = a.ancestry().unwrap();
+    assert_eq!(ancestry.prefix, place_of(&dir.0).unwrap());
+    assert_eq!(
+        ancestry.dirs,
+        vec![
+            place_of(&dir.0.join("x/y")).unwrap(),
+            place_of(&dir.0.join("x")).unwrap()
+        ]
+    );
+    // Renamed since the walk: still the same places, under any name.
+    std::fs::rename(dir.0.join("x"), dir.0.join("w")).unwrap();
+    assert_eq!(a.ancestry().unwrap(), ancestry);
+    // Moved out from below the prefix: refused.
+    let out = TempDir::new("anchor-ancestry-out");
+    std::fs::rename(dir.0.join("w"), out.0.join("w")).unwrap();
+    assert_eq!(
+        a.ancestry().unwrap_err().kind(),
+        io::ErrorKind::CrossesDevices
+    );
+}

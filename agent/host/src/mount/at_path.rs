@@ -38,17 +38,29 @@ pub use ebs_node_core::seam::MountFacts;
 /// The top-most mount at `entry`, if the entry is a mount root.
 pub fn mounted_at(entry: &Anchored) -> io::Result<Option<MountFacts>> {
     match entry.stat()? {
-        Some(node) => facts(node, entry.path()),
+        Some(node) => facts(node, entry.path(), || {
+            Ok(entry.stat()?.and_then(|st| st.mnt_id))
+        }),
         None => Ok(None),
     }
 }
 
 /// The mount whose root an opened entry is (the fd pins it: what is checked is what is used).
 pub fn mount_of(fd: &EntryFd, path: &std::path::Path) -> io::Result<Option<MountFacts>> {
-    facts(fd.stat()?, path)
+    facts(fd.stat()?, path, || Ok(fd.stat()?.mnt_id))
 }
 
-fn facts(node: EntryStat, path: &std::path::Path) -> io::Result<Option<MountFacts>> {
+/// The mount's facts: by its unique id from statmount, or its line in the table found by the
+/// mount id statx gave, never by the path's name (a directory renamed above the entry, as a
+/// symlink swap does, changes the name the table shows, not the mount: looked up by name, the
+/// volume's own publication read as "nothing mounted" and the retry stacked another on it).
+/// `mnt_id_now` asks the entry's mount id again after the table was read: an old-style id is
+/// reused once its mount is gone, so the line found is the entry's only if the id still is.
+fn facts(
+    node: EntryStat,
+    path: &std::path::Path,
+    mnt_id_now: impl Fn() -> io::Result<Option<u64>>,
+) -> io::Result<Option<MountFacts>> {
     if node.mount_root == Some(false) {
         return Ok(None);
     }
@@ -67,13 +79,27 @@ fn facts(node: EntryStat, path: &std::path::Path) -> io::Result<Option<MountFact
     }
     let table = read_table()?;
     let line = match node.mnt_id {
-        Some(id) if !node.mnt_id_unique => table
-            .entries()
-            .iter()
-            .rev()
-            .find(|e| u64::from(e.mount_id) == id && e.mount_point == path),
+        Some(id) if !node.mnt_id_unique => {
+            let line = table.entries().iter().find(|e| u64::from(e.mount_id) == id);
+            if line.is_some() && mnt_id_now()? != Some(id) {
+                return Err(io::Error::other(format!(
+                    "the mount at {} changed while it was examined",
+                    path.display()
+                )));
+            }
+            line
+        }
+        // Before Linux 5.8 statx knows no mount ids: the table by mount point.
         _ => table.at(path),
     };
+    if line.is_none() && node.mount_root == Some(true) {
+        // A mount root whose mount the table does not show is no "nothing mounted": acting
+        // on it could stack a mount on one already there.
+        return Err(io::Error::other(format!(
+            "{} is a mount point, but its mount is not in this process's mount table",
+            path.display()
+        )));
+    }
     Ok(line.map(|e| facts_of(e, node)))
 }
 

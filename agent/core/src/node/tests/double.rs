@@ -21,8 +21,8 @@ use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
 use crate::node::host::ReadOnlyDevice;
+use crate::node::host::{Ancestry, Entry, OpenEntry, PathRefusal, Place};
 use crate::node::host::{DeviceHandle, HostOps};
-use crate::node::host::{Entry, OpenEntry, PathRefusal};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
 use crate::request::{FormatOptions, FsType};
@@ -385,6 +385,40 @@ impl HostOps for DoubleHost {
         self.grown(device);
         Ok(())
     }
+
+    fn place_of(&self, path: &Path) -> io::Result<Place> {
+        place(path)
+    }
+
+    /// Each directory from the entry's up to the harness's prefix, by name (the double's paths
+    /// are plain directories that nothing renames).
+    fn ancestry(&self, entry: &dyn Entry) -> io::Result<Ancestry> {
+        let mut dirs = Vec::new();
+        let mut dir = entry.path().parent();
+        while let Some(d) = dir {
+            let here = place(d)?;
+            // The harness's allowed prefix, or its directory (never above it).
+            if d.parent().is_none() || d == self.dir.join("allowed") || d == self.dir {
+                return Ok(Ancestry { prefix: here, dirs });
+            }
+            dirs.push(here);
+            dir = d.parent();
+        }
+        Err(io::Error::other("no prefix above the entry"))
+    }
+}
+
+fn place(path: &Path) -> io::Result<Place> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    let dev = m.dev();
+    Ok(Place {
+        dev: DevNum::new(
+            u32::try_from(((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)).unwrap_or(0),
+            u32::try_from(((dev >> 12) & 0xffff_ff00) | (dev & 0xff)).unwrap_or(0),
+        ),
+        ino: m.ino(),
+    })
 }
 
 impl DoubleHost {
