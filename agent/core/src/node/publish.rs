@@ -27,7 +27,7 @@ pub struct PublishCommand {
 /// What is bound: kept open until the bind is done, so it cannot change after it was proven.
 enum Source {
     StagingMount(Box<dyn OpenEntry>),
-    Device(VolumeDevice),
+    Device(Box<VolumeDevice>),
 }
 
 impl Source {
@@ -270,7 +270,7 @@ fn source(
     block: bool,
 ) -> Result<Source> {
     if block {
-        return Ok(Source::Device(
+        return Ok(Source::Device(Box::new(
             VolumeDevice::hold_recorded(ctx, staged).map_err(|e| match e {
                 Error::WrongDevice { reason, .. } => Error::NoLongerTheDevice {
                     volume: staged.volume_id.clone(),
@@ -279,7 +279,7 @@ fn source(
                 },
                 other => other,
             })?,
-        ));
+        )));
     }
     let staging = path_handles::lookup_recorded(ctx, &staged.staging_path)?;
     let nothing = || Error::StagingEmpty {
