@@ -127,6 +127,19 @@ fn decode_mountinfo_path(raw: &str) -> PathBuf {
     ))
 }
 
+/// A shell line that, run first thing in a new mount namespace, lazily unmounts its copies of
+/// the other tests' mounts (everything below the tests' scratch prefix but `keep`): a copy would
+/// keep their devices claimed, and a parallel test's unstage would be rightly refused as "still
+/// mounted elsewhere".
+pub fn drop_other_tests_mounts(keep: &Path) -> String {
+    format!(
+        "awk '{{print $5}}' /proc/self/mountinfo | grep '^{tests}' | grep -v '^{keep}' | \
+         sort -r | while read -r m; do umount -l \"$m\" 2>/dev/null; done",
+        tests = std::env::temp_dir().join("ebs-it-").display(),
+        keep = keep.display(),
+    )
+}
+
 /// Mount points at or below `dir`, deepest (latest) first.
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

@@ -199,6 +199,10 @@ pub struct DeviceClaim {
     pub door: ClaimDoor,
     pub identity: DeviceIdentity,
     pub at_unix_ms: u64,
+    /// The volume a node-local handle's claim acts for (its publish context's `volumeID`): the
+    /// loop controller may attach that volume's device while the handle holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acts_for: Option<String>,
 }
 
 impl DeviceClaim {

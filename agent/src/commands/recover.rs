@@ -289,6 +289,7 @@ fn rebuild_mounts(
                     door: ebs_store::ClaimDoor::Node,
                     identity: record.identity.clone(),
                     at_unix_ms: now_unix_ms(),
+                    acts_for: None,
                 };
                 (key, claim)
             });

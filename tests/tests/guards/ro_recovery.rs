@@ -122,6 +122,14 @@ impl PinnedNs {
             "unshare --mount='{f}' --propagation private true",
             f = ns.0.display()
         ));
+        // Its copies of the other tests' mounts go at once (see `drop_other_tests_mounts`).
+        let script = dir.join(format!("{name}.drop-copies.sh"));
+        std::fs::write(&script, drop_other_tests_mounts(dir)).unwrap();
+        ns.run(&format!(
+            "nsenter --mount='{}' -- sh '{}'",
+            ns.0.display(),
+            script.display()
+        ));
         ns.inside(&format!(
             "mount --bind '{}' '{}'",
             real.display(),
@@ -280,7 +288,11 @@ async fn a_bind_only_another_namespace_shows_keeps_its_device() {
         .expect("publish readonly");
     let sleeper = Sleeper(
         Command::new("unshare")
-            .args(["-m", "--propagation", "private", "sleep", "300"])
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "{}; exec sleep 300",
+                drop_other_tests_mounts(&scratch.path)
+            ))
             .spawn()
             .expect("unshare"),
     );

@@ -51,12 +51,37 @@ pub fn node_owner(
     identity: &DeviceIdentity,
     devnum: Option<DevNum>,
 ) -> Result<Option<String>> {
+    Ok(node_claim(ledger, identity, devnum)?.map(|c| c.volume_id))
+}
+
+/// The live node claim on a device, whole.
+pub fn node_claim(
+    ledger: &dyn Ledger,
+    identity: &DeviceIdentity,
+    devnum: Option<DevNum>,
+) -> Result<Option<DeviceClaim>> {
     let Some(key) = claim_key(ClaimDoor::Node, identity, devnum) else {
         return Ok(None);
     };
     match ledger.claim(&key)? {
-        Some(c) if holds_through_node(ledger, &c.volume_id)? => Ok(Some(c.volume_id)),
+        Some(c) if holds_through_node(ledger, &c.volume_id)? => Ok(Some(c)),
         _ => Ok(None),
+    }
+}
+
+/// Whether the loop controller may attach `volume`'s device: no id holds it through the node,
+/// or the one that does is `volume` or acts for it. `Err` names the holder.
+pub fn controller_may_take(
+    ledger: &dyn Ledger,
+    volume: &str,
+    identity: &DeviceIdentity,
+) -> std::result::Result<(), String> {
+    match node_claim(ledger, identity, None) {
+        Ok(Some(c)) if c.volume_id != volume && c.acts_for.as_deref() != Some(volume) => {
+            Err(c.volume_id)
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("(unreadable: {e})")),
     }
 }
 
@@ -77,31 +102,37 @@ pub fn take_for_node(
         owner,
         door: door_words(door),
     };
-    if let Some(key) = claim_key(ClaimDoor::Controller, identity, Some(devnum))
-        && let Some(c) = ctx.ledger.claim(&key)?
+    let Some(key) = claim_key(ClaimDoor::Node, identity, Some(devnum)) else {
+        return Ok(None);
+    };
+    let node = match ctx.ledger.claim(&key)? {
+        Some(c) if holds_through_node(&*ctx.ledger, &c.volume_id)? => Some(c),
+        _ => None,
+    };
+    match node {
+        // Held already: a controller's claim written since (which its attach refuses) cannot
+        // take it away from under the volume's own retries.
+        Some(c) if c.volume_id == volume.as_str() => return Ok(None),
+        Some(c) => return Err(refuse(c.volume_id, ClaimDoor::Node)),
+        None => {}
+    }
+    if let Some(ckey) = claim_key(ClaimDoor::Controller, identity, Some(devnum))
+        && let Some(c) = ctx.ledger.claim(&ckey)?
         && c.volume_id != volume.as_str()
         && acts_for != Some(c.volume_id.as_str())
     {
         return Err(refuse(c.volume_id, ClaimDoor::Controller));
     }
-    let Some(key) = claim_key(ClaimDoor::Node, identity, Some(devnum)) else {
-        return Ok(None);
-    };
-    match ctx.ledger.claim(&key)? {
-        Some(c) if c.volume_id == volume.as_str() => Ok(None),
-        Some(c) if holds_through_node(&*ctx.ledger, &c.volume_id)? => {
-            Err(refuse(c.volume_id, ClaimDoor::Node))
-        }
-        _ => Ok(Some((
-            key,
-            DeviceClaim {
-                volume_id: volume.to_string(),
-                door: ClaimDoor::Node,
-                identity: identity.clone(),
-                at_unix_ms: now_unix_ms(),
-            },
-        ))),
-    }
+    Ok(Some((
+        key,
+        DeviceClaim {
+            volume_id: volume.to_string(),
+            door: ClaimDoor::Node,
+            identity: identity.clone(),
+            at_unix_ms: now_unix_ms(),
+            acts_for: acts_for.map(str::to_string),
+        },
+    )))
 }
 
 /// The node-local handle's real volume, from its publish context (`None` for any other id).
@@ -139,6 +170,7 @@ pub fn adopt(ctx: &NodeCtx, staged: &crate::records::StagedVolume) -> Result<()>
                 door: ClaimDoor::Node,
                 identity: staged.identity.clone(),
                 at_unix_ms: now_unix_ms(),
+                acts_for: None,
             };
             ctx.ledger.write(
                 crate::records::Durability::Immediate,

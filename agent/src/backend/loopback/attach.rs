@@ -10,6 +10,7 @@ use ebs_store::{
 
 use super::LoopController;
 use crate::error::{Error, Result};
+use ebs_node_core::node::device_claim;
 use ebs_node_host::mount::at_path::read_table;
 use ebs_node_host::{freeze, loopdev};
 
@@ -62,6 +63,17 @@ impl LoopController {
         }
         let (st_dev, st_ino) = super::file_inode(&volume.file)
             .map_err(|e| Error::io(format!("volume file {}", volume.file.display()), e))?;
+        // One owner per device: a device the node holds for another id (a node-local handle
+        // naming the file's loop device, not acting for this volume) is not attached for it.
+        let (_, claim) = controller_claim(&volume, st_dev, st_ino);
+        if let Err(owner) = device_claim::controller_may_take(&*self.store, id, &claim.identity) {
+            return Err(Error::DeviceClaimed {
+                device: volume.file.clone(),
+                volume: id.to_string(),
+                owner,
+                door: device_claim::door_words(ClaimDoor::Node),
+            });
+        }
         let device = match loopdev::find_by_backing_inode(st_dev, st_ino)
             .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?
         {
@@ -228,6 +240,7 @@ fn controller_claim(volume: &LoopVolume, st_dev: u64, st_ino: u64) -> (String, D
         door: ClaimDoor::Controller,
         identity,
         at_unix_ms: now_unix_ms(),
+        acts_for: None,
     };
     (key, claim)
 }

@@ -60,10 +60,14 @@ pub struct State {
     pub claimed: HashSet<DevNum>,
     /// Read-only devices laid over a volume's: (ro, under).
     pub read_only: Vec<(DevNum, DevNum)>,
+    /// Each read-only device's tag: a removal takes only its own.
+    pub ro_tags: HashMap<DevNum, String>,
     /// Call names that fail, with the error's text.
     pub fail: HashMap<&'static str, String>,
     pub calls: Vec<Call>,
     pub(super) next_minor: u32,
+    /// Power cuts so far: a reboot ends every attachment (`attachment`).
+    pub boot: u32,
 }
 
 pub struct DoubleHost {
@@ -265,7 +269,7 @@ impl HostOps for DoubleHost {
     }
 
     fn attachment(&self, devnum: DevNum) -> Option<String> {
-        Some(format!("seq-{}", devnum.minor))
+        Some(format!("boot-{}-seq-{}", self.state().boot, devnum.minor))
     }
 
     fn evidence<'a>(
@@ -279,7 +283,7 @@ impl HostOps for DoubleHost {
     fn lay_read_only(
         &self,
         device: &VolumeDevice,
-        _tag: &str,
+        tag: &str,
         _retry: bool,
     ) -> Result<ReadOnlyDevice> {
         self.act(
@@ -290,15 +294,24 @@ impl HostOps for DoubleHost {
         let n = self.state().read_only.len();
         let path = self.add_device(&format!("ro-{n}"), 0);
         let ro = self.devnum(&path);
-        self.state().read_only.push((ro, device.devnum()));
+        let mut s = self.state();
+        s.read_only.push((ro, device.devnum()));
+        s.ro_tags.insert(ro, tag.to_string());
+        drop(s);
         let file = File::open(&path).map_err(|e| Error::io("opening", e))?;
         Ok(ReadOnlyDevice { file, path })
     }
 
-    fn remove_read_only(&self, _tag: &str) -> Result<usize> {
+    fn remove_read_only(&self, tag: &str) -> Result<usize> {
         self.act("remove read-only".into(), "remove_ro")
             .map_err(|e| Error::Internal(e.to_string()))?;
-        Ok(std::mem::take(&mut self.state().read_only).len())
+        let mut s = self.state();
+        let State {
+            read_only, ro_tags, ..
+        } = &mut *s;
+        let before = read_only.len();
+        read_only.retain(|(ro, _)| ro_tags.get(ro).is_some_and(|t| t != tag));
+        Ok(before - read_only.len())
     }
 
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum> {

@@ -12,7 +12,7 @@ use crate::records::{
     DeviceClaim, Durability, FormatRecord, Phase, Publication, StagedVolume, StepRecord,
 };
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Records {
     formats: HashMap<String, FormatRecord>,
     staged: HashMap<String, StagedVolume>,
@@ -141,6 +141,9 @@ impl Records {
 pub struct MemLedger {
     records: Mutex<Records>,
     last_durable: AtomicBool,
+    /// What the last durable write made durable (with every write before it, as redb keeps a
+    /// non-durable commit only until the next durable one): what a power cut leaves.
+    durable: Mutex<Option<Records>>,
 }
 
 impl MemLedger {
@@ -155,6 +158,27 @@ impl MemLedger {
             .get(volume_id)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// A power cut: every write after the last durable one is lost.
+    pub fn power_cut(&self) {
+        let durable = self
+            .durable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
+        *self.records() = durable;
+    }
+
+    /// Every staged record.
+    pub fn all_staged(&self) -> Vec<StagedVolume> {
+        self.records().staged.values().cloned().collect()
+    }
+
+    /// Every publication record.
+    pub fn all_publications(&self) -> Vec<Publication> {
+        self.records().publications.values().cloned().collect()
     }
 
     /// Every device claim, by key.
@@ -218,6 +242,9 @@ impl Ledger for MemLedger {
         let mut records = self.records();
         for change in collected.0 {
             records.apply(change);
+        }
+        if durability == Durability::Immediate {
+            *self.durable.lock().unwrap_or_else(|p| p.into_inner()) = Some(records.clone());
         }
         self.last_durable
             .store(durability == Durability::Immediate, Ordering::Relaxed);

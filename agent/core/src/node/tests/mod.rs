@@ -13,6 +13,7 @@ mod owners;
 mod paths;
 mod publish;
 mod scripting;
+mod sim;
 mod stage;
 mod unpublish;
 mod unstage;
@@ -102,6 +103,25 @@ impl Harness {
             backend,
             roots,
         }
+    }
+
+    /// The agent restarted (a crash: every in-memory thing lost, the host and the ledger kept):
+    /// a new context over the same host, ledger and backend, its path claims reloaded from the
+    /// ledger, as the daemon's start does.
+    pub fn restart(&mut self, observer: Arc<dyn super::Observer>) {
+        let ctx = NodeCtx {
+            ledger: Arc::clone(&self.ledger) as _,
+            backend: Arc::clone(&self.backend) as _,
+            host: Arc::clone(&self.host) as _,
+            locks: Default::default(),
+            device_locks: Default::default(),
+            claims: Default::default(),
+            roots: self.roots.clone(),
+            observer,
+            agent_tag: self.ctx.agent_tag.clone(),
+        };
+        ctx.claims.reload_tolerant(&*self.ledger);
+        self.ctx = Arc::new(ctx);
     }
 
     /// Attaches a blank device of 1 GiB for `volume`.

@@ -139,6 +139,7 @@ fn the_loop_controllers_claim_refuses_a_handle_unless_it_acts_for_the_volume() {
         door: ClaimDoor::Controller,
         identity: serial("vol-l"),
         at_unix_ms: 0,
+        acts_for: None,
     };
     h.ledger
         .write(
@@ -339,6 +340,7 @@ fn run_owner_seed(seed: u64) {
                     door: ClaimDoor::Controller,
                     identity: serial(&id),
                     at_unix_ms: 0,
+                    acts_for: None,
                 };
                 if op == "attach" {
                     h.ledger

@@ -62,7 +62,7 @@ fn a_blank_device_is_formatted_then_mounted_each_after_its_durable_intent() {
     assert_eq!(staged.staging_path, h.staging(VOL).as_path());
     let format = h.ctx.ledger.format(VOL).unwrap().expect("format fact");
     assert_eq!(format.state, crate::records::FormatState::Done);
-    assert_eq!(format.attachment.as_deref(), Some("seq-1"));
+    assert_eq!(format.attachment.as_deref(), Some("boot-0-seq-1"));
 }
 
 #[test]
