@@ -136,6 +136,20 @@ impl WithLocalVolumes {
                 what,
             });
         }
+        // Raw use the kernel's claim does not show: a device node bound onto a file (every raw
+        // block publication, this agent's or anyone's), a loop device laid over it (a read-only
+        // publication's), a holder (device-mapper, RAID). The handle's own first stage checked
+        // this already; its re-stages find its own binds.
+        if self.store.staged(volume.as_str())?.is_none()
+            && let Some(what) = raw_use(node, &family, table.entries())
+        {
+            return Err(Error::DeviceClaimed {
+                device: node.to_path_buf(),
+                volume: volume.to_string(),
+                owner: what,
+                door: "in raw use on this host",
+            });
+        }
         if !mounted_here && still_claimed(whole) {
             return Err(Error::DiskClaimed {
                 volume: volume.to_string(),
@@ -145,6 +159,64 @@ impl WithLocalVolumes {
         }
         Ok(())
     }
+}
+
+/// What uses the device (or its disk's family) raw, as the host shows it: a bind of its device
+/// node (a devtmpfs mount whose root is the node's name), a loop device backed by it, a holder.
+fn raw_use(
+    node: &Path,
+    family: &[DevNum],
+    mounts: &[ebs_node_host::mount::table::MountEntry],
+) -> Option<String> {
+    let names: Vec<PathBuf> = family
+        .iter()
+        .filter_map(|d| kernel_name(*d))
+        .chain(node.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .map(|n| Path::new("/").join(n))
+        .collect();
+    if let Some(m) = mounts
+        .iter()
+        .find(|m| m.fs_type == "devtmpfs" && names.contains(&m.root))
+    {
+        return Some(format!(
+            "(a bind of its device node at {})",
+            m.mount_point.display()
+        ));
+    }
+    if let Ok(entries) = std::fs::read_dir("/sys/block") {
+        for e in entries.flatten() {
+            let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+                continue;
+            };
+            let backing = backing.trim();
+            if let Ok(meta) = std::fs::metadata(backing)
+                && meta.file_type().is_block_device()
+                && family.contains(&devnum_of(meta.rdev()))
+            {
+                return Some(format!(
+                    "(loop device /dev/{} laid over it)",
+                    e.file_name().to_string_lossy()
+                ));
+            }
+        }
+    }
+    for d in family {
+        let holders = PathBuf::from(format!("/sys/dev/block/{d}/holders"));
+        if let Some(h) = std::fs::read_dir(holders)
+            .ok()
+            .and_then(|mut it| it.next())
+            .and_then(|e| e.ok())
+        {
+            return Some(format!("(held by {})", h.file_name().to_string_lossy()));
+        }
+    }
+    None
+}
+
+/// The kernel's name of a block device (`loop2`, `nvme1n1p1`), from sysfs.
+fn kernel_name(devnum: DevNum) -> Option<String> {
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{devnum}")).ok()?;
+    Some(dir.file_name()?.to_string_lossy().into_owned())
 }
 
 /// The `volumeID` upstream's controller puts in the publish context, parsed; a node-local handle

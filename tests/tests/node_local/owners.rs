@@ -199,3 +199,90 @@ async fn a_node_local_handle_never_takes_a_read_only_publications_device() {
         .await
         .expect("unstage x");
 }
+
+/// What the records do not know still counts: after `recover --reset` a raw block publication
+/// (a bind of the device node) and a read-only one (a loop device laid over the volume's) keep
+/// their devices from a handle, and so does a device node bound by anyone else.
+#[tokio::test]
+async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_know() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_know")
+    {
+        return;
+    }
+    let scratch = Scratch::new("node-local-raw-use");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let mut node = agent.node().await;
+    let blk = block_cap(Mode::SingleNodeWriter);
+    let mut published = Vec::new();
+    for (name, readonly) in [("c", false), ("d", true)] {
+        let v = create_attached(&agent, name, SIZE).await;
+        let staging = agent.work.join(format!("{name}/staging"));
+        let target = agent.work.join(format!("{name}/pod/dev"));
+        node.node_stage_volume(stage_req(&v, &staging, blk.clone()))
+            .await
+            .expect("stage");
+        node.node_publish_volume(publish_req(&v, &staging, &target, blk.clone(), readonly))
+            .await
+            .expect("publish");
+        published.push(v);
+    }
+    // The read-only publication's device outlives the reset records: detached at the end.
+    let _overlays: Vec<OverlaysOver> = published
+        .iter()
+        .map(|v| OverlaysOver(v.device.clone()))
+        .collect();
+    drop(node);
+    agent.terminate().await;
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--reset", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+
+    // Anyone's bind of a device node: another driver's block volume.
+    let other = crate::Disk::new(&scratch, "other", SIZE as u64);
+    let bound = scratch.join("other-bind");
+    std::fs::write(&bound, b"").expect("bind target");
+    sh(&format!(
+        "mount --bind {} {}",
+        other.dev.display(),
+        bound.display()
+    ));
+    let mut refused = published.clone();
+    refused.push(other.vol());
+    for vol in &refused {
+        let h = handle_of(vol);
+        let before = checksum(std::path::Path::new(&vol.device));
+        let mounts = mounts_below(&agent.work);
+        let e = node
+            .node_stage_volume(stage_req(&h, &agent.work.join("h/staging"), rwx_block()))
+            .await
+            .expect_err("a device in raw use");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{}: {e:?}", vol.id);
+        assert_eq!(before, checksum(std::path::Path::new(&vol.device)));
+        assert_eq!(mounts, mounts_below(&agent.work));
+    }
+    let _ = nix::mount::umount2(&bound, nix::mount::MntFlags::MNT_DETACH);
+}
+
+/// Detaches, on drop, the loop devices laid over a device (a read-only block publication's that
+/// no record names any more).
+struct OverlaysOver(String);
+
+impl Drop for OverlaysOver {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir("/sys/block") else {
+            return;
+        };
+        for e in entries.flatten() {
+            let backing = std::fs::read_to_string(e.path().join("loop/backing_file"));
+            if backing.is_ok_and(|b| b.trim() == self.0) {
+                detach_loop(&std::path::Path::new("/dev").join(e.file_name()));
+            }
+        }
+    }
+}

@@ -80,8 +80,15 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         return Ok(());
     }
     // Lazy: if this line is lost, recovery finds the staging mount gone and drops the record.
+    // A node-local handle names a place, not a volume: once it is unstaged its format record
+    // goes too, so a disk replaced under the same name is judged afresh (blank: formatted; a
+    // filesystem: used), not refused forever as "formatted, now wiped".
     journal.record(Step::Unstaged, Phase::Done, facts, Durability::Lazy, |w| {
-        w.delete_staged(vol.as_str())
+        w.delete_staged(vol.as_str())?;
+        if vol.is_local() && ctx.ledger.format(vol.as_str())?.is_some() {
+            w.delete_format(vol.as_str())?;
+        }
+        Ok(())
     })?;
     ctx.claims.forget(vol.as_str(), staging_path);
     Ok(())
@@ -93,7 +100,7 @@ fn void_intent(ctx: &NodeCtx, vol: &VolumeId) -> Result<()> {
     if ctx
         .ledger
         .format(vol.as_str())?
-        .is_some_and(|f| f.state == FormatState::Intent)
+        .is_some_and(|f| f.state == FormatState::Intent || vol.is_local())
     {
         ctx.ledger.write(
             Durability::Lazy,

@@ -402,3 +402,29 @@ fn run_owner_seed(seed: u64) {
         }
     }
 }
+
+/// A node-local handle names a place: once unstaged, its format record goes with it, so a disk
+/// replaced under the same name is judged afresh instead of refused as "formatted, now wiped".
+#[test]
+fn a_handles_format_record_goes_with_its_unstage() {
+    let h = Harness::new();
+    h.attach("vol-g");
+    let id = handle("vol-g");
+    stage_at(&h, &id, "h", mount(AccessMode::MultiNodeMultiWriter)).expect("stage");
+    assert!(h.ledger.format(&id).unwrap().is_some());
+    let mut cmd = h.stage_cmd(VOL, mount(AccessMode::MultiNodeMultiWriter));
+    cmd.volume = VolumeId::parse(&id).expect("id");
+    crate::node::unstage(
+        &h.ctx,
+        &UnstageCommand {
+            volume: cmd.volume.clone(),
+            staging: h.path("staging_target_path", "staging/h"),
+        },
+    )
+    .expect("unstage");
+    assert!(h.ledger.format(&id).unwrap().is_none());
+    // A volume's format record stays (never formatted again).
+    h.staged(VOL);
+    h.unstage(VOL).expect("unstage");
+    assert!(h.ledger.format(VOL).unwrap().is_some());
+}
