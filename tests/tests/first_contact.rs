@@ -88,6 +88,10 @@ fn no_machine_specific_path_in_the_project() {
     assert!(!machine_path("--work-dir \"$scratch/work/bench\""));
     let mut found = Vec::new();
     for file in tracked() {
+        // This file names the pattern it looks for.
+        if file.ends_with("tests/tests/first_contact.rs") {
+            continue;
+        }
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue; // not text
         };

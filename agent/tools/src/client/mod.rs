@@ -14,7 +14,8 @@ use ebs_node_core::config::{DEFAULT_ENDPOINT, parse_duration};
 
 #[derive(Args, Debug)]
 pub struct ClientArgs {
-    /// The CSI socket to call (anywhere on the line, like --json and --timeout).
+    // Global like --json and --timeout: accepted after any subcommand too (tests/tests/help.rs).
+    /// The CSI socket to call.
     #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT, global = true)]
     pub endpoint: String,
     /// Print JSON instead of text.
