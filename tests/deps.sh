@@ -39,7 +39,7 @@ fi
 # newer toolchain those builds need through the Go module proxy). Only where csi-sanity is not
 # already at hand, the archive has the package, and the proxy answers (else Go would be ~400 MB
 # installed for nothing; tools.sh then says what to do instead).
-# shellcheck source=tools.sh
+# shellcheck source=tests/tools.sh
 source "$repo/tests/tools.sh"
 candidate="$(apt-cache policy golang-go 2>/dev/null | sed -n 's/^ *Candidate: //p')"
 if ! tool_find csi-sanity >/dev/null && ! command -v go >/dev/null &&

@@ -20,7 +20,7 @@
 # tests/run.sh runs this only when the binaries are missing and K8S_FETCH=1 asks for it.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
-# shellcheck source=../tools.sh
+# shellcheck source=tests/tools.sh
 source "$repo/tests/tools.sh"
 out="${CARGO_TARGET_DIR:-$repo/target}/tools/k8s"
 
