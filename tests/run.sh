@@ -8,8 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/deps.sh
 # Under CI=true the checkout is fresh and built once: cargo's incremental caches of the
-# workspace's crates (target/debug/incremental, 45% of target/debug as measured: docs/first-contact.md,
-# "Disk") would never be read again, so none are written. Outside CI they stay, for the next build.
+# workspace's crates (target/debug/incremental, 45% of target/debug as measured; see
+# docs/first-contact.md, "Disk") would never be read again, so none are written. Outside CI
+# they stay, for the next build.
 if [[ ${CI:-} == true ]]; then export CARGO_INCREMENTAL=0; fi
 mkdir -p target
 export EBS_SKIP_LOG="$PWD/target/test-skips.log"
