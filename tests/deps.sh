@@ -33,3 +33,20 @@ if ! "$venv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
       "grpc_clients::python_grpcio_cycle needs it (building and running the agent do not)" >&2
   fi
 fi
+
+# Go, for building csi-sanity from source (tests/tools.sh provide) and the Kubernetes tier's CSI
+# sidecars (tests/k8s/fetch-tools.sh): Debian's golang-go (Debian 12: Go 1.19, which fetches the
+# newer toolchain those builds need through the Go module proxy). Only where csi-sanity is not
+# already at hand, the archive has the package, and the proxy answers (else Go would be ~400 MB
+# installed for nothing; tools.sh then says what to do instead).
+# shellcheck source=tests/tools.sh
+source "$repo/tests/tools.sh"
+candidate="$(apt-cache policy golang-go 2>/dev/null | sed -n 's/^ *Candidate: //p')"
+if ! tool_find csi-sanity >/dev/null && ! command -v go >/dev/null &&
+  [[ -n $candidate && $candidate != "(none)" ]]; then
+  if go_proxy_answers; then
+    bash "$repo/packaging/local/deps.sh" golang-go
+  else
+    echo "tests/deps.sh: not installing golang-go: $go_proxy_why" >&2
+  fi
+fi

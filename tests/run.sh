@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, build, then every test (root-only tests need root and
 # never skip under CI=true). Run from anywhere: sudo tests/run.sh
-# Every test binary runs even when one fails (--no-fail-fast); the closing summary names the
-# failed ones, the fuzz result and every skipped test (tests append to $EBS_SKIP_LOG).
+# Every test binary runs even when one fails (--no-fail-fast); the closing summary
+# (tests/summary.sh) names the failed steps and binaries and every skipped test with its reason
+# (tests append to $EBS_SKIP_LOG through ebs_tests::skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/deps.sh
+# Under CI=true the checkout is fresh and built once: cargo's incremental caches of the
+# workspace's crates (target/debug/incremental, 45% of target/debug as measured; see
+# docs/first-contact.md, "Disk") would never be read again, so none are written. Outside CI
+# they stay, for the next build.
+if [[ ${CI:-} == true ]]; then export CARGO_INCREMENTAL=0; fi
 mkdir -p target
 export EBS_SKIP_LOG="$PWD/target/test-skips.log"
 : >"$EBS_SKIP_LOG"
@@ -20,15 +26,13 @@ hooks=(--features ebs-node-agent/test-hooks)
 # the dev profile's, not --release's: a cold release build takes 5.5 min on 2 cores, most of the
 # tier's budget, and the optimisation level changes nothing the tier checks. Built before the
 # hooks build, which then leaves target/debug/ebs-node-agent with the hooks for the other tests.
-k8s_tools() {
-  [[ -n ${K8S_TOOLS:-} ]] && return 0
-  local d=$PWD
-  while [[ $d != / ]]; do
-    d=$(dirname "$d")
-    [[ -f $d/shared/tools/k8s/kubelet.xz ]] && return 0
-  done
-  [[ -f /work/shared/tools/k8s/kubelet.xz ]] # tests/src/k8s.rs's last place to look
-}
+# The tier's binaries: $K8S_TOOLS, shared/tools/k8s beside the checkout or a directory above it,
+# or target/tools/k8s, where tests/k8s/fetch-tools.sh puts them. That script runs here only when
+# they are missing and K8S_FETCH=1 asks for it (it downloads ~400 MB and builds the sidecars).
+k8s_tools() { bash tests/k8s/fetch-tools.sh find >/dev/null; }
+if ! k8s_tools && [[ ${K8S_FETCH:-} == 1 ]]; then
+  bash tests/k8s/fetch-tools.sh || echo "tests/run.sh: K8S_FETCH=1: the fetch failed (above)" >&2
+fi
 if [[ ${CI:-} == true ]] || k8s_tools; then
   cargo build --locked -p ebs-node-agent --bin ebs-node-agent
   mkdir -p target/k8s
@@ -49,23 +53,13 @@ cargo test -p ebs-node-agent --lib --locked test_hooks || failed+=("test_hooks w
 FUZZ_PROFILE=ci bash fuzz/run.sh "${FUZZ_SECONDS:-5}" || failed+=("fuzz (inputs in fuzz/artifacts/)")
 log=target/test-output.log
 set +e
-# Includes tests/tests/kubernetes.rs: a one-node cluster from shared/tools/k8s (beside the
-# checkout or above it, or $K8S_TOOLS); it skips without them, except under CI=true. So does
+# Includes tests/tests/kubernetes.rs: a one-node cluster from the binaries k8s_tools finds; it
+# skips without them (each scenario in the summary), except under CI=true. So does
 # tests/tests/kube_duties.rs (its own etcd and kube-apiserver only, on free loopback ports).
 cargo test --workspace --locked --no-fail-fast "${hooks[@]}" -- --test-threads="${TEST_THREADS:-4}" 2>&1 |
   tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
-# cargo closes a failed run with "error: N targets failed:" and one `-p crate --test name` a line.
-# shellcheck disable=SC2016 # the backquotes are cargo's, not an expansion
-mapfile -t -O "${#failed[@]}" failed < <(sed -n '/^error: [0-9]* targets\? failed:$/,$ s/^    `\(.*\)`$/\1/p' "$log")
-((rc == 0 || ${#failed[@]})) || failed+=("cargo test (exit $rc, see $log)")
-read -r passed nfailed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$log")
-nskipped=$(wc -l <"$EBS_SKIP_LOG")
-echo
-echo "== summary =="
-((${#failed[@]})) && printf 'FAILED: %s\n' "${failed[@]}"
-cat "$EBS_SKIP_LOG"
-# One plain closing line; a skipped test counts as skipped, not passed.
-echo "tests: $((passed - nskipped)) passed, $nfailed failed, $nskipped skipped"
-((${#failed[@]} == 0))
+# The closing summary: every FAILED step and test binary, every skip with its reason, and the
+# counts, each in its unit (tests/summary.sh says which).
+bash tests/summary.sh "$log" "$EBS_SKIP_LOG" "$rc" "${failed[@]}"

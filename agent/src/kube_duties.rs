@@ -56,10 +56,22 @@ pub fn spawn_taint_removal(args: &ServeArgs) {
     };
     let mut settings = taint::Settings::new(&args.driver_name);
     settings.window = args.startup_taint_window;
-    tracing::info!(node = %cfg.node_name, window = ?settings.window, "startup taint removal: on");
+    settings.count_expected = reports_attach_limit(args);
+    tracing::info!(node = %cfg.node_name, window = ?settings.window,
+        waits_for_count = settings.count_expected, "startup taint removal: on");
     tokio::spawn(async move {
         taint::remove_startup_taint(&client, &cfg.node_name, &settings).await;
     });
+}
+
+/// NodeGetInfo's max_volumes_per_node is above 0, so kubelet puts an allocatable count in
+/// CSINode: always with ebs (computed or --volume-attach-limit), with loop only when
+/// --volume-attach-limit is above 0 (server.rs: loop devices are allocated on demand).
+fn reports_attach_limit(args: &ServeArgs) -> bool {
+    match args.backend {
+        crate::settings::BackendKind::Ebs => true,
+        crate::settings::BackendKind::Loop => args.volume_attach_limit > 0,
+    }
 }
 
 #[derive(clap::Args, Debug)]

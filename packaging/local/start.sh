@@ -8,7 +8,21 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # Only what building and running the agent needs (tests/deps.sh adds the test lab).
 bash packaging/local/deps.sh
+# The first release build takes about 6 minutes on 2 cores, and for most of the last 4 cargo
+# prints nothing (or a still progress bar): it optimises and links the agent itself (thin LTO,
+# one codegen unit). A line every 30 s says it is still at work; seconds when already built.
+echo "start.sh: building the agent (release; about 6 min on 2 cores the first time)" >&2
+t0=$SECONDS
+(while sleep 30; do
+  kill -0 $$ 2>/dev/null || exit 0
+  echo "start.sh: still building ($((SECONDS - t0)) s)" >&2
+done) &
+heartbeat=$!
+trap 'kill "$heartbeat" 2>/dev/null || true' EXIT
 cargo build --release --locked --bin ebs-node-agent
+kill "$heartbeat" 2>/dev/null || true
+trap - EXIT
+echo "start.sh: built in $((SECONDS - t0)) s" >&2
 endpoint="${CSI_ENDPOINT:-unix:///run/ebs-node-agent/csi.sock}"
 state_dir="${EBS_AGENT_STATE_DIR:-/var/lib/ebs-node-agent}"
 mounts="${EBS_AGENT_MOUNTS:-/mnt/ebs-node-agent}"

@@ -326,7 +326,10 @@ fn crash_child() {
             let (store, log) = (&store, &log);
             s.spawn(move || {
                 let mut log = log;
-                for n in 0.. {
+                // Writes until the parent kills this process: no bound on purpose, so a counter
+                // and `loop` (an unbounded `for n in 0..` is a lint on newer toolchains).
+                let mut n = 0;
+                loop {
                     if t == 3 {
                         log.write_all(format!("S {n}\n").as_bytes()).unwrap();
                         store
@@ -348,6 +351,7 @@ fn crash_child() {
                             std::thread::sleep(std::time::Duration::from_millis(1));
                         }
                     }
+                    n += 1;
                 }
             });
         }

@@ -1,34 +1,51 @@
 #!/usr/bin/env bash
 # First contact, rehearsed: a bare Debian bookworm (debootstrap minbase + git, curl,
-# ca-certificates) with a rustup toolchain copied from this host, a fresh clone, and the README's
+# ca-certificates) with rustup toolchains copied from this host, a fresh clone, and the README's
 # two commands run exactly as written, as root. Reports wall times. docs/first-contact.md has the
 # results and what a fresh machine needs. Run as root on the host:
-#   tests/fresh/rehearse.sh [PHASE...]     default: setup quickstart tests noshared
-#     setup       debootstrap (once), the toolchain (once), a fresh clone (always: a cold build)
+#   tests/fresh/rehearse.sh [PHASE...]     default: setup quickstart tests noshared newcomer
+#     setup       debootstrap (once), the toolchains (once), a fresh clone (always: a cold build)
 #     quickstart  packaging/local/start.sh serves; the README's lifecycle blocks from $HOME;
 #                 Ctrl-C (SIGINT); nothing left: no mount, loop device, socket or directory
 #     tests       CI=true ./tests/run.sh, under flock /run/lock/ebs-k8s.lock (one cluster a host)
 #     k8s         the Kubernetes tier alone, on the tests phase's build
-#     noshared    no ../shared and no Go proxy: tools.sh and the conformance test must fail at
-#                 once, saying what to do (reuses the tests phase's build)
-# Environment: FRESH_ROOT (/work/chroot/bookworm), FRESH_SRC (/work/main), FRESH_REV (HEAD of
-# FRESH_SRC), FRESH_SHARED (/work/shared, bound read-only at ../shared beside the clone),
-# FRESH_MIRROR (http://deb.debian.org/debian).
+#     noshared    no ../shared and no Go proxy: tools.sh, fetch-tools.sh and the two tests that
+#                 need them must fail at once under CI=true, saying what to do (reuses the tests
+#                 phase's build)
+#     newcomer    the newcomer's own run: no ../shared, no CI=true, the toolchain
+#                 $FRESH_TOOLCHAIN instead of the pinned one: ./tests/run.sh must exit 0 and
+#                 list every skip (the Kubernetes tier's scenarios, csi-sanity) in its summary
+# Environment:
+#   FRESH_ROOT       the chroot (default: target/fresh/bookworm of this checkout)
+#   FRESH_SRC        the repository to clone (default: this checkout); FRESH_REV (its HEAD)
+#   FRESH_SHARED     bound read-only at ../shared beside the clone for the phases that want it
+#                    (default: shared/ beside this checkout, when there is one; empty: none)
+#   FRESH_MIRROR     (http://deb.debian.org/debian)
+#   FRESH_TOOLCHAIN  the rustup toolchain of the newcomer phase (default: stable, i.e. what
+#                    rustup's installer gives today). It is copied from this host's rustup, so it
+#                    must be installed here (`rustup toolchain install stable` where the network
+#                    allows; on a machine whose network reaches no Rust distribution server the
+#                    host's "stable" is what it is: see docs/first-contact.md). Inside the chroot
+#                    it is selected with RUSTUP_TOOLCHAIN, which wins over rust-toolchain.toml.
 # Each phase runs in its own mount namespace (private propagation): /proc, /sys (with
 # /sys/fs/cgroup), /dev (with /dev/pts, /dev/shm, loop-control), a tmpfs /run and ../shared are
 # mounted there only, so they vanish with it, also when a phase fails. The network is the host's:
 # apt, crates.io and PyPI must be reachable (a fresh machine downloads its packages). Processes
 # left inside the chroot are stopped by PID at exit. Idempotent.
 set -euo pipefail
-root="${FRESH_ROOT:-/work/chroot/bookworm}"
-src="${FRESH_SRC:-/work/main}"
+checkout="$(cd "$(dirname "$0")/../.." && pwd -P)"
+root="${FRESH_ROOT:-$checkout/target/fresh/bookworm}"
+src="${FRESH_SRC:-$checkout}"
 rev="${FRESH_REV:-$(git -C "$src" rev-parse HEAD)}"
-shared="${FRESH_SHARED-/work/shared}"
+default_shared="$(dirname "$checkout")/shared"
+[[ -d $default_shared ]] || default_shared=""
+shared="${FRESH_SHARED-$default_shared}"
 mirror="${FRESH_MIRROR:-http://deb.debian.org/debian}"
+toolchain="${FRESH_TOOLCHAIN:-stable}"
 phases=("$@")
-((${#phases[@]})) || phases=(setup quickstart tests noshared)
+((${#phases[@]})) || phases=(setup quickstart tests noshared newcomer)
 [[ $(id -u) -eq 0 ]] || { echo "rehearse.sh: run as root" >&2; exit 1; }
-out="$root/work/rehearsal"
+out="$root/src/rehearsal"
 times="$out/times"
 namespaces="$out/namespaces"
 
@@ -80,17 +97,17 @@ in_chroot() {
     mount --rbind /sys "$r/sys"           # /sys/fs/cgroup too: containerd, kubelet
     mount --rbind /dev "$r/dev"           # loop-control and loop devices, pts, shm
     mount -t tmpfs -o mode=0755 run "$r/run"
-    mkdir -p "$r/run/lock" "$r/work/shared" "$r/.oldroot"
+    mkdir -p "$r/run/lock" "$r/src/shared" "$r/.oldroot"
     if [[ -n "$s" ]]; then
-      mount --bind "$s" "$r/work/shared"
-      mount -o remount,bind,ro "$r/work/shared"
+      mount --bind "$s" "$r/src/shared"
+      mount -o remount,bind,ro "$r/src/shared"
     fi
     cd "$r"
     pivot_root . .oldroot
     exec /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb USER=root \
       PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
       RUSTUP_HOME=/root/.rustup CARGO_HOME=/root/.cargo ${GOPROXY+GOPROXY="$GOPROXY"} \
-      ${CI+CI="$CI"} bash -c "umount -l /.oldroot && mount --make-rshared / && cd / && $1"
+      ${RUSTUP_TOOLCHAIN+RUSTUP_TOOLCHAIN="$RUSTUP_TOOLCHAIN"} ${CI+CI="$CI"} bash -c "umount -l /.oldroot && mount --make-rshared / && cd / && $1"
   ' _ "$root" "$([[ $with_shared == 1 ]] && echo "$shared")" "$namespaces" "$cmd"
 }
 
@@ -124,44 +141,58 @@ phase_setup() {
     chroot "$root" update-ca-certificates >/dev/null
   fi
   # The toolchain as rustup's installer leaves it: the default toolchain, rustup's settings and
-  # the proxies in ~/.cargo/bin (no registry cache: crates come from crates.io).
-  local rh="${RUSTUP_HOME:-$HOME/.rustup}" ch="${CARGO_HOME:-$HOME/.cargo}" tc
+  # the proxies in ~/.cargo/bin (no registry cache: crates come from crates.io). Then the one
+  # rust-toolchain.toml pins (rustup would download it at the first cargo call, as on a
+  # newcomer's machine; copied, since this site's network may not reach Rust's servers) and the
+  # newcomer phase's $FRESH_TOOLCHAIN.
+  local rh="${RUSTUP_HOME:-$HOME/.rustup}" ch="${CARGO_HOME:-$HOME/.cargo}" tc pin host
   tc="$(sed -n 's/^default_toolchain = "\(.*\)"$/\1/p' "$rh/settings.toml")"
+  pin="$(sed -n 's/^channel = "\(.*\)"$/\1/p' "$src/rust-toolchain.toml" 2>/dev/null || true)"
+  host="$(rustc -vV | sed -n 's/^host: //p')"
   if [[ ! -x "$root/root/.cargo/bin/cargo" ]]; then
     mkdir -p "$root/root/.rustup/toolchains" "$root/root/.cargo"
     cp -a "$rh/settings.toml" "$root/root/.rustup/"
-    cp -a "$(readlink -f "$rh/toolchains/$tc")" "$root/root/.rustup/toolchains/$tc"
     cp -a "$ch/bin" "$root/root/.cargo/"
     # shellcheck disable=SC2016 # expanded by the chroot's shell, as rustup's own env file is
     printf 'export PATH="$HOME/.cargo/bin:$PATH"\n' >"$root/root/.cargo/env"
   fi
+  local t
+  for t in "$tc" ${pin:+"$pin-$host"} "$toolchain-$host"; do
+    [[ -e "$root/root/.rustup/toolchains/$t" ]] && continue
+    if [[ ! -e "$rh/toolchains/$t" ]]; then
+      log "setup: toolchain $t is not installed on this host (rustup toolchain install ${t%-"$host"}); the phases that need it fail"
+      continue
+    fi
+    cp -a "$(readlink -f "$rh/toolchains/$t")" "$root/root/.rustup/toolchains/$t"
+    log "setup: toolchain $t: $("$rh/toolchains/$t/bin/rustc" -V)"
+  done
   # A fresh clone of the revision under test, ../shared beside it as on CI.
-  rm -rf "$root/work/main"
-  git clone -q --no-local "$src" "$root/work/main"
-  git -C "$root/work/main" checkout -q "$rev"
-  log "setup: $(git -C "$root/work/main" log --oneline -1)"
+  rm -rf "$root/src/main"
+  git clone -q --no-local "$src" "$root/src/main"
+  git -C "$root/src/main" checkout -q "$rev"
+  log "setup: $(git -C "$root/src/main" log --oneline -1)"
 }
 
 phase_quickstart() {
   cat >"$out/quickstart.sh" <<'EOF'
 set -u
-cd /work/main
+cd /src/main
 sock=/run/ebs-node-agent/csi.sock
 t0=$(date +%s)
 # The README's first command, in the background as in its own shell.
-setsid ./packaging/local/start.sh >/work/rehearsal/start.log 2>&1 </dev/null &
+setsid ./packaging/local/start.sh >/src/rehearsal/start.log 2>&1 </dev/null &
 pid=$!
 until [[ -S $sock ]]; do
-  kill -0 "$pid" 2>/dev/null || { echo "start.sh exited before serving"; tail -30 /work/rehearsal/start.log; exit 1; }
+  kill -0 "$pid" 2>/dev/null || { echo "start.sh exited before serving"; tail -30 /src/rehearsal/start.log; exit 1; }
   sleep 2
 done
 echo "quickstart: serving after $(($(date +%s) - t0)) s"
 # The README's lifecycle blocks, in "another shell" from $HOME; R as start.sh prints it.
 awk '/^```sh runnable$/ {f = 1; next} /^```$/ {f = 0} f' README.md |
-  sed 's|^R=.*|R=/work/main|' >/work/rehearsal/lifecycle.sh
-(cd "$HOME" && bash -e /work/rehearsal/lifecycle.sh) >/work/rehearsal/lifecycle.log 2>&1
+  sed 's|^R=.*|R=/src/main|' >/src/rehearsal/lifecycle.sh
+(cd "$HOME" && bash -e /src/rehearsal/lifecycle.sh) >/src/rehearsal/lifecycle.log 2>&1
 rc=$?
-echo "quickstart: lifecycle exit $rc"; cat /work/rehearsal/lifecycle.log
+echo "quickstart: lifecycle exit $rc"; cat /src/rehearsal/lifecycle.log
 kill -INT "$pid"; wait "$pid"; echo "quickstart: agent exit $? after SIGINT"
 left=0
 grep ' /mnt/ebs-node-agent' /proc/mounts && left=1
@@ -172,7 +203,7 @@ ls -A /var/lib/ebs-node-agent
 echo "quickstart: leftovers $left"
 exit $((rc || left))
 EOF
-  timed quickstart in_chroot 1 "bash /work/rehearsal/quickstart.sh" 2>&1 | tee "$out/quickstart.out"
+  timed quickstart in_chroot 1 "bash /src/rehearsal/quickstart.sh" 2>&1 | tee "$out/quickstart.out"
   return "${PIPESTATUS[0]}"
 }
 
@@ -182,10 +213,10 @@ phase_tests() {
   log "tests: waiting for /run/lock/ebs-k8s.lock"
   {
     flock 9
-    CI=true timed tests in_chroot 1 'cd /work/main && ./tests/run.sh' >"$out/tests.log" 2>&1 || rc=$?
+    CI=true timed tests in_chroot 1 'cd /src/main && ./tests/run.sh' >"$out/tests.log" 2>&1 || rc=$?
   } 9>/run/lock/ebs-k8s.lock
   sed -n '/^== summary ==$/,$p' "$out/tests.log"
-  log "disk: $(du -sh "$root/work/main/target" | cut -f1) target/, $(du -sh "$root/root/.cargo/registry" 2>/dev/null | cut -f1) cargo registry"
+  log "disk: $(du -sh "$root/src/main/target" | cut -f1) target/, $(du -sh "$root/root/.cargo/registry" 2>/dev/null | cut -f1) cargo registry"
   return "$rc"
 }
 
@@ -194,7 +225,7 @@ phase_k8s() {
   local rc=0
   {
     flock 9
-    CI=true timed k8s in_chroot 1 'cd /work/main && cargo test --locked -p ebs-tests \
+    CI=true timed k8s in_chroot 1 'cd /src/main && cargo test --locked -p ebs-tests \
       --features ebs-node-agent/test-hooks --test kubernetes' >"$out/k8s.log" 2>&1 || rc=$?
   } 9>/run/lock/ebs-k8s.lock
   grep -E '^test |^test result' "$out/k8s.log"
@@ -203,12 +234,14 @@ phase_k8s() {
 
 phase_noshared() {
   cat >"$out/noshared.sh" <<'EOF'
-cd /work/main
+cd /src/main
 t0=$(date +%s%N)
 bash tests/tools.sh provide csi-sanity
 echo "tools.sh provide: exit $?, $((($(date +%s%N) - t0) / 1000000)) ms"
 cargo build --workspace --bins --locked --features ebs-node-agent/test-hooks -q
-# The two tests that use ../shared: each must fail at once under CI=true, saying what to do.
+bash tests/k8s/fetch-tools.sh find; echo "fetch-tools.sh find: exit $?"
+# The two tests that use ../shared: each must fail at once under CI=true, saying what to do
+# (the Kubernetes tier: each scenario FAILED with the reason, and a `test result` line).
 for t in csi_sanity kubernetes; do
   t0=$(date +%s)
   cargo test -q --locked -p ebs-tests --features ebs-node-agent/test-hooks --test "$t" 2>&1 | tail -25
@@ -218,17 +251,37 @@ EOF
   # Without ../shared the Kubernetes tier cannot start a cluster, but the lock costs nothing.
   {
     flock 9
-    GOPROXY="" timed noshared-default in_chroot 0 "CI=true bash /work/rehearsal/noshared.sh"
-    GOPROXY=off timed noshared-goproxy-off in_chroot 0 "CI=true bash /work/rehearsal/noshared.sh"
+    GOPROXY="" timed noshared-default in_chroot 0 "CI=true bash /src/rehearsal/noshared.sh"
+    GOPROXY=off timed noshared-goproxy-off in_chroot 0 "CI=true bash /src/rehearsal/noshared.sh"
   } 9>/run/lock/ebs-k8s.lock 2>&1 | tee "$out/noshared.out"
   return "${PIPESTATUS[0]}"
+}
+
+# The newcomer's run as the issue rehearsed it: no ../shared, no CI=true, another toolchain than
+# the pinned one (RUSTUP_TOOLCHAIN wins over rust-toolchain.toml). Must exit 0 and list every
+# skip with its reason; the disk it took is logged. target/tools goes first: what earlier phases
+# unpacked there from ../shared (csi-sanity) a newcomer does not have.
+phase_newcomer() {
+  local rc=0
+  {
+    flock 9
+    RUSTUP_TOOLCHAIN="$toolchain" timed newcomer in_chroot 0 \
+      'cd /src/main && rm -rf target/tools && rustc -V && ./tests/run.sh' >"$out/newcomer.log" 2>&1 || rc=$?
+  } 9>/run/lock/ebs-k8s.lock
+  sed -n '/^== summary ==$/,$p' "$out/newcomer.log"
+  grep -q '^SKIPPED: .*kubernetes::k8s_' "$out/newcomer.log" ||
+    { log "newcomer: the Kubernetes tier's skip is not in the summary"; rc=1; }
+  grep -q '^SKIPPED: .*csi-sanity' "$out/newcomer.log" ||
+    { log "newcomer: csi-sanity's skip is not in the summary"; rc=1; }
+  log "newcomer: $(head -1 "$out/newcomer.log"); disk: $(du -sh "$root/src/main/target" | cut -f1) target/"
+  return "$rc"
 }
 
 mkdir -p "$out"
 : >"$namespaces"
 for p in "${phases[@]}"; do
   case "$p" in
-    setup | quickstart | tests | k8s | noshared) "phase_$p" || log "$p failed" ;;
+    setup | quickstart | tests | k8s | noshared | newcomer) "phase_$p" || log "$p failed" ;;
     *) echo "rehearse.sh: unknown phase $p" >&2; exit 2 ;;
   esac
 done

@@ -14,7 +14,8 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// The Kubernetes binaries: `$K8S_TOOLS`, or `shared/tools/k8s` beside the checkout or beside any
-/// directory above it, then the machine's copy in `/work/shared/tools/k8s`.
+/// directory above it, then `target/tools/k8s` (where tests/k8s/fetch-tools.sh puts them). The
+/// same order as `tests/k8s/fetch-tools.sh find`, which tests/run.sh asks.
 pub fn find_tools() -> Result<PathBuf, String> {
     let has = |p: &Path| p.join("kubelet.xz").is_file() && p.join("kube-apiserver.xz").is_file();
     if let Some(p) = std::env::var_os("K8S_TOOLS") {
@@ -22,20 +23,27 @@ pub fn find_tools() -> Result<PathBuf, String> {
         return if has(&p) {
             Ok(p)
         } else {
-            Err(format!("K8S_TOOLS={} has no kubelet.xz", p.display()))
+            Err(format!(
+                "K8S_TOOLS={} has no kubelet.xz and kube-apiserver.xz",
+                p.display()
+            ))
         };
     }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
     repo_root()
         .ancestors()
         .skip(1)
         .map(|dir| dir.join("shared/tools/k8s"))
-        .chain(std::iter::once(PathBuf::from("/work/shared/tools/k8s")))
+        .chain(std::iter::once(target.join("tools/k8s")))
         .find(|p| has(p))
         .ok_or_else(|| {
-            "no Kubernetes binaries: put shared/tools/k8s (kube-apiserver.xz, \
-             kube-controller-manager.xz, kube-scheduler.xz, kubelet.xz, kubectl.xz, the CSI \
-             sidecars' and pause's .xz, see its README.md) beside the checkout or a directory \
-             above it, or set K8S_TOOLS"
+            "no Kubernetes binaries (kube-apiserver, kube-controller-manager, kube-scheduler, \
+             kubelet, kubectl, the CSI sidecars and pause, as NAME.xz): fetch them with \
+             tests/k8s/fetch-tools.sh (into target/tools/k8s), or put shared/tools/k8s beside \
+             the checkout or a directory above it, or set K8S_TOOLS \
+             (docs/operations/kubernetes.md, \"The test tier's binaries\")"
                 .to_string()
         })
 }

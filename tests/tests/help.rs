@@ -76,3 +76,81 @@ fn the_walk_sees_a_blank_when_there_is_one() {
         ]
     );
 }
+
+/// A description that is only an RPC's name ("NodeGetInfo." or "DeleteVolume") tells a newcomer
+/// nothing the subcommand's name did not: what it does must be said in words.
+fn rpc_name_only(about: &str) -> bool {
+    let word = about.trim().trim_end_matches('.');
+    !word.is_empty()
+        && !word.contains(char::is_whitespace)
+        && word.starts_with(|c: char| c.is_ascii_uppercase())
+        && word.chars().skip(1).any(|c| c.is_ascii_uppercase())
+}
+
+/// The subcommands below `cmd` described only by an RPC's name, as `path: about` lines.
+fn rpc_only(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+    for sub in cmd.get_subcommands() {
+        if sub.is_hide_set() || sub.get_name() == "help" {
+            continue;
+        }
+        let sub_path = format!("{path} {}", sub.get_name());
+        if let Some(about) = sub.get_about().map(|a| a.to_string())
+            && rpc_name_only(&about)
+        {
+            out.push(format!("{sub_path}: {about:?}"));
+        }
+        rpc_only(sub, &sub_path, out);
+    }
+}
+
+#[test]
+fn no_subcommand_is_described_by_an_rpc_name_alone() {
+    assert!(rpc_name_only("NodeGetInfo."));
+    assert!(rpc_name_only("DeleteVolume"));
+    assert!(!rpc_name_only(
+        "NodeGetInfo: this node's id, attach limit and topology."
+    ));
+    assert!(!rpc_name_only("Serve CSI on a unix socket."));
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut out = Vec::new();
+    rpc_only(&cmd, cmd.get_name(), &mut out);
+    assert!(
+        out.is_empty(),
+        "{} subcommands say only which RPC they call, not what they do:\n{}",
+        out.len(),
+        out.join("\n")
+    );
+}
+
+/// `client`'s options work anywhere on its line, as --json and --timeout always did.
+#[test]
+fn client_options_work_after_the_subcommand() {
+    use ebs_node_agent::cli::Command;
+    let endpoint = "unix:///run/elsewhere/csi.sock";
+    for words in [
+        vec!["client", "--endpoint", endpoint, "node", "info"],
+        vec!["client", "node", "--endpoint", endpoint, "info"],
+        vec!["client", "node", "info", "--endpoint", endpoint],
+        vec![
+            "client",
+            "identity",
+            "probe",
+            "--json",
+            "--timeout",
+            "5s",
+            "--endpoint",
+            endpoint,
+        ],
+    ] {
+        let line = words.join(" ");
+        let cli = ebs_node_agent::cli::Cli::try_parse_from(
+            std::iter::once("ebs-node-agent").chain(words.iter().copied()),
+        )
+        .unwrap_or_else(|e| panic!("`{line}` refused:\n{e}"));
+        let Command::Client(args) = cli.command else {
+            panic!("`{line}`: not the client");
+        };
+        assert_eq!(args.endpoint, endpoint, "`{line}`");
+    }
+}

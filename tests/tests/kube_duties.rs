@@ -1,6 +1,7 @@
 //! The node pod's Kubernetes duties against a real API server (etcd + kube-apiserver, RBAC on,
 //! the agent holding a token of the shipped service account bound by the shipped rbac.yaml):
-//! the startup taint goes only after CSINode shows the driver with a count, a concurrent taint
+//! the startup taint goes only after CSINode shows the driver with a count (or, where the agent
+//! reports no attach limit, once it shows the driver), a concurrent taint
 //! change is never overwritten, the window ends with a log line; `pre-stop` waits on a drain
 //! until the node's VolumeAttachments of this driver are gone, returns at once without one, and
 //! keeps to its timeout. One API server for all scenarios (it takes a while to start on 2 cores);
@@ -164,13 +165,15 @@ async fn kubernetes_duties_against_a_real_api_server() {
     let sa = api.service_account_dir("kube-system", "ebs-node-agent");
 
     startup_taint(&api, &sa).await;
+    startup_taint_without_an_attach_limit(&api, &sa).await;
     concurrent_taint_change(&api, &sa).await;
     give_up(&api, &sa).await;
     pre_stop(&api, &sa, &scratch);
 }
 
 /// Taint present → left alone while CSINode lacks the driver or its count → removed once it has
-/// both, every other taint kept. Readiness never waited for it.
+/// both, every other taint kept. Readiness never waited for it. The agent reports an attach limit
+/// (as with EBS; here the loop backend's --volume-attach-limit), so kubelet publishes a count.
 async fn startup_taint(api: &ApiServer, sa: &Path) {
     let node = "kd-taint";
     api.apply(&node_yaml(
@@ -183,7 +186,7 @@ async fn startup_taint(api: &ApiServer, sa: &Path) {
     // The API server adds node.kubernetes.io/not-ready itself (TaintNodesByCondition).
     let others = without_startup_taint(taint_keys(api, node));
     assert!(others.contains(&"dedicated".to_string()), "{others:?}");
-    let agent = agent_on(api, sa, &sub, node, &[]).await;
+    let agent = agent_on(api, sa, &sub, node, &["--volume-attach-limit", "25"]).await;
     // Ready (Agent::start waited for Probe) while the taint is still there.
     assert!(taint_keys(api, node).contains(&STARTUP_TAINT.to_string()));
     std::thread::sleep(Duration::from_secs(5));
@@ -207,6 +210,38 @@ async fn startup_taint(api: &ApiServer, sa: &Path) {
     wait_until("the startup taint removed", Duration::from_secs(30), || {
         !taint_keys(api, node).contains(&STARTUP_TAINT.to_string())
     });
+    assert_eq!(taint_keys(api, node), others);
+    assert!(
+        agent.log_text().contains("startup taint removed"),
+        "{}",
+        agent.log_text()
+    );
+}
+
+/// The loop backend without --volume-attach-limit reports no limit (max_volumes_per_node 0), so
+/// kubelet registers the driver with no allocatable count, ever: the registration alone is the
+/// signal. Another driver's registration is not.
+async fn startup_taint_without_an_attach_limit(api: &ApiServer, sa: &Path) {
+    let node = "kd-taint-nolimit";
+    api.apply(&node_yaml(node, &[(STARTUP_TAINT, "NoSchedule")], false));
+    api.apply(&csinode_yaml(node, "other.csi.example.com", Some(3)));
+    let sub = Scratch::new("kube-duties-taint-nolimit");
+    let others = without_startup_taint(taint_keys(api, node));
+    let agent = agent_on(api, sa, &sub, node, &[]).await;
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        taint_keys(api, node).contains(&STARTUP_TAINT.to_string()),
+        "removed before this driver's registration:\n{}",
+        agent.log_text()
+    );
+    api.kubectl(&["delete", "csinode", node])
+        .expect("delete csinode");
+    api.apply(&csinode_yaml(node, DRIVER, None));
+    wait_until(
+        "the startup taint removed once the driver is registered (no count: the agent reports no limit)",
+        Duration::from_secs(30),
+        || !taint_keys(api, node).contains(&STARTUP_TAINT.to_string()),
+    );
     assert_eq!(taint_keys(api, node), others);
     assert!(
         agent.log_text().contains("startup taint removed"),

@@ -9,8 +9,10 @@
 //! share the cluster and run in order, each with its own pass/fail; a failure skips the rest, and
 //! the cluster is torn down in any case (Drop). Own harness (harness = false in Cargo.toml).
 //!
-//! The binaries are `$K8S_TOOLS` or `shared/tools/k8s` beside the checkout or above it; outside
-//! CI the test skips without them (or without a fresh agent build), under CI=true it fails.
+//! The binaries are `$K8S_TOOLS`, `shared/tools/k8s` beside the checkout or above it, or
+//! target/tools/k8s (tests/k8s/fetch-tools.sh). Without them (or root, the host programs, a
+//! fresh agent build) every scenario is reported skipped, with the reason, through
+//! ebs_tests::skip and a `test result` line; under CI=true each fails instead.
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -241,13 +243,53 @@ fn args() -> Args {
     a
 }
 
+/// Every test of the tier, in order: the scenarios, then the teardown's check.
+fn names() -> impl Iterator<Item = &'static str> {
+    SCENARIOS
+        .iter()
+        .map(|(name, _)| *name)
+        .chain(std::iter::once("k8s_teardown_leaves_nothing"))
+}
+
+/// The tier cannot run here (`reason`): every selected test is reported as libtest reports one,
+/// so the run's summary counts them. Outside CI each is a skip ("ok", and a line through
+/// ebs_tests::skip, which tests/run.sh lists with the reason); under CI=true nothing may skip,
+/// so each fails with the reason.
+fn not_run(args: &Args, reason: &str) -> ExitCode {
+    let ci = ebs_tests::is_ci();
+    let selected: Vec<&str> = names()
+        .filter(|n| args.filters.is_empty() || args.filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} tests", selected.len());
+    for name in &selected {
+        if ci {
+            println!("test {name} ... FAILED");
+        } else {
+            ebs_tests::skip(&format!("kubernetes::{name}"), reason);
+            println!("test {name} ... ok");
+        }
+    }
+    let n = selected.len();
+    if ci {
+        eprintln!("\n---- kubernetes ----\n{reason}; CI=true: refusing to skip");
+        println!(
+            "\ntest result: FAILED. 0 passed; {n} failed; 0 ignored; 0 measured; 0 filtered out\n"
+        );
+        ExitCode::FAILURE
+    } else {
+        println!(
+            "\ntest result: ok. {n} passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n"
+        );
+        ExitCode::SUCCESS
+    }
+}
+
 fn main() -> ExitCode {
     let args = args();
     if args.list {
-        for (name, _) in SCENARIOS {
+        for name in names() {
             println!("{name}: test");
         }
-        println!("k8s_teardown_leaves_nothing: test");
         return ExitCode::SUCCESS;
     }
     let selected = args.filters.is_empty()
@@ -259,34 +301,21 @@ fn main() -> ExitCode {
         println!("\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed\n");
         return ExitCode::SUCCESS;
     }
-    if !ebs_tests::require_root("kubernetes") {
-        return ExitCode::SUCCESS;
+    if !ebs_tests::is_root() {
+        return not_run(&args, "needs root");
     }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
     let tools = match find_tools() {
         Ok(t) => t,
-        Err(e) if ci => panic!("kubernetes: {e}; CI=true: refusing to skip"),
-        Err(e) => {
-            eprintln!("skipping kubernetes: {e}");
-            return ExitCode::SUCCESS;
-        }
+        Err(e) => return not_run(&args, &e),
     };
     let missing = missing_host_programs();
     if !missing.is_empty() {
         let e = format!("missing {} (run tests/deps.sh)", missing.join(", "));
-        if ci {
-            panic!("kubernetes: {e}; CI=true: refusing to skip");
-        }
-        eprintln!("skipping kubernetes: {e}");
-        return ExitCode::SUCCESS;
+        return not_run(&args, &e);
     }
     let agent = match image_agent() {
         Ok(a) => a,
-        Err(e) if ci => panic!("kubernetes: {e}; CI=true: refusing to skip"),
-        Err(e) => {
-            ebs_tests::skip("kubernetes", &e);
-            return ExitCode::SUCCESS;
-        }
+        Err(e) => return not_run(&args, &e),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -201,7 +201,7 @@ async fn a_dead_mount_above_a_publication_marks_only_its_volume() {
             Ok("true"),
             "{test} needs /dev/fuse and CI=true: refusing to skip"
         );
-        eprintln!("skipping {test}: no /dev/fuse");
+        ebs_tests::skip(test, "no /dev/fuse");
         return;
     }
     let scratch = Scratch::new("attention-hung");

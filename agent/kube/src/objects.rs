@@ -108,6 +108,11 @@ pub struct Allocatable {
 }
 
 impl CsiNode {
+    /// kubelet registered `driver` (with or without an attach limit).
+    pub fn registered(&self, driver: &str) -> bool {
+        self.spec.drivers.iter().any(|d| d.name == driver)
+    }
+
     /// kubelet registered `driver` and published its attach limit: the scheduler can count.
     pub fn registered_with_count(&self, driver: &str) -> bool {
         self.spec
@@ -202,5 +207,11 @@ mod tests {
             c(json!([{"name": "ebs.csi.aws.com", "allocatable": {"count": 25}}]))
                 .registered_with_count("ebs.csi.aws.com")
         );
+        assert!(c(json!([{"name": "ebs.csi.aws.com"}])).registered("ebs.csi.aws.com"));
+        assert!(
+            !c(json!([{"name": "other", "allocatable": {"count": 3}}]))
+                .registered("ebs.csi.aws.com")
+        );
+        assert!(!c(json!([])).registered("ebs.csi.aws.com"));
     }
 }

@@ -2,6 +2,9 @@
 //! the agent's start, once the node carries `ebs.csi.aws.com/agent-not-ready` and CSINode shows
 //! this driver with an allocatable count, remove that taint with a JSON patch whose `test`
 //! operation makes a concurrent change to the taints fail the patch instead of being overwritten.
+//! Where the agent itself reports no attach limit (the loop backend without
+//! --volume-attach-limit: max_volumes_per_node 0), kubelet publishes no count, ever: the driver's
+//! registration in CSINode is then the signal ([`Settings::count_expected`]).
 //! Runs in the background: CSI serving and readiness never wait for it.
 
 use std::time::Duration;
@@ -18,6 +21,10 @@ pub struct Settings {
     pub window: Duration,
     /// While tainted: how often CSINode is read for the registration.
     pub poll: Duration,
+    /// The agent reports an attach limit (NodeGetInfo's max_volumes_per_node > 0), so kubelet
+    /// registers the driver with an allocatable count, and the taint waits for that count as
+    /// upstream's does. False: the registration alone.
+    pub count_expected: bool,
 }
 
 impl Settings {
@@ -26,6 +33,7 @@ impl Settings {
             driver: driver.to_string(),
             window: Duration::from_secs(600),
             poll: Duration::from_secs(2),
+            count_expected: true,
         }
     }
 }
@@ -91,9 +99,15 @@ pub async fn remove_startup_taint(client: &Client, node_name: &str, s: &Settings
             continue;
         };
         match client.get::<CsiNode>(&csinode_path).await {
-            Ok(Some(c)) if c.registered_with_count(&s.driver) => {}
+            Ok(Some(c)) if s.count_expected && c.registered_with_count(&s.driver) => {}
+            Ok(Some(c)) if !s.count_expected && c.registered(&s.driver) => {}
             Ok(_) => {
-                last = "kubelet has not registered the driver with an allocatable count".into();
+                last = if s.count_expected {
+                    "kubelet has not registered the driver with an allocatable count"
+                } else {
+                    "kubelet has not registered the driver"
+                }
+                .into();
                 pause(s.poll).await;
                 continue;
             }

@@ -108,7 +108,7 @@ async fn a_connection_with_a_call_in_flight_is_never_taken() {
             Ok("true"),
             "{test} needs /dev/fuse and CI=true: refusing to skip"
         );
-        eprintln!("skipping {test}: no /dev/fuse");
+        ebs_tests::skip(test, "no /dev/fuse");
         return;
     }
     let scratch = Scratch::new("busy-conn");

@@ -14,8 +14,9 @@ use ebs_node_core::config::{DEFAULT_ENDPOINT, parse_duration};
 
 #[derive(Args, Debug)]
 pub struct ClientArgs {
+    // Global like --json and --timeout: accepted after any subcommand too (tests/tests/help.rs).
     /// The CSI socket to call.
-    #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
+    #[arg(long, env = "CSI_ENDPOINT", default_value = DEFAULT_ENDPOINT, global = true)]
     pub endpoint: String,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
@@ -97,7 +98,7 @@ pub enum ControllerCall {
         #[command(flatten)]
         cap: CapArgs,
     },
-    /// DeleteVolume.
+    /// DeleteVolume: delete a volume and its data (an unknown id is already deleted).
     DeleteVolume {
         /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
@@ -126,7 +127,7 @@ pub enum ControllerCall {
         #[arg(long)]
         node_id: String,
     },
-    /// ControllerExpandVolume.
+    /// ControllerExpandVolume: grow a volume's device; `node expand` then grows its filesystem.
     Expand {
         /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
@@ -135,7 +136,7 @@ pub enum ControllerCall {
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },
-    /// ListVolumes.
+    /// ListVolumes: the volumes the plugin has, a page at a time.
     ListVolumes {
         /// At most this many entries (0: as many as the plugin returns).
         #[arg(long, default_value_t = 0)]
@@ -144,9 +145,9 @@ pub enum ControllerCall {
         #[arg(long, default_value = "")]
         starting_token: String,
     },
-    /// GetCapacity.
+    /// GetCapacity: the space left for new volumes.
     Capacity,
-    /// ControllerGetCapabilities.
+    /// ControllerGetCapabilities: which controller calls the plugin supports.
     Capabilities,
 }
 
@@ -169,7 +170,7 @@ pub enum NodeCall {
         #[command(flatten)]
         cap: CapArgs,
     },
-    /// NodeUnstageVolume.
+    /// NodeUnstageVolume: unmount the volume from its staging path (its publications gone first).
     Unstage {
         /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
@@ -195,7 +196,7 @@ pub enum NodeCall {
         #[command(flatten)]
         cap: CapArgs,
     },
-    /// NodeUnpublishVolume.
+    /// NodeUnpublishVolume: remove the volume from a target path.
     Unpublish {
         /// The volume id (CreateVolume's volume_id).
         #[arg(long)]
@@ -225,9 +226,9 @@ pub enum NodeCall {
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },
-    /// NodeGetInfo.
+    /// NodeGetInfo: this node's id, attach limit and topology.
     Info,
-    /// NodeGetCapabilities.
+    /// NodeGetCapabilities: which node calls the plugin supports (stage, stats, expand, ...).
     Capabilities,
 }
 
