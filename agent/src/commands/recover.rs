@@ -219,6 +219,7 @@ fn rebuild_mounts(
         }
     }
     let mut staging_of: HashMap<String, PathBuf> = HashMap::new();
+    let mut owner_of: HashMap<String, Option<String>> = HashMap::new();
     let (mut staged, mut published) = (0, 0);
     // mountinfo lists mounts in the order they were made: a volume's first mount is its staging.
     for m in table.entries() {
@@ -237,7 +238,15 @@ fn rebuild_mounts(
             by_numbers.get(&DevNum::new(m.major, m.minor)).copied()
         };
         let Some(k) = k else { continue };
-        let vol = k.volume_id.as_str();
+        // Whose the mounts are: the first (staging) mount's name says it where kubelet made it.
+        let chosen = owner_of
+            .entry(k.volume_id.clone())
+            .or_insert_with(|| handle_named_by(k, &m.mount_point))
+            .clone();
+        let (vol, acts_for) = match &chosen {
+            Some(handle) => (handle.as_str(), Some(k.volume_id.clone())),
+            None => (k.volume_id.as_str(), None),
+        };
         let first = !staging_of.contains_key(vol);
         if first {
             let (access, staging_path) = if block_bind {
@@ -289,7 +298,7 @@ fn rebuild_mounts(
                     door: ebs_store::ClaimDoor::Node,
                     identity: record.identity.clone(),
                     at_unix_ms: now_unix_ms(),
-                    acts_for: None,
+                    acts_for: acts_for.clone(),
                 };
                 (key, claim)
             });
@@ -342,4 +351,53 @@ fn rebuild_mounts(
         );
     }
     Ok((staged, published))
+}
+
+/// The node-local handle (`local-ebs://dev/<name>`) whose staging directory kubelet made at
+/// `staging`, when it is one: kubelet names a CSI volume's staging directory
+/// `…/kubernetes.io/csi/<driver>/<sha256 of the volume handle>/globalmount`, so a mount made
+/// through a handle is told from one made through the volume's own id, which the device alone
+/// cannot tell. The handle is one of the device's names in /dev (its own, or a link to it).
+fn handle_named_by(k: &Known, staging: &Path) -> Option<String> {
+    if staging.file_name()? != "globalmount" {
+        return None;
+    }
+    let hash = staging.parent()?.file_name()?.to_str()?;
+    if hash.len() != 64 || sha256_hex(&k.volume_id) == hash {
+        return None;
+    }
+    let node = std::fs::canonicalize(&k.device).ok()?;
+    device_names(&node)
+        .into_iter()
+        .map(|name| format!("local-ebs://{}", name.trim_start_matches('/')))
+        .find(|handle| sha256_hex(handle) == hash)
+}
+
+fn sha256_hex(text: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The paths in /dev that name `node` (itself, and the links to it, three levels deep).
+fn device_names(node: &Path) -> Vec<String> {
+    let mut names = vec![node.display().to_string()];
+    let mut dirs = vec![(PathBuf::from("/dev"), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(kind) = e.file_type() else { continue };
+            if kind.is_dir() && depth < 3 {
+                dirs.push((path, depth + 1));
+            } else if kind.is_symlink() && std::fs::canonicalize(&path).is_ok_and(|p| p == node) {
+                names.push(path.display().to_string());
+            }
+        }
+    }
+    names
 }

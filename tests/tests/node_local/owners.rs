@@ -286,3 +286,61 @@ impl Drop for OverlaysOver {
         }
     }
 }
+
+/// `recover --from-mounts` gives a node-local handle's mounts back to the handle, not to the
+/// volume its device proves to be: kubelet names the staging directory after the handle's
+/// SHA-256, and kubelet's later NodeUnpublish and NodeUnstage name the handle.
+#[tokio::test]
+async fn recover_from_mounts_gives_a_handles_mounts_back_to_the_handle() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("recover_from_mounts_gives_a_handles_mounts_back_to_the_handle") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-rebuild");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "v", SIZE).await;
+    let h = handle_of(&v);
+    let sha = sh(&format!("printf %s '{}' | sha256sum", h.id));
+    let sha = String::from_utf8_lossy(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let staging = agent.work.join(format!(
+        "plugins/kubernetes.io/csi/ebs.csi.aws.com/{sha}/globalmount"
+    ));
+    let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
+    let mut node = agent.node().await;
+    let mut stage = stage_req(&h, &staging, rwx_mount());
+    stage
+        .publish_context
+        .insert("volumeID".into(), v.id.clone());
+    node.node_stage_volume(stage)
+        .await
+        .expect("stage the handle");
+    node.node_publish_volume(publish_req(&h, &staging, &target, rwx_mount(), false))
+        .await
+        .expect("publish the handle");
+    drop(node);
+    agent.terminate().await;
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--from-mounts", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(&h, &target))
+        .await
+        .expect("the handle's unpublish");
+    node.node_unstage_volume(unstage_req(&h, &staging))
+        .await
+        .expect("the handle's unstage");
+    assert_eq!(
+        mounts_below(&agent.work),
+        Vec::<std::path::PathBuf>::new(),
+        "the handle's mounts were left: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
