@@ -41,7 +41,11 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
             st_dev,
             st_ino,
         };
-        if let Some(owner) = device_claim::node_owner(store, &identity, None)? {
+        // Its own claim (a format intent of an interrupted stage) does not keep it: a detach
+        // ends the attachment that intent could license a redo on.
+        if let Some(owner) = device_claim::node_owner(store, &identity, None)?
+            && owner != id
+        {
             return busy(id, format!("the node holds its device for volume {owner}"));
         }
     }
