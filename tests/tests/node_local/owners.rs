@@ -27,6 +27,27 @@ fn rwx_mount() -> csi::VolumeCapability {
     mount_cap("ext4", Mode::MultiNodeMultiWriter)
 }
 
+/// A new loop volume `name`, attached, staged and published as raw block (read-only if asked)
+/// at `<work>/<name>/staging` and `<work>/<name>/pod/dev`.
+async fn published_raw(
+    agent: &Agent,
+    node: &mut csi::node_client::NodeClient<tonic::transport::Channel>,
+    name: &str,
+    readonly: bool,
+) -> (Vol, std::path::PathBuf, std::path::PathBuf) {
+    let v = create_attached(agent, name, SIZE).await;
+    let staging = agent.work.join(format!("{name}/staging"));
+    let target = agent.work.join(format!("{name}/pod/dev"));
+    let blk = block_cap(Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_req(&v, &staging, blk.clone()))
+        .await
+        .expect("stage");
+    node.node_publish_volume(publish_req(&v, &staging, &target, blk, readonly))
+        .await
+        .expect("publish");
+    (v, staging, target)
+}
+
 #[tokio::test]
 async fn a_node_local_handle_never_takes_another_volumes_device() {
     let _shared = crate::NAMESPACE_COPY.read().await;
@@ -38,16 +59,7 @@ async fn a_node_local_handle_never_takes_another_volumes_device() {
     let mut node = agent.node().await;
 
     // X: staged and published as raw block, with the workload's bytes on it.
-    let x = create_attached(&agent, "x", SIZE).await;
-    let x_staging = agent.work.join("x/staging");
-    let x_target = agent.work.join("x/pod/dev");
-    let blk = block_cap(Mode::SingleNodeWriter);
-    node.node_stage_volume(stage_req(&x, &x_staging, blk.clone()))
-        .await
-        .expect("stage x");
-    node.node_publish_volume(publish_req(&x, &x_staging, &x_target, blk, false))
-        .await
-        .expect("publish x");
+    let (x, x_staging, x_target) = published_raw(&agent, &mut node, "x", false).await;
     std::fs::write(&x_target, b"x's workload bytes").expect("write through x's device");
     // Y: attached by the loop controller, never staged.
     let y = create_attached(&agent, "y", SIZE).await;
@@ -164,16 +176,7 @@ async fn a_node_local_handle_never_takes_a_read_only_publications_device() {
     let scratch = Scratch::new("node-local-ro-owner");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let mut node = agent.node().await;
-    let x = create_attached(&agent, "x", SIZE).await;
-    let staging = agent.work.join("x/staging");
-    let target = agent.work.join("x/pod/dev");
-    let blk = block_cap(Mode::SingleNodeWriter);
-    node.node_stage_volume(stage_req(&x, &staging, blk.clone()))
-        .await
-        .expect("stage x");
-    node.node_publish_volume(publish_req(&x, &staging, &target, blk, true))
-        .await
-        .expect("publish x read-only");
+    let (x, staging, target) = published_raw(&agent, &mut node, "x", true).await;
     let rdev = std::fs::metadata(&target).expect("the target").rdev();
     let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
     assert_eq!(major, 7, "a read-only loop device is bound");
@@ -213,19 +216,9 @@ async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_
     let scratch = Scratch::new("node-local-raw-use");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let mut node = agent.node().await;
-    let blk = block_cap(Mode::SingleNodeWriter);
     let mut published = Vec::new();
     for (name, readonly) in [("c", false), ("d", true)] {
-        let v = create_attached(&agent, name, SIZE).await;
-        let staging = agent.work.join(format!("{name}/staging"));
-        let target = agent.work.join(format!("{name}/pod/dev"));
-        node.node_stage_volume(stage_req(&v, &staging, blk.clone()))
-            .await
-            .expect("stage");
-        node.node_publish_volume(publish_req(&v, &staging, &target, blk.clone(), readonly))
-            .await
-            .expect("publish");
-        published.push(v);
+        published.push(published_raw(&agent, &mut node, name, readonly).await.0);
     }
     // The read-only publication's device outlives the reset records: detached at the end.
     let _overlays: Vec<OverlaysOver> = published
