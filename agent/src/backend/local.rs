@@ -47,6 +47,16 @@ impl WithLocalVolumes {
         let real = real_volume(publish_context)?;
         let node = device_node(volume, device)?;
         let devnum = node.1;
+        // A loop device laid over another block device is a second name of that device's bytes,
+        // with an identity of its own (the node it lies on): a handle names the disk itself.
+        if let Some(under) = laid_over(devnum) {
+            return Err(Error::DeviceClaimed {
+                device: node.0.clone(),
+                volume: volume.to_string(),
+                owner: format!("(the device it lies over, {under})"),
+                door: "a loop device laid over another block device",
+            });
+        }
         self.check_free(volume, &node.0, devnum)?;
         let identity = self
             .inner
@@ -183,6 +193,27 @@ fn raw_use(
             m.mount_point.display()
         ));
     }
+    // A node made elsewhere (mknod in a container's /dev, a tmpfs) and bound: only the bound
+    // file itself tells its device numbers. A device-node bind is never of a filesystem's root,
+    // and network filesystems are left out (a stat there may hang; this call alone would).
+    let network = |t: &str| {
+        ["nfs", "cifs", "smb", "fuse", "ceph", "9p"]
+            .iter()
+            .any(|n| t.starts_with(n))
+    };
+    if let Some(m) = mounts.iter().find(|m| {
+        m.root != Path::new("/")
+            && m.fs_type != "devtmpfs"
+            && !network(&m.fs_type)
+            && std::fs::symlink_metadata(&m.mount_point).is_ok_and(|meta| {
+                meta.file_type().is_block_device() && family.contains(&devnum_of(meta.rdev()))
+            })
+    }) {
+        return Some(format!(
+            "(a bind of a node of it at {})",
+            m.mount_point.display()
+        ));
+    }
     if let Ok(entries) = std::fs::read_dir("/sys/block") {
         for e in entries.flatten() {
             let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
@@ -211,6 +242,17 @@ fn raw_use(
         }
     }
     None
+}
+
+/// The block device a loop device is laid over, when its backing file is one.
+fn laid_over(devnum: DevNum) -> Option<String> {
+    let name = kernel_name(devnum)?;
+    let backing = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+    let backing = backing.trim();
+    let meta = std::fs::metadata(backing).ok()?;
+    meta.file_type()
+        .is_block_device()
+        .then(|| format!("{backing} ({})", devnum_of(meta.rdev())))
 }
 
 /// The kernel's name of a block device (`loop2`, `nvme1n1p1`), from sysfs.

@@ -260,6 +260,38 @@ async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_
         assert_eq!(mounts, mounts_below(&agent.work));
     }
     let _ = nix::mount::umount2(&bound, nix::mount::MntFlags::MNT_DETACH);
+
+    // A node of a device made outside devtmpfs (mknod, as a container's /dev has), bound.
+    let other2 = crate::Disk::new(&scratch, "other2", SIZE as u64);
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(&other2.dev).expect("the disk").rdev();
+    let made = scratch.join("made-node");
+    let bound2 = scratch.join("made-bind");
+    sh(&format!(
+        "mknod {} b {} {} && touch {} && mount --bind {} {}",
+        made.display(),
+        nix::sys::stat::major(rdev),
+        nix::sys::stat::minor(rdev),
+        bound2.display(),
+        made.display(),
+        bound2.display()
+    ));
+    // A loop device an operator laid over a volume's device: a second name of its bytes.
+    let laid = sh(&format!("losetup -f --show {}", published[0].device));
+    let laid = String::from_utf8_lossy(&laid.stdout).trim().to_string();
+    let _laid = OverlaysOver(published[0].device.clone());
+    let laid = Vol {
+        id: format!("local-ebs://{}", laid.trim_start_matches('/')),
+        device: laid,
+    };
+    for h in [handle_of(&other2.vol()), laid] {
+        let e = node
+            .node_stage_volume(stage_req(&h, &agent.work.join("h2/staging"), rwx_block()))
+            .await
+            .expect_err("a second name, or a node made elsewhere");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{}: {e:?}", h.id);
+    }
+    let _ = nix::mount::umount2(&bound2, nix::mount::MntFlags::MNT_DETACH);
 }
 
 /// Detaches, on drop, the loop devices laid over a device (a read-only block publication's that

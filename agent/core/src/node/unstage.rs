@@ -25,9 +25,12 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         .claims
         .take(vol.as_str(), staging_path, Use::Staging, false)?;
     let staged = ctx.ledger.staged(vol.as_str())?;
-    let recorded = staged
-        .as_ref()
-        .is_some_and(|s| s.staging_path == staging_path);
+    // A raw block staging rebuilt from the mount table (`recover --from-mounts`) knows no staging
+    // path (nothing is mounted there): any unstage of the volume is its unstage.
+    let recorded = staged.as_ref().is_some_and(|s| {
+        s.staging_path == staging_path
+            || (s.staging_path.as_os_str().is_empty() && matches!(s.access, AccessRecord::Block))
+    });
     let expected = Expected::of(ctx, vol.as_str(), staged.as_ref());
 
     // Each recorded publication, asked of the host: a workload still using the volume keeps it.

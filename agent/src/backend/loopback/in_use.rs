@@ -59,8 +59,9 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     }
     // A read-only loop device the node laid over it (a read-only block publication) claims
     // nothing either.
-    let over = overlay::tagged(overlay::TAG_PREFIX)
-        .map_err(|e| Error::Internal(format!("listing loop devices: {e}")))?;
+    // Any loop device laid over it, the agent's read-only ones or anyone's.
+    let over =
+        overlay::tagged("").map_err(|e| Error::Internal(format!("listing loop devices: {e}")))?;
     if let Some(o) = over.iter().find(|o| o.backing == devnum) {
         return busy(format!(
             "read-only device {} lies over it",

@@ -428,3 +428,21 @@ fn a_handles_format_record_goes_with_its_unstage() {
     h.unstage(VOL).expect("unstage");
     assert!(h.ledger.format(VOL).unwrap().is_some());
 }
+
+/// `recover --from-mounts` rebuilds a raw block staging without its path (nothing is mounted
+/// there): the volume's NodeUnstageVolume, whatever path it names, ends it.
+#[test]
+fn a_rebuilt_block_staging_without_a_path_is_ended_by_unstage() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    let mut rebuilt = h.ledger.staged(VOL).unwrap().expect("staged");
+    rebuilt.staging_path = std::path::PathBuf::new();
+    h.ledger
+        .write(
+            crate::records::Durability::Immediate,
+            Box::new(|w| w.put_staged(&rebuilt)),
+        )
+        .expect("rebuild");
+    h.unstage(VOL).expect("unstage");
+    assert!(h.ledger.staged(VOL).unwrap().is_none());
+}
