@@ -24,6 +24,7 @@ use crate::cli::RecoverArgs;
 use crate::server::STATE_FILE;
 use ebs_node_core::node::ro_tag::AgentTag;
 use ebs_node_core::probe::ProbeOutcome;
+use ebs_node_core::request::VolumeId;
 use ebs_node_host::blkid;
 use ebs_node_host::device::block_devnum;
 use ebs_node_host::loopdev::{self, overlay};
@@ -359,6 +360,15 @@ fn rebuild_mounts(
 /// through a handle is told from one made through the volume's own id, which the device alone
 /// cannot tell. The handle is one of the device's names in /dev (its own, or a link to it).
 fn handle_named_by(k: &Known, staging: &Path) -> Option<String> {
+    let node = std::fs::canonicalize(&k.device).ok()?;
+    // kubelet's own record of the volume beside the mount says which handle it used.
+    if let Some(handle) = kubelet_volume_handle(staging) {
+        let named = VolumeId::parse(&handle).ok()?;
+        let device = named.local_device()?;
+        return std::fs::canonicalize(device)
+            .is_ok_and(|d| d == node)
+            .then_some(handle);
+    }
     if staging.file_name()? != "globalmount" {
         return None;
     }
@@ -366,11 +376,28 @@ fn handle_named_by(k: &Known, staging: &Path) -> Option<String> {
     if hash.len() != 64 || sha256_hex(&k.volume_id) == hash {
         return None;
     }
-    let node = std::fs::canonicalize(&k.device).ok()?;
     device_names(&node)
         .into_iter()
         .map(|name| format!("local-ebs://{}", name.trim_start_matches('/')))
         .find(|handle| sha256_hex(handle) == hash)
+}
+
+/// The `volumeHandle` kubelet wrote in `vol_data.json` for the volume mounted at `at`: beside a
+/// filesystem staging or publication directory, and for a raw block publication
+/// (`…/volumeDevices/publish/<pv>/<pod>`) in `…/volumeDevices/<pv>/data/`.
+fn kubelet_volume_handle(at: &Path) -> Option<String> {
+    let parent = at.parent()?;
+    let mut candidates = vec![parent.join("vol_data.json")];
+    if parent.parent()?.file_name()? == "publish" {
+        let pv = parent.file_name()?;
+        let devices = parent.parent()?.parent()?;
+        candidates.push(devices.join(pv).join("data").join("vol_data.json"));
+    }
+    candidates.into_iter().find_map(|file| {
+        let text = std::fs::read_to_string(file).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v.get("volumeHandle")?.as_str().map(str::to_string)
+    })
 }
 
 fn sha256_hex(text: &str) -> String {
@@ -381,18 +408,25 @@ fn sha256_hex(text: &str) -> String {
         .collect()
 }
 
-/// The paths in /dev that name `node` (itself, and the links to it, three levels deep).
+/// The paths in /dev that name `node` (itself, and the links to it at any depth; at most 100,000
+/// entries are looked at).
 fn device_names(node: &Path) -> Vec<String> {
     let mut names = vec![node.display().to_string()];
     let mut dirs = vec![(PathBuf::from("/dev"), 0)];
+    let mut seen = 0usize;
     while let Some((dir, depth)) = dirs.pop() {
+        seen += 1;
+        if seen > 100_000 {
+            break;
+        }
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for e in entries.flatten() {
             let path = e.path();
             let Ok(kind) = e.file_type() else { continue };
-            if kind.is_dir() && depth < 3 {
+            seen += 1;
+            if kind.is_dir() && depth < 32 {
                 dirs.push((path, depth + 1));
             } else if kind.is_symlink() && std::fs::canonicalize(&path).is_ok_and(|p| p == node) {
                 names.push(path.display().to_string());
