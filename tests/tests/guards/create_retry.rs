@@ -41,6 +41,7 @@ fn files(agent: &Agent) -> Vec<(String, u64)> {
 
 #[tokio::test]
 async fn a_create_retry_after_a_failed_sizing_never_returns_an_empty_volume() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_create_retry_after_a_failed_sizing_never_returns_an_empty_volume") {
         return;
     }

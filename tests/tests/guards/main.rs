@@ -20,6 +20,12 @@ use ebs_tests::*;
 
 pub const MIB: i64 = 1 << 20;
 
+/// A new mount namespace copies every mount there is, the other tests' too, and until its copies
+/// are gone a parallel test's unstage is rightly refused as "still mounted elsewhere". So the
+/// tests that make one hold this alone, every other test of the binary holds it shared (as
+/// `node_local` does).
+pub static NAMESPACE_COPY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// Whether anything is mounted exactly at `path`.
 pub fn is_mounted(path: &Path) -> bool {
     mounts_below(path).iter().any(|m| m == path)

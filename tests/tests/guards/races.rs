@@ -16,6 +16,7 @@ const ROUNDS: u64 = 6;
 
 #[tokio::test]
 async fn controller_calls_never_pull_a_volume_from_under_a_stage() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("controller_calls_never_pull_a_volume_from_under_a_stage") {
         return;
     }

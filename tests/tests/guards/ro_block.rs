@@ -95,6 +95,7 @@ pub(super) fn check_read_only(vol: &Vol, target: &Path) {
 
 #[tokio::test]
 async fn a_read_only_block_publication_is_read_only() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_read_only_block_publication_is_read_only") {
         return;
     }
@@ -207,6 +208,7 @@ fn crash_opts(point: Option<&str>) -> AgentOpts {
 /// the retry succeeds, the publication is read-only, and nothing is left after the unpublish.
 #[tokio::test]
 async fn a_crash_at_any_step_of_a_read_only_block_publication_leaks_nothing() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_crash_at_any_step_of_a_read_only_block_publication_leaks_nothing") {
         return;
     }

@@ -10,6 +10,7 @@ use super::{MIB, write_fails};
 
 #[tokio::test]
 async fn ro_in_mount_flags_makes_a_read_only_mount() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("ro_in_mount_flags_makes_a_read_only_mount") {
         return;
     }

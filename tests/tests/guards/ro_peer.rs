@@ -49,6 +49,7 @@ fn shared_pair(shared: &Path, peer: &Path) {
 
 #[tokio::test]
 async fn a_read_only_publish_is_read_only_in_every_peer_namespace() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_read_only_publish_is_read_only_in_every_peer_namespace") {
         return;
     }
@@ -129,6 +130,7 @@ async fn a_read_only_publish_is_read_only_in_every_peer_namespace() {
 /// device reaches the peer, and a write through the peer's copy fails too.
 #[tokio::test]
 async fn a_read_only_block_publish_is_read_only_in_a_peer() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_read_only_block_publish_is_read_only_in_a_peer") {
         return;
     }
@@ -169,6 +171,7 @@ async fn a_read_only_block_publish_is_read_only_in_a_peer() {
 /// log. (Its peers' copies: the next test.)
 #[tokio::test]
 async fn without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace") {
         return;
     }
@@ -219,6 +222,7 @@ async fn without_mount_setattr_the_fallback_is_read_only_in_the_agents_namespace
 /// propagate), nor without the noexec asked for.
 #[tokio::test]
 async fn without_the_mount_api_a_read_only_publish_is_read_only_in_every_peer_too() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("without_the_mount_api_a_read_only_publish_is_read_only_in_every_peer_too") {
         return;
     }

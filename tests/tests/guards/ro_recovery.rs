@@ -41,6 +41,7 @@ async fn start_again(agent: &mut Agent) -> Result<(), String> {
 
 #[tokio::test]
 async fn a_rebuilt_or_reset_state_never_detaches_a_live_read_only_block_device() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_rebuilt_or_reset_state_never_detaches_a_live_read_only_block_device") {
         return;
     }
@@ -182,6 +183,8 @@ impl Drop for DetachOnDrop {
 
 #[tokio::test]
 async fn one_state_path_in_two_namespaces_never_shares_read_only_devices() {
+    // Makes a mount namespace, which copies every test's mounts: alone (see main.rs).
+    let _ns = crate::NAMESPACE_COPY.write().await;
     if !require_root("one_state_path_in_two_namespaces_never_shares_read_only_devices") {
         return;
     }
@@ -266,6 +269,8 @@ impl Drop for Sleeper {
 /// was reset: the next start still finds that bind and keeps the device.
 #[tokio::test]
 async fn a_bind_only_another_namespace_shows_keeps_its_device() {
+    // Makes a mount namespace, which copies every test's mounts: alone (see main.rs).
+    let _ns = crate::NAMESPACE_COPY.write().await;
     if !require_root("a_bind_only_another_namespace_shows_keeps_its_device") {
         return;
     }
@@ -331,6 +336,7 @@ async fn a_bind_only_another_namespace_shows_keeps_its_device() {
 /// unpublish detaches it.
 #[tokio::test]
 async fn a_device_laid_before_instance_ids_is_still_the_agents() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_device_laid_before_instance_ids_is_still_the_agents") {
         return;
     }

@@ -28,6 +28,7 @@ fn device_size(path: &Path) -> i64 {
 
 #[tokio::test]
 async fn a_read_only_block_publication_follows_a_resize() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_read_only_block_publication_follows_a_resize") {
         return;
     }

@@ -13,6 +13,7 @@ use super::{MIB, is_mounted};
 
 #[tokio::test]
 async fn a_v01_retry_never_removes_the_first_calls_staging_directory() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
     if !require_root("a_v01_retry_never_removes_the_first_calls_staging_directory") {
         return;
     }
