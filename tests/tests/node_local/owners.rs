@@ -428,3 +428,47 @@ async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle(
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A loop device an operator laid over a volume's file at an offset is a shifted view of the
+/// volume, never the volume, whatever `volumeID` the handle brings.
+#[tokio::test]
+async fn a_shifted_view_of_a_volume_file_is_never_the_volume() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_shifted_view_of_a_volume_file_is_never_the_volume") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-offset");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "v", SIZE).await;
+    let name = v.device.trim_start_matches("/dev/");
+    let file = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .expect("the volume's file");
+    let shifted = sh(&format!("losetup -o 1048576 -f --show {}", file.trim()));
+    let shifted = String::from_utf8_lossy(&shifted.stdout).trim().to_string();
+    let _detach = DetachOnDrop(shifted.clone());
+    let h = Vol {
+        id: format!("local-ebs://{}", shifted.trim_start_matches('/')),
+        device: shifted,
+    };
+    let before = checksum(std::path::Path::new(&v.device));
+    let mut node = agent.node().await;
+    let mut stage = stage_req(&h, &agent.work.join("h/staging"), rwx_mount());
+    stage
+        .publish_context
+        .insert("volumeID".into(), v.id.clone());
+    let e = node
+        .node_stage_volume(stage)
+        .await
+        .expect_err("a shifted view");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(before, checksum(std::path::Path::new(&v.device)));
+}
+
+/// Detaches a loop device the test made, on drop.
+struct DetachOnDrop(String);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        detach_loop(std::path::Path::new(&self.0));
+    }
+}

@@ -147,11 +147,16 @@ fn backing_of(
 }
 
 /// The backing inode of the loop device open as `dev`, asked of that very device.
+/// A loop device that starts past the file's first byte (`losetup -o`) is a shifted view of
+/// the volume, never the volume: what a stage wrote there would land amid its bytes.
 fn loop_backing(dev: &File, devnum: DevNum) -> std::result::Result<(u64, u64), String> {
-    backing_of(
-        loopdev::backing_inode_of(dev),
-        &format_args!("loop device {}", devnum),
-    )
+    let what = format_args!("loop device {}", devnum);
+    match loopdev::backing_of(dev) {
+        Ok(Some((_, offset))) if offset != 0 => Err(format!(
+            "{what} starts at byte {offset} of its file: a shifted view, not the volume"
+        )),
+        found => backing_of(found.map(|b| b.map(|(inode, _)| inode)), &what),
+    }
 }
 
 impl Backend for LoopBackend {
