@@ -214,22 +214,11 @@ fn raw_use(
             m.mount_point.display()
         ));
     }
-    if let Ok(entries) = std::fs::read_dir("/sys/block") {
-        for e in entries.flatten() {
-            let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
-                continue;
-            };
-            let backing = backing.trim();
-            if let Ok(meta) = std::fs::metadata(backing)
-                && meta.file_type().is_block_device()
-                && family.contains(&devnum_of(meta.rdev()))
-            {
-                return Some(format!(
-                    "(loop device /dev/{} laid over it)",
-                    e.file_name().to_string_lossy()
-                ));
-            }
-        }
+    // Every loop device, by the device the kernel says it lies over (`lo_rdevice`).
+    if let Ok(loops) = ebs_node_host::loopdev::overlay::tagged("")
+        && let Some(o) = loops.iter().find(|o| family.contains(&o.backing))
+    {
+        return Some(format!("(loop device {} laid over it)", o.device.display()));
     }
     for d in family {
         let holders = PathBuf::from(format!("/sys/dev/block/{d}/holders"));
@@ -244,15 +233,14 @@ fn raw_use(
     None
 }
 
-/// The block device a loop device is laid over, when its backing file is one.
+/// The block device a loop device is laid over, when it is laid over one: as the kernel keeps
+/// it (`lo_rdevice`), not as the path it recorded, which may be deleted or of another mount
+/// namespace.
 fn laid_over(devnum: DevNum) -> Option<String> {
-    let name = kernel_name(devnum)?;
-    let backing = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
-    let backing = backing.trim();
-    let meta = std::fs::metadata(backing).ok()?;
-    meta.file_type()
-        .is_block_device()
-        .then(|| format!("{backing} ({})", devnum_of(meta.rdev())))
+    let o = ebs_node_host::loopdev::overlay::status_by_devnum(devnum)
+        .ok()
+        .flatten()?;
+    (o.backing != DevNum::new(0, 0)).then(|| o.backing.to_string())
 }
 
 /// The kernel's name of a block device (`loop2`, `nvme1n1p1`), from sysfs.

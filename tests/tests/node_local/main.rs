@@ -9,6 +9,7 @@
 mod ebs;
 mod lifecycle;
 mod owners;
+mod rebuild;
 mod refusals;
 
 use std::collections::HashMap;

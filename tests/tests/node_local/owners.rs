@@ -9,21 +9,21 @@ use ebs_tests::*;
 use csi::volume_capability::access_mode::Mode;
 use tonic::Code;
 
-const SIZE: i64 = 64 << 20;
+pub(super) const SIZE: i64 = 64 << 20;
 
 /// The handle naming `vol`'s device, as a node-local volume's id.
-fn handle_of(vol: &Vol) -> Vol {
+pub(super) fn handle_of(vol: &Vol) -> Vol {
     Vol {
         id: format!("local-ebs://{}", vol.device.trim_start_matches('/')),
         device: vol.device.clone(),
     }
 }
 
-fn rwx_block() -> csi::VolumeCapability {
+pub(super) fn rwx_block() -> csi::VolumeCapability {
     block_cap(Mode::MultiNodeMultiWriter)
 }
 
-fn rwx_mount() -> csi::VolumeCapability {
+pub(super) fn rwx_mount() -> csi::VolumeCapability {
     mount_cap("ext4", Mode::MultiNodeMultiWriter)
 }
 
@@ -284,7 +284,23 @@ async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_
         id: format!("local-ebs://{}", laid.trim_start_matches('/')),
         device: laid,
     };
-    for h in [handle_of(&other2.vol()), laid] {
+    // The same laid over a node that is deleted since: the kernel still knows what it lies on.
+    let node3 = scratch.join("deleted-node");
+    sh(&format!(
+        "mknod {} b {} {}",
+        node3.display(),
+        nix::sys::stat::major(rdev),
+        nix::sys::stat::minor(rdev)
+    ));
+    let laid3 = sh(&format!("losetup -f --show {}", node3.display()));
+    let laid3 = String::from_utf8_lossy(&laid3.stdout).trim().to_string();
+    let _laid3 = DetachOnDrop(laid3.clone());
+    std::fs::remove_file(&node3).expect("delete the node");
+    let laid3 = Vol {
+        id: format!("local-ebs://{}", laid3.trim_start_matches('/')),
+        device: laid3,
+    };
+    for h in [handle_of(&other2.vol()), laid, laid3] {
         let e = node
             .node_stage_volume(stage_req(&h, &agent.work.join("h2/staging"), rwx_block()))
             .await
@@ -310,123 +326,6 @@ impl Drop for OverlaysOver {
             }
         }
     }
-}
-
-/// `recover --from-mounts` gives a node-local handle's mounts back to the handle, not to the
-/// volume its device proves to be: kubelet names the staging directory after the handle's
-/// SHA-256, and kubelet's later NodeUnpublish and NodeUnstage name the handle.
-#[tokio::test]
-async fn recover_from_mounts_gives_a_handles_mounts_back_to_the_handle() {
-    let _shared = crate::NAMESPACE_COPY.read().await;
-    if !require_root("recover_from_mounts_gives_a_handles_mounts_back_to_the_handle") {
-        return;
-    }
-    let scratch = Scratch::new("node-local-rebuild");
-    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let v = create_attached(&agent, "v", SIZE).await;
-    let h = handle_of(&v);
-    let sha = sh(&format!("printf %s '{}' | sha256sum", h.id));
-    let sha = String::from_utf8_lossy(&sha.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let staging = agent.work.join(format!(
-        "plugins/kubernetes.io/csi/ebs.csi.aws.com/{sha}/globalmount"
-    ));
-    let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
-    let mut node = agent.node().await;
-    let mut stage = stage_req(&h, &staging, rwx_mount());
-    stage
-        .publish_context
-        .insert("volumeID".into(), v.id.clone());
-    node.node_stage_volume(stage)
-        .await
-        .expect("stage the handle");
-    node.node_publish_volume(publish_req(&h, &staging, &target, rwx_mount(), false))
-        .await
-        .expect("publish the handle");
-    drop(node);
-    agent.terminate().await;
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--from-mounts", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
-    agent.spawn().await;
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(&h, &target))
-        .await
-        .expect("the handle's unpublish");
-    node.node_unstage_volume(unstage_req(&h, &staging))
-        .await
-        .expect("the handle's unstage");
-    assert_eq!(
-        mounts_below(&agent.work),
-        Vec::<std::path::PathBuf>::new(),
-        "the handle's mounts were left: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
-
-/// The same for a raw block handle, whose mounts carry no handle in their names: kubelet's own
-/// `vol_data.json` for the volume (`…/volumeDevices/<pv>/data/`) says which handle it used.
-#[tokio::test]
-async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle() {
-    let _shared = crate::NAMESPACE_COPY.read().await;
-    if !require_root("recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle") {
-        return;
-    }
-    let scratch = Scratch::new("node-local-rebuild-block");
-    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let v = create_attached(&agent, "v", SIZE).await;
-    let h = handle_of(&v);
-    let devices = agent.work.join("plugins/kubernetes.io/csi/volumeDevices");
-    let staging = devices.join("staging/pv-h");
-    let target = devices.join("publish/pv-h/pod-1");
-    std::fs::create_dir_all(devices.join("pv-h/data")).expect("kubelet's data dir");
-    std::fs::write(
-        devices.join("pv-h/data/vol_data.json"),
-        format!(
-            r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{}"}}"#,
-            h.id
-        ),
-    )
-    .expect("vol_data.json");
-    let mut node = agent.node().await;
-    let mut stage = stage_req(&h, &staging, rwx_block());
-    stage
-        .publish_context
-        .insert("volumeID".into(), v.id.clone());
-    node.node_stage_volume(stage)
-        .await
-        .expect("stage the handle");
-    node.node_publish_volume(publish_req(&h, &staging, &target, rwx_block(), false))
-        .await
-        .expect("publish the handle");
-    drop(node);
-    agent.terminate().await;
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--from-mounts", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
-    agent.spawn().await;
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(&h, &target))
-        .await
-        .expect("the handle's unpublish");
-    node.node_unstage_volume(unstage_req(&h, &staging))
-        .await
-        .expect("the handle's unstage");
-    assert_eq!(
-        mounts_below(&agent.work),
-        Vec::<std::path::PathBuf>::new(),
-        "the handle's bind was left: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
 }
 
 /// A loop device an operator laid over a volume's file at an offset is a shifted view of the

@@ -22,8 +22,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+mod checks;
+
 use super::devices::serial;
 use super::double::GIB;
+use super::rng::Rng;
 use super::*;
 use crate::DevNum;
 use crate::ledger::Ledger;
@@ -57,27 +60,6 @@ fn quiet_crashes() {
             }
         }));
     });
-}
-
-/// xorshift64*: the same seed, the same run.
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        let n = u64::try_from(n.max(1)).unwrap_or(1);
-        usize::try_from(self.next() % n).unwrap_or(0)
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
 }
 
 /// What the orchestrator believes: what succeeded and was not undone since.
@@ -418,91 +400,6 @@ impl Sim {
             }
         }
         self.check(&id, op, &owners_before, &mounts_before, calls_before);
-    }
-
-    /// Which id's records placed each mount.
-    fn mount_owners(&self) -> HashMap<std::path::PathBuf, String> {
-        let mut owners = HashMap::new();
-        for s in self.h.ledger.all_staged() {
-            owners.insert(s.staging_path, s.volume_id);
-        }
-        for p in self.h.ledger.all_publications() {
-            owners.insert(p.target_path, p.volume_id);
-        }
-        owners
-    }
-
-    fn check(
-        &self,
-        id: &str,
-        op: &str,
-        owners_before: &HashMap<std::path::PathBuf, String>,
-        mounts_before: &BTreeSet<std::path::PathBuf>,
-        calls_before: usize,
-    ) {
-        let s = self.h.host.state();
-        // 1. mkfs never over a device a workload wrote to.
-        for call in s.calls.iter().skip(calls_before) {
-            if let Some(name) = call
-                .what
-                .strip_prefix("mkfs ")
-                .and_then(|r| r.split(' ').nth(1))
-            {
-                let path = self.h.dir.join("dev").join(name);
-                if let Some(dev) = s.devices.get(&path)
-                    && let Some(writer) = self.written.get(dev)
-                {
-                    let what = format!("mkfs ran over {name}, which {writer}'s workload wrote");
-                    drop(s);
-                    self.fail(what);
-                }
-            }
-        }
-        // 2. No device has two owners.
-        let mut holders: HashMap<String, BTreeSet<String>> = HashMap::new();
-        for staged in self.h.ledger.all_staged() {
-            holders
-                .entry(format!("{:?}", staged.identity))
-                .or_default()
-                .insert(staged.volume_id);
-        }
-        if let Some((device, owners)) = holders.iter().find(|(_, o)| o.len() > 1) {
-            let what = format!("{device} has owners {owners:?}");
-            drop(s);
-            self.fail(what);
-        }
-        // ... and no call took away a mount another id's records placed (a power cut takes all).
-        if op != "power-cut" {
-            let after: BTreeSet<_> = s.mounts.keys().cloned().collect();
-            for gone in mounts_before.difference(&after) {
-                if let Some(owner) = owners_before.get(gone)
-                    && owner != id
-                {
-                    let what = format!("{id} took away {owner}'s mount at {}", gone.display());
-                    drop(s);
-                    self.fail(what);
-                }
-            }
-        }
-        // 3. A read-only publication is never writable.
-        for p in self.h.ledger.all_publications() {
-            if !p.readonly || p.progress != crate::records::Progress::Complete {
-                continue;
-            }
-            if let Some(top) = s.mounts.get(&p.target_path).and_then(|m| m.last()) {
-                let ro_device = top.node.kind == crate::seam::FileKind::BlockDevice
-                    && s.read_only.iter().any(|(ro, _)| *ro == top.node.rdev);
-                if !top.read_only && !ro_device {
-                    let what = format!(
-                        "{}'s read-only publication at {} is writable",
-                        p.volume_id,
-                        p.target_path.display()
-                    );
-                    drop(s);
-                    self.fail(what);
-                }
-            }
-        }
     }
 }
 

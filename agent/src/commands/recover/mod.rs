@@ -10,7 +10,10 @@
 //! Records rebuilt from mounts do not know the access mode or mount flags the CO asked for: they
 //! carry access mode 0 ("recovered"), which the compatibility checks treat as "accept the CO's".
 
+mod names;
+
 use ebs_node_core::DevNum;
+use names::{handle_named_by, said_by_kubelet};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -24,7 +27,6 @@ use crate::cli::RecoverArgs;
 use crate::server::STATE_FILE;
 use ebs_node_core::node::ro_tag::AgentTag;
 use ebs_node_core::probe::ProbeOutcome;
-use ebs_node_core::request::VolumeId;
 use ebs_node_host::blkid;
 use ebs_node_host::device::block_devnum;
 use ebs_node_host::loopdev::{self, overlay};
@@ -32,10 +34,10 @@ use ebs_node_host::mount::table::MountTable;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 /// A device the agent can tell is one of its volumes.
-struct Known {
-    volume_id: String,
-    device: PathBuf,
-    identity: DeviceIdentity,
+pub(super) struct Known {
+    pub(super) volume_id: String,
+    pub(super) device: PathBuf,
+    pub(super) identity: DeviceIdentity,
 }
 
 pub fn run(args: RecoverArgs) -> i32 {
@@ -249,6 +251,14 @@ fn rebuild_mounts(
             None => (k.volume_id.as_str(), None),
         };
         let first = !staging_of.contains_key(vol);
+        if first && chosen.is_none() && !said_by_kubelet(&m.mount_point) {
+            println!(
+                "volume {vol}: {} does not say whether it was made through the volume's own id or a \
+                 node-local handle naming its device; rebuilt under {vol} (if it was a handle's, \
+                 unpublish and unstage it as {vol})",
+                m.mount_point.display()
+            );
+        }
         if first {
             let (access, staging_path) = if block_bind {
                 (AccessRecord::Block, PathBuf::new())
@@ -352,86 +362,4 @@ fn rebuild_mounts(
         );
     }
     Ok((staged, published))
-}
-
-/// The node-local handle (`local-ebs://dev/<name>`) whose staging directory kubelet made at
-/// `staging`, when it is one: kubelet names a CSI volume's staging directory
-/// `…/kubernetes.io/csi/<driver>/<sha256 of the volume handle>/globalmount`, so a mount made
-/// through a handle is told from one made through the volume's own id, which the device alone
-/// cannot tell. The handle is one of the device's names in /dev (its own, or a link to it).
-fn handle_named_by(k: &Known, staging: &Path) -> Option<String> {
-    let node = std::fs::canonicalize(&k.device).ok()?;
-    // kubelet's own record of the volume beside the mount says which handle it used.
-    if let Some(handle) = kubelet_volume_handle(staging) {
-        let named = VolumeId::parse(&handle).ok()?;
-        let device = named.local_device()?;
-        return std::fs::canonicalize(device)
-            .is_ok_and(|d| d == node)
-            .then_some(handle);
-    }
-    if staging.file_name()? != "globalmount" {
-        return None;
-    }
-    let hash = staging.parent()?.file_name()?.to_str()?;
-    if hash.len() != 64 || sha256_hex(&k.volume_id) == hash {
-        return None;
-    }
-    device_names(&node)
-        .into_iter()
-        .map(|name| format!("local-ebs://{}", name.trim_start_matches('/')))
-        .find(|handle| sha256_hex(handle) == hash)
-}
-
-/// The `volumeHandle` kubelet wrote in `vol_data.json` for the volume mounted at `at`: beside a
-/// filesystem staging or publication directory, and for a raw block publication
-/// (`…/volumeDevices/publish/<pv>/<pod>`) in `…/volumeDevices/<pv>/data/`.
-fn kubelet_volume_handle(at: &Path) -> Option<String> {
-    let parent = at.parent()?;
-    let mut candidates = vec![parent.join("vol_data.json")];
-    if parent.parent()?.file_name()? == "publish" {
-        let pv = parent.file_name()?;
-        let devices = parent.parent()?.parent()?;
-        candidates.push(devices.join(pv).join("data").join("vol_data.json"));
-    }
-    candidates.into_iter().find_map(|file| {
-        let text = std::fs::read_to_string(file).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-        v.get("volumeHandle")?.as_str().map(str::to_string)
-    })
-}
-
-fn sha256_hex(text: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The paths in /dev that name `node` (itself, and the links to it at any depth; at most 100,000
-/// entries are looked at).
-fn device_names(node: &Path) -> Vec<String> {
-    let mut names = vec![node.display().to_string()];
-    let mut dirs = vec![(PathBuf::from("/dev"), 0)];
-    let mut seen = 0usize;
-    while let Some((dir, depth)) = dirs.pop() {
-        seen += 1;
-        if seen > 100_000 {
-            break;
-        }
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            let Ok(kind) = e.file_type() else { continue };
-            seen += 1;
-            if kind.is_dir() && depth < 32 {
-                dirs.push((path, depth + 1));
-            } else if kind.is_symlink() && std::fs::canonicalize(&path).is_ok_and(|p| p == node) {
-                names.push(path.display().to_string());
-            }
-        }
-    }
-    names
 }

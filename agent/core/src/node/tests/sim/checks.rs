@@ -1,0 +1,92 @@
+//! The simulation's checks after every call: the never-do rules (see the module's comment).
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::Sim;
+
+impl Sim {
+    /// Which id's records placed each mount.
+    pub(super) fn mount_owners(&self) -> HashMap<std::path::PathBuf, String> {
+        let mut owners = HashMap::new();
+        for s in self.h.ledger.all_staged() {
+            owners.insert(s.staging_path, s.volume_id);
+        }
+        for p in self.h.ledger.all_publications() {
+            owners.insert(p.target_path, p.volume_id);
+        }
+        owners
+    }
+
+    pub(super) fn check(
+        &self,
+        id: &str,
+        op: &str,
+        owners_before: &HashMap<std::path::PathBuf, String>,
+        mounts_before: &BTreeSet<std::path::PathBuf>,
+        calls_before: usize,
+    ) {
+        let s = self.h.host.state();
+        // 1. mkfs never over a device a workload wrote to.
+        for call in s.calls.iter().skip(calls_before) {
+            if let Some(name) = call
+                .what
+                .strip_prefix("mkfs ")
+                .and_then(|r| r.split(' ').nth(1))
+            {
+                let path = self.h.dir.join("dev").join(name);
+                if let Some(dev) = s.devices.get(&path)
+                    && let Some(writer) = self.written.get(dev)
+                {
+                    let what = format!("mkfs ran over {name}, which {writer}'s workload wrote");
+                    drop(s);
+                    self.fail(what);
+                }
+            }
+        }
+        // 2. No device has two owners.
+        let mut holders: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for staged in self.h.ledger.all_staged() {
+            holders
+                .entry(format!("{:?}", staged.identity))
+                .or_default()
+                .insert(staged.volume_id);
+        }
+        if let Some((device, owners)) = holders.iter().find(|(_, o)| o.len() > 1) {
+            let what = format!("{device} has owners {owners:?}");
+            drop(s);
+            self.fail(what);
+        }
+        // ... and no call took away a mount another id's records placed (a power cut takes all).
+        if op != "power-cut" {
+            let after: BTreeSet<_> = s.mounts.keys().cloned().collect();
+            for gone in mounts_before.difference(&after) {
+                if let Some(owner) = owners_before.get(gone)
+                    && owner != id
+                {
+                    let what = format!("{id} took away {owner}'s mount at {}", gone.display());
+                    drop(s);
+                    self.fail(what);
+                }
+            }
+        }
+        // 3. A read-only publication is never writable.
+        for p in self.h.ledger.all_publications() {
+            if !p.readonly || p.progress != crate::records::Progress::Complete {
+                continue;
+            }
+            if let Some(top) = s.mounts.get(&p.target_path).and_then(|m| m.last()) {
+                let ro_device = top.node.kind == crate::seam::FileKind::BlockDevice
+                    && s.read_only.iter().any(|(ro, _)| *ro == top.node.rdev);
+                if !top.read_only && !ro_device {
+                    let what = format!(
+                        "{}'s read-only publication at {} is writable",
+                        p.volume_id,
+                        p.target_path.display()
+                    );
+                    drop(s);
+                    self.fail(what);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! `recover --from-mounts` gives a node-local handle's mounts back to the handle (issue 49: a
+//! fresh reviewer's F2 and M2): kubelet's layout says which id made a mount.
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use super::owners::{SIZE, handle_of, rwx_block, rwx_mount};
+
+/// `recover --from-mounts` gives a node-local handle's mounts back to the handle, not to the
+/// volume its device proves to be: kubelet names the staging directory after the handle's
+/// SHA-256, and kubelet's later NodeUnpublish and NodeUnstage name the handle.
+#[tokio::test]
+async fn recover_from_mounts_gives_a_handles_mounts_back_to_the_handle() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("recover_from_mounts_gives_a_handles_mounts_back_to_the_handle") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-rebuild");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "v", SIZE).await;
+    let h = handle_of(&v);
+    let sha = sh(&format!("printf %s '{}' | sha256sum", h.id));
+    let sha = String::from_utf8_lossy(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let staging = agent.work.join(format!(
+        "plugins/kubernetes.io/csi/ebs.csi.aws.com/{sha}/globalmount"
+    ));
+    let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
+    let mut node = agent.node().await;
+    let mut stage = stage_req(&h, &staging, rwx_mount());
+    stage
+        .publish_context
+        .insert("volumeID".into(), v.id.clone());
+    node.node_stage_volume(stage)
+        .await
+        .expect("stage the handle");
+    node.node_publish_volume(publish_req(&h, &staging, &target, rwx_mount(), false))
+        .await
+        .expect("publish the handle");
+    drop(node);
+    agent.terminate().await;
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--from-mounts", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(&h, &target))
+        .await
+        .expect("the handle's unpublish");
+    node.node_unstage_volume(unstage_req(&h, &staging))
+        .await
+        .expect("the handle's unstage");
+    assert_eq!(
+        mounts_below(&agent.work),
+        Vec::<std::path::PathBuf>::new(),
+        "the handle's mounts were left: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The same for a raw block handle, whose mounts carry no handle in their names: kubelet's own
+/// `vol_data.json` for the volume (`…/volumeDevices/<pv>/data/`) says which handle it used.
+#[tokio::test]
+async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-rebuild-block");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "v", SIZE).await;
+    let h = handle_of(&v);
+    let devices = agent.work.join("plugins/kubernetes.io/csi/volumeDevices");
+    let staging = devices.join("staging/pv-h");
+    let target = devices.join("publish/pv-h/pod-1");
+    std::fs::create_dir_all(devices.join("pv-h/data")).expect("kubelet's data dir");
+    std::fs::write(
+        devices.join("pv-h/data/vol_data.json"),
+        format!(
+            r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{}"}}"#,
+            h.id
+        ),
+    )
+    .expect("vol_data.json");
+    let mut node = agent.node().await;
+    let mut stage = stage_req(&h, &staging, rwx_block());
+    stage
+        .publish_context
+        .insert("volumeID".into(), v.id.clone());
+    node.node_stage_volume(stage)
+        .await
+        .expect("stage the handle");
+    node.node_publish_volume(publish_req(&h, &staging, &target, rwx_block(), false))
+        .await
+        .expect("publish the handle");
+    drop(node);
+    agent.terminate().await;
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--from-mounts", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(&h, &target))
+        .await
+        .expect("the handle's unpublish");
+    node.node_unstage_volume(unstage_req(&h, &staging))
+        .await
+        .expect("the handle's unstage");
+    assert_eq!(
+        mounts_below(&agent.work),
+        Vec::<std::path::PathBuf>::new(),
+        "the handle's bind was left: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
