@@ -57,6 +57,7 @@ awk '
 nlines=$((${#steps[@]} + ${#binaries[@]}))
 n() { if (($1 == 1)); then echo "$1 $2"; else echo "$1 $3"; fi; }
 echo "$(n "$nlines" "FAILED line" "FAILED lines") ($(n "${#steps[@]}" step steps)," \
-  "$(n "${#binaries[@]}" "test binary" "test binaries"));" \
-  "tests: $((passed - nskipped)) passed, $nfailed failed, $nskipped skipped"
+  "$(n "${#binaries[@]}" "test binary" "test binaries"))"
+# The plain closing line, alone and last, as CI reads it.
+echo "tests: $((passed - nskipped)) passed, $nfailed failed, $nskipped skipped"
 ((nlines == 0))

@@ -215,9 +215,13 @@ fn the_summary_counts_what_it_lists() {
         text.contains("SKIPPED: good::a, good::b (2 tests): needs root"),
         "{text}"
     );
-    let last = text.lines().last().unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
-        last, "3 FAILED lines (1 step, 2 test binaries); tests: 2 passed, 1 failed, 2 skipped",
+        lines[lines.len().saturating_sub(2)..],
+        [
+            "3 FAILED lines (1 step, 2 test binaries)",
+            "tests: 2 passed, 1 failed, 2 skipped"
+        ],
         "{text}"
     );
 }
