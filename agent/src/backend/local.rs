@@ -43,6 +43,7 @@ impl WithLocalVolumes {
         volume: &VolumeId,
         device: &Path,
         publish_context: &HashMap<String, String>,
+        staging: Option<&Path>,
     ) -> Result<ResolvedDevice> {
         let real = real_volume(publish_context)?;
         let node = device_node(volume, device)?;
@@ -57,7 +58,7 @@ impl WithLocalVolumes {
                 door: "a loop device laid over another block device",
             });
         }
-        self.check_free(volume, &node.0, devnum)?;
+        self.check_free(volume, &node.0, devnum, staging)?;
         let identity = self
             .inner
             .identify(devnum)
@@ -99,7 +100,13 @@ impl WithLocalVolumes {
     /// The device, its whole disk and the disk's partitions are mounted nowhere but at this
     /// volume's recorded staging and target paths; when none is mounted here, the kernel shows no
     /// claim on the disk either.
-    fn check_free(&self, volume: &VolumeId, node: &Path, devnum: DevNum) -> Result<()> {
+    fn check_free(
+        &self,
+        volume: &VolumeId,
+        node: &Path,
+        devnum: DevNum,
+        staging: Option<&Path>,
+    ) -> Result<()> {
         // A read-only device an agent laid over a volume's for a read-only block publication is
         // that volume's bytes: never a handle's.
         if let Ok(Some(o)) = ebs_node_host::loopdev::overlay::status_by_devnum(devnum)
@@ -113,7 +120,9 @@ impl WithLocalVolumes {
             });
         }
         let (whole, family) = disk_family(devnum);
-        let mut ours: Vec<PathBuf> = Vec::new();
+        // The stage's own staging path counts as the volume's: a retry whose records were lost
+        // (`recover --reset`) finds its mount there, which the stage then proves and adopts.
+        let mut ours: Vec<PathBuf> = staging.map(Path::to_path_buf).into_iter().collect();
         if let Some(staged) = self.store.staged(volume.as_str())? {
             ours.push(staged.staging_path);
         }
@@ -336,7 +345,23 @@ impl Backend for WithLocalVolumes {
         deadline: Instant,
     ) -> Result<ResolvedDevice> {
         match volume.local_device() {
-            Some(device) => self.resolve_local(volume, device, publish_context),
+            Some(device) => self.resolve_local(volume, device, publish_context, None),
+            None => self
+                .inner
+                .resolve(volume, publish_context, volume_context, deadline),
+        }
+    }
+
+    fn resolve_at(
+        &self,
+        volume: &VolumeId,
+        publish_context: &HashMap<String, String>,
+        volume_context: &HashMap<String, String>,
+        staging: &Path,
+        deadline: Instant,
+    ) -> Result<ResolvedDevice> {
+        match volume.local_device() {
+            Some(device) => self.resolve_local(volume, device, publish_context, Some(staging)),
             None => self
                 .inner
                 .resolve(volume, publish_context, volume_context, deadline),

@@ -6,6 +6,7 @@
 
 #![allow(deprecated)]
 
+mod controller;
 mod ebs;
 mod lifecycle;
 mod owners;

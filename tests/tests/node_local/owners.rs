@@ -364,7 +364,7 @@ async fn a_shifted_view_of_a_volume_file_is_never_the_volume() {
 }
 
 /// Detaches a loop device the test made, on drop.
-struct DetachOnDrop(String);
+pub(super) struct DetachOnDrop(pub(super) String);
 
 impl Drop for DetachOnDrop {
     fn drop(&mut self) {

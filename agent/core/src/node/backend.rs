@@ -71,6 +71,19 @@ pub trait Backend: Send + Sync {
         deadline: Instant,
     ) -> Result<ResolvedDevice>;
 
+    /// `resolve` for a stage at `staging`: a backend that checks the device is free may take a
+    /// mount of it at that very path as the stage's own (a retry whose records were lost).
+    fn resolve_at(
+        &self,
+        volume: &VolumeId,
+        publish_context: &HashMap<String, String>,
+        volume_context: &HashMap<String, String>,
+        _staging: &Path,
+        deadline: Instant,
+    ) -> Result<ResolvedDevice> {
+        self.resolve(volume, publish_context, volume_context, deadline)
+    }
+
     /// The identity of the device with these numbers as the host shows it now (loop: the
     /// backing file's inode; NVMe: the controller serial).
     fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven>;

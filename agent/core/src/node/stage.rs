@@ -51,16 +51,27 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let _turn = ctx
         .claims
         .take(vol.as_str(), staging_path, Use::Staging, true)?;
+    // A node-local handle acting for a volume holds that volume's guard too: the loop
+    // controller's detach and delete of it (which take it) wait until the claim is written.
+    let _acting = match acts_for(vol, &cmd.publish_context) {
+        Some(real) if real != vol.as_str() => Some(
+            ctx.locks
+                .try_lock(real)
+                .ok_or_else(|| Error::Busy(real.to_string()))?,
+        ),
+        _ => None,
+    };
 
     let resolved = journal.step(
         Step::ResolveDevice,
         detail([("staging", path_string(staging_path))]),
         Durability::Lazy,
         || {
-            ctx.backend.resolve(
+            ctx.backend.resolve_at(
                 &cmd.volume,
                 &cmd.publish_context,
                 &cmd.volume_context,
+                staging_path,
                 cmd.deadline,
             )
         },

@@ -149,6 +149,7 @@ impl LoopController {
         // The node's records of the volume are its own: a delete never drops them while the
         // node stages or publishes the volume (status would lose it, unstage would refuse it).
         super::in_use::refuse_if_recorded(&self.store, id)?;
+        super::in_use::refuse_if_held_elsewhere(&self.store, id, &volume.file)?;
         if let Some(att) = &volume.attachment
             && loopdev::backing_file(&att.device).ok().flatten().is_some()
         {

@@ -31,6 +31,26 @@ pub fn refuse_if_recorded(store: &Store, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// `Err(FAILED_PRECONDITION)` when the node holds the volume's file under another id (a
+/// node-local handle acting for it, on a loop device the controller did not make).
+pub fn refuse_if_held_elsewhere(store: &Store, id: &str, file: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(file) else {
+        return Ok(());
+    };
+    let identity = ebs_store::DeviceIdentity::LoopFile {
+        file: file.to_path_buf(),
+        st_dev: meta.dev(),
+        st_ino: meta.ino(),
+    };
+    match device_claim::node_owner(store, &identity, None)? {
+        Some(owner) if owner != id => {
+            busy(id, format!("the node holds its file for volume {owner}"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `Err(FAILED_PRECONDITION)` naming the use, when the node still uses `device` for volume `id`.
 pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     refuse_if_recorded(store, id)?;

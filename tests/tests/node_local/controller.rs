@@ -1,0 +1,172 @@
+//! A node-local handle acting for a loop volume and the loop controller (issue 49, a fourth fresh
+//! review): the controller's detach and delete never pull the volume from under the handle, in a
+//! race or not; and a handle's staging that outlived its records is its own again.
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+use super::owners::{SIZE, handle_of, rwx_mount};
+
+fn detach(id: &str, node: &str) -> csi::ControllerUnpublishVolumeRequest {
+    csi::ControllerUnpublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node.into(),
+        ..Default::default()
+    }
+}
+
+/// A handle's stage (acting for the volume) and the controller's detach of that volume, at once,
+/// many times: never both succeed.
+#[tokio::test]
+async fn a_handles_stage_and_the_controllers_detach_never_both_succeed() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_handles_stage_and_the_controllers_detach_never_both_succeed") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-detach-race");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let id = create_volume(&agent, "v", SIZE, &[]).await;
+    let node_name = node_id(&agent).await;
+    let staging = agent.work.join("h/staging");
+    // How many rounds the stage lost and won: both must happen for the test to mean anything.
+    let mut both = [0u32; 2];
+    for round in 0..20u64 {
+        let v = attach(&agent, &id).await;
+        let h = handle_of(&v);
+        let mut stage = stage_req(&h, &staging, rwx_mount());
+        stage.publish_context.insert("volumeID".into(), id.clone());
+        let (mut node, mut ctl) = (agent.node().await, agent.controller().await);
+        // One call goes 0 to 57 ms after the other, the stage first in even rounds: both
+        // orders, and the moments between.
+        let late = |first: bool| {
+            std::time::Duration::from_millis(if (round % 2 == 0) == first {
+                0
+            } else {
+                round * 3
+            })
+        };
+        let (staged, detached) = tokio::join!(
+            async {
+                tokio::time::sleep(late(true)).await;
+                node.node_stage_volume(stage).await
+            },
+            async {
+                tokio::time::sleep(late(false)).await;
+                ctl.controller_unpublish_volume(detach(&id, &node_name))
+                    .await
+            }
+        );
+        both[usize::from(staged.is_ok())] += 1;
+        assert!(
+            staged.is_err() || detached.is_err(),
+            "round {round}: the handle staged and the controller detached the volume under it"
+        );
+        if staged.is_ok() {
+            node.node_unstage_volume(unstage_req(&h, &staging))
+                .await
+                .expect("unstage");
+        }
+        ctl.controller_unpublish_volume(detach(&id, &node_name))
+            .await
+            .expect("detach");
+    }
+    assert!(both[0] > 0 && both[1] > 0, "stage lost, won: {both:?}");
+}
+
+/// The operator's own loop device over a volume's file, staged through a handle acting for the
+/// volume: DeleteVolume of the volume is refused while it is staged.
+#[tokio::test]
+async fn delete_volume_never_removes_a_file_a_handle_has_staged() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("delete_volume_never_removes_a_file_a_handle_has_staged") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-delete");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let id = create_volume(&agent, "v", SIZE, &[]).await;
+    let file = agent.state_dir.join(format!("volumes/{id}.img"));
+    let dev = sh(&format!("losetup -f --show {}", file.display()));
+    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let _detach = super::owners::DetachOnDrop(dev.clone());
+    let h = handle_of(&Vol {
+        id: id.clone(),
+        device: dev,
+    });
+    let staging = agent.work.join("h/staging");
+    let mut stage = stage_req(&h, &staging, rwx_mount());
+    stage.publish_context.insert("volumeID".into(), id.clone());
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage)
+        .await
+        .expect("stage the handle");
+    let e = agent
+        .controller()
+        .await
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the handle holds the file");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        file.exists(),
+        "the volume's file was removed under the handle"
+    );
+    node.node_unstage_volume(unstage_req(&h, &staging))
+        .await
+        .expect("unstage");
+}
+
+/// A handle's stage killed after its mount, then `recover --reset`: the retried stage at the same
+/// path finds its own mount and adopts it, and the unstage then takes it away.
+#[tokio::test]
+async fn a_handles_staging_that_outlived_its_records_is_its_own_again() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_handles_staging_that_outlived_its_records_is_its_own_again") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-reset-staging");
+    let mut crash = AgentOpts::default();
+    crash.args.push("--crash-after".into());
+    crash.args.push(crash_points::done(
+        crash_points::Op::Stage,
+        crash_points::Step::Mount,
+    ));
+    let mut agent = Agent::start(&scratch, crash).await;
+    let disk = super::Disk::new(&scratch, "d", SIZE as u64);
+    let h = disk.vol();
+    let staging = agent.work.join("h/staging");
+    let _ = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &h,
+            &staging,
+            mount_cap("ext4", Mode::MultiNodeMultiWriter),
+        ))
+        .await;
+    agent.kill();
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--reset", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.restart(Some(AgentOpts::default())).await;
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(
+        &h,
+        &staging,
+        mount_cap("ext4", Mode::MultiNodeMultiWriter),
+    ))
+    .await
+    .expect("the retried stage adopts its own mount");
+    node.node_unstage_volume(unstage_req(&h, &staging))
+        .await
+        .expect("unstage");
+    assert_eq!(mounts_below(&agent.work), Vec::<std::path::PathBuf>::new());
+}
