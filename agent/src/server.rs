@@ -244,6 +244,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         )
         .map_err(|e| fatal(format!("this agent's instance id: {e}")))?,
     );
+    // The loop controller's attach and the node's doors take a device under one lock.
+    if let Some(c) = &loop_controller {
+        c.share_device_locks(ctx.device_locks.clone());
+    }
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.
     if let Some(addr) = args.metrics_address {

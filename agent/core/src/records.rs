@@ -81,6 +81,14 @@ pub struct LoopAttachment {
     pub node_id: String,
     pub device: PathBuf,
     pub readonly: bool,
+    /// Whether the controller made the device (and so detaches it); a device someone else had
+    /// already made over the file is used, never detached. Records before this field: made.
+    #[serde(default = "made_by_default")]
+    pub made: bool,
+}
+
+fn made_by_default() -> bool {
+    true
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

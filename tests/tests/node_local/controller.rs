@@ -170,3 +170,131 @@ async fn a_handles_staging_that_outlived_its_records_is_its_own_again() {
         .expect("unstage");
     assert_eq!(mounts_below(&agent.work), Vec::<std::path::PathBuf>::new());
 }
+
+fn attach_req(id: &str, node: &str, readonly: bool) -> csi::ControllerPublishVolumeRequest {
+    let mode = if readonly {
+        Mode::SingleNodeReaderOnly
+    } else {
+        Mode::SingleNodeWriter
+    };
+    csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node.into(),
+        volume_capability: Some(mount_cap("ext4", mode)),
+        readonly,
+        ..Default::default()
+    }
+}
+
+/// A loop device an operator made over a volume's file: a handle's stage (not acting for the
+/// volume) and the controller's attach of the volume, at once, many times: never both succeed.
+#[tokio::test]
+async fn a_handles_stage_and_the_controllers_attach_never_both_take_one_device() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_handles_stage_and_the_controllers_attach_never_both_take_one_device") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-attach-race");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let id = create_volume(&agent, "v", SIZE, &[]).await;
+    let node_name = node_id(&agent).await;
+    let file = agent.state_dir.join(format!("volumes/{id}.img"));
+    let dev = sh(&format!("losetup -f --show {}", file.display()));
+    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let _detach = super::owners::DetachOnDrop(dev.clone());
+    let h = handle_of(&Vol {
+        id: id.clone(),
+        device: dev,
+    });
+    let staging = agent.work.join("h/staging");
+    let mut both = [0u32; 2];
+    for round in 0..20u64 {
+        let late = |first: bool| {
+            std::time::Duration::from_millis(if (round % 2 == 0) == first {
+                0
+            } else {
+                round * 3
+            })
+        };
+        let (mut node, mut ctl) = (agent.node().await, agent.controller().await);
+        let (staged, attached) = tokio::join!(
+            async {
+                tokio::time::sleep(late(true)).await;
+                node.node_stage_volume(stage_req(&h, &staging, rwx_mount()))
+                    .await
+            },
+            async {
+                tokio::time::sleep(late(false)).await;
+                ctl.controller_publish_volume(attach_req(&id, &node_name, false))
+                    .await
+            }
+        );
+        both[usize::from(staged.is_ok())] += 1;
+        assert!(
+            staged.is_err() || attached.is_err(),
+            "round {round}: the handle staged the device and the controller attached it for {id}"
+        );
+        if staged.is_ok() {
+            node.node_unstage_volume(unstage_req(&h, &staging))
+                .await
+                .expect("unstage");
+        }
+        if attached.is_ok() {
+            ctl.controller_unpublish_volume(detach(&id, &node_name))
+                .await
+                .expect("detach");
+        }
+    }
+    assert!(both[0] > 0 && both[1] > 0, "stage lost, won: {both:?}");
+}
+
+/// The controller adopts a loop device it did not make only if it is the file's whole device
+/// with the access asked: never a shifted view (`losetup -o`), never a writable one for a
+/// read-only attachment.
+#[tokio::test]
+async fn the_controller_never_adopts_a_shifted_or_writable_device_it_did_not_make() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("the_controller_never_adopts_a_shifted_or_writable_device_it_did_not_make") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-adopt");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let node_name = node_id(&agent).await;
+    let mut ctl = agent.controller().await;
+    // A shifted view: the controller makes its own device.
+    let shifted_id = create_volume(&agent, "s", SIZE, &[]).await;
+    let file = agent.state_dir.join(format!("volumes/{shifted_id}.img"));
+    let view = sh(&format!("losetup -o 1048576 -f --show {}", file.display()));
+    let view = String::from_utf8_lossy(&view.stdout).trim().to_string();
+    let _view = super::owners::DetachOnDrop(view.clone());
+    let r = ctl
+        .controller_publish_volume(attach_req(&shifted_id, &node_name, false))
+        .await
+        .expect("attach beside a shifted view")
+        .into_inner();
+    let device = r.publish_context["devicePath"].clone();
+    assert_ne!(device, view, "the controller adopted the shifted view");
+    let _own = super::owners::DetachOnDrop(device);
+    ctl.controller_unpublish_volume(detach(&shifted_id, &node_name))
+        .await
+        .expect("detach");
+    assert!(
+        std::path::Path::new(&format!(
+            "/sys/block/{}/loop",
+            view.trim_start_matches("/dev/")
+        ))
+        .exists(),
+        "the controller detached the operator's device"
+    );
+    // A writable device of the operator's: a read-only attachment is refused.
+    let rw_id = create_volume(&agent, "w", SIZE, &[]).await;
+    let file = agent.state_dir.join(format!("volumes/{rw_id}.img"));
+    let rw = sh(&format!("losetup -f --show {}", file.display()));
+    let rw = String::from_utf8_lossy(&rw.stdout).trim().to_string();
+    let _rw = super::owners::DetachOnDrop(rw);
+    let e = ctl
+        .controller_publish_volume(attach_req(&rw_id, &node_name, true))
+        .await
+        .expect_err("a writable device for a read-only attachment");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+}

@@ -102,6 +102,15 @@ pub fn find_by_backing_inode(dev: u64, ino: u64) -> Result<Option<PathBuf>, Loop
         if !sys_block.join(&name).join("loop").exists() {
             continue;
         }
+        // A device that starts past the file's first byte is a shifted view, never the file's
+        // device: an operator's `losetup -o`, not one to adopt.
+        let offset = std::fs::read_to_string(sys_block.join(&name).join("loop/offset"))
+            .ok()
+            .and_then(|o| o.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if offset != 0 {
+            continue;
+        }
         let found = match backing_inode(&device) {
             Ok(found) => found,
             // No /dev node (container): fall back to stat'ing the sysfs path.

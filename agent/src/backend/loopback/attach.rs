@@ -66,6 +66,19 @@ impl LoopController {
         // One owner per device: a device the node holds for another id (a node-local handle
         // naming the file's loop device, not acting for this volume) is not attached for it.
         let (_, claim) = controller_claim(&volume, st_dev, st_ino);
+        // Held through the claim's commit: a node door's check and claim of this device run
+        // under the same key (`VolumeDevice::take_for_node`).
+        let node_key = claim_key(ClaimDoor::Node, &claim.identity, None);
+        // Only a new attachment can race a node door: an existing one's claim is there already.
+        let fresh = volume.attachment.is_none();
+        let _device_turn = match (self.device_locks.get(), &node_key) {
+            (Some(locks), Some(key)) if fresh => Some(locks.try_lock(key).ok_or_else(|| {
+                Error::Aborted(format!(
+                    "a node operation is using the device of volume {id} right now; retry later"
+                ))
+            })?),
+            _ => None,
+        };
         if let Err(owner) = device_claim::controller_may_take(&*self.store, id, &claim.identity) {
             return Err(Error::DeviceClaimed {
                 device: volume.file.clone(),
@@ -77,13 +90,33 @@ impl LoopController {
         let device = match loopdev::find_by_backing_inode(st_dev, st_ino)
             .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?
         {
-            Some(dev) => dev,
-            None => attach(&volume.file, readonly)?,
+            // A device someone else made over the file is adopted only as asked: a read-only
+            // attachment never hands out a writable device (nor the reverse).
+            Some(dev) if read_only(&dev) != Some(readonly) && volume.attachment.is_none() => {
+                return Err(Error::VolumeInUse {
+                    volume: id.to_string(),
+                    why: format!(
+                        "{} already holds its file with read-only={}, not as asked; detach it \
+                         first",
+                        dev.display(),
+                        !readonly
+                    ),
+                });
+            }
+            Some(dev) => (dev, false),
+            None => (attach(&volume.file, readonly)?, true),
         };
+        // An existing attachment keeps what it knew of the device's maker.
+        let made = match &volume.attachment {
+            Some(att) if att.device == device.0 => att.made,
+            _ => device.1,
+        };
+        let device = device.0;
         volume.attachment = Some(LoopAttachment {
             node_id: node_id.into(),
             device: device.clone(),
             readonly,
+            made,
         });
         // The device is the volume's from the attachment's own commit (one owner per device:
         // a node-local handle naming it is refused unless it acts for this volume).
@@ -133,6 +166,10 @@ impl LoopController {
             });
             if ours {
                 super::in_use::refuse_if_in_use(&self.store, id, &att.device)?;
+            }
+            // A device someone else made over the file stays theirs: the attachment ends, the
+            // device is left as it was found.
+            if ours && att.made {
                 loopdev::detach(&att.device).map_err(|e| {
                     Error::Internal(format!("detaching {}: {e}", att.device.display()))
                 })?;
@@ -188,7 +225,11 @@ impl LoopController {
             }
             let device = attach(&volume.file, att.readonly)?;
             tracing::info!(volume = %volume.id, device = %device.display(), "recovery: re-attached the volume file");
-            volume.attachment = Some(LoopAttachment { device, ..att });
+            volume.attachment = Some(LoopAttachment {
+                device,
+                made: true,
+                ..att
+            });
             self.store
                 .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
             count += 1;
@@ -243,4 +284,11 @@ fn controller_claim(volume: &LoopVolume, st_dev: u64, st_ino: u64) -> (String, D
         acts_for: None,
     };
     (key, claim)
+}
+
+/// Whether a loop device is read-only, from sysfs (`None`: it cannot be told).
+fn read_only(dev: &Path) -> Option<bool> {
+    let name = dev.file_name()?.to_str()?;
+    let ro = std::fs::read_to_string(format!("/sys/block/{name}/ro")).ok()?;
+    Some(ro.trim() == "1")
 }

@@ -37,6 +37,10 @@ pub struct LoopController {
     pub(super) max_attachments: u32,
     /// Create and delete scan and change the volume set: one at a time keeps names unique.
     catalogue: Mutex<()>,
+    /// The node's per-device locks (`NodeCtx::device_locks`), shared once the node is wired: an
+    /// attach takes the device's node-claim key while it checks and writes its claim, as a node
+    /// door does, so the two never both take one device.
+    pub(super) device_locks: std::sync::OnceLock<ebs_node_core::node::VolumeLocks>,
 }
 
 impl LoopController {
@@ -53,7 +57,13 @@ impl LoopController {
             node_id,
             max_attachments,
             catalogue: Mutex::new(()),
+            device_locks: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Shares the node's per-device locks (see `device_locks`).
+    pub fn share_device_locks(&self, locks: ebs_node_core::node::VolumeLocks) {
+        let _ = self.device_locks.set(locks);
     }
 
     pub fn node_id(&self) -> &str {

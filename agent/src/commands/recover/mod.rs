@@ -129,6 +129,8 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
                 node_id: node_id.clone(),
                 device: d,
                 readonly: false,
+                // Who made it cannot be told any more: detached with the attachment, as before.
+                made: true,
             }),
             created_unix_ms: now_unix_ms(),
             content_source: None,
