@@ -48,6 +48,19 @@ impl WithLocalVolumes {
         let real = real_volume(publish_context)?;
         let node = device_node(volume, device)?;
         let devnum = node.1;
+        // A loop device whose detach the kernel deferred (autoclear) is going away: nothing to
+        // stage, whatever it still shows.
+        if kernel_name(devnum).is_some_and(|name| {
+            std::fs::read_to_string(format!("/sys/block/{name}/loop/autoclear"))
+                .is_ok_and(|a| a.trim() == "1")
+        }) {
+            return Err(Error::DeviceClaimed {
+                device: node.0.clone(),
+                volume: volume.to_string(),
+                owner: "(none: the loop device is being detached)".into(),
+                door: "a loop device on its way out",
+            });
+        }
         // A loop device laid over another block device is a second name of that device's bytes,
         // with an identity of its own (the node it lies on): a handle names the disk itself.
         if let Some(under) = laid_over(devnum) {
@@ -67,6 +80,19 @@ impl WithLocalVolumes {
                 device: device.to_path_buf(),
                 why: why.to_string(),
             })?;
+        // A device that is one of the backend's own volumes (loop: a volume file, attached by
+        // the controller or by anyone, a crash's leftover included) is that volume's, whoever
+        // made the device: a handle takes it only acting for that volume.
+        if let Some(owner) = self.inner.volume_of(&identity)
+            && real.as_ref().map(VolumeId::as_str) != Some(owner.as_str())
+        {
+            return Err(Error::DeviceClaimed {
+                device: device.to_path_buf(),
+                volume: volume.to_string(),
+                owner,
+                door: "the device is that volume's file",
+            });
+        }
         if let Some(real) = &real {
             match self.inner.expected_identity(real) {
                 // A disk without a serial (Xen) cannot be asked which volume it is: the handle,
@@ -403,6 +429,10 @@ impl Backend for WithLocalVolumes {
 
     fn allocated_bytes(&self, identity: &DeviceIdentity) -> Option<u64> {
         self.inner.allocated_bytes(identity)
+    }
+
+    fn volume_of(&self, identity: &DeviceIdentity) -> Option<String> {
+        self.inner.volume_of(identity)
     }
 
     /// Whether a node-local volume exists only resolving can tell.

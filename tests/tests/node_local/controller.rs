@@ -186,12 +186,13 @@ fn attach_req(id: &str, node: &str, readonly: bool) -> csi::ControllerPublishVol
     }
 }
 
-/// A loop device an operator made over a volume's file: a handle's stage (not acting for the
-/// volume) and the controller's attach of the volume, at once, many times: never both succeed.
+/// A loop device an operator made over a volume's file is that volume's bytes: a handle not
+/// acting for the volume never stages it, attached by the controller or not, also racing the
+/// controller's attach (many times, both orders).
 #[tokio::test]
-async fn a_handles_stage_and_the_controllers_attach_never_both_take_one_device() {
+async fn a_handle_never_takes_a_volumes_file_it_does_not_act_for() {
     let _shared = crate::NAMESPACE_COPY.read().await;
-    if !require_root("a_handles_stage_and_the_controllers_attach_never_both_take_one_device") {
+    if !require_root("a_handle_never_takes_a_volumes_file_it_does_not_act_for") {
         return;
     }
     let scratch = Scratch::new("node-local-attach-race");
@@ -207,7 +208,6 @@ async fn a_handles_stage_and_the_controllers_attach_never_both_take_one_device()
         device: dev,
     });
     let staging = agent.work.join("h/staging");
-    let mut both = [0u32; 2];
     for round in 0..20u64 {
         let late = |first: bool| {
             std::time::Duration::from_millis(if (round % 2 == 0) == first {
@@ -229,10 +229,10 @@ async fn a_handles_stage_and_the_controllers_attach_never_both_take_one_device()
                     .await
             }
         );
-        both[usize::from(staged.is_ok())] += 1;
         assert!(
-            staged.is_err() || attached.is_err(),
-            "round {round}: the handle staged the device and the controller attached it for {id}"
+            staged.is_err(),
+            "round {round}: a handle not acting for {id} staged its file (attach: {:?})",
+            attached.as_ref().map(drop)
         );
         if staged.is_ok() {
             node.node_unstage_volume(unstage_req(&h, &staging))
@@ -245,7 +245,6 @@ async fn a_handles_stage_and_the_controllers_attach_never_both_take_one_device()
                 .expect("detach");
         }
     }
-    assert!(both[0] > 0 && both[1] > 0, "stage lost, won: {both:?}");
 }
 
 /// The controller adopts a loop device it did not make only if it is the file's whole device

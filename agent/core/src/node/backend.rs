@@ -140,6 +140,13 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// The volume a device with this identity is, when the backend's own records say so (loop:
+    /// the volume whose file it is). A node-local handle may take such a device only acting for
+    /// that volume (its publish context's `volumeID`), attached or not.
+    fn volume_of(&self, _identity: &DeviceIdentity) -> Option<String> {
+        None
+    }
+
     /// Whether the volume exists, when the backend can tell from its records without waiting
     /// (loop: its volume record); `None` when only resolving can tell (EBS).
     fn exists(&self, _volume: &VolumeId) -> Result<Option<bool>> {

@@ -169,6 +169,7 @@ impl LoopController {
                 device: att.device.clone(),
             });
         }
+        super::in_use::refuse_if_any_loop_over(id, &volume.file)?;
         match std::fs::remove_file(&volume.file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -51,6 +51,43 @@ pub fn refuse_if_held_elsewhere(store: &Store, id: &str, file: &Path) -> Result<
     }
 }
 
+/// `Err(FAILED_PRECONDITION)` while any loop device, at any offset and whoever made it, is
+/// bound to the volume's file: deleting the file under it would leave the volume's bytes
+/// reachable through the device.
+pub fn refuse_if_any_loop_over(id: &str, file: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(file) else {
+        return Ok(());
+    };
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") || !e.path().join("loop").exists() {
+            continue;
+        }
+        // A detach the kernel deferred until the device's last opener (udev's probe) lets go:
+        // going away, not in use.
+        let autoclear = std::fs::read_to_string(e.path().join("loop/autoclear"));
+        if autoclear.is_ok_and(|a| a.trim() == "1") {
+            continue;
+        }
+        let device = Path::new("/dev").join(&name);
+        if ebs_node_host::loopdev::backing_inode(&device)
+            .ok()
+            .flatten()
+            == Some((meta.dev(), meta.ino()))
+        {
+            return busy(
+                id,
+                format!("{} is still bound to its file", device.display()),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `Err(FAILED_PRECONDITION)` naming the use, when the node still uses `device` for volume `id`.
 pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     refuse_if_recorded(store, id)?;

@@ -235,6 +235,19 @@ impl Backend for LoopBackend {
         Ok(Some(dev))
     }
 
+    fn volume_of(&self, identity: &DeviceIdentity) -> Option<String> {
+        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = identity else {
+            return None;
+        };
+        // A record that cannot be read counts as no volume: the node-local door's other checks
+        // still stand, and an unreadable store fails the stage's own reads anyway.
+        self.store
+            .loop_volumes()
+            .ok()?
+            .into_iter()
+            .find_map(|v| (file_inode(&v.file).ok() == Some((*st_dev, *st_ino))).then_some(v.id))
+    }
+
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
         let file = match self.store.loop_volume(volume.as_str()) {
             Ok(Some(v)) => v.file,
