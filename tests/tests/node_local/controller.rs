@@ -297,3 +297,75 @@ async fn the_controller_never_adopts_a_shifted_or_writable_device_it_did_not_mak
         .expect_err("a writable device for a read-only attachment");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 }
+
+/// The agent's own files that are nobody's volume (a snapshot) are never a handle's: a loop
+/// device an operator made over one is refused, and DeleteSnapshot and DeleteVolume wait while
+/// any loop device (a `mount -o loop` one included) is bound to their file.
+#[tokio::test]
+async fn the_agents_own_files_are_never_a_handles_nor_deleted_under_a_loop_device() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("the_agents_own_files_are_never_a_handles_nor_deleted_under_a_loop_device") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-own-files");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let mut ctl = agent.controller().await;
+    let id = create_volume(&agent, "v", SIZE, &[]).await;
+    let snap = ctl
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: id.clone(),
+            name: "s".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("snapshot")
+        .into_inner()
+        .snapshot
+        .expect("snapshot")
+        .snapshot_id;
+    let snap_file = agent.state_dir.join(format!("snapshots/{snap}.img"));
+    let dev = sh(&format!("losetup -f --show {}", snap_file.display()));
+    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let detach_snap = super::owners::DetachOnDrop(dev.clone());
+    let h = Vol {
+        id: format!("local-ebs://{}", dev.trim_start_matches('/')),
+        device: dev,
+    };
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(&h, &agent.work.join("h/staging"), rwx_mount()))
+        .await
+        .expect_err("a snapshot's file");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = ctl
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: snap.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a loop device is bound to the snapshot's file");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(snap_file.exists());
+    drop(detach_snap);
+    // A `mount -o loop` of a volume's file: the kernel's autoclear device, mounted.
+    let file = agent.state_dir.join(format!("volumes/{id}.img"));
+    sh(&format!("mkfs.ext4 -q -F {}", file.display()));
+    let mnt = scratch.join("loop-mount");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    sh(&format!(
+        "mount -o loop {} {}",
+        file.display(),
+        mnt.display()
+    ));
+    let e = ctl
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the file is mounted through a loop device");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(file.exists());
+    let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::empty());
+}

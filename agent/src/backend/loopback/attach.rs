@@ -106,11 +106,10 @@ impl LoopController {
             Some(dev) => (dev, false),
             None => (attach(&volume.file, readonly)?, true),
         };
-        // An existing attachment keeps what it knew of the device's maker.
-        let made = match &volume.attachment {
-            Some(att) if att.device == device.0 => att.made,
-            _ => device.1,
-        };
+        // Made now: ours. Found: ours only if the attachment this call renews made it (a device
+        // found under a name that is not the attachment's, or first seen now, is someone else's).
+        let made = device.1
+            || matches!(&volume.attachment, Some(att) if att.device == device.0 && att.made);
         let device = device.0;
         volume.attachment = Some(LoopAttachment {
             node_id: node_id.into(),

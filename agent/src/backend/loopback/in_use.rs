@@ -67,13 +67,16 @@ pub fn refuse_if_any_loop_over(id: &str, file: &Path) -> Result<()> {
         if !name.starts_with("loop") || !e.path().join("loop").exists() {
             continue;
         }
-        // A detach the kernel deferred until the device's last opener (udev's probe) lets go:
-        // going away, not in use.
+        let device = Path::new("/dev").join(&name);
+        // A detach the kernel deferred until the device's last opener (udev's probe) lets go is
+        // going away, not in use; an autoclear device that is mounted or claimed (`mount -o
+        // loop`) is in use all the same.
         let autoclear = std::fs::read_to_string(e.path().join("loop/autoclear"));
-        if autoclear.is_ok_and(|a| a.trim() == "1") {
+        if autoclear.is_ok_and(|a| a.trim() == "1")
+            && block_devnum(&device).is_ok_and(|d| !still_claimed(d))
+        {
             continue;
         }
-        let device = Path::new("/dev").join(&name);
         if ebs_node_host::loopdev::backing_inode(&device)
             .ok()
             .flatten()

@@ -241,11 +241,28 @@ impl Backend for LoopBackend {
         };
         // A record that cannot be read counts as no volume: the node-local door's other checks
         // still stand, and an unreadable store fails the stage's own reads anyway.
-        self.store
+        let is = |file: &Path| file_inode(file).ok() == Some((*st_dev, *st_ino));
+        if let Some(v) = self
+            .store
             .loop_volumes()
             .ok()?
             .into_iter()
-            .find_map(|v| (file_inode(&v.file).ok() == Some((*st_dev, *st_ino))).then_some(v.id))
+            .find(|v| is(&v.file))
+        {
+            return Some(v.id);
+        }
+        // The agent's other files are nobody's volume, so no handle acts for them: a snapshot
+        // (a restore would bring back what a handle wrote), the state file.
+        if let Some(s) = self
+            .store
+            .loop_snapshots()
+            .ok()?
+            .into_iter()
+            .find(|s| is(&s.file))
+        {
+            return Some(format!("(snapshot {})", s.id));
+        }
+        is(self.store.path()).then(|| "(the agent's state file)".to_string())
     }
 
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {

@@ -91,6 +91,9 @@ impl LoopController {
         let Some(snapshot) = self.store.loop_snapshot(id)? else {
             return Ok(());
         };
+        // A loop device still bound to the file (made by anyone) keeps the snapshot's bytes
+        // reachable: removing the file under it would only hide them.
+        super::in_use::refuse_if_any_loop_over(id, &snapshot.file)?;
         for file in [
             snapshot.file.clone(),
             snapshot.file.with_extension("img.partial"),
