@@ -348,6 +348,23 @@ async fn the_agents_own_files_are_never_a_handles_nor_deleted_under_a_loop_devic
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(snap_file.exists());
     drop(detach_snap);
+    // Any file of the state directory, a copy still being made (`.partial`) included.
+    let partial = agent.state_dir.join("volumes/lv-making.img.partial");
+    sh(&format!("truncate -s {SIZE} {}", partial.display()));
+    let dev = sh(&format!("losetup -f --show {}", partial.display()));
+    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let _detach_partial = super::owners::DetachOnDrop(dev.clone());
+    let h = Vol {
+        id: format!("local-ebs://{}", dev.trim_start_matches('/')),
+        device: dev,
+    };
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(&h, &agent.work.join("h/staging"), rwx_mount()))
+        .await
+        .expect_err("a file of the agent's");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     // A `mount -o loop` of a volume's file: the kernel's autoclear device, mounted.
     let file = agent.state_dir.join(format!("volumes/{id}.img"));
     sh(&format!("mkfs.ext4 -q -F {}", file.display()));

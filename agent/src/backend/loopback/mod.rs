@@ -236,33 +236,46 @@ impl Backend for LoopBackend {
     }
 
     fn volume_of(&self, identity: &DeviceIdentity) -> Option<String> {
-        let DeviceIdentity::LoopFile { st_dev, st_ino, .. } = identity else {
+        let DeviceIdentity::LoopFile {
+            st_dev,
+            st_ino,
+            file,
+        } = identity
+        else {
             return None;
         };
         // A record that cannot be read counts as no volume: the node-local door's other checks
         // still stand, and an unreadable store fails the stage's own reads anyway.
-        let is = |file: &Path| file_inode(file).ok() == Some((*st_dev, *st_ino));
-        if let Some(v) = self
-            .store
-            .loop_volumes()
-            .ok()?
-            .into_iter()
-            .find(|v| is(&v.file))
-        {
-            return Some(v.id);
+        let is = |f: &Path| file_inode(f).ok() == Some((*st_dev, *st_ino));
+        let partial = |f: &Path| is(&f.with_extension("img.partial"));
+        let volumes = self.store.loop_volumes().ok()?;
+        if let Some(v) = volumes.iter().find(|v| is(&v.file)) {
+            return Some(v.id.clone());
         }
-        // The agent's other files are nobody's volume, so no handle acts for them: a snapshot
-        // (a restore would bring back what a handle wrote), the state file.
+        // The agent's other files are nobody's volume, so no handle acts for them: a copy still
+        // being made (`.partial`, renamed into place when whole), a snapshot (a restore would
+        // bring back what a handle wrote), the state file, anything in the state directory.
+        if let Some(v) = volumes.iter().find(|v| partial(&v.file)) {
+            return Some(format!("(volume {} being made)", v.id));
+        }
         if let Some(s) = self
             .store
             .loop_snapshots()
             .ok()?
             .into_iter()
-            .find(|s| is(&s.file))
+            .find(|s| is(&s.file) || partial(&s.file))
         {
             return Some(format!("(snapshot {})", s.id));
         }
-        is(self.store.path()).then(|| "(the agent's state file)".to_string())
+        if is(self.store.path()) {
+            return Some("(the agent's state file)".into());
+        }
+        let state_dir = self.volumes_dir.parent().unwrap_or(&self.volumes_dir);
+        let recorded = file.to_string_lossy();
+        let recorded = Path::new(recorded.trim_end_matches(" (deleted)"));
+        let in_state_dir = recorded.starts_with(state_dir)
+            || std::fs::canonicalize(state_dir).is_ok_and(|d| recorded.starts_with(d));
+        in_state_dir.then(|| format!("(a file of the agent's: {})", recorded.display()))
     }
 
     fn expected_identity(&self, volume: &VolumeId) -> Option<DeviceIdentity> {
