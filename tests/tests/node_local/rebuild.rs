@@ -6,6 +6,52 @@ use ebs_tests::*;
 
 use super::owners::{SIZE, handle_of, rwx_block, rwx_mount};
 
+/// The handle `h` (acting for `v`) stages at `staging` and publishes at `target` with `cap`;
+/// the agent stops, `recover --from-mounts` rebuilds its state, the agent starts again; then the
+/// handle's own unpublish and unstage must leave nothing mounted.
+async fn rebuilt_then_taken_down(
+    agent: &mut Agent,
+    v: &Vol,
+    h: &Vol,
+    staging: &std::path::Path,
+    target: &std::path::Path,
+    cap: csi::VolumeCapability,
+) {
+    let mut node = agent.node().await;
+    let mut stage = stage_req(h, staging, cap.clone());
+    stage
+        .publish_context
+        .insert("volumeID".into(), v.id.clone());
+    node.node_stage_volume(stage)
+        .await
+        .expect("stage the handle");
+    node.node_publish_volume(publish_req(h, staging, target, cap, false))
+        .await
+        .expect("publish the handle");
+    drop(node);
+    agent.terminate().await;
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--from-mounts", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(h, target))
+        .await
+        .expect("the handle's unpublish");
+    node.node_unstage_volume(unstage_req(h, staging))
+        .await
+        .expect("the handle's unstage");
+    assert_eq!(
+        mounts_below(&agent.work),
+        Vec::<std::path::PathBuf>::new(),
+        "the handle's mounts were left: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// `recover --from-mounts` gives a node-local handle's mounts back to the handle, not to the
 /// volume its device proves to be: kubelet names the staging directory after the handle's
 /// SHA-256, and kubelet's later NodeUnpublish and NodeUnstage name the handle.
@@ -29,39 +75,7 @@ async fn recover_from_mounts_gives_a_handles_mounts_back_to_the_handle() {
         "plugins/kubernetes.io/csi/ebs.csi.aws.com/{sha}/globalmount"
     ));
     let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
-    let mut node = agent.node().await;
-    let mut stage = stage_req(&h, &staging, rwx_mount());
-    stage
-        .publish_context
-        .insert("volumeID".into(), v.id.clone());
-    node.node_stage_volume(stage)
-        .await
-        .expect("stage the handle");
-    node.node_publish_volume(publish_req(&h, &staging, &target, rwx_mount(), false))
-        .await
-        .expect("publish the handle");
-    drop(node);
-    agent.terminate().await;
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--from-mounts", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
-    agent.spawn().await;
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(&h, &target))
-        .await
-        .expect("the handle's unpublish");
-    node.node_unstage_volume(unstage_req(&h, &staging))
-        .await
-        .expect("the handle's unstage");
-    assert_eq!(
-        mounts_below(&agent.work),
-        Vec::<std::path::PathBuf>::new(),
-        "the handle's mounts were left: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    rebuilt_then_taken_down(&mut agent, &v, &h, &staging, &target, rwx_mount()).await;
 }
 
 /// The same for a raw block handle, whose mounts carry no handle in their names: kubelet's own
@@ -88,37 +102,5 @@ async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle(
         ),
     )
     .expect("vol_data.json");
-    let mut node = agent.node().await;
-    let mut stage = stage_req(&h, &staging, rwx_block());
-    stage
-        .publish_context
-        .insert("volumeID".into(), v.id.clone());
-    node.node_stage_volume(stage)
-        .await
-        .expect("stage the handle");
-    node.node_publish_volume(publish_req(&h, &staging, &target, rwx_block(), false))
-        .await
-        .expect("publish the handle");
-    drop(node);
-    agent.terminate().await;
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--from-mounts", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
-    agent.spawn().await;
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(&h, &target))
-        .await
-        .expect("the handle's unpublish");
-    node.node_unstage_volume(unstage_req(&h, &staging))
-        .await
-        .expect("the handle's unstage");
-    assert_eq!(
-        mounts_below(&agent.work),
-        Vec::<std::path::PathBuf>::new(),
-        "the handle's bind was left: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    rebuilt_then_taken_down(&mut agent, &v, &h, &staging, &target, rwx_block()).await;
 }

@@ -263,6 +263,19 @@ pub fn block(mode: AccessMode) -> Capability {
     }
 }
 
+/// The node-local handle naming volume `of`'s device in the double.
+pub fn handle(of: &str) -> String {
+    format!("local-ebs://dev/dev-{of}")
+}
+
+/// A stage of `id` at `staging/<dir>` (a handle's id is no path component).
+pub fn stage_at(h: &Harness, id: &str, dir: &str, capability: Capability) -> Result<()> {
+    let mut cmd = h.stage_cmd(VOL, capability);
+    cmd.volume = VolumeId::parse(id).expect("id");
+    cmd.staging = h.path("staging_target_path", &format!("staging/{dir}"));
+    h.stage(&cmd)
+}
+
 /// The owned strings of a list of `&str`, for comparing with `calls()` and `journal()`.
 pub fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()

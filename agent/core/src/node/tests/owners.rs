@@ -9,19 +9,6 @@ use crate::ledger::Ledger;
 use crate::records::{ClaimDoor, DeviceClaim, claim_key};
 use crate::request::AccessMode;
 
-/// The node-local handle naming volume `of`'s device in the double.
-fn handle(of: &str) -> String {
-    format!("local-ebs://dev/dev-{of}")
-}
-
-/// A stage of `id` at `staging/<dir>` (a handle's id is no path component).
-fn stage_at(h: &Harness, id: &str, dir: &str, capability: Capability) -> Result<()> {
-    let mut cmd = h.stage_cmd(VOL, capability);
-    cmd.volume = VolumeId::parse(id).expect("id");
-    cmd.staging = h.path("staging_target_path", &format!("staging/{dir}"));
-    h.stage(&cmd)
-}
-
 fn node_key(of: &str) -> String {
     claim_key(ClaimDoor::Node, &serial(of), None).expect("key")
 }

@@ -11,18 +11,6 @@ use crate::ledger::Ledger;
 use crate::records::{ClaimDoor, DeviceClaim, claim_key};
 use crate::request::AccessMode;
 
-fn handle(of: &str) -> String {
-    format!("local-ebs://dev/dev-{of}")
-}
-
-/// A stage of `id` at `staging/<dir>` (a handle's id is no path component).
-fn stage_at(h: &Harness, id: &str, dir: &str, capability: Capability) -> Result<()> {
-    let mut cmd = h.stage_cmd(VOL, capability);
-    cmd.volume = VolumeId::parse(id).expect("id");
-    cmd.staging = h.path("staging_target_path", &format!("staging/{dir}"));
-    h.stage(&cmd)
-}
-
 /// Which id each mount belongs to, by the records that placed it: path -> (id, device).
 fn mount_owners(h: &Harness, ids: &[String]) -> HashMap<std::path::PathBuf, String> {
     let mut owners = HashMap::new();

@@ -73,10 +73,6 @@ struct Belief {
 
 const VOLUMES: [&str; 3] = ["vol-a", "vol-b", "vol-c"];
 
-fn handle(of: &str) -> String {
-    format!("local-ebs://dev/dev-{of}")
-}
-
 /// The directory name standing for an id in paths.
 fn dir_of(id: &str) -> String {
     id.rsplit('-').next().map_or_else(
