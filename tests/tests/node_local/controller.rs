@@ -39,22 +39,14 @@ async fn a_handles_stage_and_the_controllers_detach_never_both_succeed() {
         let mut stage = stage_req(&h, &staging, rwx_mount());
         stage.publish_context.insert("volumeID".into(), id.clone());
         let (mut node, mut ctl) = (agent.node().await, agent.controller().await);
-        // One call goes 0 to 57 ms after the other, the stage first in even rounds: both
-        // orders, and the moments between.
-        let late = |first: bool| {
-            std::time::Duration::from_millis(if (round % 2 == 0) == first {
-                0
-            } else {
-                round * 3
-            })
-        };
+        // One call goes 0 to 57 ms after the other (`stagger`).
         let (staged, detached) = tokio::join!(
             async {
-                tokio::time::sleep(late(true)).await;
+                tokio::time::sleep(super::stagger(round, true)).await;
                 node.node_stage_volume(stage).await
             },
             async {
-                tokio::time::sleep(late(false)).await;
+                tokio::time::sleep(super::stagger(round, false)).await;
                 ctl.controller_unpublish_volume(detach(&id, &node_name))
                     .await
             }
@@ -88,8 +80,7 @@ async fn delete_volume_never_removes_a_file_a_handle_has_staged() {
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let id = create_volume(&agent, "v", SIZE, &[]).await;
     let file = agent.state_dir.join(format!("volumes/{id}.img"));
-    let dev = sh(&format!("losetup -f --show {}", file.display()));
-    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let dev = super::losetup("", file.display());
     let _detach = super::owners::DetachOnDrop(dev.clone());
     let h = handle_of(&Vol {
         id: id.clone(),
@@ -200,8 +191,7 @@ async fn a_handle_never_takes_a_volumes_file_it_does_not_act_for() {
     let id = create_volume(&agent, "v", SIZE, &[]).await;
     let node_name = node_id(&agent).await;
     let file = agent.state_dir.join(format!("volumes/{id}.img"));
-    let dev = sh(&format!("losetup -f --show {}", file.display()));
-    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let dev = super::losetup("", file.display());
     let _detach = super::owners::DetachOnDrop(dev.clone());
     let h = handle_of(&Vol {
         id: id.clone(),
@@ -209,22 +199,15 @@ async fn a_handle_never_takes_a_volumes_file_it_does_not_act_for() {
     });
     let staging = agent.work.join("h/staging");
     for round in 0..20u64 {
-        let late = |first: bool| {
-            std::time::Duration::from_millis(if (round % 2 == 0) == first {
-                0
-            } else {
-                round * 3
-            })
-        };
         let (mut node, mut ctl) = (agent.node().await, agent.controller().await);
         let (staged, attached) = tokio::join!(
             async {
-                tokio::time::sleep(late(true)).await;
+                tokio::time::sleep(super::stagger(round, true)).await;
                 node.node_stage_volume(stage_req(&h, &staging, rwx_mount()))
                     .await
             },
             async {
-                tokio::time::sleep(late(false)).await;
+                tokio::time::sleep(super::stagger(round, false)).await;
                 ctl.controller_publish_volume(attach_req(&id, &node_name, false))
                     .await
             }
@@ -263,8 +246,7 @@ async fn the_controller_never_adopts_a_shifted_or_writable_device_it_did_not_mak
     // A shifted view: the controller makes its own device.
     let shifted_id = create_volume(&agent, "s", SIZE, &[]).await;
     let file = agent.state_dir.join(format!("volumes/{shifted_id}.img"));
-    let view = sh(&format!("losetup -o 1048576 -f --show {}", file.display()));
-    let view = String::from_utf8_lossy(&view.stdout).trim().to_string();
+    let view = super::losetup("-o 1048576", file.display());
     let _view = super::owners::DetachOnDrop(view.clone());
     let r = ctl
         .controller_publish_volume(attach_req(&shifted_id, &node_name, false))
@@ -288,8 +270,7 @@ async fn the_controller_never_adopts_a_shifted_or_writable_device_it_did_not_mak
     // A writable device of the operator's: a read-only attachment is refused.
     let rw_id = create_volume(&agent, "w", SIZE, &[]).await;
     let file = agent.state_dir.join(format!("volumes/{rw_id}.img"));
-    let rw = sh(&format!("losetup -f --show {}", file.display()));
-    let rw = String::from_utf8_lossy(&rw.stdout).trim().to_string();
+    let rw = super::losetup("", file.display());
     let _rw = super::owners::DetachOnDrop(rw);
     let e = ctl
         .controller_publish_volume(attach_req(&rw_id, &node_name, true))
@@ -324,8 +305,7 @@ async fn the_agents_own_files_are_never_a_handles_nor_deleted_under_a_loop_devic
         .expect("snapshot")
         .snapshot_id;
     let snap_file = agent.state_dir.join(format!("snapshots/{snap}.img"));
-    let dev = sh(&format!("losetup -f --show {}", snap_file.display()));
-    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let dev = super::losetup("", snap_file.display());
     let detach_snap = super::owners::DetachOnDrop(dev.clone());
     let h = Vol {
         id: format!("local-ebs://{}", dev.trim_start_matches('/')),
@@ -351,8 +331,7 @@ async fn the_agents_own_files_are_never_a_handles_nor_deleted_under_a_loop_devic
     // Any file of the state directory, a copy still being made (`.partial`) included.
     let partial = agent.state_dir.join("volumes/lv-making.img.partial");
     sh(&format!("truncate -s {SIZE} {}", partial.display()));
-    let dev = sh(&format!("losetup -f --show {}", partial.display()));
-    let dev = String::from_utf8_lossy(&dev.stdout).trim().to_string();
+    let dev = super::losetup("", partial.display());
     let _detach_partial = super::owners::DetachOnDrop(dev.clone());
     let h = Vol {
         id: format!("local-ebs://{}", dev.trim_start_matches('/')),

@@ -70,6 +70,23 @@ impl Drop for Disk {
     }
 }
 
+/// A loop device a test (as an operator would) lays over `backing` with `losetup` and these
+/// options (`-o 1048576`, or none): its path.
+pub fn losetup(options: &str, backing: impl std::fmt::Display) -> String {
+    let out = sh(&format!("losetup {options} -f --show {backing}"));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// How long one of two racing calls waits in a round: 0 for the one that goes first (the
+/// stage in even rounds), `round × 3` ms for the other: both orders, and the moments between.
+pub fn stagger(round: u64, stage: bool) -> std::time::Duration {
+    std::time::Duration::from_millis(if round.is_multiple_of(2) == stage {
+        0
+    } else {
+        round * 3
+    })
+}
+
 /// A link in /dev to a test's device (another name for it, as udev's links are), removed on drop.
 pub struct DevLink {
     pub path: PathBuf,

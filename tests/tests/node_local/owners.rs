@@ -277,8 +277,7 @@ async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_
         bound2.display()
     ));
     // A loop device an operator laid over a volume's device: a second name of its bytes.
-    let laid = sh(&format!("losetup -f --show {}", published[0].device));
-    let laid = String::from_utf8_lossy(&laid.stdout).trim().to_string();
+    let laid = super::losetup("", &published[0].device);
     let _laid = OverlaysOver(published[0].device.clone());
     let laid = Vol {
         id: format!("local-ebs://{}", laid.trim_start_matches('/')),
@@ -292,8 +291,7 @@ async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_
         nix::sys::stat::major(rdev),
         nix::sys::stat::minor(rdev)
     ));
-    let laid3 = sh(&format!("losetup -f --show {}", node3.display()));
-    let laid3 = String::from_utf8_lossy(&laid3.stdout).trim().to_string();
+    let laid3 = super::losetup("", node3.display());
     let _laid3 = DetachOnDrop(laid3.clone());
     std::fs::remove_file(&node3).expect("delete the node");
     let laid3 = Vol {
@@ -342,8 +340,7 @@ async fn a_shifted_view_of_a_volume_file_is_never_the_volume() {
     let name = v.device.trim_start_matches("/dev/");
     let file = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
         .expect("the volume's file");
-    let shifted = sh(&format!("losetup -o 1048576 -f --show {}", file.trim()));
-    let shifted = String::from_utf8_lossy(&shifted.stdout).trim().to_string();
+    let shifted = super::losetup("-o 1048576", file.trim());
     let _detach = DetachOnDrop(shifted.clone());
     let h = Vol {
         id: format!("local-ebs://{}", shifted.trim_start_matches('/')),
