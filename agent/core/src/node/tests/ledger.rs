@@ -23,6 +23,7 @@ struct Records {
 
 /// One change of a write. Collected while the pipeline builds the write (it may read the ledger
 /// meanwhile, as it may read the store), then applied together under the lock.
+#[derive(Clone)]
 enum Change {
     PutFormat(FormatRecord),
     DeleteFormat(String),
@@ -124,8 +125,12 @@ impl Records {
             }
             Change::Step(v, op, step, phase, detail) => {
                 let lines = self.journal.entry(v).or_default();
+                // Bounded as the store bounds it (`JOURNAL_LINES_PER_VOLUME` plus its slack).
+                if lines.len() >= JOURNAL_LINES + JOURNAL_SLACK {
+                    lines.drain(..lines.len() - JOURNAL_LINES);
+                }
                 lines.push(StepRecord {
-                    seq: u64::try_from(lines.len()).unwrap_or(u64::MAX),
+                    seq: lines.last().map_or(0, |l| l.seq + 1),
                     op,
                     step,
                     phase,
@@ -137,13 +142,20 @@ impl Records {
     }
 }
 
+/// The store's bound on a volume's journal (`ebs_node_store::JOURNAL_LINES_PER_VOLUME`, with
+/// its trim slack): the core does not link the store.
+const JOURNAL_LINES: usize = 48;
+const JOURNAL_SLACK: usize = 16;
+
 #[derive(Default)]
 pub struct MemLedger {
     records: Mutex<Records>,
     last_durable: AtomicBool,
-    /// What the last durable write made durable (with every write before it, as redb keeps a
-    /// non-durable commit only until the next durable one): what a power cut leaves.
-    durable: Mutex<Option<Records>>,
+    /// What a power cut leaves: every write up to the last durable one (redb keeps a
+    /// non-durable commit only until the next durable one), and the non-durable changes since,
+    /// which a durable write makes durable with it. A log, not a copy per durable write, so the
+    /// simulation's millions of writes cost what they change.
+    durable: Mutex<(Records, Vec<Change>)>,
 }
 
 impl MemLedger {
@@ -162,13 +174,9 @@ impl MemLedger {
 
     /// A power cut: every write after the last durable one is lost.
     pub fn power_cut(&self) {
-        let durable = self
-            .durable
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_default();
-        *self.records() = durable;
+        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
+        durable.1.clear();
+        *self.records() = durable.0.clone();
     }
 
     /// Every staged record.
@@ -240,11 +248,16 @@ impl Ledger for MemLedger {
             return Ok(());
         }
         let mut records = self.records();
-        for change in collected.0 {
-            records.apply(change);
+        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
+        for change in &collected.0 {
+            records.apply(change.clone());
         }
+        durable.1.extend(collected.0);
         if durability == Durability::Immediate {
-            *self.durable.lock().unwrap_or_else(|p| p.into_inner()) = Some(records.clone());
+            let (kept, pending) = &mut *durable;
+            for change in pending.drain(..) {
+                kept.apply(change);
+            }
         }
         self.last_durable
             .store(durability == Durability::Immediate, Ordering::Relaxed);

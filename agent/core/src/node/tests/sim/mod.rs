@@ -409,22 +409,46 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Runs `seeds` seeds from `first`, `steps` steps each, on every core: seed `first + k` runs on
+/// thread `k % threads`, so one seed still replays alone (`EBS_SIM_FIRST_SEED`, `EBS_SIM_SEEDS=1`).
+fn run_seeds(first: u64, seeds: u64, steps: u64) -> u64 {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    std::thread::scope(|scope| {
+        let runners: Vec<_> = (0..threads.min(seeds.max(1)))
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut calls = 0;
+                    for seed in (first + t..first + seeds).step_by(threads as usize) {
+                        let mut sim = Sim::new(seed);
+                        for _ in 0..steps {
+                            sim.step();
+                        }
+                        calls += sim.calls;
+                    }
+                    calls
+                })
+            })
+            .collect();
+        runners
+            .into_iter()
+            .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .sum()
+    })
+}
+
 #[test]
 fn the_simulated_node_keeps_every_never_do_rule() {
     quiet_crashes();
     let first = env_u64("EBS_SIM_FIRST_SEED", 1);
-    let seeds = env_u64("EBS_SIM_SEEDS", 150);
-    let steps = env_u64("EBS_SIM_STEPS", 120);
-    for seed in first..first + seeds {
-        let mut sim = Sim::new(seed);
-        for _ in 0..steps {
-            sim.step();
-        }
-        CALLS.fetch_add(sim.calls, Ordering::Relaxed);
-    }
+    let seeds = env_u64("EBS_SIM_SEEDS", 3600);
+    let steps = env_u64("EBS_SIM_STEPS", 240);
+    let started = std::time::Instant::now();
+    let calls = run_seeds(first, seeds, steps);
+    CALLS.fetch_add(calls, Ordering::Relaxed);
     println!(
-        "simulation: seeds {first}..{}, {} calls, 0 violations",
+        "simulation: seeds {first}..{}, {steps} steps each, {} calls, 0 violations, {:.1} s",
         first + seeds,
-        CALLS.load(Ordering::Relaxed)
+        CALLS.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64()
     );
 }
