@@ -412,13 +412,14 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// Runs `seeds` seeds from `first`, `steps` steps each, on every core: seed `first + k` runs on
 /// thread `k % threads`, so one seed still replays alone (`EBS_SIM_FIRST_SEED`, `EBS_SIM_SEEDS=1`).
 fn run_seeds(first: u64, seeds: u64, steps: u64) -> u64 {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let every = u64::try_from(threads).unwrap_or(1);
     std::thread::scope(|scope| {
-        let runners: Vec<_> = (0..threads.min(seeds.max(1)))
+        let runners: Vec<_> = (0..every.min(seeds.max(1)))
             .map(|t| {
                 scope.spawn(move || {
                     let mut calls = 0;
-                    for seed in (first + t..first + seeds).step_by(threads as usize) {
+                    for seed in (first + t..first + seeds).step_by(threads) {
                         let mut sim = Sim::new(seed);
                         for _ in 0..steps {
                             sim.step();
