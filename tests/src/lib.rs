@@ -8,6 +8,7 @@ pub mod apiserver;
 pub mod controller_cases;
 pub mod crash_points;
 pub mod csi_req;
+pub mod elsewhere;
 pub mod fake_controller;
 pub mod http;
 pub mod hung_mount;

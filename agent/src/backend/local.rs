@@ -207,7 +207,8 @@ impl WithLocalVolumes {
 }
 
 /// What uses the device (or its disk's family) raw, as the host shows it: a bind of its device
-/// node (a devtmpfs mount whose root is the node's name), a loop device backed by it, a holder.
+/// node (a devtmpfs mount whose root is the node's name; or any bound node of it, in any mount
+/// namespace), a loop device backed by it, a holder.
 fn raw_use(
     node: &Path,
     family: &[DevNum],
@@ -248,6 +249,13 @@ fn raw_use(
             "(a bind of a node of it at {})",
             m.mount_point.display()
         ));
+    }
+    // A bind of a node of it that only another mount namespace shows (a container's copy of
+    // a raw block volume, another driver's): every namespace's table, by the bound node's
+    // numbers. Unreadable tables within the bound time count as a use.
+    let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    if let Some(at) = family.iter().find_map(|d| uses.bound(*d)) {
+        return Some(format!("(its device node is {at})"));
     }
     // Every loop device, by the device the kernel says it lies over (`lo_rdevice`).
     if let Ok(loops) = ebs_node_host::loopdev::overlay::tagged("")

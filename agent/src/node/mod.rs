@@ -11,7 +11,7 @@ pub mod instance;
 mod read_probe;
 pub mod reclaim;
 pub mod recovery;
-mod ro_binds;
+pub(crate) mod ro_binds;
 pub mod ro_block;
 mod stats;
 mod volume_condition;

@@ -21,7 +21,14 @@ pub const WITHIN: Duration = Duration::from_secs(5);
 
 /// Where each device is bound or mounted, as the mount tables of every namespace show.
 pub struct Uses {
-    found: Result<HashMap<DevNum, String>, String>,
+    found: Result<Found, String>,
+}
+
+/// Where each device is mounted or bound (`any`), and where its node is bound (`bound`).
+#[derive(Default)]
+struct Found {
+    any: HashMap<DevNum, String>,
+    bound: HashMap<DevNum, String>,
 }
 
 impl Uses {
@@ -50,8 +57,8 @@ impl Uses {
     pub fn of(&self, device: &Path, devnum: DevNum) -> Option<String> {
         match &self.found {
             Err(why) => return Some(why.clone()),
-            Ok(map) => {
-                if let Some(at) = map.get(&devnum) {
+            Ok(found) => {
+                if let Some(at) = found.any.get(&devnum) {
                     return Some(at.clone());
                 }
             }
@@ -61,11 +68,20 @@ impl Uses {
         }
         claimed(device)
     }
+
+    /// Where a node of the device is bound (a raw use no claim shows), in any namespace; what
+    /// went wrong when the tables could not be read (then every device counts as bound).
+    pub fn bound(&self, devnum: DevNum) -> Option<String> {
+        match &self.found {
+            Err(why) => Some(why.clone()),
+            Ok(found) => found.bound.get(&devnum).cloned(),
+        }
+    }
 }
 
 /// The devices the mount tables of every visible namespace bind or mount, with where.
-fn scan_namespaces() -> HashMap<DevNum, String> {
-    let mut found = HashMap::new();
+fn scan_namespaces() -> Found {
+    let mut found = Found::default();
     let mut seen = HashSet::new();
     let pids = std::fs::read_dir("/proc")
         .into_iter()
@@ -98,6 +114,7 @@ fn scan_namespaces() -> HashMap<DevNum, String> {
         };
         for m in table.entries() {
             found
+                .any
                 .entry(DevNum::new(m.major, m.minor))
                 .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
             // A bind of a device node has the node as its root, never a filesystem's "/".
@@ -111,9 +128,10 @@ fn scan_namespaces() -> HashMap<DevNum, String> {
             if let Ok(meta) = std::fs::symlink_metadata(&path)
                 && meta.file_type().is_block_device()
             {
-                found
-                    .entry(devnum_of(meta.rdev()))
-                    .or_insert_with(|| format!("bound at {}", place(&m.mount_point)));
+                let at = format!("bound at {}", place(&m.mount_point));
+                let devnum = devnum_of(meta.rdev());
+                found.bound.entry(devnum).or_insert_with(|| at.clone());
+                found.any.entry(devnum).or_insert(at);
             }
         }
     }

@@ -95,14 +95,21 @@ fn still_tagged(file: &File, path: &Path, tag: &str, backing: DevNum) -> Result<
 /// open is detached by the kernel at its last close. A device the same publication got from an
 /// agent before instance ids (a legacy tag: the same publication part) is detached too, once the
 /// host shows nothing uses it (`ro_binds`).
+///
+/// Never while the host shows a bind of the device (`ro_binds`, every mount namespace): a bind
+/// does not open the device, so a detach would free its number at once, and the next loop
+/// device made (another volume's, by the controller) would take it under that bind. The
+/// publication's own bind is gone by then (unmounted, and its copies in other namespaces went
+/// with the target file); what is left is a workload's or an operator's, and the orchestrator's
+/// retry detaches once it is gone.
 pub fn remove(tag: &str) -> Result<usize> {
     let mut n = 0;
+    let mut ours = Vec::new();
     let mut legacy = Vec::new();
     let part = ro_tag::publication_part(tag);
     for found in overlay::tagged(PREFIX).map_err(|e| loop_error("listing loop devices", e))? {
         if found.tag == tag {
-            detach(&found)?;
-            n += 1;
+            ours.push(found);
         } else if part.is_some()
             && ro_tag::publication_part(&found.tag) == part
             && is_legacy(&found.tag)
@@ -110,13 +117,26 @@ pub fn remove(tag: &str) -> Result<usize> {
             legacy.push(found);
         }
     }
-    if !legacy.is_empty() {
-        let uses = Uses::scan(ro_binds::WITHIN);
-        for found in legacy {
-            if unused(&uses, &found).is_none() {
-                detach(&found)?;
-                n += 1;
-            }
+    if ours.is_empty() && legacy.is_empty() {
+        return Ok(0);
+    }
+    let uses = Uses::scan(ro_binds::WITHIN);
+    for found in ours {
+        if let Some(what) = unused(&uses, &found) {
+            return Err(Error::DeviceInUse {
+                path: found.device,
+                why: format!(
+                    "the read-only device of this publication is still in use ({what}); it is kept until nothing binds it"
+                ),
+            });
+        }
+        detach(&found)?;
+        n += 1;
+    }
+    for found in legacy {
+        if unused(&uses, &found).is_none() {
+            detach(&found)?;
+            n += 1;
         }
     }
     Ok(n)

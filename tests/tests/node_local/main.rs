@@ -8,6 +8,7 @@
 
 mod controller;
 mod ebs;
+mod elsewhere;
 mod lifecycle;
 mod owners;
 mod rebuild;

@@ -40,10 +40,6 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     let staged = ctx.ledger.staged(vol.as_str())?;
     let expected = Expected::of(ctx, vol.as_str(), staged.as_ref());
     let unmounted = take_down(ctx, &journal, &*target, &expected, recorded, "publication")?;
-    if ro_device {
-        // After the unmount (a retry after a crash finds the bind gone and detaches here).
-        detach_ro_device(ctx, &journal, vol, target_path)?;
-    }
     if recorded || unmounted {
         // What publish created; a directory that is not empty is not ours to delete.
         match target
@@ -55,6 +51,13 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
             }
             Removed::Removed | Removed::Absent => {}
         }
+    }
+    if ro_device {
+        // After the unmount and the target's removal, which takes with it the copies of the
+        // bind other mount namespaces hold at the target (the host refuses the detach while a
+        // bind of the device is left anywhere); a retry, after a crash or a refusal, finds the
+        // target gone and detaches above.
+        detach_ro_device(ctx, &journal, vol, target_path)?;
     }
     forget(ctx, &journal, cmd, recorded, facts)
 }

@@ -10,7 +10,6 @@ use crate::error::{Error, Result};
 use ebs_node_core::node::device_claim;
 use ebs_node_host::device::{block_devnum, still_claimed};
 use ebs_node_host::loopdev::overlay;
-use ebs_node_host::mount::at_path::read_table;
 
 fn busy(id: &str, why: String) -> Result<()> {
     Err(Error::VolumeInUse {
@@ -128,22 +127,13 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
             o.device.display()
         ));
     }
-    // A device node bound onto a file (a block publication the records lost) claims nothing;
-    // only the mount table shows it, as a bind of the device filesystem's node.
-    let name = device
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    let table = read_table().map_err(|e| Error::io("reading the mount table", e))?;
-    if let Some(m) = table
-        .entries()
-        .iter()
-        .find(|m| m.fs_type == "devtmpfs" && m.root == Path::new("/").join(name))
-    {
-        return busy(format!(
-            "its device node is bound at {}",
-            m.mount_point.display()
-        ));
+    // A device node bound onto a file claims nothing and opens nothing: a block publication the
+    // records lost, or a workload's copy of one in a mount namespace of its own (a container's
+    // runtime binds the device into the container). Only the mount tables show it, and a detach
+    // would free the number under it for the next volume's loop device: every namespace's.
+    let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    if let Some(at) = uses.bound(devnum) {
+        return busy(format!("its device node is {at}"));
     }
     Ok(())
 }

@@ -1,0 +1,158 @@
+//! Issue 49 (a ninth fresh review's F1 and F2): a device number is never freed while a bind of
+//! its node lives on in another mount namespace. A bind does not open the device, so a detach
+//! frees the number at once; the next loop device the controller makes takes it, and the old
+//! bind then reads and writes the new volume's bytes. Unpublish keeps a read-only publication's
+//! device, and the controller's detach keeps a volume's, until the host shows no bind of it.
+
+use std::path::Path;
+
+use ebs_tests::csi_req::*;
+use ebs_tests::elsewhere::BoundElsewhere;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+use super::ro_block::{Overlays, loops_over, staged_block, target};
+
+async fn detach(agent: &Agent, id: &str) -> Result<(), tonic::Status> {
+    let node_id = node_id(agent).await;
+    agent
+        .controller()
+        .await
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: id.into(),
+            node_id,
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+}
+
+#[tokio::test]
+async fn a_read_only_device_bound_in_another_namespace_is_kept_until_the_bind_goes() {
+    // Makes a mount namespace, which copies every test's mounts: alone (see main.rs).
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_read_only_device_bound_in_another_namespace_is_kept_until_the_bind_goes") {
+        return;
+    }
+    let scratch = Scratch::new("g-roelse");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (vol, staging) = staged_block(&agent, "e", Mode::SingleNodeWriter).await;
+    let _overlays = Overlays(vol.device.clone());
+    let t = target(&agent, "e");
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(
+        &vol,
+        &staging,
+        &t,
+        block_cap(Mode::SingleNodeWriter),
+        true,
+    ))
+    .await
+    .expect("publish readonly");
+    // A container's bind of the published device, at a path of its own.
+    let theirs = BoundElsewhere::new(&scratch.path, &t, &scratch.join("ctr-xvda"));
+    let e = node
+        .node_unpublish_volume(unpublish_req(&vol, &t))
+        .await
+        .expect_err("unpublish freed the read-only device another namespace still binds");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(loops_over(&vol.device).len(), 1, "the device was detached");
+    assert_eq!(
+        super::ro_block::head(&theirs.path()),
+        vec![super::ro_block::PATTERN; 4096],
+        "the other namespace's bind reads otherwise"
+    );
+    // The volume stays attached meanwhile: its record says it is published (an unstage may
+    // take the staging bind away; the kept device lies over the volume's all the same).
+    let _ = node.node_unstage_volume(unstage_req(&vol, &staging)).await;
+    assert!(detach(&agent, &vol.id).await.is_err(), "detached under it");
+    assert_eq!(loops_over(&vol.device).len(), 1, "the device was detached");
+    // The bind goes; the orchestrator's retry takes everything down.
+    theirs.end();
+    node.node_unpublish_volume(unpublish_req(&vol, &t))
+        .await
+        .expect("unpublish once nothing binds the device");
+    assert!(loops_over(&vol.device).is_empty(), "the device was left");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    detach(&agent, &vol.id).await.expect("detach");
+}
+
+/// The workload's copy of the bind at the target path itself goes when unpublish removes the
+/// target (the kernel drops other namespaces' mounts on an unlinked file): nothing is kept.
+#[tokio::test]
+async fn a_copy_at_the_target_itself_goes_with_the_target() {
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_copy_at_the_target_itself_goes_with_the_target") {
+        return;
+    }
+    let scratch = Scratch::new("g-rocopy");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (vol, staging) = staged_block(&agent, "c", Mode::SingleNodeWriter).await;
+    let _overlays = Overlays(vol.device.clone());
+    let t = target(&agent, "c");
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(
+        &vol,
+        &staging,
+        &t,
+        block_cap(Mode::SingleNodeWriter),
+        true,
+    ))
+    .await
+    .expect("publish readonly");
+    // A namespace made now holds a copy of the publication at the target path.
+    let keep = BoundElsewhere::new(&scratch.path, Path::new("/dev/null"), &scratch.join("n"));
+    node.node_unpublish_volume(unpublish_req(&vol, &t))
+        .await
+        .expect("unpublish: the copy at the target went with the target");
+    assert!(loops_over(&vol.device).is_empty(), "the device was left");
+    drop(keep);
+}
+
+/// A read-write raw block publication's device, bound in another namespace after the node let
+/// it go: the loop controller's detach would free its number under that bind.
+#[tokio::test]
+async fn the_controller_never_detaches_a_device_another_namespace_binds() {
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("the_controller_never_detaches_a_device_another_namespace_binds") {
+        return;
+    }
+    let scratch = Scratch::new("g-ctlelse");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (vol, staging) = staged_block(&agent, "w", Mode::SingleNodeWriter).await;
+    let t = target(&agent, "w");
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(
+        &vol,
+        &staging,
+        &t,
+        block_cap(Mode::SingleNodeWriter),
+        false,
+    ))
+    .await
+    .expect("publish");
+    let theirs = BoundElsewhere::new(&scratch.path, &t, &scratch.join("ctr-xvda"));
+    node.node_unpublish_volume(unpublish_req(&vol, &t))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    let e = detach(&agent, &vol.id)
+        .await
+        .expect_err("the controller detached a device another namespace binds");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        !super::backing_file(&vol.device).is_empty(),
+        "{} was detached",
+        vol.device
+    );
+    theirs.end();
+    detach(&agent, &vol.id)
+        .await
+        .expect("detach once nothing binds it");
+}
