@@ -104,3 +104,44 @@ async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle(
     .expect("vol_data.json");
     rebuilt_then_taken_down(&mut agent, &v, &h, &staging, &target, rwx_block()).await;
 }
+
+/// After `recover --reset` the loop volumes' records are gone, but their files are still the
+/// agent's: a hard link of one made outside the state directory, laid on a loop device by an
+/// operator, is never a handle's (a ninth fresh review's F5: the handle read the volume's
+/// files, the check having compared the kernel's path string with the state directory).
+#[tokio::test]
+async fn a_hard_link_of_a_volumes_file_is_the_agents_after_a_reset() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_hard_link_of_a_volumes_file_is_the_agents_after_a_reset") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-link");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "v", SIZE).await;
+    let name = v.device.trim_start_matches("/dev/");
+    let file = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .expect("the volume's file");
+    agent.terminate().await;
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--reset", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.spawn().await;
+    let link = scratch.join("link.img");
+    std::fs::hard_link(file.trim(), &link).expect("a hard link of the volume's file");
+    let laid = super::losetup("", link.display());
+    let _laid = super::owners::DetachOnDrop(laid.clone());
+    let h = Vol {
+        id: format!("local-ebs://{}", laid.trim_start_matches('/')),
+        device: laid,
+    };
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(&h, &agent.work.join("h/staging"), rwx_mount()))
+        .await
+        .expect_err("a handle took a volume's file through a hard link");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+}

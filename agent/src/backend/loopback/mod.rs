@@ -271,6 +271,11 @@ impl Backend for LoopBackend {
             return Some("(the agent's state file)".into());
         }
         let state_dir = self.volumes_dir.parent().unwrap_or(&self.volumes_dir);
+        // By inode, not by name: a hard link of a volume's file made elsewhere (the records of
+        // it lost to `recover --reset`) is still the agent's file.
+        if let Some(found) = inode_in_tree(state_dir, (*st_dev, *st_ino), 3) {
+            return Some(format!("(a file of the agent's: {})", found.display()));
+        }
         let recorded = file.to_string_lossy();
         let recorded = Path::new(recorded.trim_end_matches(" (deleted)"));
         let in_state_dir = recorded.starts_with(state_dir)
@@ -348,4 +353,24 @@ impl Backend for LoopBackend {
         // st_blocks counts 512-byte units whatever the filesystem's block size.
         std::fs::metadata(file).ok().map(|m| m.blocks() * 512)
     }
+}
+
+/// The file below `dir` (at most `depth` levels, symlinks not followed) with this inode.
+fn inode_in_tree(dir: &Path, inode: (u64, u64), depth: u32) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        if (meta.dev(), meta.ino()) == inode && meta.is_file() {
+            return Some(entry.path());
+        }
+        if meta.is_dir()
+            && depth > 1
+            && let Some(found) = inode_in_tree(&entry.path(), inode, depth - 1)
+        {
+            return Some(found);
+        }
+    }
+    None
 }
