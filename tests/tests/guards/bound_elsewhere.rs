@@ -156,3 +156,68 @@ async fn the_controller_never_detaches_a_device_another_namespace_binds() {
         .await
         .expect("detach once nothing binds it");
 }
+
+/// A raw block publication's device detached outside the agent (an operator's `losetup -d`; on
+/// EBS a forced detach and a new attachment): the next volume given the number is refused by
+/// the node while the first one's recorded bind still binds that number (a ninth fresh review's
+/// F4), and the first one's unpublish takes its own bind down.
+#[tokio::test]
+async fn a_number_another_volumes_recorded_bind_holds_is_never_staged() {
+    // Alone: no other test of the binary attaches a loop device meanwhile (see below).
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_number_another_volumes_recorded_bind_holds_is_never_staged") {
+        return;
+    }
+    let scratch = Scratch::new("g-reused");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (x, staging) = staged_block(&agent, "x", Mode::SingleNodeWriter).await;
+    let t = target(&agent, "x");
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(
+        &x,
+        &staging,
+        &t,
+        block_cap(Mode::SingleNodeWriter),
+        false,
+    ))
+    .await
+    .expect("publish");
+    // The outside detach; the controller's next attach takes the freed number.
+    detach_loop(Path::new(&x.device));
+    // The kernel gives the lowest free number: the volumes made first fill the gaps below x's.
+    let mut fillers = Vec::new();
+    let y = loop {
+        let v = create_attached(&agent, &format!("y{}", fillers.len()), 16 * super::MIB).await;
+        fillers.push(DetachAtEnd(v.device.clone()));
+        if v.device == x.device {
+            break v;
+        }
+        assert!(fillers.len() < 32, "never given {} again", x.device);
+    };
+    let mounts = mounts_below(&agent.work);
+    let e = node
+        .node_stage_volume(stage_req(
+            &y,
+            &agent.work.join("staging/y"),
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .expect_err("y staged on a number x's recorded bind still binds");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(mounts, mounts_below(&agent.work), "the host changed");
+    // x's unpublish takes its own bind down: the device it binds is no volume's of x, but the
+    // bind is x's publication.
+    node.node_unpublish_volume(unpublish_req(&x, &t))
+        .await
+        .expect("x's unpublish");
+    assert!(!super::is_mounted(&t), "x's bind was left");
+}
+
+/// Detaches a loop device at the end of a test, whatever happened.
+struct DetachAtEnd(String);
+
+impl Drop for DetachAtEnd {
+    fn drop(&mut self) {
+        detach_loop(Path::new(&self.0));
+    }
+}

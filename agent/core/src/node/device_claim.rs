@@ -123,6 +123,16 @@ pub fn take_for_node(
     {
         return Err(refuse(c.volume_id, ClaimDoor::Controller));
     }
+    if let Some((owner, at)) =
+        super::reused_number::bound_by_another(ctx, volume, identity, devnum)?
+    {
+        return Err(Error::DeviceClaimed {
+            device: device.to_path_buf(),
+            volume: volume.to_string(),
+            owner: format!("{owner} (its raw bind at {})", at.display()),
+            door: "bound by number: the device that volume had was replaced under its bind",
+        });
+    }
     Ok(Some((
         key,
         DeviceClaim {

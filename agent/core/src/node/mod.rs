@@ -18,6 +18,7 @@ mod locks;
 pub mod ownership;
 pub mod path_handles;
 mod publish;
+mod reused_number;
 pub mod ro_tag;
 mod stage;
 pub mod unpublish;

@@ -121,9 +121,13 @@ pub fn take_down(
     // The host is asked once more after the last unmount: eight stacked mounts, all taken
     // down, are a success.
     for round in 0..=MAX_UNMOUNTS {
-        match holder(ctx, entry, expected)? {
+        let found = holder(ctx, entry, expected)?;
+        let own_bind = recorded
+            && matches!(found, Holder::Foreign(_))
+            && binds_the_recorded_number(ctx, entry, expected)?;
+        match found {
             Holder::Nothing => return Ok(unmounted),
-            Holder::Foreign(found) if recorded && !unmounted => {
+            Holder::Foreign(found) if recorded && !unmounted && !own_bind => {
                 return Err(Error::CoveredMount {
                     path: path.to_path_buf(),
                     found,
@@ -131,30 +135,18 @@ pub fn take_down(
                     what,
                 });
             }
-            Holder::Foreign(found) => {
+            Holder::Foreign(found) if !own_bind => {
                 tracing::info!(volume = %expected.volume, path = %path.display(), %found,
                     "left alone: the mount there is not the volume's");
                 return Ok(unmounted);
             }
-            Holder::Volume(_) if round == MAX_UNMOUNTS => break,
-            Holder::Volume(_) => {
-                // Lazy, unlike the intents of publish and stage: nothing resumes from an
-                // unmount's intent. After a crash the host says whether the unmount happened.
-                let done = journal.step(
-                    Step::Unmount,
-                    detail([("path", path_string(path))]),
-                    Durability::Lazy,
-                    || {
-                        ctx.host
-                            .unmount(entry)
-                            .map_err(|e| Error::io(format!("unmounting {}", path.display()), e))
-                    },
-                )?;
-                match done {
-                    Unmounted::Detached => tracing::warn!(path = %path.display(),
-                        "mount was dead (ENOTCONN/ESTALE); detached lazily"),
-                    Unmounted::Done | Unmounted::NotMounted => {}
+            _ if round == MAX_UNMOUNTS => break,
+            _ => {
+                if own_bind {
+                    tracing::warn!(volume = %expected.volume, path = %path.display(),
+                        "the device this bind was made of was replaced under it (detached outside the agent, its number given to another device); taking the bind down");
                 }
+                unmount_once(ctx, journal, entry)?;
                 unmounted = true;
             }
         }
@@ -162,4 +154,51 @@ pub fn take_down(
     Err(Error::StillMounted {
         path: path.to_path_buf(),
     })
+}
+
+/// Lazy, unlike the intents of publish and stage: nothing resumes from an unmount's intent.
+/// After a crash the host says whether the unmount happened.
+fn unmount_once(ctx: &NodeCtx, journal: &Journal<'_>, entry: &dyn Entry) -> Result<()> {
+    let path = entry.path();
+    let done = journal.step(
+        Step::Unmount,
+        detail([("path", path_string(path))]),
+        Durability::Lazy,
+        || {
+            ctx.host
+                .unmount(entry)
+                .map_err(|e| Error::io(format!("unmounting {}", path.display()), e))
+        },
+    )?;
+    match done {
+        Unmounted::Detached => tracing::warn!(path = %path.display(),
+            "mount was dead (ENOTCONN/ESTALE); detached lazily"),
+        Unmounted::Done | Unmounted::NotMounted => {}
+    }
+    Ok(())
+}
+
+/// A bind of a device node with the numbers the volume's record noted, at a path the volume's
+/// records place: the volume's own raw bind, whose device was replaced under it (detached
+/// outside the agent, the number given to another device). Taking it down takes a view of
+/// another device away from the volume's workload and nothing from that device's owner, whose
+/// binds are at paths of its own.
+fn binds_the_recorded_number(
+    ctx: &NodeCtx,
+    entry: &dyn Entry,
+    expected: &Expected,
+) -> Result<bool> {
+    let Some(recorded) = expected.recorded_devnum() else {
+        return Ok(false);
+    };
+    let facts = ctx
+        .host
+        .mounted_at(entry)
+        .map_err(|e| Error::MountUnreadable {
+            path: entry.path().to_path_buf(),
+            source: e,
+        })?;
+    Ok(facts.is_some_and(|f| {
+        f.node.kind == crate::seam::FileKind::BlockDevice && f.node.rdev == recorded
+    }))
 }
