@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use ebs_tests::csi_req::*;
-use ebs_tests::elsewhere::BoundElsewhere;
+use ebs_tests::elsewhere::{BoundElsewhere, EVERY_WAY, How};
 use ebs_tests::*;
 
 use csi::volume_capability::access_mode::Mode;
@@ -36,7 +36,13 @@ async fn a_read_only_device_bound_in_another_namespace_is_kept_until_the_bind_go
     if !require_root("a_read_only_device_bound_in_another_namespace_is_kept_until_the_bind_goes") {
         return;
     }
-    let scratch = Scratch::new("g-roelse");
+    for how in EVERY_WAY {
+        read_only_kept(how).await;
+    }
+}
+
+async fn read_only_kept(how: How) {
+    let scratch = Scratch::new(&format!("g-roelse-{how:?}"));
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let (vol, staging) = staged_block(&agent, "e", Mode::SingleNodeWriter).await;
     let _overlays = Overlays(vol.device.clone());
@@ -52,29 +58,47 @@ async fn a_read_only_device_bound_in_another_namespace_is_kept_until_the_bind_go
     .await
     .expect("publish readonly");
     // A container's bind of the published device, at a path of its own.
-    let theirs = BoundElsewhere::new(&scratch.path, &t, &scratch.join("ctr-xvda"));
+    let theirs = BoundElsewhere::by(how, &scratch.path, &t, &scratch.join("ctr-xvda"));
     let e = node
         .node_unpublish_volume(unpublish_req(&vol, &t))
         .await
-        .expect_err("unpublish freed the read-only device another namespace still binds");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert_eq!(loops_over(&vol.device).len(), 1, "the device was detached");
+        .expect_err(&format!(
+            "{how:?}: unpublish freed the read-only device another namespace still binds"
+        ));
+    assert_eq!(e.code(), Code::FailedPrecondition, "{how:?}: {e:?}");
     assert_eq!(
-        super::ro_block::head(&theirs.path()),
-        vec![super::ro_block::PATTERN; 4096],
-        "the other namespace's bind reads otherwise"
+        loops_over(&vol.device).len(),
+        1,
+        "{how:?}: the device was detached"
     );
+    if let How::Process = how {
+        assert_eq!(
+            super::ro_block::head(&theirs.path()),
+            vec![super::ro_block::PATTERN; 4096],
+            "the other namespace's bind reads otherwise"
+        );
+    }
     // The volume stays attached meanwhile: its record says it is published (an unstage may
     // take the staging bind away; the kept device lies over the volume's all the same).
     let _ = node.node_unstage_volume(unstage_req(&vol, &staging)).await;
-    assert!(detach(&agent, &vol.id).await.is_err(), "detached under it");
-    assert_eq!(loops_over(&vol.device).len(), 1, "the device was detached");
+    assert!(
+        detach(&agent, &vol.id).await.is_err(),
+        "{how:?}: detached under it"
+    );
+    assert_eq!(
+        loops_over(&vol.device).len(),
+        1,
+        "{how:?}: the device was detached"
+    );
     // The bind goes; the orchestrator's retry takes everything down.
     theirs.end();
     node.node_unpublish_volume(unpublish_req(&vol, &t))
         .await
         .expect("unpublish once nothing binds the device");
-    assert!(loops_over(&vol.device).is_empty(), "the device was left");
+    assert!(
+        loops_over(&vol.device).is_empty(),
+        "{how:?}: the device was left"
+    );
     node.node_unstage_volume(unstage_req(&vol, &staging))
         .await
         .expect("unstage");
@@ -121,7 +145,13 @@ async fn the_controller_never_detaches_a_device_another_namespace_binds() {
     if !require_root("the_controller_never_detaches_a_device_another_namespace_binds") {
         return;
     }
-    let scratch = Scratch::new("g-ctlelse");
+    for how in EVERY_WAY {
+        controller_refuses(how).await;
+    }
+}
+
+async fn controller_refuses(how: How) {
+    let scratch = Scratch::new(&format!("g-ctlelse-{how:?}"));
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let (vol, staging) = staged_block(&agent, "w", Mode::SingleNodeWriter).await;
     let t = target(&agent, "w");
@@ -135,20 +165,20 @@ async fn the_controller_never_detaches_a_device_another_namespace_binds() {
     ))
     .await
     .expect("publish");
-    let theirs = BoundElsewhere::new(&scratch.path, &t, &scratch.join("ctr-xvda"));
+    let theirs = BoundElsewhere::by(how, &scratch.path, &t, &scratch.join("ctr-xvda"));
     node.node_unpublish_volume(unpublish_req(&vol, &t))
         .await
         .expect("unpublish");
     node.node_unstage_volume(unstage_req(&vol, &staging))
         .await
         .expect("unstage");
-    let e = detach(&agent, &vol.id)
-        .await
-        .expect_err("the controller detached a device another namespace binds");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = detach(&agent, &vol.id).await.expect_err(&format!(
+        "{how:?}: the controller detached a device another namespace binds"
+    ));
+    assert_eq!(e.code(), Code::FailedPrecondition, "{how:?}: {e:?}");
     assert!(
         !super::backing_file(&vol.device).is_empty(),
-        "{} was detached",
+        "{how:?}: {} was detached",
         vol.device
     );
     theirs.end();

@@ -3,7 +3,7 @@
 //! node-local handle never takes it. The agent's own mount table does not show that bind.
 
 use ebs_tests::csi_req::*;
-use ebs_tests::elsewhere::BoundElsewhere;
+use ebs_tests::elsewhere::{BoundElsewhere, EVERY_WAY};
 use ebs_tests::*;
 
 use tonic::Code;
@@ -19,26 +19,35 @@ async fn a_device_bound_only_in_another_namespace_is_never_a_handles() {
     }
     let scratch = Scratch::new("node-local-else");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let disk = crate::Disk::new(&scratch, "d", 64 << 20);
-    sh(&format!(
-        "printf OPERATOR-DATA | dd of={} bs=512 seek=100 conv=notrunc,fsync status=none",
-        disk.dev.display()
-    ));
-    let theirs = BoundElsewhere::new(&scratch.path, &disk.dev, &scratch.join("ctr-xvda"));
-    let before = checksum(&disk.dev);
-    let mounts = mounts_below(&agent.work);
-    let e = agent
-        .node()
-        .await
-        .node_stage_volume(stage_req(
-            &disk.vol(),
-            &agent.work.join("h/staging"),
-            rwx_block(),
-        ))
-        .await
-        .expect_err("a handle took a device another namespace binds raw");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
-    assert_eq!(mounts, mounts_below(&agent.work), "the host changed");
-    drop(theirs);
+    for how in EVERY_WAY {
+        let disk = crate::Disk::new(&scratch, &format!("d-{how:?}"), 64 << 20);
+        sh(&format!(
+            "printf OPERATOR-DATA | dd of={} bs=512 seek=100 conv=notrunc,fsync status=none",
+            disk.dev.display()
+        ));
+        let theirs = BoundElsewhere::by(
+            how,
+            &scratch.path,
+            &disk.dev,
+            &scratch.join(&format!("ctr-{how:?}")),
+        );
+        let before = checksum(&disk.dev);
+        let mounts = mounts_below(&agent.work);
+        let e = agent
+            .node()
+            .await
+            .node_stage_volume(stage_req(
+                &disk.vol(),
+                &agent.work.join("h/staging"),
+                rwx_block(),
+            ))
+            .await
+            .expect_err(&format!(
+                "{how:?}: a handle took a device another namespace binds raw"
+            ));
+        assert_eq!(e.code(), Code::FailedPrecondition, "{how:?}: {e:?}");
+        assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
+        assert_eq!(mounts, mounts_below(&agent.work), "the host changed");
+        drop(theirs);
+    }
 }

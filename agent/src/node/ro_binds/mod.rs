@@ -3,17 +3,19 @@
 //! it: a bind of its device node (the publication itself, kubelet's and the runtime's binds of
 //! it), in this or any other mount namespace a process shows; a filesystem mounted from it; a
 //! holder (device mapper) or an O_EXCL claim. A bind of a device node does not open the device,
-//! so the node's device numbers in the mount tables are the only trace it leaves.
+//! so the node's device numbers in the mount tables are the only trace it leaves. The tables
+//! are those of every mount namespace a process is in, and of every one a bind of its nsfs file
+//! pins with no process in it (`namespaces`).
 
-use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use ebs_node_core::DevNum;
-use ebs_node_host::device::devnum_of;
-use ebs_node_host::mount::table::MountTable;
+
+mod namespaces;
 
 /// How long the mount tables may take to read and examine (a stat below a dead NFS mount
 /// hangs): past it, every device counts as used.
@@ -39,16 +41,19 @@ impl Uses {
         let spawned = std::thread::Builder::new()
             .name("ro-binds".into())
             .spawn(move || {
-                let _ = tx.send(scan_namespaces());
+                let _ = tx.send(namespaces::scan());
             });
         let found = match spawned {
             Err(e) => Err(format!("the mount tables could not be examined: {e}")),
-            Ok(_) => rx.recv_timeout(within).map_err(|_| {
-                format!(
-                    "the mount tables could not be examined within {} s",
-                    within.as_secs()
-                )
-            }),
+            Ok(_) => rx
+                .recv_timeout(within)
+                .map_err(|_| {
+                    format!(
+                        "the mount tables could not be examined within {} s",
+                        within.as_secs()
+                    )
+                })
+                .and_then(|r| r),
         };
         Uses { found }
     }
@@ -77,65 +82,6 @@ impl Uses {
             Ok(found) => found.bound.get(&devnum).cloned(),
         }
     }
-}
-
-/// The devices the mount tables of every visible namespace bind or mount, with where.
-fn scan_namespaces() -> Found {
-    let mut found = Found::default();
-    let mut seen = HashSet::new();
-    let pids = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
-    // This agent's own namespace first, by its own paths.
-    let own = std::iter::once(None).chain(pids.map(Some));
-    for pid in own {
-        let proc_dir = pid.map_or_else(
-            || PathBuf::from("/proc/self"),
-            |p| PathBuf::from(format!("/proc/{p}")),
-        );
-        let Ok(ns) = std::fs::metadata(proc_dir.join("ns/mnt")) else {
-            continue;
-        };
-        if !seen.insert((ns.dev(), ns.ino())) {
-            continue;
-        }
-        let Ok(text) = std::fs::read(proc_dir.join("mountinfo")) else {
-            continue;
-        };
-        let Ok(table) = MountTable::parse_bytes(&text) else {
-            continue;
-        };
-        let root = pid.map(|_| proc_dir.join("root"));
-        let place = |mp: &Path| match pid {
-            None => mp.display().to_string(),
-            Some(p) => format!("{} (mount namespace of pid {p})", mp.display()),
-        };
-        for m in table.entries() {
-            found
-                .any
-                .entry(DevNum::new(m.major, m.minor))
-                .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
-            // A bind of a device node has the node as its root, never a filesystem's "/".
-            if m.root == Path::new("/") {
-                continue;
-            }
-            let path = match &root {
-                None => m.mount_point.clone(),
-                Some(r) => r.join(m.mount_point.strip_prefix("/").unwrap_or(&m.mount_point)),
-            };
-            if let Ok(meta) = std::fs::symlink_metadata(&path)
-                && meta.file_type().is_block_device()
-            {
-                let at = format!("bound at {}", place(&m.mount_point));
-                let devnum = devnum_of(meta.rdev());
-                found.bound.entry(devnum).or_insert_with(|| at.clone());
-                found.any.entry(devnum).or_insert(at);
-            }
-        }
-    }
-    found
 }
 
 /// The devices stacked on the device (device mapper, md), if any.
