@@ -13,6 +13,8 @@ enum Holder {
     Process(Child),
     /// No process: a bind of its nsfs file at `file`, in the private mount `dir`.
     Pinned { file: PathBuf, dir: PathBuf },
+    /// No process in it: another process holds its nsfs file open.
+    HeldOpen(Child),
 }
 
 /// A mount namespace of its own (private propagation) that binds `source` at `at` there only;
@@ -31,9 +33,11 @@ pub enum How {
     Pinned,
     /// A process is in it, and a file is bound over the bind.
     Covered,
+    /// No process is in it: another process holds its nsfs file open.
+    HeldOpen,
 }
 
-pub const EVERY_WAY: [How; 3] = [How::Process, How::Covered, How::Pinned];
+pub const EVERY_WAY: [How; 4] = [How::HeldOpen, How::Process, How::Covered, How::Pinned];
 
 impl BoundElsewhere {
     /// `source` bound at `at` in another namespace held `how`; `keep` as in `new`.
@@ -42,6 +46,37 @@ impl BoundElsewhere {
             How::Process => Self::new(keep, source, at),
             How::Covered => Self::covered(keep, source, at),
             How::Pinned => Self::pinned(keep, source, at, &at.with_extension("pin")),
+            How::HeldOpen => {
+                let inside = Self::new(keep, source, at);
+                let Holder::Process(child) = &inside.holder else {
+                    unreachable!("new makes a process")
+                };
+                let holder = Command::new("sh")
+                    .arg("-c")
+                    .arg(format!(
+                        "exec 3</proc/{}/ns/mnt; exec sleep 600",
+                        child.id()
+                    ))
+                    .spawn()
+                    .expect("the holder");
+                let fd3 = format!("/proc/{}/fd/3", holder.id());
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while std::fs::read_link(&fd3)
+                    .map_or(true, |l| !l.to_string_lossy().starts_with("mnt:"))
+                {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the holder never opened the namespace"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                // Its only process goes; the open file keeps the namespace and its bind.
+                drop(inside);
+                BoundElsewhere {
+                    holder: Holder::HeldOpen(holder),
+                    at: at.to_path_buf(),
+                }
+            }
         }
     }
 
@@ -126,7 +161,9 @@ impl BoundElsewhere {
         match &self.holder {
             Holder::Process(child) => PathBuf::from(format!("/proc/{}/root", child.id()))
                 .join(self.at.strip_prefix("/").unwrap_or(&self.at)),
-            Holder::Pinned { .. } => panic!("a pinned namespace has no process to look through"),
+            Holder::Pinned { .. } | Holder::HeldOpen(_) => {
+                panic!("a namespace no process is in has no root to look through")
+            }
         }
     }
 
@@ -137,7 +174,7 @@ impl BoundElsewhere {
 
     fn stop(&mut self) {
         match &mut self.holder {
-            Holder::Process(child) => {
+            Holder::Process(child) | Holder::HeldOpen(child) => {
                 let _ = child.kill();
                 let _ = child.wait();
             }

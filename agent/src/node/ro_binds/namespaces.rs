@@ -1,6 +1,6 @@
 //! Every mount namespace's table, read for the binds of device nodes in it: the namespaces a
 //! process is in (`/proc/<pid>/mountinfo`), and those no process is in, which a bind of their
-//! nsfs file pins (`unshare --mount=FILE`): those are entered by a thread of their own (it first
+//! nsfs file pins (`unshare --mount=FILE`) or a process holds open: those are entered by a thread of their own (it first
 //! stops sharing its filesystem attributes, which `setns` requires, and ends after), which reads
 //! the table through the `/proc` opened before it entered. One that cannot be read makes the
 //! whole scan fail: then every device counts as used.
@@ -42,6 +42,9 @@ pub(super) fn scan() -> Result<Found, String> {
             || PathBuf::from("/proc/self"),
             |p| PathBuf::from(format!("/proc/{p}")),
         );
+        if pid.is_some() {
+            pinned.extend(held_open(&proc_dir));
+        }
         let Ok(ns) = std::fs::metadata(proc_dir.join("ns/mnt")) else {
             continue;
         };
@@ -82,6 +85,26 @@ pub(super) fn scan() -> Result<Found, String> {
         pinned.extend(nested);
     }
     Ok(found)
+}
+
+/// The mount namespaces a process holds open (an fd of a `/proc/<pid>/ns/mnt` it is not in).
+fn held_open(proc_dir: &Path) -> Vec<Pinned> {
+    let mut held = Vec::new();
+    for e in std::fs::read_dir(proc_dir.join("fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let is_mnt_ns =
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("mnt:["));
+        if is_mnt_ns && let Ok(f) = File::open(e.path()) {
+            held.push(Pinned {
+                ns: OwnedFd::from(f),
+                at: format!("{} (held open)", e.path().display()),
+            });
+        }
+    }
+    held
 }
 
 /// In a thread of its own: enters the pinned namespace and reads its table there (paths then
