@@ -121,6 +121,22 @@ impl HostOps for RealHost {
         Path::new(&format!("/sys/dev/block/{}", devnum)).exists()
     }
 
+    fn whole_disk(&self, devnum: DevNum) -> DevNum {
+        let dir = Path::new("/sys/dev/block").join(devnum.to_string());
+        if !dir.join("partition").exists() {
+            return devnum;
+        }
+        // A partition's sysfs directory lies in its disk's.
+        std::fs::canonicalize(&dir)
+            .ok()
+            .and_then(|d| std::fs::read_to_string(d.parent()?.join("dev")).ok())
+            .and_then(|t| {
+                let (major, minor) = t.trim().split_once(':')?;
+                Some(DevNum::new(major.parse().ok()?, minor.parse().ok()?))
+            })
+            .unwrap_or(devnum)
+    }
+
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {
         device::size(device)
     }

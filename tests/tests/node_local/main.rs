@@ -8,6 +8,7 @@
 
 mod controller;
 mod ebs;
+mod ebs_partitions;
 mod elsewhere;
 mod lifecycle;
 mod owners;

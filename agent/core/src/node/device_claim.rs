@@ -26,6 +26,16 @@ use crate::request::VolumeId;
 /// The publish-context key upstream's controller sets to a node-local handle's real volume id.
 pub const ACTS_FOR_KEY: &str = "volumeID";
 
+/// The numbers a claim on a device with no identity is keyed by: its whole disk's, so a
+/// partition and its disk are one key (two volumes never share a disk). A device with an
+/// identity is keyed by that (a partition of an NVMe disk carries the disk's serial).
+pub fn claim_number(ctx: &NodeCtx, identity: &DeviceIdentity, devnum: DevNum) -> DevNum {
+    match identity {
+        DeviceIdentity::Unverified => ctx.host.whole_disk(devnum),
+        _ => devnum,
+    }
+}
+
 /// Why a claim by `owner` refuses: words for the error.
 pub fn door_words(door: ClaimDoor) -> &'static str {
     match door {
@@ -102,7 +112,8 @@ pub fn take_for_node(
         owner,
         door: door_words(door),
     };
-    let Some(key) = claim_key(ClaimDoor::Node, identity, Some(devnum)) else {
+    let keyed = claim_number(ctx, identity, devnum);
+    let Some(key) = claim_key(ClaimDoor::Node, identity, Some(keyed)) else {
         return Ok(None);
     };
     let node = match ctx.ledger.claim(&key)? {
@@ -163,7 +174,9 @@ pub fn acts_for<'a>(
 /// claims existed, or rebuilt from the mount table) takes it, durably. A device another id holds
 /// already is left to that id and said: two records naming one device cannot both be right.
 pub fn adopt(ctx: &NodeCtx, staged: &crate::records::StagedVolume) -> Result<()> {
-    let devnum = staged.devnum.map(DevNum::from);
+    let devnum = staged
+        .devnum
+        .map(|d| claim_number(ctx, &staged.identity, DevNum::from(d)));
     let Some(key) = claim_key(ClaimDoor::Node, &staged.identity, devnum) else {
         return Ok(());
     };

@@ -150,6 +150,9 @@ pub trait HostOps: Send + Sync {
     fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool;
     /// Whether a device with these numbers exists now.
     fn device_exists(&self, devnum: DevNum) -> bool;
+    /// The disk a partition is of: the device itself when it is a whole disk, or when the host
+    /// cannot tell.
+    fn whole_disk(&self, devnum: DevNum) -> DevNum;
     /// The device's size in bytes, by path (right after it was proven).
     fn device_bytes(&self, device: &Path) -> io::Result<u64>;
     /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.

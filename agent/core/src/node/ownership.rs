@@ -81,7 +81,8 @@ impl Expected {
         // handle or a careless CO naming another volume's device must not make that volume's
         // mounts its own (`device_claim`).
         if let Some(identity) = &self.identity {
-            match device_claim::node_owner(&*ctx.ledger, identity, Some(devnum)) {
+            let keyed = device_claim::claim_number(ctx, identity, devnum);
+            match device_claim::node_owner(&*ctx.ledger, identity, Some(keyed)) {
                 Ok(Some(owner)) if owner != self.volume => {
                     return Err(format!("device {devnum} is held by volume {owner}"));
                 }

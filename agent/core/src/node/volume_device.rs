@@ -99,7 +99,8 @@ impl VolumeDevice {
         acts_for: Option<&str>,
     ) -> Result<()> {
         let devnum = self.devnum();
-        let key = claim_key(ClaimDoor::Node, &self.identity, Some(devnum))
+        let keyed = super::device_claim::claim_number(ctx, &self.identity, devnum);
+        let key = claim_key(ClaimDoor::Node, &self.identity, Some(keyed))
             .unwrap_or_else(|| format!("node/dev:{devnum}"));
         let turn = ctx
             .device_locks

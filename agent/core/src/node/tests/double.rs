@@ -263,6 +263,10 @@ impl HostOps for DoubleHost {
         self.state().devices.values().any(|d| *d == devnum)
     }
 
+    fn whole_disk(&self, devnum: DevNum) -> DevNum {
+        devnum
+    }
+
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {
         let s = self.state();
         Ok(s.device_bytes[&s.devices[device]])
