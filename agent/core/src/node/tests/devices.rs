@@ -92,8 +92,13 @@ impl DeviceEvidence for DoubleEvidence<'_> {
     fn xfs_mkfs_unfinished(&self) -> io::Result<bool> {
         Ok(false)
     }
-    fn carries_uuid(&self, _uuid: &str) -> io::Result<bool> {
-        Ok(false)
+    fn carries_uuid(&self, uuid: &str) -> io::Result<bool> {
+        Ok(self
+            .host
+            .state()
+            .uuids
+            .get(&self.device.devnum())
+            .is_some_and(|u| u == uuid))
     }
     fn prove_blank(&self, size: u64) -> std::result::Result<Proof, FormatError> {
         let found = self

@@ -62,6 +62,9 @@ pub struct State {
     pub read_only: Vec<(DevNum, DevNum)>,
     /// Each read-only device's tag: a removal takes only its own.
     pub ro_tags: HashMap<DevNum, String>,
+    /// The UUID each device's last mkfs wrote: its backup superblocks carry it even after the
+    /// primary one is overwritten (what `carries_uuid` finds).
+    pub uuids: HashMap<DevNum, String>,
     /// Call names that fail, with the error's text.
     pub fail: HashMap<&'static str, String>,
     pub calls: Vec<Call>,
@@ -366,6 +369,7 @@ impl HostOps for DoubleHost {
         s.fs_bytes.insert(devnum, bytes);
         s.probes
             .insert(devnum, ProbeOutcome::Found(signature(fs, uuid)));
+        s.uuids.insert(devnum, uuid.to_string());
         Ok(())
     }
 

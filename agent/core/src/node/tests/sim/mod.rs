@@ -17,12 +17,14 @@
 //! `EBS_SIM_SEEDS` sets how many seeds run (and `EBS_SIM_FIRST_SEED` the first), so a long run
 //! is `EBS_SIM_SEEDS=100000 cargo test -p ebs-node-core --release sim`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+mod actions;
 mod checks;
+mod replay;
 
 use super::devices::serial;
 use super::double::GIB;
@@ -55,7 +57,9 @@ fn quiet_crashes() {
     ONCE.call_once(|| {
         let before = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if info.payload().downcast_ref::<Crash>().is_none() {
+            if info.payload().downcast_ref::<Crash>().is_none()
+                && !replay::SHRINKING.load(Ordering::Relaxed)
+            {
                 before(info);
             }
         }));
@@ -95,8 +99,10 @@ struct Sim {
     belief: Belief,
     /// Devices a workload wrote to, with who wrote.
     written: HashMap<DevNum, String>,
-    history: Vec<String>,
+    history: Vec<actions::Action>,
     calls: u64,
+    /// This seed's weight for each kind of action (`actions::swarm`).
+    weights: Vec<usize>,
 }
 
 impl Sim {
@@ -119,14 +125,14 @@ impl Sim {
             written: HashMap::new(),
             history: Vec::new(),
             calls: 0,
+            weights: Vec::new(),
         }
     }
 
     fn fail(&self, what: String) -> ! {
         panic!(
-            "simulation seed {}: {what}\nafter these calls:\n{}",
-            self.seed,
-            self.history.join("\n")
+            "simulation seed {}: {what}\nafter these actions:\n{:#?}",
+            self.seed, self.history
         )
     }
 
@@ -259,7 +265,7 @@ impl Sim {
 
     /// A workload writes to what it was given: a raw block publication's bytes, or a file in a
     /// mounted one (the device then holds data, whoever's claim is on it).
-    fn write(&mut self, id: &str) {
+    fn write(&mut self, id: &str, over_start: bool) {
         let Some(((_, target), _)) = self
             .belief
             .published
@@ -292,6 +298,11 @@ impl Sim {
         };
         if top.node.kind == crate::seam::FileKind::BlockDevice {
             s.not_blank.insert(dev);
+            // Over the start half the time: the primary superblock goes, a probe finds nothing
+            // (the backup superblocks, with mkfs's UUID, stay).
+            if over_start {
+                s.probes.insert(dev, crate::probe::ProbeOutcome::Blank);
+            }
         }
         drop(s);
         self.written.entry(dev).or_insert_with(|| id.to_string());
@@ -338,64 +349,8 @@ impl Sim {
     }
 
     fn step(&mut self) {
-        let id = self.rng.pick(&self.ids).clone();
-        let target = (*self.rng.pick(&["p1", "p2"])).to_string();
-        let roll = self.rng.below(100);
-        let flag = self.rng.below(4) == 0;
-        let op = match roll {
-            0..=21 => "stage",
-            22..=39 => "publish",
-            40..=53 => "unpublish",
-            54..=65 => "unstage",
-            66..=77 => "write",
-            78..=83 => "controller",
-            84..=91 => "crash",
-            92..=94 => "power-cut",
-            _ => "fail",
-        };
-        self.history.push(format!(
-            "{op} {id} {target} {}",
-            if flag { "+" } else { "" }
-        ));
-        let owners_before = self.mount_owners();
-        let mounts_before: BTreeSet<_> = self.h.host.state().mounts.keys().cloned().collect();
-        let calls_before = self.h.host.state().calls.len();
-        match op {
-            "write" => self.write(&id),
-            "controller" if !id.starts_with("local-") => self.controller(flag, &id),
-            "controller" => {}
-            "power-cut" => {
-                self.power_cut();
-                self.converge();
-            }
-            "fail" => {
-                let what = *self
-                    .rng
-                    .pick(&["mount", "bind", "unmount", "mkfs", "fsck", "lay"]);
-                self.h.host.fail(what, "simulated failure");
-                let op = *self.rng.pick(&["stage", "publish", "unpublish", "unstage"]);
-                let _ = self.call(op, &id, &target, flag);
-                self.h.host.state().fail.clear();
-            }
-            "crash" => {
-                // The next call dies at its n-th journaled step.
-                let n = i64::try_from(self.rng.below(6) + 1).unwrap_or(1);
-                self.h.restart(Arc::new(CrashAt(AtomicI64::new(n))));
-                let op = *self.rng.pick(&["stage", "publish", "unpublish", "unstage"]);
-                let result = catch_unwind(AssertUnwindSafe(|| self.call(op, &id, &target, flag)));
-                if let Err(payload) = result
-                    && payload.downcast_ref::<Crash>().is_none()
-                {
-                    std::panic::resume_unwind(payload);
-                }
-                self.crash();
-                self.converge();
-            }
-            op => {
-                let _ = self.call(op, &id, &target, flag);
-            }
-        }
-        self.check(&id, op, &owners_before, &mounts_before, calls_before);
+        let action = self.draw();
+        self.apply(&action);
     }
 }
 
@@ -409,6 +364,32 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// One seed's run; a violation panics with the seed, the message and the run shrunk to a short
+/// reproduction (`replay::shrink`).
+fn run_seed(seed: u64, steps: u64) -> u64 {
+    let mut sim = Sim::new(seed);
+    actions::swarm(&mut sim);
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        for _ in 0..steps {
+            sim.step();
+        }
+    }));
+    if let Err(payload) = run {
+        let what = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_else(|| "a panic".into());
+        let first_line = what.lines().next().unwrap_or_default().to_string();
+        let shrunk = replay::shrink(sim.history.clone());
+        panic!(
+            "{first_line}\nshrunk from {} to {} actions (replay them with `replay::replay`):\n{shrunk:#?}",
+            sim.history.len(),
+            shrunk.len()
+        );
+    }
+    sim.calls
+}
+
 /// Runs `seeds` seeds from `first`, `steps` steps each, on every core: seed `first + k` runs on
 /// thread `k % threads`, so one seed still replays alone (`EBS_SIM_FIRST_SEED`, `EBS_SIM_SEEDS=1`).
 fn run_seeds(first: u64, seeds: u64, steps: u64) -> u64 {
@@ -420,11 +401,7 @@ fn run_seeds(first: u64, seeds: u64, steps: u64) -> u64 {
                 scope.spawn(move || {
                     let mut calls = 0;
                     for seed in (first + t..first + seeds).step_by(threads) {
-                        let mut sim = Sim::new(seed);
-                        for _ in 0..steps {
-                            sim.step();
-                        }
-                        calls += sim.calls;
+                        calls += run_seed(seed, steps);
                     }
                     calls
                 })

@@ -1,0 +1,190 @@
+//! What the simulated orchestrator, workloads and faults do: one `Action` a step, drawn from the
+//! seed (swarm testing: each seed weighs the kinds of action its own way, and some seeds drive
+//! only a few ids, so rare interleavings of a few doors come up often), and applied to the
+//! simulated node. A run's actions are its history: replayed alone they give the same run,
+//! which is how a failure is shrunk to a short reproduction (`replay`).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+
+use super::{Crash, CrashAt, Sim};
+
+/// The node calls the orchestrator makes.
+pub const CALLS: [&str; 4] = ["stage", "publish", "unpublish", "unstage"];
+
+/// One step. `flag`: raw block for a stage, read-only for a publish, attach for the controller.
+#[derive(Clone, Debug)]
+pub enum Action {
+    Call {
+        op: &'static str,
+        id: String,
+        target: &'static str,
+        flag: bool,
+    },
+    /// A workload writes to what it was given; `over_start`: over the primary superblock.
+    Write { id: String, over_start: bool },
+    /// The loop controller attaches (`attach`) or detaches the volume's device.
+    Controller { id: String, attach: bool },
+    /// The call dies at its `at`-th journaled step; the agent restarts; the orchestrator retries.
+    Crash { at: i64, call: Box<Action> },
+    /// Mounts, read-only devices and claims gone, a new boot; the orchestrator retries.
+    PowerCut,
+    /// The host call `what` fails once, during `call`.
+    Fail {
+        what: &'static str,
+        call: Box<Action>,
+    },
+}
+
+/// The host calls a fault makes fail.
+const FAULTS: [&str; 6] = ["mount", "bind", "unmount", "mkfs", "fsck", "lay"];
+
+/// The kinds of action, with the weights the first seeds of every run use.
+const KINDS: [(&str, usize); 9] = [
+    ("stage", 22),
+    ("publish", 18),
+    ("unpublish", 14),
+    ("unstage", 12),
+    ("write", 12),
+    ("controller", 6),
+    ("crash", 8),
+    ("power-cut", 3),
+    ("fail", 5),
+];
+
+/// A seed's own weights and ids: seeds divisible by 4 keep the defaults and every id; the
+/// others leave out about a third of the kinds and weigh the rest anew, and half of those drive
+/// two or three ids only.
+pub fn swarm(sim: &mut Sim) {
+    if sim.seed.is_multiple_of(4) {
+        sim.weights = KINDS.iter().map(|(_, w)| *w).collect();
+        return;
+    }
+    sim.weights = KINDS
+        .iter()
+        .map(|(kind, w)| {
+            let always = matches!(*kind, "stage" | "publish");
+            if !always && sim.rng.below(3) == 0 {
+                0
+            } else {
+                1 + sim.rng.below(w * 2)
+            }
+        })
+        .collect();
+    if sim.rng.below(2) == 0 {
+        let keep = 2 + sim.rng.below(2);
+        while sim.ids.len() > keep {
+            let drop = sim.rng.below(sim.ids.len());
+            sim.ids.remove(drop);
+        }
+    }
+}
+
+impl Sim {
+    pub(super) fn draw(&mut self) -> Action {
+        let id = self.rng.pick(&self.ids).clone();
+        let target = *self.rng.pick(&["p1", "p2"]);
+        let flag = self.rng.below(4) == 0;
+        let total: usize = self.weights.iter().sum();
+        let mut roll = self.rng.below(total);
+        let mut kind = KINDS[0].0;
+        for ((k, _), w) in KINDS.iter().zip(&self.weights) {
+            if roll < *w {
+                kind = k;
+                break;
+            }
+            roll -= w;
+        }
+        let call = |rng: &mut super::Rng| Action::Call {
+            op: CALLS[rng.below(CALLS.len())],
+            id: id.clone(),
+            target,
+            flag,
+        };
+        match kind {
+            "write" => Action::Write {
+                id,
+                over_start: self.rng.below(2) == 0,
+            },
+            "controller" => Action::Controller { id, attach: flag },
+            "power-cut" => Action::PowerCut,
+            "crash" => Action::Crash {
+                at: i64::try_from(self.rng.below(6) + 1).unwrap_or(1),
+                call: Box::new(call(&mut self.rng)),
+            },
+            "fail" => Action::Fail {
+                what: FAULTS[self.rng.below(FAULTS.len())],
+                call: Box::new(call(&mut self.rng)),
+            },
+            op => Action::Call {
+                op: CALLS.iter().find(|c| **c == op).copied().unwrap_or("stage"),
+                id,
+                target,
+                flag,
+            },
+        }
+    }
+
+    /// Applies one action and checks every rule after it.
+    pub(super) fn apply(&mut self, action: &Action) {
+        self.history.push(action.clone());
+        let owners_before = self.mount_owners();
+        let mounts_before = self.h.host.state().mounts.keys().cloned().collect();
+        let calls_before = self.h.host.state().calls.len();
+        let (id, kind) = match action {
+            Action::Call { id, op, .. } => (id.as_str(), *op),
+            Action::Write { id, .. } => (id.as_str(), "write"),
+            Action::Controller { id, .. } => (id.as_str(), "controller"),
+            Action::Crash { call, .. } | Action::Fail { call, .. } => match &**call {
+                Action::Call { id, .. } => (id.as_str(), "fault"),
+                _ => ("", "fault"),
+            },
+            Action::PowerCut => ("", "power-cut"),
+        };
+        let id = id.to_string();
+        match action {
+            Action::Call { .. } => {
+                let _ = self.call_action(action);
+            }
+            Action::Write { id, over_start } => self.write(id, *over_start),
+            Action::Controller { id, attach } if !id.starts_with("local-") => {
+                self.controller(*attach, id)
+            }
+            Action::Controller { .. } => {}
+            Action::PowerCut => {
+                self.power_cut();
+                self.converge();
+            }
+            Action::Fail { what, call } => {
+                self.h.host.fail(what, "simulated failure");
+                let _ = self.call_action(call);
+                self.h.host.state().fail.clear();
+            }
+            Action::Crash { at, call } => {
+                self.h.restart(Arc::new(CrashAt(AtomicI64::new(*at))));
+                let result = catch_unwind(AssertUnwindSafe(|| self.call_action(call)));
+                if let Err(payload) = result
+                    && payload.downcast_ref::<Crash>().is_none()
+                {
+                    std::panic::resume_unwind(payload);
+                }
+                self.crash();
+                self.converge();
+            }
+        }
+        self.check(&id, kind, &owners_before, &mounts_before, calls_before);
+    }
+
+    fn call_action(&mut self, action: &Action) -> crate::error::Result<()> {
+        match action {
+            Action::Call {
+                op,
+                id,
+                target,
+                flag,
+            } => self.call(op, id, target, *flag),
+            _ => Ok(()),
+        }
+    }
+}
