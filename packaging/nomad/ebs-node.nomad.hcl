@@ -18,6 +18,9 @@ job "ebs-node-agent" {
         image      = "ghcr.io/ebs-node-agent/ebs-node-agent:0.1.0"
         args       = ["serve"]
         privileged = true
+        # The host's PID namespace, so that the agent sees every process's mount namespace (a
+        # workload's bind of a raw block device keeps its device; docs/design.md).
+        pid_mode = "host"
 
         # Docker's privileged /dev is a snapshot taken at start: volumes attached later would never
         # appear in it. The host's /dev does show them.

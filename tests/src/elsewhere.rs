@@ -35,9 +35,43 @@ pub enum How {
     Covered,
     /// No process is in it: another process holds its nsfs file open.
     HeldOpen,
+    /// A thread of a process, not its first, is in it (`/proc/<pid>/ns/mnt` shows the first's).
+    Thread,
+    /// The same, the process's first thread exited since (its `/proc/<pid>/ns` unreadable).
+    LeaderGone,
+    /// Its only process is chrooted below the bind (its `/proc/<pid>/mountinfo` leaves the
+    /// mounts outside its root out).
+    Chrooted,
 }
 
-pub const EVERY_WAY: [How; 4] = [How::HeldOpen, How::Process, How::Covered, How::Pinned];
+pub const EVERY_WAY: [How; 7] = [
+    How::Process,
+    How::Covered,
+    How::Pinned,
+    How::HeldOpen,
+    How::Thread,
+    How::LeaderGone,
+    How::Chrooted,
+];
+
+/// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
+/// there; with `1` as the last argument its first thread then exits (the process lives on).
+const THREAD_NS: &str = r#"
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+src, dst, ready, leader_exits = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+def inside():
+    if libc.unshare(0x00020000 | 0x00000200) != 0: os._exit(3)
+    if libc.mount(None, b"/", None, 0x4000 | 0x40000, None) != 0: os._exit(4)
+    if libc.mount(src.encode(), dst.encode(), None, 0x1000, None) != 0: os._exit(5)
+    open(ready, "w").close()
+    while True: time.sleep(3600)
+threading.Thread(target=inside).start()
+while not os.path.exists(ready): time.sleep(0.01)
+if leader_exits:
+    libc.syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
+while True: time.sleep(3600)
+"#;
 
 impl BoundElsewhere {
     /// `source` bound at `at` in another namespace held `how`; `keep` as in `new`.
@@ -46,6 +80,69 @@ impl BoundElsewhere {
             How::Process => Self::new(keep, source, at),
             How::Covered => Self::covered(keep, source, at),
             How::Pinned => Self::pinned(keep, source, at, &at.with_extension("pin")),
+            How::Thread | How::LeaderGone => {
+                std::fs::write(at, b"").expect("the bind's target file");
+                let ready = at.with_extension("ready");
+                let child = Command::new("python3")
+                    .args(["-c", THREAD_NS])
+                    .arg(source)
+                    .arg(at)
+                    .arg(&ready)
+                    .arg(if matches!(how, How::LeaderGone) {
+                        "1"
+                    } else {
+                        "0"
+                    })
+                    .spawn()
+                    .expect("python3");
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !ready.exists() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the thread never bound {}",
+                        at.display()
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                BoundElsewhere {
+                    holder: Holder::HeldOpen(child),
+                    at: at.to_path_buf(),
+                }
+            }
+            How::Chrooted => {
+                let jail = at.with_extension("jail");
+                std::fs::create_dir_all(jail.join("usr")).expect("the jail");
+                for l in ["bin", "lib", "lib64", "sbin"] {
+                    let _ = std::os::unix::fs::symlink(format!("usr/{l}"), jail.join(l));
+                }
+                std::fs::write(at, b"").expect("the bind's target file");
+                let child = Command::new("unshare")
+                    .args(["-m", "--propagation", "private", "sh", "-c"])
+                    .arg(format!(
+                        "{}; mount --bind '{}' '{}' && mount --bind /usr '{j}/usr' && \
+                         exec chroot '{j}' /usr/bin/sleep 600",
+                        crate::drop_other_tests_mounts(keep),
+                        source.display(),
+                        at.display(),
+                        j = jail.display()
+                    ))
+                    .spawn()
+                    .expect("unshare");
+                let root = format!("/proc/{}/root", child.id());
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while std::fs::read_link(&root).map_or(true, |r| r != jail) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "never chrooted into {}",
+                        jail.display()
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                BoundElsewhere {
+                    holder: Holder::HeldOpen(child),
+                    at: at.to_path_buf(),
+                }
+            }
             How::HeldOpen => {
                 let inside = Self::new(keep, source, at);
                 let Holder::Process(child) = &inside.holder else {

@@ -87,6 +87,13 @@ pub enum Error {
          still running?); nothing was formatted or mounted"
     )]
     DeviceInUse { path: PathBuf, why: String },
+    /// A bind of the device's node lives on (in this or another mount namespace): freeing the
+    /// device, or giving it to another volume, would hand that bind the next device's bytes.
+    #[error(
+        "{device} is still in raw use ({at}): it is kept, and given to no other volume, until \
+         nothing binds it; release it there first"
+    )]
+    DeviceStillBound { device: PathBuf, at: String },
     #[error("internal error: {path} is still mounted after repeated unmounts")]
     StillMounted { path: PathBuf },
     #[error("volume {volume} was staged for another access type than this publish asks for")]

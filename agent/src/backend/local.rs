@@ -188,11 +188,12 @@ impl WithLocalVolumes {
         if self.store.staged(volume.as_str())?.is_none()
             && let Some(what) = raw_use(node, &family, table.entries())
         {
-            return Err(Error::DeviceClaimed {
+            return Err(Error::DeviceStillBound {
                 device: node.to_path_buf(),
-                volume: volume.to_string(),
-                owner: what,
-                door: "in raw use on this host",
+                at: what
+                    .trim_start_matches('(')
+                    .trim_end_matches(')')
+                    .to_string(),
             });
         }
         if !mounted_here && still_claimed(whole) {

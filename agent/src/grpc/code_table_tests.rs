@@ -56,6 +56,13 @@ fn each_named_refusal_has_its_csi_code() {
             Code::FailedPrecondition,
         ),
         (
+            Error::DeviceStillBound {
+                device: p(),
+                at: "bound at /c/xvda".into(),
+            },
+            Code::FailedPrecondition,
+        ),
+        (
             Error::StagedForOtherAccess { volume: v() },
             Code::FailedPrecondition,
         ),

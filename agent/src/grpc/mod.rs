@@ -48,6 +48,7 @@ pub fn to_status(err: &Error) -> Status {
         | Error::StagedElsewhere { .. }
         | Error::StillPublished { .. }
         | Error::DeviceInUse { .. }
+        | Error::DeviceStillBound { .. }
         | Error::StagedForOtherAccess { .. }
         | Error::SinglePublication { .. }
         | Error::NoLongerTheDevice { .. }

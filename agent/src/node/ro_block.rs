@@ -123,11 +123,9 @@ pub fn remove(tag: &str) -> Result<usize> {
     let uses = Uses::scan(ro_binds::WITHIN);
     for found in ours {
         if let Some(what) = unused(&uses, &found) {
-            return Err(Error::DeviceInUse {
-                path: found.device,
-                why: format!(
-                    "the read-only device of this publication is still in use ({what}); it is kept until nothing binds it"
-                ),
+            return Err(Error::DeviceStillBound {
+                device: found.device,
+                at: format!("the read-only device of this publication: {what}"),
             });
         }
         detach(&found)?;

@@ -251,3 +251,57 @@ impl Drop for DetachAtEnd {
         detach_loop(Path::new(&self.0));
     }
 }
+
+/// A read-only device a refused unpublish kept, whose record a rebuilt state then lost, is not
+/// kept forever: once nothing binds it, the controller's detach of the volume takes it away (an
+/// eleventh fresh review's F3: it refused until the agent restarted).
+#[tokio::test]
+async fn a_kept_read_only_device_the_records_lost_goes_with_the_detach() {
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_kept_read_only_device_the_records_lost_goes_with_the_detach") {
+        return;
+    }
+    let scratch = Scratch::new("g-rolost");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (vol, staging) = staged_block(&agent, "l", Mode::SingleNodeWriter).await;
+    let _overlays = Overlays(vol.device.clone());
+    let t = target(&agent, "l");
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(
+        &vol,
+        &staging,
+        &t,
+        block_cap(Mode::SingleNodeWriter),
+        true,
+    ))
+    .await
+    .expect("publish readonly");
+    let theirs = BoundElsewhere::new(&scratch.path, &t, &scratch.join("ctr-xvda"));
+    node.node_unpublish_volume(unpublish_req(&vol, &t))
+        .await
+        .expect_err("kept while bound");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    drop(node);
+    agent.kill();
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--from-mounts", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    assert!(out.status.success(), "{out:?}");
+    agent.spawn().await;
+    theirs.end();
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(&vol, &t))
+        .await
+        .expect("the retried unpublish");
+    detach(&agent, &vol.id)
+        .await
+        .expect("the detach once nothing binds the kept device");
+    assert!(
+        loops_over(&vol.device).is_empty(),
+        "the kept device was left"
+    );
+}

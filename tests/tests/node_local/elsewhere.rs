@@ -51,3 +51,35 @@ async fn a_device_bound_only_in_another_namespace_is_never_a_handles() {
         drop(theirs);
     }
 }
+
+/// An agent in a PID namespace of its own (a pod without `hostPID`) cannot see the other
+/// processes' mount namespaces, so it cannot know a device is free of binds: it refuses a
+/// handle's block device, and says how to run it (an eleventh fresh review's F2).
+#[tokio::test]
+async fn an_agent_that_cannot_see_every_process_frees_and_takes_nothing() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("an_agent_that_cannot_see_every_process_frees_and_takes_nothing") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-pidns");
+    let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
+    agent.wrapper = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    agent.spawn().await;
+    let disk = crate::Disk::new(&scratch, "d", 64 << 20);
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &disk.vol(),
+            &agent.work.join("h/staging"),
+            rwx_block(),
+        ))
+        .await
+        .expect_err("a handle staged by an agent that cannot see every process");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("hostPID"), "{e:?}");
+    assert!(mounts_below(&agent.work).is_empty(), "the host changed");
+}

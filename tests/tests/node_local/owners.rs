@@ -75,7 +75,11 @@ async fn a_node_local_handle_never_takes_another_volumes_device() {
                 .await
                 .expect_err("a handle on another volume's device");
             assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-            assert!(e.message().contains("held by volume"), "{e:?}");
+            // Its claim, or first the bind of its node that the host shows.
+            assert!(
+                e.message().contains("held by volume") || e.message().contains("still in raw use"),
+                "{e:?}"
+            );
         }
         assert_eq!(
             before,

@@ -116,22 +116,33 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     if still_claimed(devnum) {
         return busy(format!("{} is mounted or claimed", device.display()));
     }
-    // A read-only loop device the node laid over it (a read-only block publication) claims
-    // nothing either.
-    // Any loop device laid over it, the agent's read-only ones or anyone's.
-    let over =
-        overlay::tagged("").map_err(|e| Error::Internal(format!("listing loop devices: {e}")))?;
-    if let Some(o) = over.iter().find(|o| o.backing == devnum) {
-        return busy(format!(
-            "read-only device {} lies over it",
-            o.device.display()
-        ));
-    }
-    // A device node bound onto a file claims nothing and opens nothing: a block publication the
+    // Every loop device laid over it, the agent's read-only ones or anyone's, keeps it; and a
+    // device node bound onto a file claims nothing and opens nothing: a block publication the
     // records lost, or a workload's copy of one in a mount namespace of its own (a container's
     // runtime binds the device into the container). Only the mount tables show it, and a detach
     // would free the number under it for the next volume's loop device: every namespace's.
+    let over =
+        overlay::tagged("").map_err(|e| Error::Internal(format!("listing loop devices: {e}")))?;
     let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    for o in over.iter().filter(|o| o.backing == devnum) {
+        let used =
+            block_devnum(&o.device).map_or_else(|e| Some(e.to_string()), |n| uses.of(&o.device, n));
+        // An agent's read-only device that nothing uses and no record names (the volume has
+        // none: `refuse_if_recorded`, under the volume's guard) is a stray a refused unpublish
+        // kept and a rebuilt state lost: taken away as start-up recovery would.
+        if used.is_none() && o.tag.starts_with(ebs_node_core::node::ro_tag::TAG_PREFIX) {
+            ebs_node_host::loopdev::detach(&o.device)
+                .map_err(|e| Error::Internal(format!("detaching {}: {e}", o.device.display())))?;
+            tracing::info!(device = %o.device.display(), tag = %o.tag, volume = %id,
+                "detached a read-only device nothing uses and no record names");
+            continue;
+        }
+        return busy(format!(
+            "read-only device {} lies over it{}",
+            o.device.display(),
+            used.map(|u| format!(" ({u})")).unwrap_or_default()
+        ));
+    }
     if let Some(at) = uses.bound(devnum) {
         return busy(format!("its device node is {at}"));
     }

@@ -1,15 +1,19 @@
-//! Every mount namespace's table, read for the binds of device nodes in it: the namespaces a
-//! process is in (`/proc/<pid>/mountinfo`), and those no process is in, which a bind of their
-//! nsfs file pins (`unshare --mount=FILE`) or a process holds open: those are entered by a thread of their own (it first
-//! stops sharing its filesystem attributes, which `setns` requires, and ends after), which reads
-//! the table through the `/proc` opened before it entered. One that cannot be read makes the
-//! whole scan fail: then every device counts as used.
+//! Every mount namespace's table, read for the binds of device nodes in it: the namespace of
+//! every thread of every process (a thread may have one of its own, and a process whose first
+//! thread has exited shows its namespace only through the others), and those no thread is in,
+//! which a bind of their nsfs file pins (`unshare --mount=FILE`) or a process holds open. Each
+//! is entered by a thread of its own (it first stops sharing its filesystem attributes, which
+//! `setns` requires, and ends after) and its table read there, through the `/proc` opened before
+//! it entered: the whole table, whatever root the namespace's processes were given (`chroot`
+//! hides the mounts outside it from `/proc/<pid>/mountinfo`). A namespace that cannot be read
+//! fails the whole scan, and so does an agent that cannot see every process (a container's PID
+//! namespace, as a pod without `hostPID`): then every device counts as used.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ebs_node_core::DevNum;
 use ebs_node_host::device::devnum_of;
@@ -20,7 +24,7 @@ use nix::sys::stat::Mode;
 
 use super::Found;
 
-/// A namespace no process is in, to enter: its nsfs file, and where it is pinned.
+/// A namespace to enter: its nsfs file, and whose it is.
 struct Pinned {
     ns: OwnedFd,
     at: String,
@@ -28,53 +32,68 @@ struct Pinned {
 
 /// The devices every mount namespace's table binds or mounts, with where.
 pub(super) fn scan() -> Result<Found, String> {
+    if let Some(why) = not_every_process_seen() {
+        return Err(why);
+    }
     let mut found = Found::default();
     let mut seen = HashSet::new();
-    let mut pinned = Vec::new();
+    // This agent's own namespace first, then every thread's.
+    let mut pinned: Vec<Pinned> = File::open("/proc/thread-self/ns/mnt")
+        .map(|f| Pinned {
+            ns: OwnedFd::from(f),
+            at: "this agent's".into(),
+        })
+        .into_iter()
+        .collect();
     let pids = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
-    // This agent's own namespace first, by its own paths.
-    for pid in std::iter::once(None).chain(pids.map(Some)) {
-        let proc_dir = pid.map_or_else(
-            || PathBuf::from("/proc/self"),
-            |p| PathBuf::from(format!("/proc/{p}")),
-        );
-        if pid.is_some() {
-            pinned.extend(held_open(&proc_dir));
+    for pid in pids {
+        let proc_dir = Path::new("/proc").join(pid.to_string());
+        pinned.extend(held_open(&proc_dir));
+        for task in std::fs::read_dir(proc_dir.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            // A thread or process that is gone, or a zombie's, has nothing to show.
+            if let Ok(f) = File::open(task.path().join("ns/mnt")) {
+                pinned.push(Pinned {
+                    ns: OwnedFd::from(f),
+                    at: format!("of pid {pid}"),
+                });
+            }
         }
-        let Ok(ns) = std::fs::metadata(proc_dir.join("ns/mnt")) else {
-            continue;
-        };
-        if !seen.insert((ns.dev(), ns.ino())) {
-            continue;
-        }
-        let Ok(text) = std::fs::read(proc_dir.join("mountinfo")) else {
-            continue;
-        };
-        let Ok(table) = MountTable::parse_bytes(&text) else {
-            continue;
-        };
-        let root = pid.map(|_| proc_dir.join("root"));
-        let place = |mp: &Path| match pid {
-            None => mp.display().to_string(),
-            Some(p) => format!("{} (mount namespace of pid {p})", mp.display()),
-        };
-        pinned.extend(record(&mut found, &table, root.as_deref(), &place));
+        // Keeps the open namespace files few: the ones already read go at once.
+        pinned.retain(|p| {
+            nix::sys::stat::fstat(p.ns.as_fd())
+                .is_ok_and(|id| !seen.contains(&(id.st_dev, id.st_ino)))
+        });
+        read_all(&mut found, &mut seen, &mut pinned)?;
     }
+    read_all(&mut found, &mut seen, &mut pinned)?;
+    Ok(found)
+}
+
+/// Reads every namespace of `pinned` not read yet (and those their tables pin).
+fn read_all(
+    found: &mut Found,
+    seen: &mut HashSet<(u64, u64)>,
+    pinned: &mut Vec<Pinned>,
+) -> Result<(), String> {
     while let Some(pin) = pinned.pop() {
         let id = nix::sys::stat::fstat(pin.ns.as_fd())
-            .map_err(|e| format!("the mount namespace pinned at {}: {e}", pin.at))?;
+            .map_err(|e| format!("the mount namespace {}: {e}", pin.at))?;
         if !seen.insert((id.st_dev, id.st_ino)) {
             continue;
         }
         let entered = std::thread::scope(|s| s.spawn(|| enter(&pin)).join());
         let (theirs, nested) = match entered {
             Ok(Ok(read)) => read,
-            Ok(Err(e)) => return Err(format!("the mount namespace pinned at {}: {e}", pin.at)),
-            Err(_) => return Err(format!("the mount namespace pinned at {}", pin.at)),
+            Ok(Err(e)) => return Err(format!("the mount namespace {}: {e}", pin.at)),
+            Err(_) => return Err(format!("the mount namespace {}", pin.at)),
         };
         for (devnum, at) in theirs.any {
             found.any.entry(devnum).or_insert(at);
@@ -84,7 +103,27 @@ pub(super) fn scan() -> Result<Found, String> {
         }
         pinned.extend(nested);
     }
-    Ok(found)
+    Ok(())
+}
+
+/// Why this agent cannot see every process on the host, if it cannot: it runs as a container's
+/// first process in a PID namespace of its own (a pod without `hostPID`, a Nomad task without
+/// `pid_mode = "host"`): the agent is PID 1 there, or a container's init is (`pause`, `tini`).
+/// A nested PID namespace alone says nothing: a host that is itself a container (this project's
+/// CI machine) has one, and sees every process of its own. The kernel's first PID namespace
+/// has a fixed inode number (`PROC_PID_INIT_INO`).
+fn not_every_process_seen() -> Option<String> {
+    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+    const INITS: [&str; 5] = ["pause", "tini", "dumb-init", "catatonit", "docker-init"];
+    let nested =
+        std::fs::metadata("/proc/self/ns/pid").map_or(true, |m| m.ino() != PROC_PID_INIT_INO);
+    let first = std::process::id() == 1
+        || std::fs::read_to_string("/proc/1/comm").is_ok_and(|c| INITS.contains(&c.trim()));
+    (nested && first).then(|| {
+        "this agent runs in a container's PID namespace and cannot see every process's mounts \
+         (run it in the host's: hostPID: true in Kubernetes, pid_mode = \"host\" in Nomad)"
+            .to_string()
+    })
 }
 
 /// The mount namespaces a process holds open (an fd of a `/proc/<pid>/ns/mnt` it is not in).
@@ -111,8 +150,10 @@ fn held_open(proc_dir: &Path) -> Vec<Pinned> {
 /// resolve in it). The thread ends after; nothing else runs in it.
 fn enter(pin: &Pinned) -> std::io::Result<(Found, Vec<Pinned>)> {
     // Opened before entering: the table is the one of the namespace this thread is in when it
-    // opens the file, through the agent's own /proc.
+    // opens the file, through the agent's own /proc; device-filesystem names are looked up in
+    // the agent's own /dev (a container's /dev is often a tmpfs of its own).
     let proc_dir = File::open("/proc")?;
+    let dev_dir = File::open("/dev")?;
     unshare(CloneFlags::CLONE_FS)?;
     setns(pin.ns.as_fd(), CloneFlags::CLONE_NEWNS)?;
     let fd = openat(
@@ -126,18 +167,17 @@ fn enter(pin: &Pinned) -> std::io::Result<(Found, Vec<Pinned>)> {
     let table = MountTable::parse_bytes(&text)
         .map_err(|e| std::io::Error::other(format!("its mount table: {e}")))?;
     let mut found = Found::default();
-    let place = |mp: &Path| format!("{} (mount namespace pinned at {})", mp.display(), pin.at);
-    let nested = record(&mut found, &table, None, &place);
+    let place = |mp: &Path| format!("{} (mount namespace {})", mp.display(), pin.at);
+    let nested = record(&mut found, &table, &dev_dir, &place);
     Ok((found, nested))
 }
 
 /// Notes each mount of `table` and each bind of a device node in it; returns the namespaces
-/// with no process that the table pins. `root`: where the table's paths are reached from here
-/// (another process's namespace), or None (this thread's own).
+/// with no process that the table pins. Runs in the namespace whose table it is.
 fn record(
     found: &mut Found,
     table: &MountTable,
-    root: Option<&Path>,
+    dev_dir: &File,
     place: &dyn Fn(&Path) -> String,
 ) -> Vec<Pinned> {
     let mut pins = Vec::new();
@@ -146,15 +186,11 @@ fn record(
             .any
             .entry(DevNum::new(m.major, m.minor))
             .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
-        let path = match root {
-            None => m.mount_point.clone(),
-            Some(r) => r.join(m.mount_point.strip_prefix("/").unwrap_or(&m.mount_point)),
-        };
         if m.fs_type == "nsfs" && m.root.to_string_lossy().starts_with("mnt:[") {
-            if let Ok(f) = File::open(&path) {
+            if let Ok(f) = File::open(&m.mount_point) {
                 pins.push(Pinned {
                     ns: OwnedFd::from(f),
-                    at: place(&m.mount_point),
+                    at: format!("pinned at {}", place(&m.mount_point)),
                 });
             }
             continue;
@@ -167,14 +203,16 @@ fn record(
         // A node of the device filesystem is known by its name there, even when something is
         // mounted over the bind (the mount point then shows the cover, not the node).
         if m.fs_type == "devtmpfs"
-            && let Ok(meta) = std::fs::symlink_metadata(
-                Path::new("/dev").join(m.root.strip_prefix("/").unwrap_or(&m.root)),
+            && let Ok(st) = nix::sys::stat::fstatat(
+                dev_dir.as_fd(),
+                m.root.strip_prefix("/").unwrap_or(&m.root),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
             )
-            && meta.file_type().is_block_device()
+            && st.st_mode & libc::S_IFMT == libc::S_IFBLK
         {
-            note_bind(found, devnum_of(meta.rdev()), &at);
+            note_bind(found, devnum_of(st.st_rdev), &at);
         }
-        if let Ok(meta) = std::fs::symlink_metadata(&path)
+        if let Ok(meta) = std::fs::symlink_metadata(&m.mount_point)
             && meta.file_type().is_block_device()
         {
             note_bind(found, devnum_of(meta.rdev()), &at);
