@@ -380,7 +380,7 @@ fn run_seed(seed: u64, steps: u64) -> u64 {
             .cloned()
             .unwrap_or_else(|| "a panic".into());
         let first_line = what.lines().next().unwrap_or_default().to_string();
-        let shrunk = replay::shrink(sim.history.clone());
+        let shrunk = replay::shrink(sim.history.clone(), &what);
         panic!(
             "{first_line}\nshrunk from {} to {} actions (replay them with `replay::replay`):\n{shrunk:#?}",
             sim.history.len(),
