@@ -4,7 +4,7 @@
 //! bind then reads and writes the new volume's bytes. Unpublish keeps a read-only publication's
 //! device, and the controller's detach keeps a volume's, until the host shows no bind of it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ebs_tests::csi_req::*;
 use ebs_tests::elsewhere::{BoundElsewhere, EVERY_WAY, How};
@@ -14,6 +14,25 @@ use csi::volume_capability::access_mode::Mode;
 use tonic::Code;
 
 use super::ro_block::{Overlays, loops_over, staged_block, target};
+
+/// A block volume staged and published at its target, read-only with `readonly`.
+async fn published(agent: &Agent, name: &str, readonly: bool) -> (Vol, PathBuf, PathBuf) {
+    let (vol, staging) = staged_block(agent, name, Mode::SingleNodeWriter).await;
+    let t = target(agent, name);
+    agent
+        .node()
+        .await
+        .node_publish_volume(publish_req(
+            &vol,
+            &staging,
+            &t,
+            block_cap(Mode::SingleNodeWriter),
+            readonly,
+        ))
+        .await
+        .expect("publish");
+    (vol, staging, t)
+}
 
 async fn detach(agent: &Agent, id: &str) -> Result<(), tonic::Status> {
     let node_id = node_id(agent).await;
@@ -44,19 +63,9 @@ async fn a_read_only_device_bound_in_another_namespace_is_kept_until_the_bind_go
 async fn read_only_kept(how: How) {
     let scratch = Scratch::new(&format!("g-roelse-{how:?}"));
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let (vol, staging) = staged_block(&agent, "e", Mode::SingleNodeWriter).await;
+    let (vol, staging, t) = published(&agent, "e", true).await;
     let _overlays = Overlays(vol.device.clone());
-    let t = target(&agent, "e");
     let mut node = agent.node().await;
-    node.node_publish_volume(publish_req(
-        &vol,
-        &staging,
-        &t,
-        block_cap(Mode::SingleNodeWriter),
-        true,
-    ))
-    .await
-    .expect("publish readonly");
     // A container's bind of the published device, at a path of its own.
     let theirs = BoundElsewhere::by(how, &scratch.path, &t, &scratch.join("ctr-xvda"));
     let e = node
@@ -115,19 +124,9 @@ async fn a_copy_at_the_target_itself_goes_with_the_target() {
     }
     let scratch = Scratch::new("g-rocopy");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let (vol, staging) = staged_block(&agent, "c", Mode::SingleNodeWriter).await;
+    let (vol, _staging, t) = published(&agent, "c", true).await;
     let _overlays = Overlays(vol.device.clone());
-    let t = target(&agent, "c");
     let mut node = agent.node().await;
-    node.node_publish_volume(publish_req(
-        &vol,
-        &staging,
-        &t,
-        block_cap(Mode::SingleNodeWriter),
-        true,
-    ))
-    .await
-    .expect("publish readonly");
     // A namespace made now holds a copy of the publication at the target path.
     let keep = BoundElsewhere::new(&scratch.path, Path::new("/dev/null"), &scratch.join("n"));
     node.node_unpublish_volume(unpublish_req(&vol, &t))
@@ -153,18 +152,8 @@ async fn the_controller_never_detaches_a_device_another_namespace_binds() {
 async fn controller_refuses(how: How) {
     let scratch = Scratch::new(&format!("g-ctlelse-{how:?}"));
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let (vol, staging) = staged_block(&agent, "w", Mode::SingleNodeWriter).await;
-    let t = target(&agent, "w");
+    let (vol, staging, t) = published(&agent, "w", false).await;
     let mut node = agent.node().await;
-    node.node_publish_volume(publish_req(
-        &vol,
-        &staging,
-        &t,
-        block_cap(Mode::SingleNodeWriter),
-        false,
-    ))
-    .await
-    .expect("publish");
     let theirs = BoundElsewhere::by(how, &scratch.path, &t, &scratch.join("ctr-xvda"));
     node.node_unpublish_volume(unpublish_req(&vol, &t))
         .await
@@ -200,18 +189,8 @@ async fn a_number_another_volumes_recorded_bind_holds_is_never_staged() {
     }
     let scratch = Scratch::new("g-reused");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let (x, staging) = staged_block(&agent, "x", Mode::SingleNodeWriter).await;
-    let t = target(&agent, "x");
+    let (x, _staging, t) = published(&agent, "x", false).await;
     let mut node = agent.node().await;
-    node.node_publish_volume(publish_req(
-        &x,
-        &staging,
-        &t,
-        block_cap(Mode::SingleNodeWriter),
-        false,
-    ))
-    .await
-    .expect("publish");
     // The outside detach; the controller's next attach takes the freed number.
     detach_loop(Path::new(&x.device));
     // The kernel gives the lowest free number: the volumes made first fill the gaps below x's.
@@ -263,19 +242,9 @@ async fn a_kept_read_only_device_the_records_lost_goes_with_the_detach() {
     }
     let scratch = Scratch::new("g-rolost");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let (vol, staging) = staged_block(&agent, "l", Mode::SingleNodeWriter).await;
+    let (vol, staging, t) = published(&agent, "l", true).await;
     let _overlays = Overlays(vol.device.clone());
-    let t = target(&agent, "l");
     let mut node = agent.node().await;
-    node.node_publish_volume(publish_req(
-        &vol,
-        &staging,
-        &t,
-        block_cap(Mode::SingleNodeWriter),
-        true,
-    ))
-    .await
-    .expect("publish readonly");
     let theirs = BoundElsewhere::new(&scratch.path, &t, &scratch.join("ctr-xvda"));
     node.node_unpublish_volume(unpublish_req(&vol, &t))
         .await

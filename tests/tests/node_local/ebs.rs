@@ -39,32 +39,7 @@ async fn on_ebs_the_volume_id_is_the_disks_serial() {
     let numbers = ebs_node_host::device::block_devnum(&xen.dev).expect("numbers");
     let (major, minor) = (numbers.major, numbers.minor);
     f.set_dev(&names2[0], major, minor).expect("dev");
-    let (sys, dev) = (f.sys_root(), f.dev_root());
-    let args = [
-        "--backend",
-        "ebs",
-        "--mode",
-        "node",
-        "--node-id",
-        "i-0123456789abcdef0",
-        "--zone",
-        "us-east-1a",
-        "--imds-disabled",
-        "--device-wait",
-        "1ms",
-        "--sysfs-root",
-        sys.to_str().unwrap(),
-        "--dev-root",
-        dev.to_str().unwrap(),
-    ];
-    let agent = Agent::start(
-        &scratch,
-        AgentOpts {
-            args: args.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let agent = agent(&scratch, &f, &[]).await;
     let vol = disk.vol();
     let staging = agent.work.join("staging");
     let stage = |volume_id: &str| {
@@ -130,4 +105,40 @@ async fn on_ebs_the_volume_id_is_the_disks_serial() {
     node.node_unstage_volume(unstage_req(&xen.vol(), &staging))
         .await
         .expect("unstage");
+}
+
+/// The agent with the ebs backend on the fixture's sysfs and dev roots, node mode, IMDS off.
+pub(super) async fn agent(scratch: &Scratch, f: &Fixture, extra: &[&str]) -> Agent {
+    let (sys, dev) = (f.sys_root(), f.dev_root());
+    let mut args: Vec<String> = [
+        "--backend",
+        "ebs",
+        "--mode",
+        "node",
+        "--node-id",
+        "i-0123456789abcdef0",
+        "--zone",
+        "us-east-1a",
+        "--imds-disabled",
+        "--device-wait",
+        "1ms",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect();
+    args.extend([
+        "--sysfs-root".to_string(),
+        sys.display().to_string(),
+        "--dev-root".to_string(),
+        dev.display().to_string(),
+    ]);
+    Agent::start(
+        scratch,
+        AgentOpts {
+            args,
+            ..Default::default()
+        },
+    )
+    .await
 }

@@ -71,33 +71,8 @@ async fn a_partition_of_a_disk_another_volume_holds_is_never_a_second_volume() {
         std::fs::remove_file(f.dev_root().join(name)).expect("the fixture's node");
         f.link(name, real).expect("link");
     }
-    let (sys, dev) = (f.sys_root(), f.dev_root());
-    let args = [
-        "--backend",
-        "ebs",
-        "--mode",
-        "node",
-        "--node-id",
-        "i-0123456789abcdef0",
-        "--zone",
-        "us-east-1a",
-        "--imds-disabled",
-        "--device-wait",
-        "1ms",
-        "--allow-unverified-devices",
-        "--sysfs-root",
-        sys.to_str().unwrap(),
-        "--dev-root",
-        dev.to_str().unwrap(),
-    ];
-    let agent = Agent::start(
-        &scratch,
-        AgentOpts {
-            args: args.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let dev = f.dev_root();
+    let agent = super::ebs::agent(&scratch, &f, &["--allow-unverified-devices"]).await;
     let device = dev.join("xvdf").display().to_string();
     let vol = |id: &str| Vol {
         id: id.into(),

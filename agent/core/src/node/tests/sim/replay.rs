@@ -32,7 +32,10 @@ pub fn replay(actions: &[Action]) -> Result<(), String> {
 fn kind(message: &str) -> String {
     let line = message.lines().next().unwrap_or_default();
     let rest = line.split_once(": ").map_or(line, |(_, r)| r);
-    rest.split_whitespace().take(4).collect::<Vec<_>>().join(" ")
+    rest.split_whitespace()
+        .take(4)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The shortest list found whose replay still breaks the same rule as `violation` (one action
