@@ -63,7 +63,10 @@ pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevi
     // device, and read-only because its backing cannot be written.
     let backing = File::open(device.held.proc_path())
         .map_err(|e| Error::io(format!("opening {} read-only", device.path().display()), e))?;
-    let path = overlay::attach_read_only_over(backing, tag).map_err(|e| {
+    // Never on a number a bind still holds (`loopdev::Avoid`).
+    let uses = Uses::scan(ro_binds::WITHIN);
+    let avoid = |d| uses.bound(d).is_some();
+    let path = overlay::attach_read_only_over_avoiding(backing, tag, &avoid).map_err(|e| {
         loop_error(
             &format!(
                 "laying a read-only loop device over {}",

@@ -177,7 +177,7 @@ async fn controller_refuses(how: How) {
 }
 
 /// A raw block publication's device detached outside the agent (an operator's `losetup -d`; on
-/// EBS a forced detach and a new attachment): the next volume given the number is refused by
+/// EBS a forced detach and a new attachment): another volume's device given the number is refused by
 /// the node while the first one's recorded bind still binds that number (a ninth fresh review's
 /// F4), and the first one's unpublish takes its own bind down.
 #[tokio::test]
@@ -191,17 +191,17 @@ async fn a_number_another_volumes_recorded_bind_holds_is_never_staged() {
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let (x, _staging, t) = published(&agent, "x", false).await;
     let mut node = agent.node().await;
-    // The outside detach; the controller's next attach takes the freed number.
+    // The outside detach. The controller never gives the number again while x's bind holds it
+    // (`no_new_loop_device_takes_a_number_a_bind_still_holds`), so an operator lays y's file
+    // on it by hand (on EBS: a forced detach, then another volume's attachment on the number).
     detach_loop(Path::new(&x.device));
-    // The kernel gives the lowest free number: the volumes made first fill the gaps below x's.
-    let mut fillers = Vec::new();
-    let y = loop {
-        let v = create_attached(&agent, &format!("y{}", fillers.len()), 16 * super::MIB).await;
-        fillers.push(DetachAtEnd(v.device.clone()));
-        if v.device == x.device {
-            break v;
-        }
-        assert!(fillers.len() < 32, "never given {} again", x.device);
+    let y_id = create_volume(&agent, "y", 16 * super::MIB, &[]).await;
+    let y_file = agent.state_dir.join(format!("volumes/{y_id}.img"));
+    sh(&format!("losetup {} {}", x.device, y_file.display()));
+    let _y_detach = DetachAtEnd(x.device.clone());
+    let y = Vol {
+        id: y_id,
+        device: x.device.clone(),
     };
     let mounts = mounts_below(&agent.work);
     let e = node
@@ -273,4 +273,54 @@ async fn a_kept_read_only_device_the_records_lost_goes_with_the_detach() {
         loops_over(&vol.device).is_empty(),
         "the kept device was left"
     );
+}
+
+/// A workload may detach its own loop device (LOOP_CLR_FD needs no privilege, a read-only open
+/// of its node will do); its bind then holds a number no device has. The agent's next loop
+/// device, the controller's or a read-only publication's, never takes that number (a twelfth
+/// fresh review's F1, high: the next volume's bytes were read and written through the bind).
+#[tokio::test]
+async fn no_new_loop_device_takes_a_number_a_bind_still_holds() {
+    // Alone: no other test of the binary attaches a loop device meanwhile (see below).
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("no_new_loop_device_takes_a_number_a_bind_still_holds") {
+        return;
+    }
+    for readonly in [false, true] {
+        let scratch = Scratch::new(&format!("g-clrfd-{readonly}"));
+        let agent = Agent::start(&scratch, AgentOpts::default()).await;
+        let (x, _staging, t) = published(&agent, "x", readonly).await;
+        let _overlays = Overlays(x.device.clone());
+        let bound = std::fs::metadata(&t).expect("the target");
+        use std::os::unix::fs::MetadataExt;
+        let freed = format!("/dev/loop{}", nix::sys::stat::minor(bound.rdev()));
+        // The workload detaches the device its publication binds.
+        sh(&format!(
+            "python3 -c \"import os,fcntl; fd=os.open('{}',os.O_RDONLY); fcntl.ioctl(fd,0x4C01); os.close(fd)\"",
+            t.display()
+        ));
+        assert!(
+            super::backing_file(&freed).is_empty(),
+            "{freed} is still bound"
+        );
+        // The kernel gives the lowest free number: volumes made until one lies past the freed
+        // number, none may be given it.
+        let index = |d: &str| {
+            d.trim_start_matches("/dev/loop")
+                .parse::<u32>()
+                .unwrap_or(0)
+        };
+        let mut made = Vec::new();
+        loop {
+            let v = create_attached(&agent, &format!("y{}", made.len()), 16 * super::MIB).await;
+            made.push(DetachAtEnd(v.device.clone()));
+            assert_ne!(
+                v.device, freed,
+                "readonly {readonly}: a new volume took the number x's bind holds"
+            );
+            if index(&v.device) > index(&freed) || made.len() > 32 {
+                break;
+            }
+        }
+    }
 }

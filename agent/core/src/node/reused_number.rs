@@ -30,24 +30,26 @@ pub fn bound_by_another(
         if id == volume.as_str() {
             continue;
         }
-        let Some(staged) = ctx.ledger.staged(&id)? else {
-            continue;
-        };
+        let staged = ctx.ledger.staged(&id)?;
         // The same device is the claims' question; this is about a number reused under a bind.
-        if staged.devnum.map(DevNum::from) != Some(devnum) || staged.identity == *identity {
-            continue;
-        }
+        let same_number = staged
+            .as_ref()
+            .is_some_and(|s| s.devnum.map(DevNum::from) == Some(devnum) && s.identity != *identity);
         let mut places = Vec::new();
-        if matches!(staged.access, AccessRecord::Block)
-            && !staged.staging_path.as_os_str().is_empty()
+        if same_number
+            && let Some(s) = &staged
+            && matches!(s.access, AccessRecord::Block)
+            && !s.staging_path.as_os_str().is_empty()
         {
-            places.push(staged.staging_path.clone());
+            places.push(s.staging_path.clone());
         }
+        // A read-only block publication binds the agent's read-only device, whose number is
+        // none of the staged record's: asked whatever the record's number.
         places.extend(
             ctx.ledger
                 .publications(&id)?
                 .into_iter()
-                .filter(|p| p.block)
+                .filter(|p| p.block && (same_number || p.readonly))
                 .map(|p| p.target_path),
         );
         for place in places {

@@ -72,6 +72,7 @@ mod sys {
     nix::ioctl_none_bad!(loop_set_capacity, 0x4C07);
     nix::ioctl_write_ptr_bad!(loop_configure, 0x4C0A, LoopConfig);
     nix::ioctl_none_bad!(loop_ctl_get_free, 0x4C82);
+    nix::ioctl_write_int_bad!(loop_ctl_add, 0x4C80);
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +98,11 @@ pub enum LoopError {
     },
     #[error("no free loop device after {attempts} attempts (raced with other users)")]
     Busy { attempts: u32 },
+    #[error(
+        "no free loop device whose number no bind holds among the {looked} after the first free \
+         one: a bind of a detached loop device's node keeps its number from every new device"
+    )]
+    AllBound { looked: u32 },
     #[error("cannot read {path:?}: {source}")]
     Sysfs {
         path: PathBuf,
@@ -226,6 +232,16 @@ pub fn attach_read_only(file: &Path) -> Result<PathBuf, LoopError> {
     attach_backing(open(file, false)?, file, bind)
 }
 
+/// Numbers a new loop device must not take: a bind of a node of that number lives on somewhere
+/// (a workload may detach its own loop device, which needs no privilege), and it would read and
+/// write the new device's bytes.
+pub type Avoid<'a> = &'a dyn Fn(ebs_node_core::DevNum) -> bool;
+
+/// `attach` (read-only with `read_only`) on a device whose number `avoid` allows.
+pub fn attach_avoiding(file: &Path, read_only: bool, avoid: Avoid) -> Result<PathBuf, LoopError> {
+    attach_backing_avoiding(open(file, !read_only)?, file, bind, avoid)
+}
+
 type BindFn = fn(&File, &Path, &File, &Path) -> Result<(), LoopError>;
 
 fn attach_with(file: &Path, bind: BindFn) -> Result<PathBuf, LoopError> {
@@ -233,6 +249,18 @@ fn attach_with(file: &Path, bind: BindFn) -> Result<PathBuf, LoopError> {
 }
 
 fn attach_backing(backing: File, file: &Path, bind: BindFn) -> Result<PathBuf, LoopError> {
+    attach_backing_avoiding(backing, file, bind, &|_| false)
+}
+
+/// How many indices past the first free one an attach looks at for one no bind holds.
+const AVOID_LOOKS: u32 = 64;
+
+fn attach_backing_avoiding(
+    backing: File,
+    file: &Path,
+    bind: BindFn,
+    avoid: Avoid,
+) -> Result<PathBuf, LoopError> {
     let ctl_path = Path::new("/dev/loop-control");
     let ctl = open(ctl_path, true)?;
     for attempt in 0..ATTACH_ATTEMPTS {
@@ -240,7 +268,13 @@ fn attach_backing(backing: File, file: &Path, bind: BindFn) -> Result<PathBuf, L
         let index = unsafe { sys::loop_ctl_get_free(ctl.as_raw_fd()) }
             .map_err(ioctl_err("LOOP_CTL_GET_FREE", ctl_path))?;
         // nix answers a negative return with Err: the index is >= 0.
-        let dev_path = ensure_node(index.cast_unsigned())?;
+        let index = index.cast_unsigned();
+        let index = if index_devnum(index).is_none_or(avoid) {
+            free_index_past(&ctl, ctl_path, index, avoid)?
+        } else {
+            index
+        };
+        let dev_path = ensure_node(index)?;
         let dev = open(&dev_path, true)?;
         match bind(&dev, &dev_path, &backing, file) {
             Ok(()) => return Ok(dev_path),
@@ -253,6 +287,39 @@ fn attach_backing(backing: File, file: &Path, bind: BindFn) -> Result<PathBuf, L
     }
     Err(LoopError::Busy {
         attempts: ATTACH_ATTEMPTS,
+    })
+}
+
+/// The numbers of loop device `index`, from sysfs.
+fn index_devnum(index: u32) -> Option<ebs_node_core::DevNum> {
+    let text = std::fs::read_to_string(format!("/sys/block/loop{index}/dev")).ok()?;
+    let (major, minor) = text.trim().split_once(':')?;
+    Some(ebs_node_core::DevNum::new(
+        major.parse().ok()?,
+        minor.parse().ok()?,
+    ))
+}
+
+/// The first index past `from` whose device is unbound and whose number `avoid` allows, made
+/// with LOOP_CTL_ADD where it does not exist yet.
+fn free_index_past(ctl: &File, ctl_path: &Path, from: u32, avoid: Avoid) -> Result<u32, LoopError> {
+    for index in from + 1..=from + AVOID_LOOKS {
+        // SAFETY: ctl is an open /dev/loop-control fd; the argument is the index to add.
+        match unsafe { sys::loop_ctl_add(ctl.as_raw_fd(), index.cast_signed()) } {
+            Ok(_) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(ioctl_err("LOOP_CTL_ADD", ctl_path)(e)),
+        }
+        if index_devnum(index).is_none_or(avoid) {
+            continue;
+        }
+        let dev_path = ensure_node(index)?;
+        let dev = open(&dev_path, false)?;
+        if overlay::status_of(&dev, &dev_path)?.is_none() {
+            return Ok(index);
+        }
+    }
+    Err(LoopError::AllBound {
+        looked: AVOID_LOOKS,
     })
 }
 

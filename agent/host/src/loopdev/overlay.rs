@@ -38,6 +38,15 @@ pub fn attach_read_only_over(backing: File, tag: &str) -> Result<PathBuf, LoopEr
     attach_backing(backing, Path::new(tag), bind)
 }
 
+/// `attach_read_only_over` on a device whose number `avoid` allows (`super::Avoid`).
+pub fn attach_read_only_over_avoiding(
+    backing: File,
+    tag: &str,
+    avoid: super::Avoid,
+) -> Result<PathBuf, LoopError> {
+    super::attach_backing_avoiding(backing, Path::new(tag), bind, avoid)
+}
+
 /// The status of the loop device open as `dev`; None when it is not bound.
 pub fn status_of(dev: &File, device: &Path) -> Result<Option<Overlay>, LoopError> {
     let mut info = LoopInfo64::zeroed();

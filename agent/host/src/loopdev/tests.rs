@@ -71,12 +71,22 @@ fn attach_inspect_grow_detach() {
     detach(&lo.0).unwrap();
     // Other tests (or udev) may briefly hold the device open, which turns
     // LOOP_CLR_FD into a deferred detach; wait for the last close.
+    // A test running in parallel may take the freed number at once: the device is then bound,
+    // to another file.
+    let ours = |lo: &Path| backing_inode(lo).unwrap() == Some(want);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while backing_file(&lo.0).unwrap().is_some() && std::time::Instant::now() < deadline {
+    while ours(&lo.0) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(backing_file(&lo.0).unwrap(), None);
-    assert_eq!(backing_inode(&lo.0).unwrap(), None);
+    assert!(
+        !ours(&lo.0),
+        "{} is still bound to the file",
+        lo.0.display()
+    );
+    assert_ne!(
+        backing_file(&lo.0).unwrap().as_deref(),
+        Some(file.0.as_path())
+    );
     assert_eq!(find_by_backing_inode(want.0, want.1).unwrap(), None);
     // Detaching twice is fine (ENXIO). Only while the device is still free: a test running in
     // parallel may have attached its own file to this number meanwhile.

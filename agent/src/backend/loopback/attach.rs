@@ -14,13 +14,12 @@ use ebs_node_core::node::device_claim;
 use ebs_node_host::mount::at_path::read_table;
 use ebs_node_host::{freeze, loopdev};
 
+/// Attaches on a device whose number no bind holds anywhere (a workload may detach its own loop
+/// device, which needs no privilege, and a bind of its node would then reach the new volume).
 fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
-    let attached = if readonly {
-        loopdev::attach_read_only(file)
-    } else {
-        loopdev::attach(file)
-    };
-    attached.map_err(|e| Error::Internal(format!("attaching {}: {e}", file.display())))
+    let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    loopdev::attach_avoiding(file, readonly, &|d| uses.bound(d).is_some())
+        .map_err(|e| Error::Internal(format!("attaching {}: {e}", file.display())))
 }
 
 impl LoopController {
