@@ -65,7 +65,11 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     // still holds the filesystem: the kernel still claims the device. The staging mount is gone
     // by now, which no workload notices; the record stays until the filesystem is free, so the
     // CO does not detach a volume in use.
+    // Only at the volume's own staging path, or with no record to say where that is: at another
+    // path nothing of the volume was taken away, and it stays staged where it is.
+    let here = recorded || staged.is_none();
     if is_fs
+        && here
         && let Some(dev) = device
         && expected.is_device(ctx, dev)
         && ctx.host.still_claimed(dev, expected.held(dev))

@@ -130,3 +130,31 @@ fn a_block_staging_is_forgotten_without_any_unmount() {
     );
     assert!(!staged_record(&h));
 }
+
+/// An unstage naming another volume's staging path leaves both volumes as they are and claims
+/// no removal (a twelfth fresh review's F3: it answered "its staging mount was removed").
+#[test]
+fn an_unstage_at_another_volumes_staging_path_changes_nothing_and_says_nothing_was_removed() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.attach("vol-other");
+    stage_at(
+        &h,
+        "vol-other",
+        "other",
+        mount(AccessMode::SingleNodeWriter),
+    )
+    .expect("stage");
+    h.host.state().calls.clear();
+    crate::node::unstage(
+        &h.ctx,
+        &UnstageCommand {
+            volume: VolumeId::parse(VOL).expect("id"),
+            staging: h.path("staging_target_path", "staging/other"),
+        },
+    )
+    .expect("nothing of the volume is at that path");
+    assert_eq!(h.host.calls(), strings(&[]));
+    assert!(staged_record(&h));
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
+}
