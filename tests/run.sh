@@ -15,6 +15,9 @@ if [[ ${CI:-} == true ]]; then export CARGO_INCREMENTAL=0; fi
 mkdir -p target
 export EBS_SKIP_LOG="$PWD/target/test-skips.log"
 : >"$EBS_SKIP_LOG"
+# The core's simulation (issue 51) writes its count here; printed before the summary.
+export EBS_SIM_REPORT="$PWD/target/simulation.txt"
+: >"$EBS_SIM_REPORT"
 # csi-sanity for the conformance test: found, or built where Go and its module proxy are at hand;
 # when neither, csi_sanity says how to provide it (and fails at once under CI=true).
 csi_sanity="$(bash tests/tools.sh provide csi-sanity)" && export CSI_SANITY="$csi_sanity"
@@ -60,6 +63,7 @@ cargo test --workspace --locked --no-fail-fast "${hooks[@]}" -- --test-threads="
   tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
+cat "$EBS_SIM_REPORT"
 # The closing summary: every FAILED step and test binary, every skip with its reason, and the
 # counts, each in its unit (tests/summary.sh says which).
 bash tests/summary.sh "$log" "$EBS_SKIP_LOG" "$rc" "${failed[@]}"

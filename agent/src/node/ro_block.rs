@@ -65,6 +65,12 @@ pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevi
         .map_err(|e| Error::io(format!("opening {} read-only", device.path().display()), e))?;
     // Never on a number a bind still holds (`loopdev::Avoid`).
     let uses = Uses::scan(ro_binds::WITHIN);
+    if let Some(why) = uses.failed() {
+        return Err(Error::Unavailable(format!(
+            "laying a read-only device over {}: no device number can be told free of binds: {why}",
+            device.path().display()
+        )));
+    }
     let avoid = |d| uses.bound(d).is_some();
     let path = overlay::attach_read_only_over_avoiding(backing, tag, &avoid).map_err(|e| {
         loop_error(

@@ -30,6 +30,8 @@ fn cap_mask(names: &[String]) -> u64 {
             "mknod" => 1 << 27,
             "sys_admin" => 1 << 21,
             "sys_resource" => 1 << 24,
+            "sys_chroot" => 1 << 18,
+            "sys_ptrace" => 1 << 19,
             other => panic!("add {other} to cap_mask"),
         })
         .fold(0, |a, b| a | b)

@@ -30,7 +30,11 @@ pub fn bound_by_another(
         if id == volume.as_str() {
             continue;
         }
-        let staged = ctx.ledger.staged(&id)?;
+        // A record that does not decode is its own volume's trouble (marked for attention at
+        // start-up), never another volume's stage: it is passed over here.
+        let Ok(staged) = ctx.ledger.staged(&id) else {
+            continue;
+        };
         // The same device is the claims' question; this is about a number reused under a bind.
         let same_number = staged
             .as_ref()
@@ -47,7 +51,8 @@ pub fn bound_by_another(
         // none of the staged record's: asked whatever the record's number.
         places.extend(
             ctx.ledger
-                .publications(&id)?
+                .publications(&id)
+                .unwrap_or_default()
                 .into_iter()
                 .filter(|p| p.block && (same_number || p.readonly))
                 .map(|p| p.target_path),

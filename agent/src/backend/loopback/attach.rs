@@ -18,6 +18,12 @@ use ebs_node_host::{freeze, loopdev};
 /// device, which needs no privilege, and a bind of its node would then reach the new volume).
 fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
     let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    if let Some(why) = uses.failed() {
+        return Err(Error::Unavailable(format!(
+            "attaching {}: no device number can be told free of binds: {why}",
+            file.display()
+        )));
+    }
     loopdev::attach_avoiding(file, readonly, &|d| uses.bound(d).is_some())
         .map_err(|e| Error::Internal(format!("attaching {}: {e}", file.display())))
 }

@@ -74,6 +74,12 @@ impl Uses {
         claimed(device)
     }
 
+    /// Why the mount tables could not be examined, when they could not (then every device
+    /// counts as used).
+    pub fn failed(&self) -> Option<&str> {
+        self.found.as_ref().err().map(String::as_str)
+    }
+
     /// Where a node of the device is bound (a raw use no claim shows), in any namespace; what
     /// went wrong when the tables could not be read (then every device counts as bound).
     pub fn bound(&self, devnum: DevNum) -> Option<String> {

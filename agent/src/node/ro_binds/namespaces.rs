@@ -52,18 +52,24 @@ pub(super) fn scan() -> Result<Found, String> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
     for pid in pids {
         let proc_dir = Path::new("/proc").join(pid.to_string());
-        pinned.extend(held_open(&proc_dir));
+        pinned.extend(held_open(&proc_dir)?);
         for task in std::fs::read_dir(proc_dir.join("task"))
             .into_iter()
             .flatten()
             .flatten()
         {
-            // A thread or process that is gone, or a zombie's, has nothing to show.
-            if let Ok(f) = File::open(task.path().join("ns/mnt")) {
-                pinned.push(Pinned {
+            // A thread or process that is gone, or a zombie's, has nothing to show. One the
+            // agent may not look into even with CAP_SYS_PTRACE (a process of a user namespace
+            // above the agent's: the agent then runs in a container's) is passed over, and
+            // said once; any other error fails the scan.
+            match File::open(task.path().join("ns/mnt")) {
+                Ok(f) => pinned.push(Pinned {
                     ns: OwnedFd::from(f),
                     at: format!("of pid {pid}"),
-                });
+                }),
+                Err(e) if gone(&e) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => denied(pid),
+                Err(e) => return Err(format!("the mount namespace of pid {pid}: {e}")),
             }
         }
         // Keeps the open namespace files few: the ones already read go at once.
@@ -126,14 +132,32 @@ fn not_every_process_seen() -> Option<String> {
     })
 }
 
+/// Says once that a process's namespace could not be looked into.
+fn denied(pid: u32) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            pid,
+            "the mount namespace of a process is closed to this agent even as root (it runs in a user namespace below that process's); binds there are not seen"
+        );
+    }
+}
+
+/// A process or thread that exited while it was looked at (or a zombie's namespace).
+fn gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
 /// The mount namespaces a process holds open (an fd of a `/proc/<pid>/ns/mnt` it is not in).
-fn held_open(proc_dir: &Path) -> Vec<Pinned> {
+fn held_open(proc_dir: &Path) -> Result<Vec<Pinned>, String> {
     let mut held = Vec::new();
-    for e in std::fs::read_dir(proc_dir.join("fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
+    let fds = match std::fs::read_dir(proc_dir.join("fd")) {
+        Ok(fds) => fds,
+        Err(e) if gone(&e) || e.raw_os_error() == Some(libc::EACCES) => return Ok(held),
+        Err(e) => return Err(format!("the open files of {}: {e}", proc_dir.display())),
+    };
+    for e in fds.flatten() {
+        // An fd closed meanwhile is not a namespace held open.
         let is_mnt_ns =
             std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("mnt:["));
         if is_mnt_ns && let Ok(f) = File::open(e.path()) {
@@ -143,7 +167,7 @@ fn held_open(proc_dir: &Path) -> Vec<Pinned> {
             });
         }
     }
-    held
+    Ok(held)
 }
 
 /// In a thread of its own: enters the pinned namespace and reads its table there (paths then

@@ -423,10 +423,20 @@ fn the_simulated_node_keeps_every_never_do_rule() {
     let started = std::time::Instant::now();
     let calls = run_seeds(first, seeds, steps);
     CALLS.fetch_add(calls, Ordering::Relaxed);
-    println!(
+    let line = format!(
         "simulation: seeds {first}..{}, {steps} steps each, {} calls, 0 violations, {:.1} s",
         first + seeds,
         CALLS.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
+    println!("{line}");
+    // The test command prints it after the run (a passing test's output is captured).
+    if let Some(report) = std::env::var_os("EBS_SIM_REPORT") {
+        use std::io::Write;
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(report)
+            .and_then(|mut f| writeln!(f, "{line}"));
+    }
 }
