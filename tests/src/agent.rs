@@ -112,6 +112,23 @@ impl Agent {
         args
     }
 
+    /// `recover <how> --state-dir <its state>` (the agent stopped), which must succeed; what it
+    /// printed.
+    pub fn recover(&self, how: &str) -> String {
+        let out = Command::new(agent_bin())
+            .args(["recover", how, "--state-dir"])
+            .arg(&self.state_dir)
+            .output()
+            .expect("recover");
+        assert!(
+            out.status.success(),
+            "recover {how}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub async fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)

@@ -254,12 +254,7 @@ async fn a_kept_read_only_device_the_records_lost_goes_with_the_detach() {
         .expect("unstage");
     drop(node);
     agent.kill();
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--from-mounts", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
+    agent.recover("--from-mounts");
     agent.spawn().await;
     theirs.end();
     let mut node = agent.node().await;

@@ -141,12 +141,7 @@ async fn a_handles_staging_that_outlived_its_records_is_its_own_again() {
         ))
         .await;
     agent.kill();
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--reset", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
+    agent.recover("--reset");
     agent.restart(Some(AgentOpts::default())).await;
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(

@@ -231,12 +231,7 @@ async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_
         .collect();
     drop(node);
     agent.terminate().await;
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--reset", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
+    agent.recover("--reset");
     agent.spawn().await;
     let mut node = agent.node().await;
 

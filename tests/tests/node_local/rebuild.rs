@@ -30,12 +30,7 @@ async fn rebuilt_then_taken_down(
         .expect("publish the handle");
     drop(node);
     agent.terminate().await;
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--from-mounts", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
+    let said = agent.recover("--from-mounts");
     agent.spawn().await;
     let mut node = agent.node().await;
     node.node_unpublish_volume(unpublish_req(h, target))
@@ -47,8 +42,7 @@ async fn rebuilt_then_taken_down(
     assert_eq!(
         mounts_below(&agent.work),
         Vec::<std::path::PathBuf>::new(),
-        "the handle's mounts were left: {}",
-        String::from_utf8_lossy(&out.stdout)
+        "the handle's mounts were left: {said}"
     );
 }
 
@@ -122,12 +116,7 @@ async fn a_hard_link_of_a_volumes_file_is_the_agents_after_a_reset() {
     let file = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
         .expect("the volume's file");
     agent.terminate().await;
-    let out = std::process::Command::new(agent_bin())
-        .args(["recover", "--reset", "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(out.status.success(), "{out:?}");
+    agent.recover("--reset");
     agent.spawn().await;
     let link = scratch.join("link.img");
     std::fs::hard_link(file.trim(), &link).expect("a hard link of the volume's file");
