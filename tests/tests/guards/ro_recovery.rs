@@ -16,20 +16,6 @@ use csi::volume_capability::access_mode::Mode;
 use super::is_mounted;
 use super::ro_block::{Overlays, PATTERN, check_read_only, head, loops_over, staged_block, target};
 
-fn recover(agent: &Agent, how: &str) {
-    let out = Command::new(agent_bin())
-        .args(["recover", how, "--state-dir"])
-        .arg(&agent.state_dir)
-        .output()
-        .expect("recover");
-    assert!(
-        out.status.success(),
-        "recover {how}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Starts the agent again on its state; Err when it refuses to start (a 0-byte state file may
 /// be refused as corrupt: then nothing may have been taken away either).
 async fn start_again(agent: &mut Agent) -> Result<(), String> {
@@ -70,13 +56,13 @@ async fn a_rebuilt_or_reset_state_never_detaches_a_live_read_only_block_device()
             "zero-byte" => std::fs::File::create(agent.state_dir.join("state.redb"))
                 .map(drop)
                 .expect("cut the state file to 0 bytes"),
-            how => recover(&agent, how),
+            how => drop(agent.recover(how)),
         }
         if let Err(refused) = start_again(&mut agent).await {
             assert_eq!(case, "zero-byte", "{case}: {refused}");
             assert_eq!(loops_over(&vol.device).len(), 1, "{case}: {refused}");
             agent.kill();
-            recover(&agent, "--reset");
+            agent.recover("--reset");
             start_again(&mut agent).await.expect("start after reset");
         }
         assert_eq!(
@@ -315,7 +301,7 @@ async fn a_bind_only_another_namespace_shows_keeps_its_device() {
     }
     agent.terminate().await.expect("the agent stops");
     nix::mount::umount2(&t, nix::mount::MntFlags::MNT_DETACH).expect("unmount ours");
-    recover(&agent, "--reset");
+    agent.recover("--reset");
     start_again(&mut agent).await.expect("start after reset");
     assert_eq!(
         loops_over(&vol.device).len(),
