@@ -22,7 +22,7 @@ export EBS_SIM_REPORT="$PWD/target/simulation.txt"
 # when neither, csi_sanity says how to provide it (and fails at once under CI=true).
 csi_sanity="$(bash tests/tools.sh provide csi-sanity)" && export CSI_SANITY="$csi_sanity"
 # The agent under test carries the crash points (--crash-after) the crash matrix needs: the
-# `test-hooks` feature, which no release build enables (agent/src/test_hooks.rs).
+# `test-hooks` feature, which no release build enables (agent/daemon/src/test_hooks.rs).
 hooks=(--features ebs-node-agent/test-hooks)
 # The Kubernetes tier's image carries the release image's name, so its binary is the agent as
 # it ships: no features, never the test hooks (tests/k8s/images.sh refuses a hooks build). It is

@@ -27,7 +27,7 @@ base=${K8S_BASE_CACHE:-/var/cache/ebs-node-agent-tests/k8s-bookworm-$(sha256sum 
 : "${K8S_TOOLS:?K8S_TOOLS: the directory with the .xz binaries of the sidecars}"
 work=$D/images
 mkdir -p "$work" "$cache" "$base"
-# The hooks' environment variables exist in a test-hooks build only (agent/src/test_hooks.rs).
+# The hooks' environment variables exist in a test-hooks build only (agent/daemon/src/test_hooks.rs).
 if grep -qaF EBS_AGENT_CRASH_AFTER "$agent"; then
   echo "images.sh: $agent is a test-hooks build (it knows EBS_AGENT_CRASH_AFTER); the image named" \
     "like the release image is built from a build without features only:" \

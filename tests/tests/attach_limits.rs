@@ -1,5 +1,5 @@
 //! MaxVolumesPerNode against the upstream EBS node's, for every instance type of the data file
-//! the agent embeds (agent/data/ec2-ebs-attachment-limits.tsv), on a node with only its root
+//! the agent embeds (agent/core/data/ec2-ebs-attachment-limits.tsv), on a node with only its root
 //! volume and 1 or 3 network interfaces. The expected value is computed here from the file with
 //! the formula its header states, independently of the agent's parser; the agent's value comes
 //! through the path NodeGetInfo takes (identity lookup, then the sysfs count at the call).
@@ -13,7 +13,7 @@ use ebs_node_core::ec2::ebs::EBS_MODEL;
 use ebs_node_fixture::flat as fixture;
 use ebs_tests::{Scratch, require_root, sh};
 
-const DATA: &str = "../agent/data/ec2-ebs-attachment-limits.tsv";
+const DATA: &str = "../agent/core/data/ec2-ebs-attachment-limits.tsv";
 
 struct Row {
     instance_type: String,

@@ -1,4 +1,4 @@
-//! The order of checks the CSI spec implies (agent/src/grpc/spec_order.rs), the same through
+//! The order of checks the CSI spec implies (agent/daemon/src/grpc/spec_order.rs), the same through
 //! v1, v0.3 and v0.1: a missing REQUIRED field is INVALID_ARGUMENT before anything else, an
 //! unknown volume is NOT_FOUND before any path is looked at, then paths and states.
 

@@ -56,7 +56,7 @@ sync
 mark state-fs
 
 # The fixture: the volume's NVMe controller and namespace as sysfs shows them (the layout of
-# agent/src/backend/ebs/fixture.rs), its node a link to the logged linear device.
+# agent/daemon/src/backend/ebs/fixture.rs), its node a link to the logged linear device.
 VOL=vol-0123456789abcdef0
 FX=$BASE/fixture
 CTRL=$FX/sys/devices/pci0000:00/0000:00:05.0/nvme/nvme1

@@ -21,7 +21,7 @@ use super::scenarios::{AGENT_PODS, DRIVER, agent_pod_name, agent_pods, klog_time
 const INSTANCE_ID: &str = "i-0c0ffee0k8s00001";
 const INSTANCE_TYPE: &str = "m7i.large";
 const ZONE: &str = "eu-central-1b";
-/// m7i.large: 32 EBS attachments, dedicated (agent/data/ec2-ebs-attachment-limits.tsv), minus
+/// m7i.large: 32 EBS attachments, dedicated (agent/core/data/ec2-ebs-attachment-limits.tsv), minus
 /// the reserved root volume (this VM has no EBS disk, so the agent reserves its minimum of 1).
 const EBS_ALLOCATABLE: i64 = 31;
 const EBS_TOPOLOGY_KEYS: [&str; 3] = [
@@ -307,7 +307,7 @@ pub fn registration_after_identity(ctx: &mut Ctx) -> Result<(), String> {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|v| {
-            // agent/src/nodeinfo/sources.rs: the line once the identity is complete.
+            // agent/daemon/src/nodeinfo/sources.rs: the line once the identity is complete.
             v["message"] == "node identity known" && v["level"] == "INFO"
         })
         .and_then(|v| {

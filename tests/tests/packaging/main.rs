@@ -5,6 +5,7 @@
 
 mod hosts;
 mod kube_duties;
+mod layout;
 mod manifests;
 mod release;
 mod upstream_chart;

@@ -76,7 +76,7 @@ fn release_builds_never_enable_the_test_hooks() {
     // No manifest turns the feature on by itself (a default, or another crate's dependency).
     for manifest in [
         "Cargo.toml",
-        "agent/Cargo.toml",
+        "agent/daemon/Cargo.toml",
         "store/Cargo.toml",
         "proto/Cargo.toml",
     ] {

@@ -1,7 +1,7 @@
 //! max_volumes_per_node, computed the way the upstream aws-ebs-csi-driver node computes it, so a
 //! node reports the same number after its plugin is swapped for this agent.
 //!
-//! The table is `agent/data/ec2-ebs-attachment-limits.tsv`: the EC2 API's EBS attachment limit
+//! The table is `agent/core/data/ec2-ebs-attachment-limits.tsv`: the EC2 API's EBS attachment limit
 //! and budget kind per instance type, as upstream's generated table records them. Its header names
 //! the source and the formula. The copy is kept byte-identical to the file it came from, so
 //! refreshing it means replacing it with a newer copy of the same format and running
@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-const TABLE: &str = include_str!("../../../data/ec2-ebs-attachment-limits.tsv");
+const TABLE: &str = include_str!("../../data/ec2-ebs-attachment-limits.tsv");
 
 /// What upstream assumes for a type its table lacks.
 pub const UNKNOWN_TYPE: TableEntry = TableEntry {

@@ -1,6 +1,6 @@
 //! Whether a volume is known here, for the NOT_FOUND that the CSI spec puts before any check of
 //! a path or a state (see the daemon's `grpc::spec_order`,
-//! agent/src/grpc/spec_order.rs).
+//! agent/daemon/src/grpc/spec_order.rs).
 
 use super::NodeCtx;
 use crate::error::{Error, Result};
