@@ -14,6 +14,7 @@ mod lifecycle;
 mod owners;
 mod rebuild;
 mod refusals;
+mod stacked;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

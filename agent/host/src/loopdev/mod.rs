@@ -347,7 +347,9 @@ pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
     Ok(())
 }
 
+mod backing_fs;
 pub mod overlay;
+pub use backing_fs::{BackingFs, backing_fs};
 mod query;
 pub use query::{
     backing_file, backing_file_by_devnum, backing_inode, backing_inode_of, backing_of,

@@ -76,14 +76,24 @@ pub fn refuse_if_any_loop_over(id: &str, file: &Path) -> Result<()> {
         {
             continue;
         }
-        if ebs_node_host::loopdev::backing_inode(&device)
+        let Some((st_dev, st_ino)) = ebs_node_host::loopdev::backing_inode(&device)
             .ok()
             .flatten()
-            == Some((meta.dev(), meta.ino()))
-        {
+        else {
+            continue;
+        };
+        if (st_dev, st_ino) == (meta.dev(), meta.ino()) {
             return busy(
                 id,
                 format!("{} is still bound to its file", device.display()),
+            );
+        }
+        // Laid through a filesystem that shows other files under names of its own, it may be
+        // bound to this very file.
+        if let Err(why) = super::stacked::believable(st_dev, Some(meta.dev())) {
+            return busy(
+                id,
+                format!("{} may be bound to its file: {why}", device.display()),
             );
         }
     }

@@ -9,6 +9,7 @@ mod in_use;
 mod paging;
 mod resize;
 mod snapshots;
+mod stacked;
 
 use ebs_node_core::DevNum;
 use std::collections::HashMap;
@@ -212,6 +213,9 @@ impl Backend for LoopBackend {
     fn identify(&self, devnum: DevNum) -> std::result::Result<DeviceIdentity, NotProven> {
         let dev = open_loop(devnum).map_err(NotProven::Unknown)?;
         let (st_dev, st_ino) = loop_backing(&dev, devnum).map_err(NotProven::Unknown)?;
+        // A pair that may not name one file matches no volume whoever's file it is.
+        let own = file_inode(&self.volumes_dir).ok().map(|(d, _)| d);
+        stacked::believable(st_dev, own).map_err(NotProven::Unknown)?;
         Ok(DeviceIdentity::LoopFile {
             file: loopdev::backing_file_by_devnum(devnum).unwrap_or_default(),
             st_dev,
