@@ -1,15 +1,16 @@
 //! The host crate's handles as the core's node pipeline names them: an `Anchored` entry is its
-//! `Entry`, an `EntryFd` its `OpenEntry`, a `HeldDevice` its `DeviceHandle`. The daemon's
-//! `RealHost` hands these out, and takes them back through `as_any`.
+//! `Entry`, an `EntryFd` its `OpenEntry`, a `HeldDevice` its `DeviceHandle`. Each carries its own
+//! calls (mount, bind, unmount, the mount table's answer): the pipeline acts through the handle
+//! the host crate made, so nothing is ever handed back and taken apart.
 
-use std::any::Any;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use ebs_node_core::DevNum;
-use ebs_node_core::node::host::{DeviceHandle, Entry, OpenEntry, PathRefusal};
-use ebs_node_core::seam::{EntryStat, Removed};
+use ebs_node_core::node::host::{Ancestry, DeviceHandle, Entry, OpenEntry, PathRefusal};
+use ebs_node_core::request::FsType;
+use ebs_node_core::seam::{EntryStat, MountFacts, Removed, Unmounted};
 
 use crate::anchor::{Anchored, EntryFd};
 use crate::device::HeldDevice;
@@ -33,8 +34,17 @@ impl Entry for Anchored {
     fn remove(&self) -> io::Result<Removed> {
         Anchored::remove(self)
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn mounted_at(&self) -> io::Result<Option<MountFacts>> {
+        crate::mount::at_path::mounted_at(self)
+    }
+    fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
+        crate::mount::ops::bind(source, self, readonly, vfs_bits)
+    }
+    fn unmount(&self) -> io::Result<Unmounted> {
+        crate::mount::ops::unmount(self)
+    }
+    fn ancestry(&self) -> io::Result<Ancestry> {
+        Anchored::ancestry(self)
     }
 }
 
@@ -45,8 +55,18 @@ impl OpenEntry for EntryFd {
     fn path_for_tools(&self) -> PathBuf {
         EntryFd::path_for_tools(self)
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn mount_facts(&self, path: &Path) -> io::Result<Option<MountFacts>> {
+        crate::mount::at_path::mount_of(self, path)
+    }
+    fn mount_device(
+        &self,
+        device: &Path,
+        fs: FsType,
+        vfs_bits: u64,
+        data: &[String],
+        readonly: bool,
+    ) -> io::Result<()> {
+        crate::mount::ops::mount_device(device, self, fs.name(), vfs_bits, data, readonly)
     }
 }
 
@@ -83,19 +103,4 @@ pub fn path_refusal(e: io::Error) -> PathRefusal {
         Some(libc::ENOTDIR) => PathRefusal::NotDirectory,
         _ => PathRefusal::Unexaminable(e),
     }
-}
-
-/// The `Anchored` behind a core `Entry`; the pipeline only ever hands back what the host made.
-pub fn anchored(entry: &dyn Entry) -> io::Result<&Anchored> {
-    entry
-        .as_any()
-        .downcast_ref::<Anchored>()
-        .ok_or_else(|| io::Error::other("an entry the host crate did not make"))
-}
-
-/// The `EntryFd` behind a core `OpenEntry`.
-pub fn entry_fd(fd: &dyn OpenEntry) -> io::Result<&EntryFd> {
-    fd.as_any()
-        .downcast_ref::<EntryFd>()
-        .ok_or_else(|| io::Error::other("an open entry the host crate did not make"))
 }

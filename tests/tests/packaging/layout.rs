@@ -76,3 +76,43 @@ fn crates_lie_side_by_side_and_the_readme_maps_them() {
         );
     }
 }
+
+/// Every `.rs` file below `dir`, relative to the repository.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The seam is typed (issue 50): a handle carries its own host calls, so shipped code never
+/// takes one apart again. Test code (a `tests` folder or file, or below `#[cfg(test)]`) may.
+#[test]
+fn shipped_code_never_downcasts() {
+    let mut files = Vec::new();
+    for dir in ["agent", "store", "proto"] {
+        rust_files(&repo().join(dir), &mut files);
+    }
+    assert!(files.len() > 100, "{}", files.len());
+    for f in files {
+        let rel = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+        let is_test = rel.contains("/tests/") || rel.ends_with("tests.rs");
+        if is_test {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        let shipped = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in shipped.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            assert!(
+                !code.contains("downcast") && !code.contains("as_any"),
+                "{rel}:{}: {line}",
+                n + 1
+            );
+        }
+    }
+}

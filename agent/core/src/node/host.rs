@@ -8,9 +8,11 @@
 //! Paths and devices still go through held handles: a request path becomes an `Entry` once,
 //! resolved below its allowed prefix with no symlink followed (the host crate's `Anchored`), and
 //! every later question or change names that entry or an `OpenEntry` of it, never a path to
-//! resolve again; a device is held open from the moment it is proven (`DeviceHandle`).
+//! resolve again; a device is held open from the moment it is proven (`DeviceHandle`). A handle
+//! carries its own host calls (an entry is mounted on, bound onto, unmounted and placed through
+//! itself), so the host is never handed back a handle to take apart: no downcast, and no handle
+//! made elsewhere can reach the host crate's calls.
 
-use std::any::Any;
 use std::fmt::Debug;
 use std::fs::File;
 use std::io;
@@ -40,8 +42,15 @@ pub trait Entry: Debug + Send + Sync {
     fn open_entry(&self) -> io::Result<Box<dyn OpenEntry>>;
     /// Removes an empty directory or an empty file; anything else is kept.
     fn remove(&self) -> io::Result<Removed>;
-    /// The concrete handle, for the host that made it.
-    fn as_any(&self) -> &dyn Any;
+    /// The mount whose root this entry is, if any.
+    fn mounted_at(&self) -> io::Result<Option<MountFacts>>;
+    /// A bind of `source` (a /proc/self/fd path of a proven mount root or device) onto it.
+    fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()>;
+    /// Unmounts the top-most mount on it.
+    fn unmount(&self) -> io::Result<Unmounted>;
+    /// The places it lies in below its prefix, as the kernel reaches them from the held
+    /// directory (`..`), not by their names.
+    fn ancestry(&self) -> io::Result<Ancestry>;
 }
 
 /// An entry held open: what is checked through it is what is used.
@@ -50,7 +59,17 @@ pub trait OpenEntry: Debug + Send + Sync {
     fn proc_path(&self) -> PathBuf;
     /// The same through this process's pid, for a tool the agent runs.
     fn path_for_tools(&self) -> PathBuf;
-    fn as_any(&self) -> &dyn Any;
+    /// The mount whose root the opened entry is, if any (`path` names it in errors).
+    fn mount_facts(&self, path: &Path) -> io::Result<Option<MountFacts>>;
+    /// mount(2) of `device`'s filesystem onto it.
+    fn mount_device(
+        &self,
+        device: &Path,
+        fs: FsType,
+        vfs_bits: u64,
+        data: &[String],
+        readonly: bool,
+    ) -> io::Result<()>;
 }
 
 /// Why a request or recorded path cannot be held.
@@ -109,36 +128,6 @@ pub trait HostOps: Send + Sync {
         prefix: &Path,
         path: &Path,
     ) -> std::result::Result<Option<Box<dyn Entry>>, PathRefusal>;
-
-    // The mount table, asked about one held entry.
-    /// The mount whose root `entry` is, if any.
-    fn mounted_at(&self, entry: &dyn Entry) -> io::Result<Option<MountFacts>>;
-    /// The same about an opened entry (`path` names it in errors).
-    fn mount_of(&self, fd: &dyn OpenEntry, path: &Path) -> io::Result<Option<MountFacts>>;
-
-    // Mounts.
-    /// mount(2) of `device`'s filesystem onto `target` (the opened entry at `target_path`).
-    #[allow(clippy::too_many_arguments)] // mount(2)'s own arguments, each validated
-    fn mount_device(
-        &self,
-        device: &Path,
-        target: &dyn OpenEntry,
-        target_path: &Path,
-        fs: FsType,
-        vfs_bits: u64,
-        data: &[String],
-        readonly: bool,
-    ) -> io::Result<()>;
-    /// A bind of `source` (a /proc/self/fd path of a proven mount root or device) onto `target`.
-    fn bind(
-        &self,
-        source: &Path,
-        target: &dyn Entry,
-        readonly: bool,
-        vfs_bits: u64,
-    ) -> io::Result<()>;
-    /// Unmounts the top-most mount at `entry`.
-    fn unmount(&self, entry: &dyn Entry) -> io::Result<Unmounted>;
 
     // Devices.
     /// Holds a block device open (not exclusively).
@@ -210,9 +199,6 @@ pub trait HostOps: Send + Sync {
     // Places: what a directory is, whatever it is called.
     /// The place the directory at `path` is (symlinks followed: the operator's own directories).
     fn place_of(&self, path: &Path) -> io::Result<Place>;
-    /// The places `entry` lies in below its prefix, as the kernel reaches them from the held
-    /// directory (`..`), not by their names.
-    fn ancestry(&self, entry: &dyn Entry) -> io::Result<Ancestry>;
 }
 
 /// What a directory is: its filesystem's device and its inode. A bind of it, or a second mount of

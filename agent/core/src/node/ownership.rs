@@ -158,10 +158,7 @@ impl Holder {
 
 /// What holds `entry`, judged against `expected`.
 pub fn holder(ctx: &NodeCtx, entry: &dyn Entry, expected: &Expected) -> Result<Holder> {
-    let facts = ctx
-        .host
-        .mounted_at(entry)
-        .map_err(|e| examine_error(entry, e))?;
+    let facts = entry.mounted_at().map_err(|e| examine_error(entry, e))?;
     Ok(judge(ctx, facts, expected))
 }
 
@@ -172,9 +169,8 @@ pub fn holder_of(
     entry: &dyn Entry,
     expected: &Expected,
 ) -> Result<Holder> {
-    let facts = ctx
-        .host
-        .mount_of(fd, entry.path())
+    let facts = fd
+        .mount_facts(entry.path())
         .map_err(|e| examine_error(entry, e))?;
     Ok(judge(ctx, facts, expected))
 }

@@ -95,7 +95,7 @@ fn confine(ctx: &NodeCtx, path: &RequestPath, entry: &dyn Entry) -> Result<Ances
         path: path.as_path().to_path_buf(),
         source,
     };
-    let ancestry = ctx.host.ancestry(entry).map_err(unexaminable)?;
+    let ancestry = entry.ancestry().map_err(unexaminable)?;
     let here = entry
         .stat()
         .map_err(unexaminable)?

@@ -171,7 +171,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 Some(ro) => ro.proc_path(),
                 None => source.proc_path(),
             };
-            if let Err(e) = ctx.host.bind(&from, &*target, readonly, vfs_bits) {
+            if let Err(e) = target.bind_here(&from, readonly, vfs_bits) {
                 // The record stays in progress: the retry binds again, and may use the file it
                 // made at a block target.
                 let mut failed = facts;

@@ -74,7 +74,7 @@ fn binds(ctx: &NodeCtx, place: &std::path::Path, devnum: DevNum) -> bool {
         Ok(None) => return false,
         Err(_) => return true,
     };
-    match ctx.host.mounted_at(&*entry) {
+    match entry.mounted_at() {
         Ok(Some(f)) => f.node.kind == FileKind::BlockDevice && f.node.rdev == devnum,
         Ok(None) => false,
         Err(_) => true,

@@ -295,11 +295,9 @@ impl MountSteps<'_> {
             let target = staging
                 .open_entry()
                 .map_err(|e| Error::io(format!("opening {}", staging_path.display()), e))?;
-            ctx.host
+            target
                 .mount_device(
                     device.path(),
-                    &*target,
-                    staging_path,
                     fs,
                     self.flags.vfs_bits(),
                     &data,

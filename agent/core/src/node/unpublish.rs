@@ -124,7 +124,7 @@ pub fn take_down(
         let found = holder(ctx, entry, expected)?;
         let own_bind = recorded
             && matches!(found, Holder::Foreign(_))
-            && binds_the_recorded_number(ctx, entry, expected)?;
+            && binds_the_recorded_number(entry, expected)?;
         match found {
             Holder::Nothing => return Ok(unmounted),
             Holder::Foreign(found) if recorded && !unmounted && !own_bind => {
@@ -146,7 +146,7 @@ pub fn take_down(
                     tracing::warn!(volume = %expected.volume, path = %path.display(),
                         "the device this bind was made of was replaced under it (detached outside the agent, its number given to another device); taking the bind down");
                 }
-                unmount_once(ctx, journal, entry)?;
+                unmount_once(journal, entry)?;
                 unmounted = true;
             }
         }
@@ -158,15 +158,15 @@ pub fn take_down(
 
 /// Lazy, unlike the intents of publish and stage: nothing resumes from an unmount's intent.
 /// After a crash the host says whether the unmount happened.
-fn unmount_once(ctx: &NodeCtx, journal: &Journal<'_>, entry: &dyn Entry) -> Result<()> {
+fn unmount_once(journal: &Journal<'_>, entry: &dyn Entry) -> Result<()> {
     let path = entry.path();
     let done = journal.step(
         Step::Unmount,
         detail([("path", path_string(path))]),
         Durability::Lazy,
         || {
-            ctx.host
-                .unmount(entry)
+            entry
+                .unmount()
                 .map_err(|e| Error::io(format!("unmounting {}", path.display()), e))
         },
     )?;
@@ -183,21 +183,14 @@ fn unmount_once(ctx: &NodeCtx, journal: &Journal<'_>, entry: &dyn Entry) -> Resu
 /// outside the agent, the number given to another device). Taking it down takes a view of
 /// another device away from the volume's workload and nothing from that device's owner, whose
 /// binds are at paths of its own.
-fn binds_the_recorded_number(
-    ctx: &NodeCtx,
-    entry: &dyn Entry,
-    expected: &Expected,
-) -> Result<bool> {
+fn binds_the_recorded_number(entry: &dyn Entry, expected: &Expected) -> Result<bool> {
     let Some(recorded) = expected.recorded_devnum() else {
         return Ok(false);
     };
-    let facts = ctx
-        .host
-        .mounted_at(entry)
-        .map_err(|e| Error::MountUnreadable {
-            path: entry.path().to_path_buf(),
-            source: e,
-        })?;
+    let facts = entry.mounted_at().map_err(|e| Error::MountUnreadable {
+        path: entry.path().to_path_buf(),
+        source: e,
+    })?;
     Ok(facts.is_some_and(|f| {
         f.node.kind == crate::seam::FileKind::BlockDevice && f.node.rdev == recorded
     }))

@@ -12,9 +12,7 @@ use super::ro_block;
 use crate::error::{Error, Result};
 use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
 use ebs_node_core::node::backend::Backend;
-use ebs_node_core::node::host::{
-    Ancestry, DeviceHandle, Entry, HostOps, OpenEntry, PathRefusal, Place, ReadOnlyDevice,
-};
+use ebs_node_core::node::host::{DeviceHandle, Entry, HostOps, PathRefusal, Place, ReadOnlyDevice};
 use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_core::probe::ProbeOutcome;
@@ -23,9 +21,7 @@ use ebs_node_host::anchor::Anchored;
 use ebs_node_host::blkid;
 use ebs_node_host::device::{self, HeldDevice};
 use ebs_node_host::fstools::{FsToolError, FsTools, FsckOutcome, filesystem_bytes_of};
-use ebs_node_host::mount::at_path::{self, MountFacts};
-use ebs_node_host::mount::ops::{self, Unmounted};
-use ebs_node_host::seam::{anchored, entry_fd, path_refusal};
+use ebs_node_host::seam::path_refusal;
 
 /// A request path held as the host crate's `Anchored` itself, for the daemon's own calls that
 /// act on it through the host crate (reclaim's trim, expand's grow); `None`: a directory above
@@ -61,48 +57,6 @@ impl HostOps for RealHost {
             Ok(entry) => Ok(entry.map(|e| Box::new(e) as Box<dyn Entry>)),
             Err(e) => Err(path_refusal(e)),
         }
-    }
-
-    fn mounted_at(&self, entry: &dyn Entry) -> io::Result<Option<MountFacts>> {
-        at_path::mounted_at(anchored(entry)?)
-    }
-
-    fn mount_of(&self, fd: &dyn OpenEntry, path: &Path) -> io::Result<Option<MountFacts>> {
-        at_path::mount_of(entry_fd(fd)?, path)
-    }
-
-    fn mount_device(
-        &self,
-        device: &Path,
-        target: &dyn OpenEntry,
-        _target_path: &Path,
-        fs: FsType,
-        vfs_bits: u64,
-        data: &[String],
-        readonly: bool,
-    ) -> io::Result<()> {
-        ops::mount_device(
-            device,
-            entry_fd(target)?,
-            fs.name(),
-            vfs_bits,
-            data,
-            readonly,
-        )
-    }
-
-    fn bind(
-        &self,
-        source: &Path,
-        target: &dyn Entry,
-        readonly: bool,
-        vfs_bits: u64,
-    ) -> io::Result<()> {
-        ops::bind(source, anchored(target)?, readonly, vfs_bits)
-    }
-
-    fn unmount(&self, entry: &dyn Entry) -> io::Result<Unmounted> {
-        ops::unmount(anchored(entry)?)
     }
 
     fn open_device(&self, path: &Path) -> io::Result<Box<dyn DeviceHandle>> {
@@ -224,10 +178,6 @@ impl HostOps for RealHost {
 
     fn place_of(&self, path: &Path) -> io::Result<Place> {
         ebs_node_host::anchor::place_of(path)
-    }
-
-    fn ancestry(&self, entry: &dyn Entry) -> io::Result<Ancestry> {
-        anchored(entry)?.ancestry()
     }
 }
 

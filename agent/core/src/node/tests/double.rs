@@ -21,7 +21,7 @@ use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
 use crate::node::host::ReadOnlyDevice;
-use crate::node::host::{Ancestry, Entry, OpenEntry, PathRefusal, Place};
+use crate::node::host::{Ancestry, Entry, PathRefusal, Place};
 use crate::node::host::{DeviceHandle, HostOps};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
@@ -79,6 +79,9 @@ pub struct DoubleHost {
     pub(super) watched: String,
     pub(super) dir: PathBuf,
     pub(super) state: Mutex<State>,
+    /// Itself, for the entries it hands out: they act through it, as a real entry acts on the
+    /// host through its own descriptors.
+    pub(super) me: std::sync::Weak<DoubleHost>,
 }
 
 pub fn mount_facts(dev: DevNum, fs_type: &str, read_only: bool) -> MountFacts {
@@ -116,7 +119,7 @@ impl HostOps for DoubleHost {
         path: &Path,
     ) -> std::result::Result<Box<dyn Entry>, PathRefusal> {
         self.examinable()?;
-        let entry = resolve(prefix, path, true, self.scripted("mkdir"))?;
+        let entry = resolve(prefix, path, true, self.scripted("mkdir"), self.me())?;
         entry
             .map(|e| Box::new(e) as Box<dyn Entry>)
             .ok_or(PathRefusal::NotDirectory)
@@ -128,110 +131,8 @@ impl HostOps for DoubleHost {
         path: &Path,
     ) -> std::result::Result<Option<Box<dyn Entry>>, PathRefusal> {
         self.examinable()?;
-        let entry = resolve(prefix, path, false, self.scripted("mkdir"))?;
+        let entry = resolve(prefix, path, false, self.scripted("mkdir"), self.me())?;
         Ok(entry.map(|e| Box::new(e) as Box<dyn Entry>))
-    }
-
-    fn mounted_at(&self, entry: &dyn Entry) -> io::Result<Option<MountFacts>> {
-        match self.scripted("mounted_at") {
-            Some(why) => Err(io::Error::other(why)),
-            None => Ok(self.top(entry.path())),
-        }
-    }
-
-    fn mount_of(&self, _fd: &dyn OpenEntry, path: &Path) -> io::Result<Option<MountFacts>> {
-        Ok(self.top(path))
-    }
-
-    fn mount_device(
-        &self,
-        device: &Path,
-        _target: &dyn OpenEntry,
-        target_path: &Path,
-        fs: FsType,
-        _vfs_bits: u64,
-        data: &[String],
-        readonly: bool,
-    ) -> io::Result<()> {
-        let what = format!(
-            "mount {} {} on {}{}{}",
-            fs,
-            Self::name(device),
-            Self::name(target_path),
-            if readonly { " ro" } else { "" },
-            if data.is_empty() {
-                String::new()
-            } else {
-                format!(" -o {}", data.join(","))
-            }
-        );
-        self.act(what, "mount")?;
-        let mut s = self.state();
-        let dev = s.devices[device];
-        s.claimed.insert(dev);
-        let facts = match s.fail.get("mount_lands_foreign") {
-            // Something else ends up on top (another mount raced in over ours).
-            Some(_) => mount_facts(DevNum::new(8, 99), "ext4", false),
-            None => mount_facts(dev, fs.name(), readonly),
-        };
-        s.mounts
-            .entry(target_path.to_path_buf())
-            .or_default()
-            .push(facts);
-        Ok(())
-    }
-
-    fn bind(
-        &self,
-        source: &Path,
-        target: &dyn Entry,
-        readonly: bool,
-        _vfs_bits: u64,
-    ) -> io::Result<()> {
-        // The source is a /proc/self/fd path: the entry or device file it names.
-        let from = std::fs::read_link(source)?;
-        let what = format!(
-            "bind {} on {}{}",
-            Self::name(&from),
-            Self::name(target.path()),
-            if readonly { " ro" } else { "" }
-        );
-        self.act(what, "bind")?;
-        let mut s = self.state();
-        let facts = if let Some(&rdev) = s.devices.get(&from) {
-            let mut f = mount_facts(DEVTMPFS, "devtmpfs", readonly);
-            f.node.kind = FileType::BlockDevice;
-            f.node.rdev = rdev;
-            f
-        } else if let Some(top) = s.mounts.get(&from).and_then(|m| m.last()) {
-            MountFacts {
-                read_only: readonly,
-                ..top.clone()
-            }
-        } else {
-            let mut f = mount_facts(DevNum::new(8, 1), "ext4", readonly);
-            f.root = from.clone();
-            f
-        };
-        s.mounts
-            .entry(target.path().to_path_buf())
-            .or_default()
-            .push(facts);
-        Ok(())
-    }
-
-    fn unmount(&self, entry: &dyn Entry) -> io::Result<Unmounted> {
-        self.act(format!("unmount {}", Self::name(entry.path())), "unmount")?;
-        let mut s = self.state();
-        let popped = s.mounts.get_mut(entry.path()).and_then(Vec::pop);
-        let Some(gone) = popped else {
-            return Ok(Unmounted::NotMounted);
-        };
-        let still = s.mounts.values().flatten().any(|m| m.dev == gone.dev);
-        if !still {
-            s.claimed.remove(&gone.dev);
-        }
-        Ok(Unmounted::Done)
     }
 
     fn open_device(&self, path: &Path) -> io::Result<Box<dyn DeviceHandle>> {
@@ -410,23 +311,6 @@ impl HostOps for DoubleHost {
     fn place_of(&self, path: &Path) -> io::Result<Place> {
         place(path)
     }
-
-    /// Each directory from the entry's up to the harness's prefix, by name (the double's paths
-    /// are plain directories that nothing renames).
-    fn ancestry(&self, entry: &dyn Entry) -> io::Result<Ancestry> {
-        let mut dirs = Vec::new();
-        let mut dir = entry.path().parent();
-        while let Some(d) = dir {
-            let here = place(d)?;
-            // The harness's allowed prefix, or its directory (never above it).
-            if d.parent().is_none() || d == self.dir.join("allowed") || d == self.dir {
-                return Ok(Ancestry { prefix: here, dirs });
-            }
-            dirs.push(here);
-            dir = d.parent();
-        }
-        Err(io::Error::other("no prefix above the entry"))
-    }
 }
 
 fn place(path: &Path) -> io::Result<Place> {
@@ -443,6 +327,120 @@ fn place(path: &Path) -> io::Result<Place> {
 }
 
 impl DoubleHost {
+    fn me(&self) -> Arc<DoubleHost> {
+        self.me.upgrade().expect("the double lives in an Arc")
+    }
+}
+
+/// What an entry the double made asks and does through itself (`entries`), by its path.
+impl DoubleHost {
+    pub(super) fn mounted_at(&self, path: &Path) -> io::Result<Option<MountFacts>> {
+        match self.scripted("mounted_at") {
+            Some(why) => Err(io::Error::other(why)),
+            None => Ok(self.top(path)),
+        }
+    }
+
+    pub(super) fn mount_device(
+        &self,
+        device: &Path,
+        target_path: &Path,
+        fs: FsType,
+        data: &[String],
+        readonly: bool,
+    ) -> io::Result<()> {
+        let what = format!(
+            "mount {} {} on {}{}{}",
+            fs,
+            Self::name(device),
+            Self::name(target_path),
+            if readonly { " ro" } else { "" },
+            if data.is_empty() {
+                String::new()
+            } else {
+                format!(" -o {}", data.join(","))
+            }
+        );
+        self.act(what, "mount")?;
+        let mut s = self.state();
+        let dev = s.devices[device];
+        s.claimed.insert(dev);
+        let facts = match s.fail.get("mount_lands_foreign") {
+            // Something else ends up on top (another mount raced in over ours).
+            Some(_) => mount_facts(DevNum::new(8, 99), "ext4", false),
+            None => mount_facts(dev, fs.name(), readonly),
+        };
+        s.mounts
+            .entry(target_path.to_path_buf())
+            .or_default()
+            .push(facts);
+        Ok(())
+    }
+
+    pub(super) fn bind(&self, source: &Path, target: &Path, readonly: bool) -> io::Result<()> {
+        // The source is a /proc/self/fd path: the entry or device file it names.
+        let from = std::fs::read_link(source)?;
+        let what = format!(
+            "bind {} on {}{}",
+            Self::name(&from),
+            Self::name(target),
+            if readonly { " ro" } else { "" }
+        );
+        self.act(what, "bind")?;
+        let mut s = self.state();
+        let facts = if let Some(&rdev) = s.devices.get(&from) {
+            let mut f = mount_facts(DEVTMPFS, "devtmpfs", readonly);
+            f.node.kind = FileType::BlockDevice;
+            f.node.rdev = rdev;
+            f
+        } else if let Some(top) = s.mounts.get(&from).and_then(|m| m.last()) {
+            MountFacts {
+                read_only: readonly,
+                ..top.clone()
+            }
+        } else {
+            let mut f = mount_facts(DevNum::new(8, 1), "ext4", readonly);
+            f.root = from.clone();
+            f
+        };
+        s.mounts
+            .entry(target.to_path_buf())
+            .or_default()
+            .push(facts);
+        Ok(())
+    }
+
+    pub(super) fn unmount(&self, path: &Path) -> io::Result<Unmounted> {
+        self.act(format!("unmount {}", Self::name(path)), "unmount")?;
+        let mut s = self.state();
+        let popped = s.mounts.get_mut(path).and_then(Vec::pop);
+        let Some(gone) = popped else {
+            return Ok(Unmounted::NotMounted);
+        };
+        let still = s.mounts.values().flatten().any(|m| m.dev == gone.dev);
+        if !still {
+            s.claimed.remove(&gone.dev);
+        }
+        Ok(Unmounted::Done)
+    }
+
+    /// Each directory from the entry's up to the harness's prefix, by name (the double's paths
+    /// are plain directories that nothing renames).
+    pub(super) fn ancestry(&self, path: &Path) -> io::Result<Ancestry> {
+        let mut dirs = Vec::new();
+        let mut dir = path.parent();
+        while let Some(d) = dir {
+            let here = place(d)?;
+            // The harness's allowed prefix, or its directory (never above it).
+            if d.parent().is_none() || d == self.dir.join("allowed") || d == self.dir {
+                return Ok(Ancestry { prefix: here, dirs });
+            }
+            dirs.push(here);
+            dir = d.parent();
+        }
+        Err(io::Error::other("no prefix above the entry"))
+    }
+
     fn grown(&self, device: &Path) {
         let mut s = self.state();
         let devnum = s.devices[device];

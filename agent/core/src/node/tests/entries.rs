@@ -5,22 +5,32 @@
 //! is `None` (or made, for `prepare`), and the entry itself may be anything, a symlink included
 //! (held, never followed), so the pipeline's own refusals are exercised as on the host.
 
-use std::any::Any;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::DevNum;
-use crate::node::host::{Entry, OpenEntry, PathRefusal};
-use crate::seam::{EntryStat, FileKind, Removed};
+use std::sync::Arc;
 
-#[derive(Debug)]
+use super::double::DoubleHost;
+use crate::DevNum;
+use crate::node::host::{Ancestry, Entry, OpenEntry, PathRefusal};
+use crate::request::FsType;
+use crate::seam::{EntryStat, FileKind, MountFacts, Removed, Unmounted};
+
 pub struct DoubleEntry {
     path: PathBuf,
     /// Why making it a directory or a file fails, when scripted.
     make_fails: Option<String>,
+    /// The double that made it, whose mount table it is mounted on through.
+    host: Arc<DoubleHost>,
+}
+
+impl std::fmt::Debug for DoubleEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DoubleEntry({})", self.path.display())
+    }
 }
 
 /// The entry at `path` below `prefix`: refused when a directory on the way (below the prefix) is
@@ -30,6 +40,7 @@ pub fn resolve(
     path: &Path,
     make: bool,
     make_fails: Option<String>,
+    host: Arc<DoubleHost>,
 ) -> Result<Option<DoubleEntry>, PathRefusal> {
     let Ok(below) = path.strip_prefix(prefix) else {
         return Err(PathRefusal::Symlink);
@@ -55,6 +66,7 @@ pub fn resolve(
     Ok(Some(DoubleEntry {
         path: path.to_path_buf(),
         make_fails,
+        host,
     }))
 }
 
@@ -99,6 +111,8 @@ impl Entry for DoubleEntry {
     fn open_entry(&self) -> io::Result<Box<dyn OpenEntry>> {
         Ok(Box::new(DoubleOpen {
             file: File::open(&self.path)?,
+            path: self.path.clone(),
+            host: Arc::clone(&self.host),
         }))
     }
     fn remove(&self) -> io::Result<Removed> {
@@ -118,16 +132,32 @@ impl Entry for DoubleEntry {
             Err(e) => Err(e),
         }
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn mounted_at(&self) -> io::Result<Option<MountFacts>> {
+        self.host.mounted_at(&self.path)
+    }
+    fn bind_here(&self, source: &Path, readonly: bool, _vfs_bits: u64) -> io::Result<()> {
+        self.host.bind(source, &self.path, readonly)
+    }
+    fn unmount(&self) -> io::Result<Unmounted> {
+        self.host.unmount(&self.path)
+    }
+    fn ancestry(&self) -> io::Result<Ancestry> {
+        self.host.ancestry(&self.path)
     }
 }
 
 /// An opened entry: a real descriptor, so its /proc path leads back to the path (the double's
 /// bind reads it, as the kernel would follow it).
-#[derive(Debug)]
 pub struct DoubleOpen {
     file: File,
+    path: PathBuf,
+    host: Arc<DoubleHost>,
+}
+
+impl std::fmt::Debug for DoubleOpen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DoubleOpen({})", self.path.display())
+    }
 }
 
 impl OpenEntry for DoubleOpen {
@@ -141,7 +171,18 @@ impl OpenEntry for DoubleOpen {
             self.file.as_raw_fd()
         ))
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn mount_facts(&self, path: &Path) -> io::Result<Option<MountFacts>> {
+        Ok(self.host.top(path))
+    }
+    fn mount_device(
+        &self,
+        device: &Path,
+        fs: FsType,
+        _vfs_bits: u64,
+        data: &[String],
+        readonly: bool,
+    ) -> io::Result<()> {
+        self.host
+            .mount_device(device, &self.path, fs, data, readonly)
     }
 }

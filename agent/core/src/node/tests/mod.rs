@@ -97,7 +97,7 @@ impl Harness {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("allowed")).expect("temp dir");
         let ledger = Arc::new(MemLedger::default());
-        let host = Arc::new(DoubleHost::new(Arc::clone(&ledger), VOL, &dir));
+        let host = DoubleHost::new(Arc::clone(&ledger), VOL, &dir);
         let backend = Arc::new(DoubleBackend {
             host: Arc::clone(&host),
             dir: dir.clone(),

@@ -13,13 +13,14 @@ use crate::seam::MountFacts;
 use super::double::{Call, DoubleHost, State, mount_facts};
 
 impl DoubleHost {
-    pub fn new(ledger: Arc<MemLedger>, watched: &str, dir: &Path) -> Self {
-        DoubleHost {
+    pub fn new(ledger: Arc<MemLedger>, watched: &str, dir: &Path) -> Arc<Self> {
+        Arc::new_cyclic(|me| DoubleHost {
             ledger,
             watched: watched.to_string(),
             dir: dir.to_path_buf(),
             state: Mutex::default(),
-        }
+            me: me.clone(),
+        })
     }
 
     pub fn state(&self) -> MutexGuard<'_, State> {
