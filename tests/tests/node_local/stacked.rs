@@ -104,3 +104,114 @@ async fn a_loop_device_over_a_volumes_file_seen_through_an_overlay_is_refused() 
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(file.exists(), "the volume's file is gone");
 }
+
+/// A file inside volume X's mounted filesystem, laid on a loop device by an operator: its bytes
+/// are X's, so a handle never takes it (a fourteenth fresh review's F2: the handle's stage made
+/// a filesystem in X's file, X's workload read the handle's data, X could no longer unstage).
+#[tokio::test]
+async fn a_loop_device_over_a_file_inside_another_volumes_filesystem_is_refused() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_loop_device_over_a_file_inside_another_volumes_filesystem_is_refused") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-inside");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let x = create_attached(&agent, "x", SIZE).await;
+    let staging = agent.work.join("x/staging");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(
+        &x,
+        &staging,
+        mount_cap("ext4", Mode::SingleNodeWriter),
+    ))
+    .await
+    .expect("stage x");
+    let inner = staging.join("inner.img");
+    sh(&format!("truncate -s 16M {}", inner.display()));
+    let laid = DetachOnDrop(super::losetup("", inner.display()));
+    let h = Vol {
+        id: format!("local-ebs://{}", laid.0.trim_start_matches('/')),
+        device: laid.0.clone(),
+    };
+    let h_staging = agent.work.join("h/staging");
+    let e = node
+        .node_stage_volume(stage_req(&h, &h_staging, rwx_mount()))
+        .await
+        .expect_err("a handle took a file inside x's filesystem");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        !super::is_mounted(&h_staging),
+        "the handle's staging is mounted"
+    );
+    drop(laid);
+    node.node_unstage_volume(unstage_req(&x, &staging))
+        .await
+        .expect("unstage x");
+}
+
+/// On EBS with `--allow-unverified-devices` (a disk known by its numbers only), a loop device
+/// laid over volume A's device is A's bytes under other numbers: B is refused on it while A is
+/// staged, and A is refused while B is staged on it (a fourteenth fresh review's F1: both were
+/// staged, one ext4 mounted read-write twice).
+#[tokio::test]
+async fn on_unverified_ebs_a_loop_device_laid_over_another_volumes_disk_is_refused() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("on_unverified_ebs_a_loop_device_laid_over_another_volumes_disk_is_refused") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-ebs-laid");
+    let img = scratch.join("a.img");
+    sh(&format!("truncate -s 64M {}", img.display()));
+    let la = DetachOnDrop(super::losetup("", img.display()));
+    let lb = DetachOnDrop(super::losetup("", &la.0));
+    let args = [
+        "--backend",
+        "ebs",
+        "--mode",
+        "node",
+        "--allow-unverified-devices",
+        "--imds-disabled",
+        "--zone",
+        "us-east-1a",
+        "--instance-type",
+        "m5.large",
+        "--node-id",
+        "i-0123456789abcdef0",
+        "--device-wait",
+        "1s",
+    ];
+    let agent = Agent::start(
+        &scratch,
+        AgentOpts {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let a = Vol {
+        id: "vol-0aaaaaaaaaaaaaaaa".into(),
+        device: la.0.clone(),
+    };
+    let b = Vol {
+        id: "vol-0bbbbbbbbbbbbbbbb".into(),
+        device: lb.0.clone(),
+    };
+    let cap = || mount_cap("ext4", Mode::SingleNodeWriter);
+    let (sa, sb) = (agent.work.join("a"), agent.work.join("b"));
+    let mut node = agent.node().await;
+    for (first, first_at, second, second_at) in [(&a, &sa, &b, &sb), (&b, &sb, &a, &sa)] {
+        node.node_stage_volume(stage_req(first, first_at, cap()))
+            .await
+            .expect("the first stage");
+        let e = node
+            .node_stage_volume(stage_req(second, second_at, cap()))
+            .await
+            .expect_err("two volumes staged on one disk's bytes");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(!super::is_mounted(second_at), "the second is mounted");
+        node.node_unstage_volume(unstage_req(first, first_at))
+            .await
+            .expect("unstage the first");
+    }
+    drop((lb, la));
+}

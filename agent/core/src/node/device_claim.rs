@@ -134,8 +134,9 @@ pub fn take_for_node(
     {
         return Err(refuse(c.volume_id, ClaimDoor::Controller));
     }
+    let others = super::reused_number::others(ctx, volume)?;
     if let Some((owner, at)) =
-        super::reused_number::bound_by_another(ctx, volume, identity, devnum)?
+        super::reused_number::bound_by_another(ctx, &others, identity, devnum)
     {
         return Err(Error::DeviceClaimed {
             device: device.to_path_buf(),
@@ -144,6 +145,7 @@ pub fn take_for_node(
             door: "bound by number: the device that volume had was replaced under its bind",
         });
     }
+    super::stacking::refuse_another_volumes_bytes(ctx, &others, volume, devnum, device)?;
     Ok(Some((
         key,
         DeviceClaim {

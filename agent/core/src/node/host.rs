@@ -100,6 +100,17 @@ pub trait DeviceHandle: Debug + Send + Sync {
     fn still_at_path(&self) -> io::Result<()>;
 }
 
+/// What a device's bytes come from, one level down (`HostOps::lies_on`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Under {
+    /// A block device: the one a loop device is laid over, the one whose filesystem holds a
+    /// loop device's backing file, or one a mapper is built on (sysfs `slaves`).
+    Device(DevNum),
+    /// A loop device's backing file on a filesystem that may show another filesystem's files
+    /// under names of its own (overlayfs, FUSE, NFS): where its bytes live cannot be told.
+    Unknown(String),
+}
+
 /// A read-only device laid over the volume's, held open until the bind is done.
 #[derive(Debug)]
 pub struct ReadOnlyDevice {
@@ -142,6 +153,10 @@ pub trait HostOps: Send + Sync {
     /// The disk a partition is of: the device itself when it is a whole disk, or when the host
     /// cannot tell.
     fn whole_disk(&self, devnum: DevNum) -> DevNum;
+    /// What the device's bytes come from, one level down (see `Under`); empty for a plain disk.
+    fn lies_on(&self, devnum: DevNum) -> io::Result<Vec<Under>>;
+    /// The devices sysfs shows built on the device's bytes: its `holders` (mappers).
+    fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>>;
     /// The device's size in bytes, by path (right after it was proven).
     fn device_bytes(&self, device: &Path) -> io::Result<u64>;
     /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.

@@ -20,6 +20,7 @@ pub mod path_handles;
 mod publish;
 mod reused_number;
 pub mod ro_tag;
+mod stacking;
 mod stage;
 pub mod unpublish;
 mod unstage;

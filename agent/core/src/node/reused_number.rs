@@ -9,12 +9,41 @@
 use std::path::PathBuf;
 
 use crate::DevNum;
-use crate::records::{AccessRecord, DeviceIdentity};
+use crate::records::{AccessRecord, DeviceIdentity, Publication, StagedVolume};
 use crate::seam::FileKind;
 
 use super::{NodeCtx, path_handles};
 use crate::error::Result;
 use crate::request::VolumeId;
+
+/// Other volumes' records, read once per first take: the reused-number check here and the
+/// stacking check (`stacking`) both ask them. A record that does not decode is its own volume's
+/// trouble (marked for attention at start-up), never another volume's stage: it is passed over.
+pub struct Recorded {
+    pub id: String,
+    pub staged: Option<StagedVolume>,
+    pub publications: Vec<Publication>,
+}
+
+/// Every volume's records but `volume`'s.
+pub fn others(ctx: &NodeCtx, volume: &VolumeId) -> Result<Vec<Recorded>> {
+    let mut out = Vec::new();
+    for id in ctx.ledger.recorded_volume_ids()? {
+        if id == volume.as_str() {
+            continue;
+        }
+        let Ok(staged) = ctx.ledger.staged(&id) else {
+            continue;
+        };
+        let publications = ctx.ledger.publications(&id).unwrap_or_default();
+        out.push(Recorded {
+            id,
+            staged,
+            publications,
+        });
+    }
+    Ok(out)
+}
 
 /// The other volume, and the recorded place, whose bind binds `devnum` while the device there
 /// is no longer that volume's (its record names another identity). Only a first take asks (a
@@ -22,26 +51,19 @@ use crate::request::VolumeId;
 /// recorded volume once.
 pub fn bound_by_another(
     ctx: &NodeCtx,
-    volume: &VolumeId,
+    others: &[Recorded],
     identity: &DeviceIdentity,
     devnum: DevNum,
-) -> Result<Option<(String, PathBuf)>> {
-    for id in ctx.ledger.recorded_volume_ids()? {
-        if id == volume.as_str() {
-            continue;
-        }
-        // A record that does not decode is its own volume's trouble (marked for attention at
-        // start-up), never another volume's stage: it is passed over here.
-        let Ok(staged) = ctx.ledger.staged(&id) else {
-            continue;
-        };
+) -> Option<(String, PathBuf)> {
+    for other in others {
+        let staged = &other.staged;
         // The same device is the claims' question; this is about a number reused under a bind.
         let same_number = staged
             .as_ref()
             .is_some_and(|s| s.devnum.map(DevNum::from) == Some(devnum) && s.identity != *identity);
         let mut places = Vec::new();
         if same_number
-            && let Some(s) = &staged
+            && let Some(s) = staged
             && matches!(s.access, AccessRecord::Block)
             && !s.staging_path.as_os_str().is_empty()
         {
@@ -50,20 +72,19 @@ pub fn bound_by_another(
         // A read-only block publication binds the agent's read-only device, whose number is
         // none of the staged record's: asked whatever the record's number.
         places.extend(
-            ctx.ledger
-                .publications(&id)
-                .unwrap_or_default()
-                .into_iter()
+            other
+                .publications
+                .iter()
                 .filter(|p| p.block && (same_number || p.readonly))
-                .map(|p| p.target_path),
+                .map(|p| p.target_path.clone()),
         );
         for place in places {
             if binds(ctx, &place, devnum) {
-                return Ok(Some((id, place)));
+                return Some((other.id.clone(), place));
             }
         }
     }
-    Ok(None)
+    None
 }
 
 /// Whether the host shows, at `place`, a bind of a node with these numbers. A place that

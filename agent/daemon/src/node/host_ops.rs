@@ -12,7 +12,9 @@ use super::ro_block;
 use crate::error::{Error, Result};
 use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
 use ebs_node_core::node::backend::Backend;
-use ebs_node_core::node::host::{DeviceHandle, Entry, HostOps, PathRefusal, Place, ReadOnlyDevice};
+use ebs_node_core::node::host::{
+    DeviceHandle, Entry, HostOps, PathRefusal, Place, ReadOnlyDevice, Under,
+};
 use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_core::probe::ProbeOutcome;
@@ -73,6 +75,14 @@ impl HostOps for RealHost {
 
     fn device_exists(&self, devnum: DevNum) -> bool {
         Path::new(&format!("/sys/dev/block/{}", devnum)).exists()
+    }
+
+    fn lies_on(&self, devnum: DevNum) -> io::Result<Vec<Under>> {
+        ebs_node_host::loopdev::stacking::lies_on(devnum)
+    }
+
+    fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {
+        ebs_node_host::loopdev::stacking::built_on(devnum)
     }
 
     fn whole_disk(&self, devnum: DevNum) -> DevNum {

@@ -31,16 +31,20 @@ pub enum BackingFs {
 /// The filesystem whose device number is `st_dev` (LOOP_GET_STATUS64's `lo_device`, encoded as
 /// `st_dev` is), as this process's mount table shows it.
 pub fn backing_fs(st_dev: u64) -> std::io::Result<BackingFs> {
-    let table = MountTable::read().map_err(std::io::Error::other)?;
     // Numbers wider than the kernel's 32 bits name no mount: refused as not shown here.
-    let (major, minor) = (
+    fs_kind(DevNum::new(
         u32::try_from(nix::sys::stat::major(st_dev)).unwrap_or(u32::MAX),
         u32::try_from(nix::sys::stat::minor(st_dev)).unwrap_or(u32::MAX),
-    );
+    ))
+}
+
+/// The same by the filesystem's numbers.
+pub fn fs_kind(dev: DevNum) -> std::io::Result<BackingFs> {
+    let table = MountTable::read().map_err(std::io::Error::other)?;
     Ok(classify(
-        DevNum::new(major, minor),
+        dev,
         table
-            .mounts_of_device(major, minor)
+            .mounts_of_device(dev.major, dev.minor)
             .next()
             .map(|m| m.fs_type.as_str()),
     ))

@@ -349,6 +349,7 @@ pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
 
 mod backing_fs;
 pub mod overlay;
+pub mod stacking;
 pub use backing_fs::{BackingFs, backing_fs};
 mod query;
 pub use query::{

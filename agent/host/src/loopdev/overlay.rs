@@ -73,7 +73,7 @@ pub fn status_of(dev: &File, device: &Path) -> Result<Option<Overlay>, LoopError
 /// The kernel's huge_encode_dev (new_encode_dev) format, as loop_info64 carries device numbers.
 // Both halves are masked to 12 and 20 bits.
 #[allow(clippy::cast_possible_truncation)]
-fn decode_dev(v: u64) -> DevNum {
+pub(super) fn decode_dev(v: u64) -> DevNum {
     let major = ((v >> 8) & 0xfff) as u32;
     let minor = ((v & 0xff) | ((v >> 12) & 0xfff00)) as u32;
     DevNum::new(major, minor)

@@ -52,7 +52,7 @@ fn status_inode(dev: &File) -> Result<Option<(u64, u64)>, Errno> {
     status(dev).map(|i| i.map(|i| (i.lo_device, i.lo_inode)))
 }
 
-fn status(dev: &File) -> Result<Option<LoopInfo64>, Errno> {
+pub(super) fn status(dev: &File) -> Result<Option<LoopInfo64>, Errno> {
     let mut info = LoopInfo64::zeroed();
     // SAFETY: dev is an open fd; &mut info is a valid, writable loop_info64 that outlives the
     // call.

@@ -163,7 +163,9 @@ impl Backend for DoubleBackend {
                 volume.as_str()
             )));
         };
+        let unverified = self.host.state().unverified.contains(&devnum);
         let identity = match volume.local_device() {
+            _ if unverified => DeviceIdentity::Unverified,
             Some(_) => self
                 .identify(devnum)
                 .map_err(|e| Error::NotFound(e.to_string()))?,
@@ -182,6 +184,9 @@ impl Backend for DoubleBackend {
             return Ok(serial(other));
         }
         let s = self.host.state();
+        if s.unverified.contains(&devnum) {
+            return Ok(DeviceIdentity::Unverified);
+        }
         let (path, _) = s
             .devices
             .iter()

@@ -21,7 +21,7 @@ use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
 use crate::node::host::ReadOnlyDevice;
-use crate::node::host::{Ancestry, Entry, PathRefusal, Place};
+use crate::node::host::{Ancestry, Entry, PathRefusal, Place, Under};
 use crate::node::host::{DeviceHandle, HostOps};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
@@ -65,6 +65,12 @@ pub struct State {
     /// The UUID each device's last mkfs wrote: its backup superblocks carry it even after the
     /// primary one is overwritten (what `carries_uuid` finds).
     pub uuids: HashMap<DevNum, String>,
+    /// What each device's bytes lie on (a loop device's backing, a mapper's slaves).
+    pub lies_on: HashMap<DevNum, Vec<Under>>,
+    /// The mappers sysfs shows built on each device.
+    pub holders: HashMap<DevNum, Vec<DevNum>>,
+    /// Devices with no identity (a disk without a serial): proven by their numbers only.
+    pub unverified: HashSet<DevNum>,
     /// Call names that fail, with the error's text.
     pub fail: HashMap<&'static str, String>,
     pub calls: Vec<Call>,
@@ -169,6 +175,24 @@ impl HostOps for DoubleHost {
 
     fn whole_disk(&self, devnum: DevNum) -> DevNum {
         devnum
+    }
+
+    fn lies_on(&self, devnum: DevNum) -> io::Result<Vec<Under>> {
+        Ok(self
+            .state()
+            .lies_on
+            .get(&devnum)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {
+        Ok(self
+            .state()
+            .holders
+            .get(&devnum)
+            .cloned()
+            .unwrap_or_default())
     }
 
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {

@@ -16,6 +16,7 @@ mod publish;
 mod rng;
 mod scripting;
 mod sim;
+mod stacked;
 mod stage;
 mod unpublish;
 mod unstage;

@@ -1,0 +1,140 @@
+//! A device built on another volume's bytes is that volume's (issue 49, a fourteenth fresh
+//! review's F1 and F2). A loop device laid over a volume's device, or over a file inside the
+//! filesystem a volume has mounted, and a mapper built on either, show that volume's bytes under
+//! numbers and an identity of their own: no claim keyed by identity or number sees them. So a
+//! first take, from every door, walks the device's stack down to what its bytes come from, and
+//! refuses when another volume's recorded device is in it, or when a level cannot be told (a
+//! backing file on a filesystem that shows other filesystems' files). Upward, a mapper built on
+//! the device is its sysfs holder; a loop device laid over it can only be an identity-less
+//! volume's (a loop volume is proven over its file, a node-local handle never takes a loop device
+//! laid over another, an EBS volume is its NVMe namespace), so the walk down from each such
+//! volume's recorded device says whether it reaches this one. A filesystem on the device, with a
+//! loop device over a file in it, keeps the device claimed: every door refuses it as in use.
+//! The records are read once per first take, with `reused_number`'s check.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::Path;
+
+use crate::DevNum;
+use crate::error::{Error, Result};
+use crate::request::VolumeId;
+
+use super::NodeCtx;
+use super::host::Under;
+use super::reused_number::Recorded;
+use crate::records::DeviceIdentity;
+
+/// How deep a stack is walked: loop over loop over a file is three; more is refused.
+const DEPTH: usize = 8;
+
+/// `Err(DeviceClaimed)` when another volume's recorded device lies under `devnum` or is built on
+/// it; `Err(IndistinctDevice)` when a level of the stack cannot be told.
+pub fn refuse_another_volumes_bytes(
+    ctx: &NodeCtx,
+    others: &[Recorded],
+    volume: &VolumeId,
+    devnum: DevNum,
+    device: &Path,
+) -> Result<()> {
+    let indistinct = |why: String| Error::IndistinctDevice {
+        volume: volume.to_string(),
+        device: device.to_path_buf(),
+        why,
+    };
+    let unreadable =
+        |e: io::Error| indistinct(format!("what its bytes lie on cannot be read: {e}"));
+    let claimed = |owner: String, door: &'static str| Error::DeviceClaimed {
+        device: device.to_path_buf(),
+        volume: volume.to_string(),
+        owner,
+        door,
+    };
+    let owners = recorded_devices(ctx, others);
+    for level in walk(devnum, |d| ctx.host.lies_on(d)).map_err(unreadable)? {
+        match level {
+            Under::Unknown(why) => return Err(indistinct(why)),
+            Under::Device(d) => {
+                if let Some(owner) = owner_of(ctx, &owners, d) {
+                    return Err(claimed(owner, "its bytes lie on that volume's device"));
+                }
+            }
+        }
+    }
+    let built = |owner| claimed(owner, "that volume's device is built on its bytes");
+    for d in ctx.host.built_on(devnum).map_err(unreadable)? {
+        if let Some(owner) = owner_of(ctx, &owners, d) {
+            return Err(built(owner));
+        }
+    }
+    let identity_less = others.iter().filter_map(|o| {
+        let s = o.staged.as_ref()?;
+        matches!(s.identity, DeviceIdentity::Unverified).then_some((o, s.devnum?))
+    });
+    for (other, theirs) in identity_less {
+        let theirs = DevNum::from(theirs);
+        // Their device, gone or unreadable now, is their own trouble: it reaches nothing.
+        let reached = walk(theirs, |d| ctx.host.lies_on(d)).unwrap_or_default();
+        if reached.contains(&Under::Device(devnum)) {
+            return Err(built(other.id.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Every level reached from `start` (not included) by `step`, each device once.
+fn walk(start: DevNum, step: impl Fn(DevNum) -> io::Result<Vec<Under>>) -> io::Result<Vec<Under>> {
+    let mut seen = HashSet::from([start]);
+    let mut frontier = vec![start];
+    let mut found = Vec::new();
+    for _ in 0..DEPTH {
+        let mut next = Vec::new();
+        for d in frontier {
+            for level in step(d)? {
+                match level {
+                    Under::Device(n) if !seen.insert(n) => {}
+                    Under::Device(n) => {
+                        next.push(n);
+                        found.push(Under::Device(n));
+                    }
+                    Under::Unknown(why) => found.push(Under::Unknown(format!("{d}: {why}"))),
+                }
+            }
+        }
+        if next.is_empty() {
+            return Ok(found);
+        }
+        frontier = next;
+    }
+    Err(io::Error::other(format!(
+        "its stack is deeper than {DEPTH} levels"
+    )))
+}
+
+/// The device numbers other volumes' records name (their staged device), each also by its whole
+/// disk: the volume that holds it.
+fn recorded_devices(ctx: &NodeCtx, others: &[Recorded]) -> HashMap<DevNum, String> {
+    let mut owners = HashMap::new();
+    for other in others {
+        if let Some(d) = other
+            .staged
+            .as_ref()
+            .and_then(|s| s.devnum)
+            .map(DevNum::from)
+        {
+            owners.insert(ctx.host.whole_disk(d), other.id.clone());
+            owners.insert(d, other.id.clone());
+        }
+    }
+    owners
+}
+
+fn owner_of(ctx: &NodeCtx, owners: &HashMap<DevNum, String>, d: DevNum) -> Option<String> {
+    if owners.is_empty() {
+        return None;
+    }
+    owners
+        .get(&d)
+        .or_else(|| owners.get(&ctx.host.whole_disk(d)))
+        .cloned()
+}

@@ -1,0 +1,91 @@
+//! A device built on another volume's bytes is that volume's (`stacking`): a loop device laid
+//! over a volume's device or over a file in its filesystem, a mapper built on it. Every door's
+//! first take walks the stack both ways; the root tests are `node_local::stacked`.
+
+use super::*;
+use crate::error::Error;
+use crate::node::host::Under;
+use crate::request::AccessMode;
+
+/// `on`'s device lies on `under`'s.
+fn lay(h: &Harness, on: &str, under: Under) {
+    let d = h.host.devnum(&h.attach(on));
+    h.host.state().lies_on.insert(d, vec![under]);
+}
+
+fn device_of(h: &Harness, volume: &str) -> crate::DevNum {
+    h.host
+        .devnum(&h.dir.join("dev").join(format!("dev-{volume}")))
+}
+
+#[test]
+fn a_device_laid_over_a_staged_volumes_device_is_that_volumes() {
+    let h = Harness::new();
+    h.staged("vol-a");
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-a")));
+    let e = h
+        .stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("vol-b is vol-a's bytes");
+    assert!(
+        matches!(&e, Error::DeviceClaimed { owner, .. } if owner == "vol-a"),
+        "{e}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_volume_whose_bytes_another_volumes_device_is_built_on_is_refused() {
+    let h = Harness::new();
+    h.attach("vol-a");
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-a")));
+    // Two disks without identity (EBS with --allow-unverified-devices): known by numbers only.
+    let both = [device_of(&h, "vol-a"), device_of(&h, "vol-b")];
+    h.host.state().unverified.extend(both);
+    h.stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect("vol-b stages first");
+    h.host.state().calls.clear();
+    let e = h
+        .stage(&h.stage_cmd("vol-a", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("vol-b's device is built on vol-a's");
+    assert!(
+        matches!(&e, Error::DeviceClaimed { owner, .. } if owner == "vol-b"),
+        "{e}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_stack_that_cannot_be_told_is_refused_and_a_plain_one_is_not() {
+    let h = Harness::new();
+    lay(
+        &h,
+        "vol-b",
+        Under::Unknown("backing file lies on overlay".into()),
+    );
+    let e = h
+        .stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("indistinct");
+    assert!(matches!(e, Error::IndistinctDevice { .. }), "{e}");
+    // A device laid over one no volume records is nobody else's.
+    let h = Harness::new();
+    h.attach("vol-a");
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-a")));
+    h.stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect("stage");
+}
+
+#[test]
+fn a_volume_a_mapper_is_built_on_is_that_mappers_volume() {
+    let h = Harness::new();
+    h.staged("vol-m");
+    h.attach("vol-a");
+    let (a, m) = (device_of(&h, "vol-a"), device_of(&h, "vol-m"));
+    h.host.state().holders.insert(a, vec![m]);
+    let e = h
+        .stage(&h.stage_cmd("vol-a", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("vol-m is built on vol-a");
+    assert!(
+        matches!(&e, Error::DeviceClaimed { owner, .. } if owner == "vol-m"),
+        "{e}"
+    );
+}
