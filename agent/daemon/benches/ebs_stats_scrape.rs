@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ebs_node_agent::backend::ebs::{BlockDevices, SysfsDisks};
 use ebs_node_agent::health::Health;
 use ebs_node_agent::metrics::ebs::disks_by_serial;
 use ebs_node_agent::metrics::ebs::{EbsStatsConfig, EbsStatsSource, PageReader};
 use ebs_node_agent::metrics::{Sources, render};
 use ebs_node_agent::node::VolumeLocks;
 use ebs_node_agent::nodeinfo::{NodeInfo, NodeInfoSource};
+use ebs_node_backends::ebs::{BlockDevices, SysfsDisks};
 use ebs_node_core::ec2::ebs::EBS_MODEL;
 use ebs_node_fixture::Fixture;
 use ebs_node_host::nvme::ReadError;

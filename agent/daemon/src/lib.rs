@@ -1,11 +1,11 @@
 //! ebs-node-agent: a crash-safe CSI node plugin for AWS EBS, any block device, or loop files.
-//! The daemon: the gRPC doors, the node pipeline and its backends, and the command line's
-//! one-shot commands (`commands`). Every `unsafe` line lives in the host crate (ebs-node-host).
+//! The daemon: the gRPC doors, the node pipeline wired to the host and the backends (crates of
+//! their own), and the command line's one-shot commands (`commands`). Every `unsafe` line lives
+//! in the host crate (ebs-node-host).
 
 #![forbid(unsafe_code)]
 
 pub mod authority_fix;
-pub mod backend;
 pub mod cli;
 pub mod commands;
 pub mod connections;

@@ -10,14 +10,14 @@ use ebs_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::StreamExt;
 
-use crate::backend::Backend;
-use crate::backend::ebs::{EbsBackend, EbsConfig};
-use crate::backend::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
 use crate::cli::{BackendKind, ServeArgs};
 use crate::grpc;
 use crate::health::{self, Health};
 use crate::node::{self, AgentCtx};
 use crate::nodeinfo::{self, NodeInfo, NodeInfoSource};
+use ebs_node_backends::ebs::{EbsBackend, EbsConfig};
+use ebs_node_backends::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
+use ebs_node_core::node::backend::Backend;
 use ebs_node_core::request::{FsType, Roots};
 use ebs_node_host::fstools::FsTools;
 
@@ -225,7 +225,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     };
 
     // Node-local handles (`local-ebs://`) are served the same way whatever the backend.
-    let backend: Arc<dyn Backend> = Arc::new(crate::backend::local::WithLocalVolumes::new(
+    let backend: Arc<dyn Backend> = Arc::new(ebs_node_backends::local::WithLocalVolumes::new(
         backend,
         Arc::clone(&store),
     ));

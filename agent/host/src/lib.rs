@@ -19,6 +19,7 @@ pub mod blkid;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod command;
 pub mod device;
+pub mod device_binds;
 pub mod direct_read;
 pub mod file_copy;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper

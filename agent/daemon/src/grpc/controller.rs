@@ -11,9 +11,9 @@ use tonic::{Request, Response, Status};
 
 use super::spec_order::required;
 use super::{capability, logged};
-use crate::backend::loopback::{CreateVolume, LoopController, TOPOLOGY_KEY};
 use crate::error::{Error, Result, blocking};
 use crate::node::{VolumeGuard, VolumeLocks};
+use ebs_node_backends::loopback::{CreateVolume, LoopController, TOPOLOGY_KEY};
 use ebs_node_core::request::{Capability, MAX_STRING_BYTES, ValidationError, VolumeId, check_map};
 
 pub struct LoopControllerService {

@@ -5,9 +5,9 @@ use std::io;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::backend::Backend;
 use ebs_node_core::blank::Proof;
 use ebs_node_core::format::{DeviceEvidence, FormatError};
+use ebs_node_core::node::backend::Backend;
 use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_host::{attachment, blank, device};
 

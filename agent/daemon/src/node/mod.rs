@@ -11,7 +11,6 @@ pub mod instance;
 mod read_probe;
 pub mod reclaim;
 pub mod recovery;
-pub(crate) mod ro_binds;
 pub mod ro_block;
 mod stats;
 mod volume_condition;

@@ -22,8 +22,8 @@ use super::attention::{self, Checked};
 use super::compat::staged_mount_present;
 use super::ownership::{Expected, Holder, holder};
 use super::path_handles;
-use crate::backend::Shown;
 use crate::error::{Result, blocking};
+use ebs_node_core::node::backend::Shown;
 
 /// How long start-up waits for one volume's check; a check still running then (a stat hanging
 /// below a dead NFS or FUSE mount) leaves its volume marked, and start-up goes on.
@@ -290,7 +290,7 @@ mod tests {
     use ebs_store::{DeviceIdentity, StagedVolume, Store};
 
     use super::*;
-    use crate::backend::loopback::LoopBackend;
+    use ebs_node_backends::loopback::LoopBackend;
     use ebs_node_core::request::Roots;
     use ebs_node_host::fstools::FsTools;
 

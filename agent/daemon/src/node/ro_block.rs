@@ -8,7 +8,7 @@
 //! and the publication's (volume and target). Publish journals its bind intent durably before it
 //! lays the device, so after a crash the record names the tag; unpublish detaches the
 //! publication's device after the unmount; start-up recovery detaches every device of this agent
-//! that no present publication record names and that the host shows nothing uses (`ro_binds`).
+//! that no present publication record names and that the host shows nothing uses (`device_binds`).
 
 use ebs_node_core::DevNum;
 use std::collections::HashSet;
@@ -16,12 +16,12 @@ use std::fs::File;
 use std::path::Path;
 
 use super::AgentCtx;
-use super::ro_binds::{self, Uses};
 use crate::error::{Error, Result};
 use ebs_node_core::node::host::ReadOnlyDevice;
 use ebs_node_core::node::ro_tag;
 use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_host::device::block_devnum;
+use ebs_node_host::device_binds::{self, Uses};
 use ebs_node_host::loopdev::{self, overlay};
 
 /// Every agent's tags start so; the loop controller refuses to detach a volume under one.
@@ -64,7 +64,7 @@ pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevi
     let backing = File::open(device.held.proc_path())
         .map_err(|e| Error::io(format!("opening {} read-only", device.path().display()), e))?;
     // Never on a number a bind still holds (`loopdev::Avoid`).
-    let uses = Uses::scan(ro_binds::WITHIN);
+    let uses = Uses::scan(device_binds::WITHIN);
     if let Some(why) = uses.failed() {
         return Err(Error::Unavailable(format!(
             "laying a read-only device over {}: no device number can be told free of binds: {why}",
@@ -103,9 +103,9 @@ fn still_tagged(file: &File, path: &Path, tag: &str, backing: DevNum) -> Result<
 /// Detaches the read-only devices of tag `tag` (none is fine). A device a workload still holds
 /// open is detached by the kernel at its last close. A device the same publication got from an
 /// agent before instance ids (a legacy tag: the same publication part) is detached too, once the
-/// host shows nothing uses it (`ro_binds`).
+/// host shows nothing uses it (`device_binds`).
 ///
-/// Never while the host shows a bind of the device (`ro_binds`, every mount namespace): a bind
+/// Never while the host shows a bind of the device (`device_binds`, every mount namespace): a bind
 /// does not open the device, so a detach would free its number at once, and the next loop
 /// device made (another volume's, by the controller) would take it under that bind. The
 /// publication's own bind is gone by then (unmounted, and its copies in other namespaces went
@@ -129,7 +129,7 @@ pub fn remove(tag: &str) -> Result<usize> {
     if ours.is_empty() && legacy.is_empty() {
         return Ok(0);
     }
-    let uses = Uses::scan(ro_binds::WITHIN);
+    let uses = Uses::scan(device_binds::WITHIN);
     for found in ours {
         if let Some(what) = unused(&uses, &found) {
             return Err(Error::DeviceStillBound {
@@ -208,7 +208,7 @@ pub fn sweep(ctx: &AgentCtx) -> Result<Swept> {
     if strays.is_empty() {
         return Ok(swept);
     }
-    let uses = Uses::scan(ro_binds::WITHIN);
+    let uses = Uses::scan(device_binds::WITHIN);
     for found in strays {
         if let Some(what) = unused(&uses, &found) {
             tracing::warn!(device = %found.device.display(), tag = %found.tag, used = %what,

@@ -22,9 +22,9 @@ use ebs_store::{
     LoopVolume, Progress, Publication, StagedVolume, Store, now_unix_ms,
 };
 
-use crate::backend::loopback::file_inode;
 use crate::cli::RecoverArgs;
 use crate::server::STATE_FILE;
+use ebs_node_backends::loopback::file_inode;
 use ebs_node_core::node::ro_tag::AgentTag;
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_host::blkid;

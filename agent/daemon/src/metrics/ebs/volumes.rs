@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 
 use ebs_store::{DeviceIdentity, Progress, Store};
 
-use crate::backend::ebs::discovery::read_attr;
+use ebs_node_backends::ebs::discovery::read_attr;
 use ebs_node_host::nvme::ebs_page;
 
 /// A volume to read: its id and the NVMe serial its device carries.

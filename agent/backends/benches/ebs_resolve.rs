@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ebs_node_agent::backend::Backend;
-use ebs_node_agent::backend::ebs::{EbsBackend, EbsConfig};
+use ebs_node_backends::ebs::{EbsBackend, EbsConfig};
 use ebs_node_core::ec2::ebs::EBS_MODEL;
+use ebs_node_core::node::backend::Backend;
 use ebs_node_core::request::VolumeId;
 use ebs_node_fixture::Fixture;
 

@@ -8,9 +8,9 @@ use ebs_store::DeviceIdentity;
 
 use super::discovery::{BlockDevices, Disk, disk_in_use, disk_of, partition_node};
 use super::wait::Look;
-use crate::backend::ResolvedDevice;
-use crate::error::{Error, Result};
 use ebs_node_core::ec2::ebs;
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::backend::ResolvedDevice;
 use ebs_node_core::request::VolumeId;
 
 /// The NVMe serial EBS gives a volume (`vol-0abc` → `vol0abc`); any other id is one the ebs

@@ -1,6 +1,6 @@
 //! The size a loop volume grows to on ControllerExpandVolume.
 
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 
 const MIB: u64 = 1 << 20;
 /// Loop devices size in 512-byte sectors; a file of another length would lose its tail.

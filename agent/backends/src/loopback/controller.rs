@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use ebs_store::{Durability, LoopSource, LoopVolume, Store, now_unix_ms};
 
 use super::paging::{Page, page};
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 use ebs_node_host::loopdev;
 
 pub const DEFAULT_CAPACITY: u64 = 1 << 30;

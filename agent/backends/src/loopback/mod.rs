@@ -25,8 +25,8 @@ pub use controller::{CreateVolume, LoopController};
 pub use paging::Page;
 pub use snapshots::SnapshotQuery;
 
-use super::{Backend, NotProven, ResolvedDevice, Shown};
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::backend::{Backend, NotProven, ResolvedDevice, Shown};
 use ebs_node_core::request::VolumeId;
 use ebs_node_host::blank::BackingFile;
 use ebs_node_host::loopdev;
@@ -119,7 +119,7 @@ fn is_loop_of(
         return Err(NotProven::Other(format!(
             "device {} is a loop device, not {}",
             devnum,
-            super::describe_identity(identity)
+            ebs_node_core::node::backend::describe_identity(identity)
         )));
     };
     if loop_backing(dev, devnum).map_err(NotProven::Unknown)? == (*st_dev, *st_ino) {
@@ -131,7 +131,7 @@ fn is_loop_of(
         loopdev::backing_file_by_devnum(devnum)
             .unwrap_or_default()
             .display(),
-        super::describe_identity(identity)
+        ebs_node_core::node::backend::describe_identity(identity)
     )))
 }
 

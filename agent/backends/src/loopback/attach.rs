@@ -9,7 +9,7 @@ use ebs_store::{
 };
 
 use super::LoopController;
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::device_claim;
 use ebs_node_host::mount::at_path::read_table;
 use ebs_node_host::{freeze, loopdev};
@@ -17,7 +17,7 @@ use ebs_node_host::{freeze, loopdev};
 /// Attaches on a device whose number no bind holds anywhere (a workload may detach its own loop
 /// device, which needs no privilege, and a bind of its node would then reach the new volume).
 fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
-    let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    let uses = ebs_node_host::device_binds::Uses::scan(ebs_node_host::device_binds::WITHIN);
     if let Some(why) = uses.failed() {
         return Err(Error::Unavailable(format!(
             "attaching {}: no device number can be told free of binds: {why}",

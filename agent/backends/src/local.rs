@@ -19,8 +19,10 @@ use std::time::Instant;
 
 use ebs_store::{DeviceIdentity, Store};
 
-use super::{Backend, NotProven, ResolvedDevice, Shown, describe_identity, proves};
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::backend::{
+    Backend, NotProven, ResolvedDevice, Shown, describe_identity, proves,
+};
 use ebs_node_core::request::{ValidationError, VolumeId};
 use ebs_node_host::device::{devnum_of, still_claimed};
 
@@ -254,7 +256,7 @@ fn raw_use(
     // A bind of a node of it that only another mount namespace shows (a container's copy of
     // a raw block volume, another driver's): every namespace's table, by the bound node's
     // numbers. Unreadable tables within the bound time count as a use.
-    let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    let uses = ebs_node_host::device_binds::Uses::scan(ebs_node_host::device_binds::WITHIN);
     if let Some(at) = family.iter().find_map(|d| uses.bound(*d)) {
         return Some(format!("(its device node is {at})"));
     }

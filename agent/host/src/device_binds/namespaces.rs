@@ -15,9 +15,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
+use crate::device::devnum_of;
+use crate::mount::table::MountTable;
 use ebs_node_core::DevNum;
-use ebs_node_host::device::devnum_of;
-use ebs_node_host::mount::table::MountTable;
 use nix::fcntl::{OFlag, openat};
 use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::stat::Mode;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ebs_store::Store;
 
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::device_claim;
 use ebs_node_host::device::{block_devnum, still_claimed};
 use ebs_node_host::loopdev::overlay;
@@ -133,7 +133,7 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     // would free the number under it for the next volume's loop device: every namespace's.
     let over =
         overlay::tagged("").map_err(|e| Error::Internal(format!("listing loop devices: {e}")))?;
-    let uses = crate::node::ro_binds::Uses::scan(crate::node::ro_binds::WITHIN);
+    let uses = ebs_node_host::device_binds::Uses::scan(ebs_node_host::device_binds::WITHIN);
     for o in over.iter().filter(|o| o.backing == devnum) {
         let used =
             block_devnum(&o.device).map_or_else(|e| Some(e.to_string()), |n| uses.of(&o.device, n));

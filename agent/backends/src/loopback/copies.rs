@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use ebs_store::{LoopSource, LoopVolume};
 
 use super::LoopController;
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 use ebs_node_host::file_copy::{self, CopyKind};
 use ebs_node_host::{freeze, loopdev};
 

@@ -7,7 +7,7 @@ use ebs_store::{Durability, LoopSnapshot, now_unix_ms};
 
 use super::LoopController;
 use super::paging::{Page, page};
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 
 pub const SNAPSHOT_PREFIX: &str = "snap-";
 

@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ebs_node_core::error::Error;
 use ebs_store::DeviceIdentity;
 
 use super::*;
-use crate::grpc::to_status;
 use ebs_node_core::ec2::ebs::{EBS_MODEL, INSTANCE_STORE_MODEL};
 use ebs_node_fixture::Fixture;
 
@@ -149,7 +149,7 @@ fn a_stale_device_path_link_is_refused() {
         Duration::ZERO,
     )
     .unwrap_err();
-    assert_eq!(to_status(&err).code(), tonic::Code::FailedPrecondition);
+    assert!(matches!(err, Error::WrongDevice { .. }), "{err:?}");
     let text = err.to_string();
     assert!(
         text.contains("xvdba") && text.contains(OTHER) && text.contains("stale"),
@@ -178,7 +178,7 @@ fn a_stale_by_id_link_is_refused_even_without_device_path() {
     )
     .unwrap();
     let err = resolve(&f).unwrap_err();
-    assert_eq!(to_status(&err).code(), tonic::Code::FailedPrecondition);
+    assert!(matches!(err, Error::WrongDevice { .. }), "{err:?}");
     assert!(err.to_string().contains("by-id"), "{err}");
 }
 
@@ -245,7 +245,7 @@ fn the_partition_key_selects_a_partition_and_waits_for_it() {
     let whole = resolve_with(&f, &[], &[("partition", "0")], Duration::ZERO).unwrap();
     assert_eq!(whole.path, f.dev_root().join("nvme0n1"));
     let bad = resolve_with(&f, &[], &[("partition", "x")], Duration::ZERO).unwrap_err();
-    assert_eq!(to_status(&bad).code(), tonic::Code::InvalidArgument);
+    assert!(matches!(bad, Error::Invalid(_)), "{bad:?}");
 }
 
 #[test]
@@ -278,7 +278,7 @@ fn a_device_that_never_appears_gives_a_clean_error_at_the_deadline() {
     )
     .unwrap_err();
     assert!(started.elapsed() >= Duration::from_secs(1));
-    assert_eq!(to_status(&err).code(), tonic::Code::NotFound);
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
     let text = err.to_string();
     for part in [
         VOL,
@@ -317,6 +317,6 @@ fn volume_ids_that_are_not_ebs_ids_are_not_found() {
     assert_eq!(lookup::expected_serial(&vol(VOL)).unwrap(), SERIAL);
     for bad in ["pvc-123", "vol-", "vol-xyz"] {
         let err = lookup::expected_serial(&vol(bad)).unwrap_err();
-        assert_eq!(to_status(&err).code(), tonic::Code::NotFound);
+        assert!(matches!(err, Error::NotFound(_)), "{err:?}");
     }
 }

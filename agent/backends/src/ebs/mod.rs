@@ -17,8 +17,8 @@ use ebs_store::DeviceIdentity;
 pub use discovery::{BlockDevices, Disk, SysfsDisks};
 pub use udev_scan::UdevDisks;
 
-use super::{Backend, NotProven, ResolvedDevice, Shown};
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::backend::{Backend, NotProven, ResolvedDevice, Shown};
 use ebs_node_core::request::VolumeId;
 use lookup::Wanted;
 
@@ -182,12 +182,12 @@ impl Backend for EbsBackend {
             _ => None,
         };
         let found = self.identify(devnum)?;
-        if !super::proves(identity, &found) {
+        if !ebs_node_core::node::backend::proves(identity, &found) {
             return Err(NotProven::Other(format!(
                 "device {} is {}, not {}",
                 devnum,
-                super::describe_identity(&found),
-                super::describe_identity(identity)
+                ebs_node_core::node::backend::describe_identity(&found),
+                ebs_node_core::node::backend::describe_identity(identity)
             )));
         }
         Ok(held)

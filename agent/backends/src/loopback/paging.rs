@@ -2,7 +2,7 @@
 //! id of the page before. A page starts after the token's place in the order, not at a position,
 //! so entries deleted or added between two pages neither shift nor repeat the rest.
 
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 
 pub struct Page<T> {
     pub entries: Vec<T>,
