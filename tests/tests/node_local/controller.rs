@@ -226,8 +226,8 @@ async fn a_handle_never_takes_a_volumes_file_it_does_not_act_for() {
 }
 
 /// The controller adopts a loop device it did not make only if it is the file's whole device
-/// with the access asked: never a shifted view (`losetup -o`), never a writable one for a
-/// read-only attachment.
+/// with the access asked: never a shifted or cut view (`losetup -o`, `--sizelimit`), never a
+/// writable one for a read-only attachment.
 #[tokio::test]
 async fn the_controller_never_adopts_a_shifted_or_writable_device_it_did_not_make() {
     let _shared = crate::NAMESPACE_COPY.read().await;
@@ -238,30 +238,32 @@ async fn the_controller_never_adopts_a_shifted_or_writable_device_it_did_not_mak
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let node_name = node_id(&agent).await;
     let mut ctl = agent.controller().await;
-    // A shifted view: the controller makes its own device.
-    let shifted_id = create_volume(&agent, "s", SIZE, &[]).await;
-    let file = agent.state_dir.join(format!("volumes/{shifted_id}.img"));
-    let view = super::losetup("-o 1048576", file.display());
-    let _view = super::owners::DetachOnDrop(view.clone());
-    let r = ctl
-        .controller_publish_volume(attach_req(&shifted_id, &node_name, false))
-        .await
-        .expect("attach beside a shifted view")
-        .into_inner();
-    let device = r.publish_context["devicePath"].clone();
-    assert_ne!(device, view, "the controller adopted the shifted view");
-    let _own = super::owners::DetachOnDrop(device);
-    ctl.controller_unpublish_volume(detach(&shifted_id, &node_name))
-        .await
-        .expect("detach");
-    assert!(
-        std::path::Path::new(&format!(
-            "/sys/block/{}/loop",
-            view.trim_start_matches("/dev/")
-        ))
-        .exists(),
-        "the controller detached the operator's device"
-    );
+    // A shifted or cut view (`-o`, `--sizelimit`): the controller makes its own device.
+    for (name, view) in [("s", "-o 1048576"), ("c", "--sizelimit 8388608")] {
+        let shifted_id = create_volume(&agent, name, SIZE, &[]).await;
+        let file = agent.state_dir.join(format!("volumes/{shifted_id}.img"));
+        let view = super::losetup(view, file.display());
+        let _view = super::owners::DetachOnDrop(view.clone());
+        let r = ctl
+            .controller_publish_volume(attach_req(&shifted_id, &node_name, false))
+            .await
+            .expect("attach beside a shifted view")
+            .into_inner();
+        let device = r.publish_context["devicePath"].clone();
+        assert_ne!(device, view, "the controller adopted the view {view}");
+        let _own = super::owners::DetachOnDrop(device);
+        ctl.controller_unpublish_volume(detach(&shifted_id, &node_name))
+            .await
+            .expect("detach");
+        assert!(
+            std::path::Path::new(&format!(
+                "/sys/block/{}/loop",
+                view.trim_start_matches("/dev/")
+            ))
+            .exists(),
+            "the controller detached the operator's device"
+        );
+    }
     // A writable device of the operator's: a read-only attachment is refused.
     let rw_id = create_volume(&agent, "w", SIZE, &[]).await;
     let file = agent.state_dir.join(format!("volumes/{rw_id}.img"));

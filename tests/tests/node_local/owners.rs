@@ -325,8 +325,8 @@ impl Drop for OverlaysOver {
     }
 }
 
-/// A loop device an operator laid over a volume's file at an offset is a shifted view of the
-/// volume, never the volume, whatever `volumeID` the handle brings.
+/// A loop device an operator laid over a volume's file at an offset, or cut short, is a view of
+/// part of the volume, never the volume, whatever `volumeID` the handle brings.
 #[tokio::test]
 async fn a_shifted_view_of_a_volume_file_is_never_the_volume() {
     let _shared = crate::NAMESPACE_COPY.read().await;
@@ -339,24 +339,24 @@ async fn a_shifted_view_of_a_volume_file_is_never_the_volume() {
     let name = v.device.trim_start_matches("/dev/");
     let file = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
         .expect("the volume's file");
-    let shifted = super::losetup("-o 1048576", file.trim());
-    let _detach = DetachOnDrop(shifted.clone());
-    let h = Vol {
-        id: format!("local-ebs://{}", shifted.trim_start_matches('/')),
-        device: shifted,
-    };
-    let before = checksum(std::path::Path::new(&v.device));
-    let mut node = agent.node().await;
-    let mut stage = stage_req(&h, &agent.work.join("h/staging"), rwx_mount());
-    stage
-        .publish_context
-        .insert("volumeID".into(), v.id.clone());
-    let e = node
-        .node_stage_volume(stage)
-        .await
-        .expect_err("a shifted view");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert_eq!(before, checksum(std::path::Path::new(&v.device)));
+    // Shifted (`-o`) or cut short (`--sizelimit`: a fifteenth fresh review's F3).
+    for view in ["-o 1048576", "--sizelimit 8388608"] {
+        let shifted = super::losetup(view, file.trim());
+        let _detach = DetachOnDrop(shifted.clone());
+        let h = Vol {
+            id: format!("local-ebs://{}", shifted.trim_start_matches('/')),
+            device: shifted,
+        };
+        let before = checksum(std::path::Path::new(&v.device));
+        let mut node = agent.node().await;
+        let mut stage = stage_req(&h, &agent.work.join("h/staging"), rwx_mount());
+        stage
+            .publish_context
+            .insert("volumeID".into(), v.id.clone());
+        let e = node.node_stage_volume(stage).await.expect_err(view);
+        assert_eq!(e.code(), Code::FailedPrecondition, "{view}: {e:?}");
+        assert_eq!(before, checksum(std::path::Path::new(&v.device)));
+    }
 }
 
 /// Detaches a loop device the test made, on drop.

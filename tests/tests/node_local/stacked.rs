@@ -10,7 +10,7 @@ use ebs_tests::csi_req::*;
 use ebs_tests::*;
 use tonic::Code;
 
-use super::owners::{DetachOnDrop, SIZE, rwx_mount};
+use super::owners::{DetachOnDrop, SIZE, rwx_block, rwx_mount};
 
 /// An overlay whose upper layer is the agent's volumes directory, unmounted on drop.
 struct OverlayView {
@@ -143,7 +143,9 @@ async fn a_loop_device_over_a_file_inside_another_volumes_filesystem_is_refused(
         !super::is_mounted(&h_staging),
         "the handle's staging is mounted"
     );
+    let name = laid.0.clone();
     drop(laid);
+    unbound(&name);
     node.node_unstage_volume(unstage_req(&x, &staging))
         .await
         .expect("unstage x");
@@ -164,30 +166,7 @@ async fn on_unverified_ebs_a_loop_device_laid_over_another_volumes_disk_is_refus
     sh(&format!("truncate -s 64M {}", img.display()));
     let la = DetachOnDrop(super::losetup("", img.display()));
     let lb = DetachOnDrop(super::losetup("", &la.0));
-    let args = [
-        "--backend",
-        "ebs",
-        "--mode",
-        "node",
-        "--allow-unverified-devices",
-        "--imds-disabled",
-        "--zone",
-        "us-east-1a",
-        "--instance-type",
-        "m5.large",
-        "--node-id",
-        "i-0123456789abcdef0",
-        "--device-wait",
-        "1s",
-    ];
-    let agent = Agent::start(
-        &scratch,
-        AgentOpts {
-            args: args.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let agent = ebs_agent(&scratch, &["--allow-unverified-devices"]).await;
     let a = Vol {
         id: "vol-0aaaaaaaaaaaaaaaa".into(),
         device: la.0.clone(),
@@ -214,4 +193,128 @@ async fn on_unverified_ebs_a_loop_device_laid_over_another_volumes_disk_is_refus
             .expect("unstage the first");
     }
     drop((lb, la));
+}
+
+/// Unmounts a mount the test made, on drop.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A second loop device over volume X's file (an operator's), X's filesystem mounted from it,
+/// and a loop device over a file in that filesystem: X's bytes, two levels down. A handle never
+/// takes it, staged or not (a fifteenth fresh review's F1: the handle wrote into X's file).
+#[tokio::test]
+async fn a_loop_device_on_a_second_loop_device_of_a_volumes_file_is_refused() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_loop_device_on_a_second_loop_device_of_a_volumes_file_is_refused") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-second-loop");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let x = create_attached(&agent, "x", SIZE).await;
+    let file = agent.state_dir.join(format!("volumes/{}.img", x.id));
+    let z = DetachOnDrop(super::losetup("", file.display()));
+    sh(&format!("mkfs.ext4 -q {}", z.0));
+    let zm = scratch.join("zm");
+    std::fs::create_dir_all(&zm).expect("mount point");
+    sh(&format!("mount {} {}", z.0, zm.display()));
+    let mounted = Unmount(zm.clone());
+    sh(&format!("truncate -s 8M {}", zm.join("g").display()));
+    let b = DetachOnDrop(super::losetup("", zm.join("g").display()));
+    let h = Vol {
+        id: format!("local-ebs://{}", b.0.trim_start_matches('/')),
+        device: b.0.clone(),
+    };
+    let h_staging = agent.work.join("h/staging");
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(&h, &h_staging, rwx_block()))
+        .await
+        .expect_err("a handle took a file in x's filesystem through a second loop device");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains(&x.id), "{e:?}");
+    let name = b.0.clone();
+    drop(b);
+    unbound(&name);
+    drop(mounted);
+    drop(z);
+}
+
+/// Waits (up to 10 s) until a detached loop device lets go of its file: `losetup -d` of a
+/// device udev still has open only sets autoclear.
+fn unbound(dev: &str) {
+    let name = dev.trim_start_matches("/dev/");
+    let bound = std::path::PathBuf::from(format!("/sys/block/{name}/loop"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while bound.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// On the EBS backend a loop device has no serial: two loop devices over one file are one
+/// device, keyed by the file (a fifteenth fresh review's F2: two handles, one mounting the
+/// file's ext4 read-write, the other taking it raw).
+#[tokio::test]
+async fn on_ebs_two_loop_devices_over_one_file_are_one_device() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("on_ebs_two_loop_devices_over_one_file_are_one_device") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-ebs-one-file");
+    let img = scratch.join("f.img");
+    sh(&format!("truncate -s 64M {}", img.display()));
+    let l1 = DetachOnDrop(super::losetup("", img.display()));
+    let l2 = DetachOnDrop(super::losetup("", img.display()));
+    let agent = ebs_agent(&scratch, &[]).await;
+    let handle = |dev: &str| Vol {
+        id: format!("local-ebs://{}", dev.trim_start_matches('/')),
+        device: dev.to_string(),
+    };
+    let (h1, h2) = (handle(&l1.0), handle(&l2.0));
+    let (s1, s2) = (agent.work.join("h1"), agent.work.join("h2"));
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&h1, &s1, rwx_mount()))
+        .await
+        .expect("the first handle");
+    let e = node
+        .node_stage_volume(stage_req(&h2, &s2, rwx_block()))
+        .await
+        .expect_err("a second loop device over the same file was a second device");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    node.node_unstage_volume(unstage_req(&h1, &s1))
+        .await
+        .expect("unstage");
+    drop((l2, l1));
+}
+
+/// The ebs backend on the real host's sysfs and /dev, node mode, IMDS off.
+async fn ebs_agent(scratch: &Scratch, extra: &[&str]) -> Agent {
+    let args = [
+        "--backend",
+        "ebs",
+        "--mode",
+        "node",
+        "--imds-disabled",
+        "--zone",
+        "us-east-1a",
+        "--instance-type",
+        "m5.large",
+        "--node-id",
+        "i-0123456789abcdef0",
+        "--device-wait",
+        "1s",
+    ];
+    Agent::start(
+        scratch,
+        AgentOpts {
+            args: args.iter().chain(extra).map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+    .await
 }

@@ -149,12 +149,17 @@ fn backing_of(
 
 /// The backing inode of the loop device open as `dev`, asked of that very device.
 /// A loop device that starts past the file's first byte (`losetup -o`) is a shifted view of
-/// the volume, never the volume: what a stage wrote there would land amid its bytes.
+/// the volume, never the volume: what a stage wrote there would land amid its bytes. One that
+/// ends before the file's end (`--sizelimit`) is a cut view: a stage would make a filesystem
+/// the size of the cut (a fifteenth fresh review's F3).
 fn loop_backing(dev: &File, devnum: DevNum) -> std::result::Result<(u64, u64), String> {
     let what = format_args!("loop device {}", devnum);
     match loopdev::backing_of(dev) {
         Ok(Some((_, offset))) if offset != 0 => Err(format!(
             "{what} starts at byte {offset} of its file: a shifted view, not the volume"
+        )),
+        Ok(Some(_)) if loopdev::size_limit_of(dev).map_or(true, |l| l != 0) => Err(format!(
+            "{what} shows only part of its file (a size limit): a cut view, not the volume"
         )),
         found => backing_of(found.map(|b| b.map(|(inode, _)| inode)), &what),
     }

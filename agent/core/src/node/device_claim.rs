@@ -26,13 +26,28 @@ use crate::request::VolumeId;
 /// The publish-context key upstream's controller sets to a node-local handle's real volume id.
 pub const ACTS_FOR_KEY: &str = "volumeID";
 
-/// The numbers a claim on a device with no identity is keyed by: its whole disk's, so a
-/// partition and its disk are one key (two volumes never share a disk). A device with an
-/// identity is keyed by that (a partition of an NVMe disk carries the disk's serial).
-pub fn claim_number(ctx: &NodeCtx, identity: &DeviceIdentity, devnum: DevNum) -> DevNum {
-    match identity {
-        DeviceIdentity::Unverified => ctx.host.whole_disk(devnum),
-        _ => devnum,
+/// The key of the node's claim on a device. A device with an identity is keyed by that (a
+/// partition of an NVMe disk carries the disk's serial; a loop volume, its file's inode). One
+/// with none is keyed by its whole disk, so a partition and its disk are one key (two volumes
+/// never share a disk), and that disk by what its bytes are: a loop device by its backing
+/// file, as a loop volume is, so every loop device over one file is one key whichever backend
+/// or door names it (a fifteenth fresh review's F2: two identity-less loop devices over one file
+/// were two owners); any other disk by its numbers.
+pub fn node_key(ctx: &NodeCtx, identity: &DeviceIdentity, devnum: DevNum) -> Option<String> {
+    let DeviceIdentity::Unverified = identity else {
+        return claim_key(ClaimDoor::Node, identity, Some(devnum));
+    };
+    let whole = ctx.host.whole_disk(devnum);
+    match ctx.host.loop_backing(whole) {
+        Some((st_dev, st_ino)) => {
+            let file = DeviceIdentity::LoopFile {
+                file: std::path::PathBuf::new(),
+                st_dev,
+                st_ino,
+            };
+            claim_key(ClaimDoor::Node, &file, None)
+        }
+        None => claim_key(ClaimDoor::Node, identity, Some(whole)),
     }
 }
 
@@ -73,7 +88,12 @@ pub fn node_claim(
     let Some(key) = claim_key(ClaimDoor::Node, identity, devnum) else {
         return Ok(None);
     };
-    match ledger.claim(&key)? {
+    live_claim(ledger, &key)
+}
+
+/// The live node claim under `key` (`node_key`).
+pub fn live_claim(ledger: &dyn Ledger, key: &str) -> Result<Option<DeviceClaim>> {
+    match ledger.claim(key)? {
         Some(c) if holds_through_node(ledger, &c.volume_id)? => Ok(Some(c)),
         _ => Ok(None),
     }
@@ -112,8 +132,7 @@ pub fn take_for_node(
         owner,
         door: door_words(door),
     };
-    let keyed = claim_number(ctx, identity, devnum);
-    let Some(key) = claim_key(ClaimDoor::Node, identity, Some(keyed)) else {
+    let Some(key) = node_key(ctx, identity, devnum) else {
         return Ok(None);
     };
     let node = match ctx.ledger.claim(&key)? {
@@ -145,7 +164,7 @@ pub fn take_for_node(
             door: "bound by number: the device that volume had was replaced under its bind",
         });
     }
-    super::stacking::refuse_another_volumes_bytes(ctx, &others, volume, devnum, device)?;
+    super::stacking::refuse_another_volumes_bytes(ctx, &others, volume, acts_for, devnum, device)?;
     Ok(Some((
         key,
         DeviceClaim {
@@ -176,10 +195,11 @@ pub fn acts_for<'a>(
 /// claims existed, or rebuilt from the mount table) takes it, durably. A device another id holds
 /// already is left to that id and said: two records naming one device cannot both be right.
 pub fn adopt(ctx: &NodeCtx, staged: &crate::records::StagedVolume) -> Result<()> {
-    let devnum = staged
-        .devnum
-        .map(|d| claim_number(ctx, &staged.identity, DevNum::from(d)));
-    let Some(key) = claim_key(ClaimDoor::Node, &staged.identity, devnum) else {
+    let key = match staged.devnum {
+        Some(d) => node_key(ctx, &staged.identity, DevNum::from(d)),
+        None => claim_key(ClaimDoor::Node, &staged.identity, None),
+    };
+    let Some(key) = key else {
         return Ok(());
     };
     match ctx.ledger.claim(&key)? {

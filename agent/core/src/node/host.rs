@@ -155,6 +155,9 @@ pub trait HostOps: Send + Sync {
     fn whole_disk(&self, devnum: DevNum) -> DevNum;
     /// What the device's bytes come from, one level down (see `Under`); empty for a plain disk.
     fn lies_on(&self, devnum: DevNum) -> io::Result<Vec<Under>>;
+    /// A loop device's backing file, as (st_dev, st_ino) (LOOP_GET_STATUS64's pair); `None`: not
+    /// a loop device over a file, or not readable.
+    fn loop_backing(&self, devnum: DevNum) -> Option<(u64, u64)>;
     /// The devices sysfs shows built on the device's bytes: its `holders` (mappers).
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>>;
     /// The device's size in bytes, by path (right after it was proven).

@@ -81,8 +81,13 @@ impl Expected {
         // handle or a careless CO naming another volume's device must not make that volume's
         // mounts its own (`device_claim`).
         if let Some(identity) = &self.identity {
-            let keyed = device_claim::claim_number(ctx, identity, devnum);
-            match device_claim::node_owner(&*ctx.ledger, identity, Some(keyed)) {
+            let owner = match device_claim::node_key(ctx, identity, devnum) {
+                Some(key) => {
+                    device_claim::live_claim(&*ctx.ledger, &key).map(|c| c.map(|c| c.volume_id))
+                }
+                None => Ok(None),
+            };
+            match owner {
                 Ok(Some(owner)) if owner != self.volume => {
                     return Err(format!("device {devnum} is held by volume {owner}"));
                 }

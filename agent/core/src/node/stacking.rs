@@ -21,9 +21,10 @@ use crate::error::{Error, Result};
 use crate::request::VolumeId;
 
 use super::NodeCtx;
+use super::device_claim::{live_claim, node_key};
 use super::host::Under;
 use super::reused_number::Recorded;
-use crate::records::DeviceIdentity;
+use crate::records::{ClaimDoor, DeviceIdentity, claim_key};
 
 /// How deep a stack is walked: loop over loop over a file is three; more is refused.
 const DEPTH: usize = 8;
@@ -34,6 +35,7 @@ pub fn refuse_another_volumes_bytes(
     ctx: &NodeCtx,
     others: &[Recorded],
     volume: &VolumeId,
+    acts_for: Option<&str>,
     devnum: DevNum,
     device: &Path,
 ) -> Result<()> {
@@ -50,12 +52,16 @@ pub fn refuse_another_volumes_bytes(
         owner,
         door,
     };
-    let owners = recorded_devices(ctx, others);
+    let recorded = recorded_devices(ctx, others);
+    // The taker itself, or the volume a node-local handle acts for, is no other owner.
+    let owner_of = |d| {
+        owner_of(ctx, &recorded, d).filter(|o| o != volume.as_str() && Some(o.as_str()) != acts_for)
+    };
     for level in walk(devnum, |d| ctx.host.lies_on(d)).map_err(unreadable)? {
         match level {
             Under::Unknown(why) => return Err(indistinct(why)),
             Under::Device(d) => {
-                if let Some(owner) = owner_of(ctx, &owners, d) {
+                if let Some(owner) = owner_of(d) {
                     return Err(claimed(owner, "its bytes lie on that volume's device"));
                 }
             }
@@ -63,7 +69,7 @@ pub fn refuse_another_volumes_bytes(
     }
     let built = |owner| claimed(owner, "that volume's device is built on its bytes");
     for d in ctx.host.built_on(devnum).map_err(unreadable)? {
-        if let Some(owner) = owner_of(ctx, &owners, d) {
+        if let Some(owner) = owner_of(d) {
             return Err(built(owner));
         }
     }
@@ -129,12 +135,25 @@ fn recorded_devices(ctx: &NodeCtx, others: &[Recorded]) -> HashMap<DevNum, Strin
     owners
 }
 
-fn owner_of(ctx: &NodeCtx, owners: &HashMap<DevNum, String>, d: DevNum) -> Option<String> {
-    if owners.is_empty() {
-        return None;
-    }
-    owners
+/// Whose a level of the stack is: a volume whose record names the device; else what the backend
+/// says the device is: one of its volumes (loop: a loop device over a volume's file, attached by
+/// anyone: a fifteenth fresh review's F1), or a device a live claim holds (the node's, or the
+/// loop controller's attachment).
+fn owner_of(ctx: &NodeCtx, recorded: &HashMap<DevNum, String>, d: DevNum) -> Option<String> {
+    if let Some(o) = recorded
         .get(&d)
-        .or_else(|| owners.get(&ctx.host.whole_disk(d)))
-        .cloned()
+        .or_else(|| recorded.get(&ctx.host.whole_disk(d)))
+    {
+        return Some(o.clone());
+    }
+    let identity = ctx.backend.identify(d).ok()?;
+    if let Some(v) = ctx.backend.volume_of(&identity) {
+        return Some(v);
+    }
+    let node = node_key(ctx, &identity, d).and_then(|k| live_claim(&*ctx.ledger, &k).ok()?);
+    if let Some(c) = node {
+        return Some(c.volume_id);
+    }
+    let controller = claim_key(ClaimDoor::Controller, &identity, Some(d))?;
+    ctx.ledger.claim(&controller).ok()?.map(|c| c.volume_id)
 }

@@ -6,7 +6,7 @@ use crate::DevNum;
 use std::path::Path;
 
 use crate::ledger::{LedgerResult, LedgerWriter};
-use crate::records::{ClaimDoor, DeviceClaim, DeviceIdentity, StagedVolume, claim_key};
+use crate::records::{ClaimDoor, DeviceClaim, DeviceIdentity, StagedVolume};
 
 use super::backend::{ResolvedDevice, Shown};
 use super::host::DeviceHandle;
@@ -99,8 +99,7 @@ impl VolumeDevice {
         acts_for: Option<&str>,
     ) -> Result<()> {
         let devnum = self.devnum();
-        let keyed = super::device_claim::claim_number(ctx, &self.identity, devnum);
-        let key = claim_key(ClaimDoor::Node, &self.identity, Some(keyed))
+        let key = super::device_claim::node_key(ctx, &self.identity, devnum)
             .unwrap_or_else(|| format!("node/dev:{devnum}"));
         let turn = ctx
             .device_locks

@@ -81,6 +81,10 @@ impl HostOps for RealHost {
         ebs_node_host::loopdev::stacking::lies_on(devnum)
     }
 
+    fn loop_backing(&self, devnum: DevNum) -> Option<(u64, u64)> {
+        ebs_node_host::loopdev::stacking::loop_backing(devnum)
+    }
+
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {
         ebs_node_host::loopdev::stacking::built_on(devnum)
     }

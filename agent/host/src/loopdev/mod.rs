@@ -354,7 +354,7 @@ pub use backing_fs::{BackingFs, backing_fs};
 mod query;
 pub use query::{
     backing_file, backing_file_by_devnum, backing_inode, backing_inode_of, backing_of,
-    find_by_backing_inode,
+    find_by_backing_inode, size_limit_of,
 };
 
 /// Helpers shared by the root-only tests of this module and `blkid`.

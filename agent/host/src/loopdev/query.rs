@@ -48,6 +48,14 @@ pub fn backing_of(dev: &File) -> io::Result<Option<((u64, u64), u64)>> {
         .map_err(io::Error::from)
 }
 
+/// How many bytes of its file the loop device open as `dev` shows (`losetup --sizelimit`); 0:
+/// up to the file's end.
+pub fn size_limit_of(dev: &File) -> io::Result<u64> {
+    status(dev)
+        .map(|i| i.map_or(0, |i| i.lo_sizelimit))
+        .map_err(io::Error::from)
+}
+
 fn status_inode(dev: &File) -> Result<Option<(u64, u64)>, Errno> {
     status(dev).map(|i| i.map(|i| (i.lo_device, i.lo_inode)))
 }
@@ -108,7 +116,13 @@ pub fn find_by_backing_inode(dev: u64, ino: u64) -> Result<Option<PathBuf>, Loop
             .ok()
             .and_then(|o| o.trim().parse::<u64>().ok())
             .unwrap_or(0);
-        if offset != 0 {
+        // Nor one cut short (`losetup --sizelimit`): a stage would make a filesystem the size of
+        // the cut, not of the volume.
+        let limit = std::fs::read_to_string(sys_block.join(&name).join("loop/sizelimit"))
+            .ok()
+            .and_then(|o| o.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if offset != 0 || limit != 0 {
             continue;
         }
         let found = match backing_inode(&device) {

@@ -53,6 +53,18 @@ pub fn built_on(devnum: DevNum) -> io::Result<Vec<DevNum>> {
     linked(devnum, "holders")
 }
 
+/// A loop device's backing file as (st_dev, st_ino); `None`: not a loop device bound to a file.
+pub fn loop_backing(devnum: DevNum) -> Option<(u64, u64)> {
+    if devnum.major != LOOP_MAJOR {
+        return None;
+    }
+    let dev = crate::device::open_devnum(devnum).ok()?;
+    match query::status(&dev) {
+        Ok(Some(info)) if info.lo_rdevice == 0 => Some((info.lo_device, info.lo_inode)),
+        _ => None,
+    }
+}
+
 /// A bound loop device's block backing and its backing file's filesystem; `None`: not a loop
 /// device, or not bound (or gone meanwhile).
 fn backing(devnum: DevNum) -> io::Result<Option<(DevNum, DevNum)>> {

@@ -69,6 +69,8 @@ pub struct State {
     pub lies_on: HashMap<DevNum, Vec<Under>>,
     /// The mappers sysfs shows built on each device.
     pub holders: HashMap<DevNum, Vec<DevNum>>,
+    /// The backing file (st_dev, st_ino) of devices that are loop devices over a file.
+    pub loop_files: HashMap<DevNum, (u64, u64)>,
     /// Devices with no identity (a disk without a serial): proven by their numbers only.
     pub unverified: HashSet<DevNum>,
     /// Call names that fail, with the error's text.
@@ -184,6 +186,10 @@ impl HostOps for DoubleHost {
             .get(&devnum)
             .cloned()
             .unwrap_or_default())
+    }
+
+    fn loop_backing(&self, devnum: DevNum) -> Option<(u64, u64)> {
+        self.state().loop_files.get(&devnum).copied()
     }
 
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {

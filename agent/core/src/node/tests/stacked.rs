@@ -89,3 +89,28 @@ fn a_volume_a_mapper_is_built_on_is_that_mappers_volume() {
         "{e}"
     );
 }
+
+#[test]
+fn identity_less_loop_devices_over_one_file_are_one_device() {
+    let h = Harness::new();
+    h.attach("vol-a");
+    h.attach("vol-b");
+    let (a, b) = (device_of(&h, "vol-a"), device_of(&h, "vol-b"));
+    {
+        let mut s = h.host.state();
+        s.unverified.extend([a, b]);
+        s.loop_files.insert(a, (64, 7));
+        s.loop_files.insert(b, (64, 7));
+    }
+    h.stage(&h.stage_cmd("vol-a", mount(AccessMode::SingleNodeWriter)))
+        .expect("vol-a");
+    h.host.state().calls.clear();
+    let e = h
+        .stage(&h.stage_cmd("vol-b", block(AccessMode::SingleNodeWriter)))
+        .expect_err("one file, two loop devices");
+    assert!(
+        matches!(&e, Error::DeviceClaimed { owner, .. } if owner == "vol-a"),
+        "{e}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
