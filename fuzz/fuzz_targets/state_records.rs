@@ -2,7 +2,7 @@
 //! The state file's records, decoded from bytes as the store does (serde_json): the first byte
 //! picks the record type. Whatever decodes must encode and decode back to itself.
 
-use ebs_store::{FormatRecord, LoopVolume, Publication, StagedVolume, StepRecord};
+use ebs_node_core::records::{FormatRecord, LoopVolume, Publication, StagedVolume, StepRecord};
 use serde::{Serialize, de::DeserializeOwned};
 
 fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(bytes: &[u8]) {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use redb::{ReadableDatabase, TableDefinition};
 use serde::de::DeserializeOwned;
 
-pub use ebs_node_core::records::*;
+use ebs_node_core::records::*;
 pub use error::StoreError;
 mod group_commit;
 mod ledger;

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use ebs_node_core::records::*;
 use ebs_store::*;
 
 const LOOKING: [&str; 2] = ["resolve_device", "verify_identity"];

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use ebs_node_core::records::*;
 use ebs_store::*;
 
 mod common;

@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use ebs_node_core::records::*;
 use ebs_store::*;
 
 mod common;

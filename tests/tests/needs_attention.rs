@@ -281,7 +281,7 @@ async fn a_record_that_does_not_decode_marks_only_its_volume() {
     {
         let store = ebs_store::Store::open(&agent.state_dir.join("state.redb")).expect("open");
         store
-            .write(ebs_store::Durability::Immediate, |w| {
+            .write(ebs_node_core::records::Durability::Immediate, |w| {
                 w.put_staged_bytes_for_tests(&bad.vol.id, b"{\"volume_id\": 42");
                 Ok(())
             })

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use ebs_node_core::seam::Unmounted;
 use ebs_node_host::anchor::Anchored;
-use ebs_node_host::mount::ops::{Unmounted, unmount};
+use ebs_node_host::mount::ops::unmount;
 use ebs_tests::{Scratch, require_root};
 use nix::mount::{MsFlags, mount};
 

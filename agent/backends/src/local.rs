@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ebs_store::{DeviceIdentity, Store};
+use ebs_node_core::records::DeviceIdentity;
+use ebs_store::Store;
 
 use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::backend::{
@@ -430,7 +431,7 @@ impl Backend for WithLocalVolumes {
         dev: &File,
         devnum: DevNum,
         identity: &DeviceIdentity,
-    ) -> std::result::Result<Option<ebs_node_host::blank::BackingFile>, String> {
+    ) -> std::result::Result<Option<ebs_node_core::seam::BackingFile>, String> {
         self.inner.backing_file(dev, devnum, identity)
     }
 

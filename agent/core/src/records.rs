@@ -1,5 +1,5 @@
 //! The records the agent keeps. Plain data: the store persists them, the agent gives them meaning
-//! (the store re-exports them, so `ebs_store::StagedVolume` is this `StagedVolume`).
+//! (the store keeps them under these names: `ebs_node_core::records::StagedVolume`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

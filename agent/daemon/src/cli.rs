@@ -11,10 +11,10 @@ use crate::endpoint::Endpoint;
 use ebs_node_tools::client::ClientArgs;
 // The settings' types live below the command line, so that modules it names (client, upstream)
 // can use them without depending on it.
-pub use crate::settings::{
-    BackendKind, CsiVersion, DEFAULT_DRIVER_NAME, DEFAULT_ENDPOINT, DEFAULT_STATE_DIR, LogFormat,
-    Mode, parse_duration,
+use crate::settings::{
+    BackendKind, CsiVersion, DEFAULT_DRIVER_NAME, DEFAULT_STATE_DIR, LogFormat, Mode,
 };
+use ebs_node_core::config::{DEFAULT_ENDPOINT, parse_duration};
 
 /// The parsed command line (see `Cli::parse_args`).
 #[derive(Debug)]

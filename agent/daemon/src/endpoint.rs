@@ -9,7 +9,7 @@ pub struct Endpoint {
     path: PathBuf,
 }
 
-pub use ebs_node_core::config::unix_socket_path;
+use ebs_node_core::config::unix_socket_path;
 
 impl Endpoint {
     /// CSI allows only unix endpoints; the path must be absolute and end in `.sock`.

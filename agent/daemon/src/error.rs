@@ -1,7 +1,7 @@
-//! The domain's error enum is the core's (`ebs_node_core::error`); the daemon adds the hand-off of
-//! blocking host work to tokio's pool.
+//! The hand-off of blocking host work to tokio's pool. The domain's error enum is the core's
+//! (`ebs_node_core::error`), named there.
 
-pub use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 
 /// Runs blocking host work off the async executor and flattens the join error.
 pub async fn blocking<T, F>(f: F) -> Result<T>

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use ebs_node_agent_kube::{Client, DEFAULT_SERVICE_ACCOUNT_DIR, InCluster, prestop, taint};
 
-use crate::cli::{DEFAULT_DRIVER_NAME, ServeArgs, parse_duration};
+use crate::cli::ServeArgs;
+use crate::settings::DEFAULT_DRIVER_NAME;
+use ebs_node_core::config::parse_duration;
 
 /// Where the duties find the API server's credentials and this node's name.
 #[derive(clap::Args, Debug, Clone)]

@@ -94,7 +94,7 @@ fn main() {
         Command::Man { dir } => packaging_output::man(dir.as_deref()),
         Command::EbsStats(args) => ebs_node_agent::commands::ebs_stats::run(args),
         Command::PreStop(args) => {
-            logging::init(ebs_node_agent::cli::LogFormat::Text, "info");
+            logging::init(ebs_node_agent::settings::LogFormat::Text, "info");
             runtime.block_on(ebs_node_agent::kube_duties::pre_stop(args))
         }
     };

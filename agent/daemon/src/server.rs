@@ -10,11 +10,12 @@ use ebs_store::Store;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::StreamExt;
 
-use crate::cli::{BackendKind, ServeArgs};
+use crate::cli::ServeArgs;
 use crate::grpc;
 use crate::health::{self, Health};
 use crate::node::{self, AgentCtx};
 use crate::nodeinfo::{self, NodeInfo, NodeInfoSource};
+use crate::settings::BackendKind;
 use ebs_node_backends::ebs::{EbsBackend, EbsConfig};
 use ebs_node_backends::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
 use ebs_node_core::node::backend::Backend;
@@ -43,7 +44,7 @@ pub const DEFAULT_PREFIXES: &[&str] = &[
     "/local/csi",
 ];
 
-pub use crate::settings::STATE_FILE;
+use crate::settings::STATE_FILE;
 
 /// Opens the state directory and file; an unwritable directory or a corrupt file stops here.
 pub fn open_state(state_dir: &std::path::Path) -> Result<Store, Fatal> {
@@ -86,7 +87,10 @@ pub fn allowed_prefixes(args: &ServeArgs) -> Vec<PathBuf> {
     } else {
         args.allowed_path_prefixes.clone()
     };
-    if args.csi_versions.contains(&crate::cli::CsiVersion::V01) {
+    if args
+        .csi_versions
+        .contains(&crate::settings::CsiVersion::V01)
+    {
         allowed.push(absolute(&args.state_dir).join(grpc::v01::node::STAGING_DIR));
     }
     allowed

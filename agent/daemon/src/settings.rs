@@ -5,8 +5,8 @@
 
 use clap::ValueEnum;
 
-// The pure parts live in the core crate, so the client (ebs-node-tools) shares them.
-pub use ebs_node_core::config::{DEFAULT_ENDPOINT, parse_duration};
+// The pure parts (the default endpoint, `parse_duration`) live in the core crate
+// (`ebs_node_core::config`), so the client (ebs-node-tools) shares them.
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {

@@ -13,8 +13,8 @@
 mod hooks {
     use std::str::FromStr;
 
+    use ebs_node_core::records::Phase;
     use ebs_node_core::steps::{Op, Step};
-    use ebs_store::Phase;
 
     /// The hidden flags of test and bench builds.
     #[derive(clap::Args, Debug, Clone, Default)]
@@ -100,8 +100,8 @@ mod hooks {
 
 #[cfg(not(feature = "test-hooks"))]
 mod hooks {
+    use ebs_node_core::records::Phase;
     use ebs_node_core::steps::{Op, Step};
-    use ebs_store::Phase;
 
     /// No flags: a release build neither lists nor accepts the test hooks.
     #[derive(clap::Args, Debug, Clone, Default)]

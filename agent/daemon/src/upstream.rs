@@ -36,7 +36,7 @@ pub struct UpstreamArgs {
     pub upstream_insecure: bool,
     /// How long one attempt to reach the upstream may take.
     #[arg(long, env = "EBS_AGENT_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s",
-          value_parser = crate::settings::parse_duration)]
+          value_parser = ebs_node_core::config::parse_duration)]
     pub upstream_connect_timeout: Duration,
 }
 
@@ -52,7 +52,7 @@ impl Target {
     pub fn parse(raw: &str, insecure: bool) -> Result<Target, String> {
         let hint = "use unix:///absolute/path.sock or https://host:port";
         if raw.starts_with("unix:") {
-            let path = crate::endpoint::unix_socket_path(raw)
+            let path = ebs_node_core::config::unix_socket_path(raw)
                 .map(PathBuf::from)
                 .ok_or_else(|| format!("controller upstream {raw:?}: {hint}"))?;
             if insecure {

@@ -15,7 +15,7 @@ pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
 pub const FSCK_TIMEOUT: Duration = Duration::from_secs(600);
 pub const GROW_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub use ebs_node_core::seam::FsToolError;
+use ebs_node_core::seam::FsToolError;
 
 pub type Result<T, E = FsToolError> = std::result::Result<T, E>;
 
@@ -48,7 +48,7 @@ fn required_tools(fs: FsType) -> &'static [&'static str] {
     }
 }
 
-pub use ebs_node_core::seam::FsckOutcome;
+use ebs_node_core::seam::FsckOutcome;
 
 impl FsTools {
     pub fn detect() -> Self {

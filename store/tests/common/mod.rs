@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use ebs_node_core::records::*;
 use ebs_store::*;
 
 /// A scratch directory, removed when dropped.

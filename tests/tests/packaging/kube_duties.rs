@@ -45,7 +45,7 @@ fn env_value(c: &Value, name: &str) -> Option<String> {
 /// The pod's grace covers the longest pre-stop wait plus the agent's shutdown grace.
 pub fn check_grace(pod: &Value, agent: &Value, cfg: &Value) {
     let pre_stop = env_value(agent, "EBS_AGENT_PRE_STOP_TIMEOUT").unwrap_or_else(|| "40s".into());
-    let pre_stop = ebs_node_agent::cli::parse_duration(&pre_stop).expect("pre-stop timeout");
+    let pre_stop = ebs_node_core::config::parse_duration(&pre_stop).expect("pre-stop timeout");
     let drain = Duration::from_millis(cfg["shutdown_grace_ms"].as_u64().expect("grace"));
     let grace = Duration::from_secs(
         pod["terminationGracePeriodSeconds"]

@@ -116,3 +116,25 @@ fn shipped_code_never_downcasts() {
         }
     }
 }
+
+/// One name, one path (issue 50): no crate re-exports another crate's module or item, so each
+/// has the one name of the crate that defines it.
+#[test]
+fn no_crate_gives_another_crates_items_a_second_name() {
+    let mut files = Vec::new();
+    for dir in ["agent", "store", "proto"] {
+        rust_files(&repo().join(dir), &mut files);
+    }
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim_start();
+            assert!(
+                !(line.starts_with("pub use ebs_") || line.starts_with("pub use crate::")),
+                "{}:{}: {line}",
+                f.strip_prefix(repo()).unwrap_or(&f).display(),
+                n + 1
+            );
+        }
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ebs_store::DeviceIdentity;
+use ebs_node_core::records::DeviceIdentity;
 
 use super::discovery::{BlockDevices, Disk, disk_in_use, disk_of, partition_node};
 use super::wait::Look;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ebs_store::DeviceIdentity;
+use ebs_node_core::records::DeviceIdentity;
 
 pub use discovery::{BlockDevices, Disk, SysfsDisks};
 pub use udev_scan::UdevDisks;

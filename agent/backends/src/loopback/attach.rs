@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ebs_store::{
+use ebs_node_core::records::{
     ClaimDoor, DeviceClaim, DeviceIdentity, Durability, LoopAttachment, LoopVolume, claim_key,
     now_unix_ms,
 };

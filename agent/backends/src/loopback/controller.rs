@@ -6,7 +6,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use ebs_store::{Durability, LoopSource, LoopVolume, Store, now_unix_ms};
+use ebs_node_core::records::{Durability, LoopSource, LoopVolume, now_unix_ms};
+use ebs_store::Store;
 
 use super::paging::{Page, page};
 use ebs_node_core::error::{Error, Result};

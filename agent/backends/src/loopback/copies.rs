@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ebs_store::{LoopSource, LoopVolume};
+use ebs_node_core::records::{LoopSource, LoopVolume};
 
 use super::LoopController;
 use ebs_node_core::error::{Error, Result};

@@ -37,7 +37,7 @@ pub fn refuse_if_held_elsewhere(store: &Store, id: &str, file: &Path) -> Result<
     let Ok(meta) = std::fs::metadata(file) else {
         return Ok(());
     };
-    let identity = ebs_store::DeviceIdentity::LoopFile {
+    let identity = ebs_node_core::records::DeviceIdentity::LoopFile {
         file: file.to_path_buf(),
         st_dev: meta.dev(),
         st_ino: meta.ino(),
@@ -105,7 +105,7 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     refuse_if_recorded(store, id)?;
     // The node may hold the device under another id (a node-local handle acting for the volume).
     if let Ok(Some((st_dev, st_ino))) = ebs_node_host::loopdev::backing_inode(device) {
-        let identity = ebs_store::DeviceIdentity::LoopFile {
+        let identity = ebs_node_core::records::DeviceIdentity::LoopFile {
             file: std::path::PathBuf::new(),
             st_dev,
             st_ino,

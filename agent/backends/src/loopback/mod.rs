@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ebs_store::{DeviceIdentity, LoopVolume, Store};
+use ebs_node_core::records::{DeviceIdentity, LoopVolume};
+use ebs_store::Store;
 
 pub use controller::{CreateVolume, LoopController};
 pub use paging::Page;
@@ -28,7 +29,7 @@ pub use snapshots::SnapshotQuery;
 use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::backend::{Backend, NotProven, ResolvedDevice, Shown};
 use ebs_node_core::request::VolumeId;
-use ebs_node_host::blank::BackingFile;
+use ebs_node_core::seam::BackingFile;
 use ebs_node_host::loopdev;
 
 /// The topology key of the loop backend: its volumes live on this host only.

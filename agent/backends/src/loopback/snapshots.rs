@@ -3,7 +3,7 @@
 //! independent of its volume once taken: deleting the volume leaves its snapshots, and volumes
 //! restored from them, intact.
 
-use ebs_store::{Durability, LoopSnapshot, now_unix_ms};
+use ebs_node_core::records::{Durability, LoopSnapshot, now_unix_ms};
 
 use super::LoopController;
 use super::paging::{Page, page};

@@ -5,8 +5,6 @@ use std::time::Instant;
 
 use crate::records::{DeviceClaim, Durability, FormatRecord, FormatState, Phase, now_unix_ms};
 
-pub use crate::format::{Decision, Existing, Probed, decide};
-
 use super::NodeCtx;
 use super::journal::{Journal, detail};
 use super::path_string;

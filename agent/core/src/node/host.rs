@@ -20,11 +20,11 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::backend::Backend;
-use super::format::Probed;
 use super::volume_device::VolumeDevice;
 use crate::DevNum;
 use crate::error::Result;
 use crate::format::DeviceEvidence;
+use crate::format::Probed;
 use crate::request::{FormatOptions, FsType};
 use crate::seam::{EntryStat, FsToolError, FsckOutcome, MountFacts, Removed, Unmounted};
 

@@ -12,9 +12,7 @@ use crate::records::{
 use super::claims::Use;
 use super::compat::{access_record, check_compatible, verify_identity};
 use super::device_claim::acts_for;
-use super::format::{
-    self, Decision, Existing, decide, forget_intent, format_device, format_record,
-};
+use super::format::{self, forget_intent, format_device, format_record};
 use super::grow::{grow_if_needed, grow_offline_if_needed};
 use super::host::Entry;
 use super::journal::{Journal, detail};
@@ -22,6 +20,7 @@ use super::ownership::{Expected, Holder, holder, holder_of};
 use super::volume_device::{VolumeDevice, put_claim};
 use super::{NodeCtx, path_handles, path_string};
 use crate::error::{Error, Result};
+use crate::format::{Decision, Existing, decide};
 use crate::request::{
     AccessType, Capability, FormatOptions, FsType, MountFlags, RequestPath, VolumeId,
 };

@@ -20,7 +20,7 @@ pub struct EbsStatsArgs {
     #[arg(long)]
     pub json: bool,
     /// How long the controller may take to answer.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = ebs_node_core::config::parse_duration)]
     pub timeout: Duration,
 }
 

@@ -17,7 +17,7 @@ pub fn print(args: &ServeArgs) {
         "backend": lower(&args.backend),
         "driver_name": args.driver_name,
         "state_dir": args.state_dir,
-        "state_file": args.state_dir.join(crate::server::STATE_FILE),
+        "state_file": args.state_dir.join(crate::settings::STATE_FILE),
         "node_id": args.node_id,
         "allowed_path_prefixes": crate::server::allowed_prefixes(args),
         "log_format": lower(&args.log_format),

@@ -15,10 +15,10 @@ use tonic::{Request, Response, Status};
 
 use super::logged;
 use crate::endpoint::Endpoint;
-use crate::error::Result;
 use crate::health::Health;
 use crate::node::AgentCtx;
 use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
+use ebs_node_core::error::Result;
 use ebs_node_core::request::{RequestPath, Roots, Secrets, VolumeId};
 
 pub struct AddonsIdentity {

@@ -9,8 +9,9 @@ use ebs_proto::admin::{ConfigRequest, ConfigResponse, StatusRequest, StatusRespo
 use ebs_store::Store;
 use tonic::{Request, Response, Status};
 
-use crate::error::{Error, blocking};
+use crate::error::blocking;
 use crate::settings::{BackendKind, Mode};
+use ebs_node_core::error::Error;
 
 pub struct AdminService {
     pub store: Arc<Store>,

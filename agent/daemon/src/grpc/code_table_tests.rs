@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use tonic::Code;
 
 use super::{FormatError, FsToolError, to_status};
-use crate::error::Error;
+use ebs_node_core::error::Error;
 
 /// The node pipeline's named refusals keep the codes the CSI spec gives them (they were
 /// strings of a chosen code before they had names).

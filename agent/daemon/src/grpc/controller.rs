@@ -5,15 +5,16 @@ use std::sync::Arc;
 
 use csi::controller_server::Controller;
 use csi::controller_service_capability::{self, rpc};
+use ebs_node_core::records::LoopVolume;
 use ebs_proto::csi::v1 as csi;
-use ebs_store::LoopVolume;
 use tonic::{Request, Response, Status};
 
 use super::spec_order::required;
 use super::{capability, logged};
-use crate::error::{Error, Result, blocking};
-use crate::node::{VolumeGuard, VolumeLocks};
+use crate::error::blocking;
 use ebs_node_backends::loopback::{CreateVolume, LoopController, TOPOLOGY_KEY};
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::{VolumeGuard, VolumeLocks};
 use ebs_node_core::request::{Capability, MAX_STRING_BYTES, ValidationError, VolumeId, check_map};
 
 pub struct LoopControllerService {
@@ -110,7 +111,7 @@ impl Controller for LoopControllerService {
             let (required_bytes, limit_bytes) =
                 super::node_stats::capacity_range(r.capacity_range.as_ref())?;
             let mut keys = vec![name_key("volume", &r.name)];
-            if let Some(ebs_store::LoopSource::Volume { id }) = &source {
+            if let Some(ebs_node_core::records::LoopSource::Volume { id }) = &source {
                 keys.push(id.clone());
             }
             let guards = self.guard(&keys)?;

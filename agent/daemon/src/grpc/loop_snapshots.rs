@@ -2,12 +2,12 @@
 //! controller's snapshot records.
 
 use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+use ebs_node_core::records::{LoopSnapshot, LoopSource};
 use ebs_proto::csi::v1 as csi;
-use ebs_store::{LoopSnapshot, LoopSource};
 
 use super::controller::{LoopControllerService, name_key};
-use crate::error::Result;
 use ebs_node_backends::loopback::SnapshotQuery;
+use ebs_node_core::error::Result;
 use ebs_node_core::request::{MAX_STRING_BYTES, ValidationError, VolumeId};
 
 /// A CreateVolume source as the controller records it. A source without an id, or of a kind

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
-use crate::error::Error;
+use ebs_node_core::error::Error;
 use ebs_node_core::format::FormatError;
 use ebs_node_core::request::ValidationError;
-use ebs_node_host::fstools::FsToolError;
+use ebs_node_core::seam::FsToolError;
 
 /// The one mapping from domain errors to the codes the CSI spec names.
 pub fn to_status(err: &Error) -> Status {

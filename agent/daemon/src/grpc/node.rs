@@ -11,9 +11,14 @@ use tonic::{Request, Response, Status};
 
 use super::spec_order::{self, Rule};
 use super::{capability, logged, to_status};
-use crate::error::{Error, Result, blocking};
-use crate::node::{self, AgentCtx, VolumeGuard, VolumeLocks};
+use crate::error::blocking;
+use crate::node::{self, AgentCtx};
 use crate::nodeinfo::NodeInfoSource;
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::{
+    PublishCommand, StageCommand, UnpublishCommand, UnstageCommand, VolumeGuard, VolumeLocks,
+    publish, require_known, stage, unpublish, unstage,
+};
 use ebs_node_core::request::{
     AccessType, Capability, FormatOptions, RequestPath, Roots, Secrets, ValidationError, VolumeId,
     check_map,
@@ -80,7 +85,7 @@ impl NodeService {
         {
             let ctx = Arc::clone(&self.ctx);
             let v = volume.clone();
-            blocking(move || node::require_known(&ctx, &v, known)).await?;
+            blocking(move || require_known(&ctx, &v, known)).await?;
         }
         Ok(volume)
     }
@@ -149,8 +154,8 @@ pub struct CheckedPublish {
 }
 
 impl CheckedPublish {
-    pub fn command(self, volume: VolumeId) -> node::PublishCommand {
-        node::PublishCommand {
+    pub fn command(self, volume: VolumeId) -> PublishCommand {
+        PublishCommand {
             volume,
             staging: self.staging,
             target: self.target,
@@ -180,7 +185,7 @@ impl Node for NodeService {
                 AccessType::Block => FormatOptions::default(),
             };
             self.locked(volume, move |ctx, volume| {
-                let cmd = node::StageCommand {
+                let cmd = StageCommand {
                     volume,
                     staging,
                     capability,
@@ -189,7 +194,7 @@ impl Node for NodeService {
                     format,
                     deadline,
                 };
-                node::stage(ctx, &cmd)
+                stage(ctx, &cmd)
             })
             .await
         })
@@ -206,8 +211,8 @@ impl Node for NodeService {
             let volume = self.admit(&r, &r.volume_id).await?;
             let staging = self.path("staging_target_path", &r.staging_target_path)?;
             self.locked(volume, move |ctx, volume| {
-                let cmd = node::UnstageCommand { volume, staging };
-                node::unstage(ctx, &cmd)
+                let cmd = UnstageCommand { volume, staging };
+                unstage(ctx, &cmd)
             })
             .await
         })
@@ -224,7 +229,7 @@ impl Node for NodeService {
         logged("NodePublishVolume", &r.volume_id.clone(), async {
             let (volume, checked) = self.publish_command(&r).await?;
             self.locked(volume, move |ctx, volume| {
-                node::publish(ctx, &checked.command(volume))
+                publish(ctx, &checked.command(volume))
             })
             .await
         })
@@ -241,8 +246,8 @@ impl Node for NodeService {
             let volume = self.admit(&r, &r.volume_id).await?;
             let target = self.path("target_path", &r.target_path)?;
             self.locked(volume, move |ctx, volume| {
-                let cmd = node::UnpublishCommand { volume, target };
-                node::unpublish(ctx, &cmd)
+                let cmd = UnpublishCommand { volume, target };
+                unpublish(ctx, &cmd)
             })
             .await
         })

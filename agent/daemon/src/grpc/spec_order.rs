@@ -14,7 +14,7 @@
 
 use ebs_proto::csi::v1 as csi;
 
-use crate::node::Known;
+use ebs_node_core::node::Known;
 use ebs_node_core::request::ValidationError;
 
 /// A REQUIRED field: its name, and whether a request carries it.

@@ -14,7 +14,7 @@ use super::identity::IdentityService;
 use super::node::NodeService;
 use super::shim::ControllerShim;
 use super::{v0 as a0, v01 as a01};
-use crate::cli::CsiVersion;
+use crate::settings::CsiVersion;
 
 /// The v1 services this process runs; `None` where its mode or backend serves none.
 pub struct Services {

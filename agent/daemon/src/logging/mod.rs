@@ -14,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 
 pub use fields::Escaped;
 
-use crate::cli::LogFormat;
+use crate::settings::LogFormat;
 
 pub fn init(format: LogFormat, level: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));

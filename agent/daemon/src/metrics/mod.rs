@@ -12,11 +12,12 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ebs_store::{Durability, Store};
+use ebs_node_core::records::Durability;
+use ebs_store::Store;
 use tonic::Code;
 
 use crate::health::Health;
-use crate::node::VolumeLocks;
+use ebs_node_core::node::VolumeLocks;
 use histogram::{COMMIT_BUCKETS, Family, OPERATION_BUCKETS, gauge};
 
 pub use http::{bind, spawn};

@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::recovery::{self, VolumeReport};
-use super::{AgentCtx, VolumeGuard, lock};
-use crate::error::Error;
+use super::{AgentCtx, lock};
+use ebs_node_core::error::Error;
+use ebs_node_core::node::VolumeGuard;
 
 /// The background retry's pause after the first failed check, by default.
 pub const RETRY: Duration = Duration::from_secs(30);
@@ -70,7 +71,7 @@ impl Attention {
             tracing::warn!(volume, reason, "volume needs attention: its records cannot be checked against the host; other volumes are not affected");
             Mark {
                 reason: String::new(),
-                since_unix_ms: ebs_store::now_unix_ms(),
+                since_unix_ms: ebs_node_core::records::now_unix_ms(),
                 failed_checks: 0,
                 next_check: Instant::now(),
             }

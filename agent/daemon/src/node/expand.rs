@@ -7,19 +7,20 @@
 
 use std::path::Path;
 
-use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
+use ebs_node_core::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 
-use super::journal::{Journal, detail};
-use super::ownership::{Expected, Holder, holder, holder_of};
-use super::volume_device::VolumeDevice;
-use super::{AgentCtx, path_handles, path_string};
-use crate::error::{Error, Result};
+use super::AgentCtx;
+use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::grow::grow_if_needed;
 use ebs_node_core::node::host::OpenEntry;
+use ebs_node_core::node::journal::{Journal, detail};
+use ebs_node_core::node::ownership::{Expected, Holder, holder, holder_of};
+use ebs_node_core::node::volume_device::VolumeDevice;
+use ebs_node_core::node::{path_handles, path_string};
 use ebs_node_core::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
+use ebs_node_core::seam::FsToolError;
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::device;
-use ebs_node_host::fstools::FsToolError;
 
 pub struct ExpandCommand {
     pub volume: VolumeId,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::evidence::HeldEvidence;
 use super::ro_block;
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
 use ebs_node_core::node::backend::Backend;
 use ebs_node_core::node::host::{
@@ -19,10 +19,11 @@ use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_core::request::{FormatOptions, FsType, RequestPath};
+use ebs_node_core::seam::{FsToolError, FsckOutcome};
 use ebs_node_host::anchor::Anchored;
 use ebs_node_host::blkid;
 use ebs_node_host::device::{self, HeldDevice};
-use ebs_node_host::fstools::{FsToolError, FsTools, FsckOutcome, filesystem_bytes_of};
+use ebs_node_host::fstools::{FsTools, filesystem_bytes_of};
 use ebs_node_host::seam::path_refusal;
 
 /// A request path held as the host crate's `Anchored` itself, for the daemon's own calls that

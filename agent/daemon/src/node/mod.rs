@@ -19,19 +19,16 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ebs_store::{Durability, Phase, Store};
+use ebs_node_core::records::{Durability, Phase};
+use ebs_store::Store;
 
-pub use ebs_node_core::node::{
-    Known, NodeCtx, Observer, PathClaims, PublishCommand, StageCommand, UnpublishCommand,
-    UnstageCommand, Use, VolumeGuard, VolumeLocks, check_publish_paths, compat, identity, journal,
-    ownership, path_handles, publish, require_known, stage, unpublish, unstage, volume_device,
-};
+use ebs_node_core::node::{NodeCtx, Observer, PathClaims, VolumeLocks};
 pub use expand::{ExpandCommand, expand};
 pub use host_ops::{RealHost, anchored_lookup};
 pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
 pub use volume_condition::Condition;
 
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::backend::Backend;
 use ebs_node_core::node::host::HostOps;
 use ebs_node_core::request::Roots;
@@ -169,4 +166,4 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub use ebs_node_core::node::path_string;
+use ebs_node_core::node::path_string;

@@ -10,13 +10,13 @@
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use ebs_store::{AccessRecord, Durability, Phase, Progress, StagedVolume};
+use ebs_node_core::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 use nix::errno::Errno;
 
-use super::journal::{Journal, detail};
-use super::ownership::{Expected, Holder, holder_of};
 use super::{AgentCtx, anchored_lookup, path_string};
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::journal::{Journal, detail};
+use ebs_node_core::node::ownership::{Expected, Holder, holder_of};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::fs_usage;

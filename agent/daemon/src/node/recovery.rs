@@ -13,17 +13,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ebs_node_core::node::{VolumeGuard, VolumeLocks};
+use ebs_node_core::records::{AccessRecord, Durability, FormatState, Progress};
 use ebs_node_core::steps::Step;
 use ebs_node_host::device::block_devnum;
-use ebs_store::{AccessRecord, Durability, FormatState, Progress, Store};
+use ebs_store::Store;
 
 use super::AgentCtx;
 use super::attention::{self, Checked};
-use super::compat::staged_mount_present;
-use super::ownership::{Expected, Holder, holder};
-use super::path_handles;
-use crate::error::{Result, blocking};
+use crate::error::blocking;
+use ebs_node_core::error::Result;
 use ebs_node_core::node::backend::Shown;
+use ebs_node_core::node::compat::staged_mount_present;
+use ebs_node_core::node::ownership::{Expected, Holder, holder};
+use ebs_node_core::node::path_handles;
 
 /// How long start-up waits for one volume's check; a check still running then (a stat hanging
 /// below a dead NFS or FUSE mount) leaves its volume marked, and start-up goes on.
@@ -89,7 +91,7 @@ pub async fn recover(ctx: &Arc<AgentCtx>, wait: Duration) -> Result<RecoveryRepo
                             wait.as_secs()
                         );
                         ctx.attention.mark(&vol, &why);
-                        Checked::Refused(crate::error::Error::Busy(vol))
+                        Checked::Refused(ebs_node_core::error::Error::Busy(vol))
                     }
                 }
             });
@@ -287,7 +289,8 @@ pub fn prune_never_staged(store: &Store) -> Result<usize> {
 mod tests {
     use std::time::Instant;
 
-    use ebs_store::{DeviceIdentity, StagedVolume, Store};
+    use ebs_node_core::records::{DeviceIdentity, StagedVolume};
+    use ebs_store::Store;
 
     use super::*;
     use ebs_node_backends::loopback::LoopBackend;

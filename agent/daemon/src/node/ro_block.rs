@@ -16,7 +16,7 @@ use std::fs::File;
 use std::path::Path;
 
 use super::AgentCtx;
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::host::ReadOnlyDevice;
 use ebs_node_core::node::ro_tag;
 use ebs_node_core::node::volume_device::VolumeDevice;

@@ -7,13 +7,13 @@
 
 use std::path::Path;
 
-use ebs_store::{AccessRecord, Progress, StagedVolume};
+use ebs_node_core::records::{AccessRecord, Progress, StagedVolume};
 
 use super::AgentCtx;
-use super::ownership::{Expected, Holder, holder};
-use super::path_handles;
 use super::volume_condition::{self, Condition};
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
+use ebs_node_core::node::ownership::{Expected, Holder, holder};
+use ebs_node_core::node::path_handles;
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_core::seam::FileKind;
 use ebs_node_host::device;

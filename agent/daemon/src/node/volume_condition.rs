@@ -7,15 +7,15 @@ use ebs_node_core::DevNum;
 use std::io;
 use std::path::Path;
 
-use ebs_store::{AccessRecord, StagedVolume};
+use ebs_node_core::records::{AccessRecord, StagedVolume};
 
 use super::AgentCtx;
-use super::ownership::{Expected, Holder, holder};
-use super::path_handles;
 use super::read_probe::{self, ReadOutcome};
+use ebs_node_core::node::ownership::{Expected, Holder, holder};
+use ebs_node_core::node::path_handles;
+use ebs_node_core::seam::MountFacts;
 use ebs_node_host::device;
 use ebs_node_host::device::block_devnum;
-use ebs_node_host::mount::at_path::MountFacts;
 
 /// What NodeGetVolumeStats reports as VolumeCondition.
 #[derive(Clone, Debug, PartialEq, Eq)]

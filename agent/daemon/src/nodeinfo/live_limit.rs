@@ -29,7 +29,7 @@ impl StagedSerials {
             Ok(staged) => staged
                 .into_iter()
                 .filter_map(|s| match s.identity {
-                    ebs_store::DeviceIdentity::NvmeSerial { serial } => {
+                    ebs_node_core::records::DeviceIdentity::NvmeSerial { serial } => {
                         Some(normalize_serial(&serial))
                     }
                     _ => None,

@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 
 use live_limit::LiveLimit;
 
-use crate::error::{Error, Result};
+use ebs_node_core::error::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {

@@ -41,7 +41,7 @@ pub struct Anchored {
     prefix: Place,
 }
 
-pub use ebs_node_core::seam::{EntryStat, FileKind, Removed};
+use ebs_node_core::seam::{EntryStat, FileKind, Removed};
 
 fn beneath() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS

@@ -18,7 +18,7 @@ use super::{Coverage, MIB, MIB_LEN, NonBlank, Proof, data_at, first_nonzero};
 /// `fallocate --dig-holes` the file).
 pub const EXTENT_READ_BUDGET: u64 = 256 * MIB;
 
-pub use ebs_node_core::seam::BackingFile;
+use ebs_node_core::seam::BackingFile;
 
 /// Proves the `size` bytes of `device` blank through its backing file.
 pub fn prove_backing(device: &File, backing: &BackingFile, size: u64) -> io::Result<Proof> {

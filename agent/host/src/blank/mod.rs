@@ -19,8 +19,8 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-pub use ebs_node_core::blank::{Coverage, NonBlank, Proof};
-pub use extents::{BackingFile, EXTENT_READ_BUDGET, prove_backing};
+use ebs_node_core::blank::{Coverage, NonBlank, Proof};
+pub use extents::{EXTENT_READ_BUDGET, prove_backing};
 pub use windows::prove_windows;
 
 const MIB: u64 = 1 << 20;

@@ -3,6 +3,7 @@ use super::windows::layout;
 use super::*;
 use crate::loopdev::test_support::{Loop, TempFile, root_or_skip};
 use ebs_node_core::blank::{SPREAD_WINDOW, SPREAD_WINDOWS};
+use ebs_node_core::seam::BackingFile;
 use std::io::Write;
 use std::process::Command;
 

@@ -24,7 +24,7 @@ pub struct CommandOutput {
     pub elapsed: Duration,
 }
 
-pub use ebs_node_core::seam::CommandError;
+use ebs_node_core::seam::CommandError;
 
 /// Held (shared) by every spawn from clone until its child lets it go (at exec). A child gets a
 /// copy of every descriptor of the agent, exclusive device claims and handles inside mounts of

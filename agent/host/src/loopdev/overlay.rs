@@ -13,9 +13,6 @@ use nix::errno::Errno;
 
 use super::{LoopError, LoopInfo64, attach_backing, bind, ioctl_err, open, sys};
 
-/// Every tag the agent gives starts so (`node::ro_block` adds whose device it is).
-pub use ebs_node_core::node::ro_tag::TAG_PREFIX;
-
 /// Set by the kernel on a loop device whose backing file is not writable.
 const LO_FLAGS_READ_ONLY: u32 = 1;
 

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::statmount::statmount;
 use super::table::{MountEntry, MountTable};
-use crate::anchor::{Anchored, EntryFd, EntryStat};
+use crate::anchor::{Anchored, EntryFd};
+use ebs_node_core::seam::EntryStat;
 
 /// How often this process read the whole mount table (a metric, and a test's witness that the
 /// per-path calls do not).
@@ -33,7 +34,7 @@ pub fn read_table() -> io::Result<MountTable> {
     MountTable::read().map_err(|e| io::Error::other(e.to_string()))
 }
 
-pub use ebs_node_core::seam::MountFacts;
+use ebs_node_core::seam::MountFacts;
 
 /// The top-most mount at `entry`, if the entry is a mount root.
 pub fn mounted_at(entry: &Anchored) -> io::Result<Option<MountFacts>> {

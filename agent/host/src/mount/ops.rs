@@ -129,7 +129,7 @@ fn bind_without_mount_api(
     private_bind::bind_with(source, target, flags)
 }
 
-pub use ebs_node_core::seam::Unmounted;
+use ebs_node_core::seam::Unmounted;
 
 /// Unmounts the top-most mount at the entry.
 ///

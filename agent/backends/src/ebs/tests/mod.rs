@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ebs_node_core::error::Error;
-use ebs_store::DeviceIdentity;
+use ebs_node_core::records::DeviceIdentity;
 
 use super::*;
 use ebs_node_core::ec2::ebs::{EBS_MODEL, INSTANCE_STORE_MODEL};

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ebs_node_core::error::Error;
-use ebs_store::DeviceIdentity;
+use ebs_node_core::records::DeviceIdentity;
 
 use super::super::*;
 use super::{SERIAL, VOL, backend, backend_unverified, nvme_identity, vol};

@@ -12,7 +12,8 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::endpoint::Endpoint;
-use crate::settings::{BackendKind, DEFAULT_ENDPOINT, DEFAULT_STATE_DIR, Mode, parse_duration};
+use crate::settings::{BackendKind, DEFAULT_STATE_DIR, Mode};
+use ebs_node_core::config::{DEFAULT_ENDPOINT, parse_duration};
 
 #[derive(Args, Debug)]
 pub struct DoctorArgs {

@@ -17,13 +17,14 @@ use names::{handle_named_by, said_by_kubelet};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use ebs_store::{
+use ebs_node_core::records::{
     AccessRecord, DeviceIdentity, Durability, FormatRecord, FormatState, LoopAttachment,
-    LoopVolume, Progress, Publication, StagedVolume, Store, now_unix_ms,
+    LoopVolume, Progress, Publication, StagedVolume, now_unix_ms,
 };
+use ebs_store::Store;
 
 use crate::cli::RecoverArgs;
-use crate::server::STATE_FILE;
+use crate::settings::STATE_FILE;
 use ebs_node_backends::loopback::file_inode;
 use ebs_node_core::node::ro_tag::AgentTag;
 use ebs_node_core::probe::ProbeOutcome;
@@ -300,15 +301,15 @@ fn rebuild_mounts(
                 _ => None,
             };
             // The device is the rebuilt volume's from the same commit (one owner per device).
-            let claim = ebs_store::claim_key(
-                ebs_store::ClaimDoor::Node,
+            let claim = ebs_node_core::records::claim_key(
+                ebs_node_core::records::ClaimDoor::Node,
                 &record.identity,
                 record.devnum.map(ebs_node_core::DevNum::from),
             )
             .map(|key| {
-                let claim = ebs_store::DeviceClaim {
+                let claim = ebs_node_core::records::DeviceClaim {
                     volume_id: record.volume_id.clone(),
-                    door: ebs_store::ClaimDoor::Node,
+                    door: ebs_node_core::records::ClaimDoor::Node,
                     identity: record.identity.clone(),
                     at_unix_ms: now_unix_ms(),
                     acts_for: acts_for.clone(),

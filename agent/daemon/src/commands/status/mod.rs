@@ -21,7 +21,10 @@ pub fn print(value: &Value, as_json: bool, source: &Source) {
     if as_json {
         println!("{value}");
     } else {
-        print!("{}", text::render(value, source, ebs_store::now_unix_ms()));
+        print!(
+            "{}",
+            text::render(value, source, ebs_node_core::records::now_unix_ms())
+        );
     }
 }
 

@@ -8,9 +8,10 @@ use ebs_proto::csi::{self as v01, v1};
 use tonic::{Request, Response, Status};
 use v1::controller_server::Controller as V1Controller;
 
-use super::{check_version, probe, recode_all, recode_opt};
+use super::{check_version, probe};
 use crate::grpc::identity::IdentityService;
 use crate::grpc::invalid;
+use crate::grpc::v0::{recode_all, recode_opt};
 use ebs_node_core::request::ValidationError;
 
 pub struct V01Controller {

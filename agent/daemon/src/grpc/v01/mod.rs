@@ -16,8 +16,6 @@ use tonic::{Request, Status};
 
 use crate::grpc::identity::IdentityService;
 
-pub use crate::grpc::v0::{recode, recode_all, recode_opt};
-
 /// The only version this plugin speaks under `package csi`.
 pub const VERSION: v01::Version = v01::Version {
     major: 0,

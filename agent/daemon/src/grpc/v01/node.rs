@@ -14,13 +14,15 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use v1::node_server::Node as V1Node;
 
-use super::{check_version, probe, recode_opt};
-use crate::error::{Error, blocking};
+use super::{check_version, probe};
+use crate::error::blocking;
 use crate::grpc::identity::IdentityService;
 use crate::grpc::invalid;
 use crate::grpc::node::NodeService;
 use crate::grpc::to_status;
-use crate::node::{VolumeGuard, VolumeLocks};
+use crate::grpc::v0::recode_opt;
+use ebs_node_core::error::Error;
+use ebs_node_core::node::{VolumeGuard, VolumeLocks};
 use ebs_node_core::request::{ValidationError, VolumeId};
 
 /// Below the state directory: where v0.1 volumes are staged.
@@ -139,7 +141,7 @@ impl Node for V01Node {
             .map_err(|e| to_status(&e))?;
         let cmd = checked.command(volume);
         let ctx = Arc::clone(&self.v1.ctx);
-        blocking(move || crate::node::check_publish_paths(&ctx, &cmd))
+        blocking(move || ebs_node_core::node::check_publish_paths(&ctx, &cmd))
             .await
             .map_err(|e| to_status(&e))?;
         let stage = v1::NodeStageVolumeRequest {

@@ -376,7 +376,7 @@ pub fn from_serve_args(
     args: &crate::cli::ServeArgs,
     node: &Arc<NodeInfoSource>,
 ) -> Option<EbsStatsSource> {
-    if args.backend != crate::cli::BackendKind::Ebs || !args.mode.serves_node() {
+    if args.backend != crate::settings::BackendKind::Ebs || !args.mode.serves_node() {
         return None;
     }
     let mut config = EbsStatsConfig::new(

@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use ebs_store::{DeviceIdentity, Progress, Store};
+use ebs_node_core::records::{DeviceIdentity, Progress};
+use ebs_store::Store;
 
 use ebs_node_backends::ebs::discovery::read_attr;
 use ebs_node_host::nvme::ebs_page;

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ebs_store::{AccessRecord, DeviceIdentity, Durability, Progress, Publication, StagedVolume};
+use ebs_node_core::records::{
+    AccessRecord, DeviceIdentity, Durability, Progress, Publication, StagedVolume,
+};
 use nix::errno::Errno;
 
 use super::*;
