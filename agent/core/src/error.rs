@@ -258,7 +258,7 @@ pub enum Error {
     )]
     NotAttached { volume: String, file: PathBuf },
     #[error(
-        "node-local volume {volume}: {} cannot be told apart from other devices: {why}",
+        "volume {volume}: {} cannot be told apart from other devices: {why}",
         .device.display()
     )]
     IndistinctDevice {

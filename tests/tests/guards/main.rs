@@ -8,6 +8,7 @@
 mod bound_elsewhere;
 mod create_retry;
 mod races;
+mod rebuild_names;
 mod ro_block;
 mod ro_flags;
 mod ro_peer;

@@ -10,7 +10,7 @@ use tonic::Code;
 
 use super::owners::{SIZE, handle_of, rwx_mount};
 
-fn detach(id: &str, node: &str) -> csi::ControllerUnpublishVolumeRequest {
+pub(super) fn detach(id: &str, node: &str) -> csi::ControllerUnpublishVolumeRequest {
     csi::ControllerUnpublishVolumeRequest {
         volume_id: id.into(),
         node_id: node.into(),
@@ -157,7 +157,11 @@ async fn a_handles_staging_that_outlived_its_records_is_its_own_again() {
     assert_eq!(mounts_below(&agent.work), Vec::<std::path::PathBuf>::new());
 }
 
-fn attach_req(id: &str, node: &str, readonly: bool) -> csi::ControllerPublishVolumeRequest {
+pub(super) fn attach_req(
+    id: &str,
+    node: &str,
+    readonly: bool,
+) -> csi::ControllerPublishVolumeRequest {
     let mode = if readonly {
         Mode::SingleNodeReaderOnly
     } else {

@@ -14,6 +14,7 @@ mod lifecycle;
 mod owners;
 mod rebuild;
 mod refusals;
+mod retries;
 mod stacked;
 
 use std::collections::HashMap;

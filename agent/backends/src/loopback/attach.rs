@@ -92,12 +92,24 @@ impl LoopController {
                 door: device_claim::door_words(ClaimDoor::Node),
             });
         }
-        let device = match loopdev::find_by_backing_inode(st_dev, st_ino)
-            .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?
-        {
+        // A retry hands out the attachment's own device while it still is the file's whole
+        // device with the access asked; never another one found first (a sixteenth fresh
+        // review's F1: a retried read-only attachment handed out a writable device someone laid
+        // over the file at a lower number).
+        let recorded = volume
+            .attachment
+            .as_ref()
+            .map(|att| att.device.clone())
+            .filter(|dev| whole_view(dev, (st_dev, st_ino), readonly));
+        let found = match recorded {
+            Some(dev) => Some(dev),
+            None => loopdev::find_by_backing_inode(st_dev, st_ino)
+                .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?,
+        };
+        let device = match found {
             // A device someone else made over the file is adopted only as asked: a read-only
             // attachment never hands out a writable device (nor the reverse).
-            Some(dev) if read_only(&dev) != Some(readonly) && volume.attachment.is_none() => {
+            Some(dev) if read_only(&dev) != Some(readonly) => {
                 return Err(Error::VolumeInUse {
                     volume: id.to_string(),
                     why: format!(
@@ -219,12 +231,24 @@ impl LoopController {
                 self.store
                     .write(Durability::Immediate, |w| w.put_claim(&key, &claim))?;
             }
-            if let Ok(Some(dev)) = loopdev::find_by_backing_inode(identity.0, identity.1) {
-                if dev != att.device {
-                    volume.attachment = Some(LoopAttachment { device: dev, ..att });
-                    self.store
-                        .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-                }
+            // The attachment's own device, still the file's whole device as recorded (an agent
+            // restart without a reboot): kept.
+            if whole_view(&att.device, identity, att.readonly) {
+                continue;
+            }
+            // Another one someone laid over the file is adopted only with the access recorded,
+            // and as someone else's: never detached as the agent's, never writable for a
+            // read-only attachment (a sixteenth fresh review's F1).
+            if let Ok(Some(dev)) = loopdev::find_by_backing_inode(identity.0, identity.1)
+                && read_only(&dev) == Some(att.readonly)
+            {
+                volume.attachment = Some(LoopAttachment {
+                    device: dev,
+                    made: false,
+                    ..att
+                });
+                self.store
+                    .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
                 continue;
             }
             let device = attach(&volume.file, att.readonly)?;
@@ -288,6 +312,17 @@ fn controller_claim(volume: &LoopVolume, st_dev: u64, st_ino: u64) -> (String, D
         acts_for: None,
     };
     (key, claim)
+}
+
+/// Whether `dev` is a loop device over the whole file with this inode (no offset, no size
+/// limit), read-only as asked.
+fn whole_view(dev: &Path, inode: (u64, u64), readonly: bool) -> bool {
+    let Ok(file) = std::fs::File::open(dev) else {
+        return false;
+    };
+    matches!(loopdev::backing_of(&file), Ok(Some((found, 0))) if found == inode)
+        && loopdev::size_limit_of(&file).is_ok_and(|l| l == 0)
+        && read_only(dev) == Some(readonly)
 }
 
 /// Whether a loop device is read-only, from sysfs (`None`: it cannot be told).

@@ -9,7 +9,7 @@ mod in_use;
 mod paging;
 mod resize;
 mod snapshots;
-mod stacked;
+pub mod stacked;
 
 use ebs_node_core::DevNum;
 use std::collections::HashMap;

@@ -5,6 +5,24 @@
 
 use ebs_node_host::loopdev::{BackingFs, backing_fs};
 
+/// `Err(why)` when the state directory lies on a filesystem that may show another's files (a
+/// sixteenth fresh review's F3): every volume file's loop device there would be refused as
+/// indistinct at its first stage, so the loop backend refuses to start on it instead.
+pub fn check_state_dir(state_dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(state_dir)
+        .map_err(|e| format!("the state directory {}: {e}", state_dir.display()))?;
+    match backing_fs(meta.dev()) {
+        Ok(BackingFs::MayShowAnothers(t)) => Err(format!(
+            "the state directory {} lies on {t}, which may show another filesystem's files \
+             under names of its own: the loop backend's volume files there cannot be told apart \
+             from others; put --state-dir on a local filesystem (ext4, xfs, btrfs, tmpfs)",
+            state_dir.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `Err(why)` when the backing file's pair, on the filesystem numbered `st_dev`, may be another
 /// filesystem's file under a name of its own; `own_dev`: the volume files' filesystem.
 pub fn believable(st_dev: u64, own_dev: Option<u64>) -> Result<(), String> {

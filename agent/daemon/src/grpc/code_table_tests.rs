@@ -452,7 +452,7 @@ fn the_other_named_refusals_keep_their_code_and_words() {
                 device: p(),
                 why: "w".into(),
             },
-            "node-local volume vol: /k/p cannot be told apart from other devices: w",
+            "volume vol: /k/p cannot be told apart from other devices: w",
         ),
         (
             Error::HostDisk {

@@ -231,15 +231,14 @@ fn rebuild_mounts(
     for m in table.entries() {
         let block_bind = m.fs_type == "devtmpfs" || m.fs_type == "tmpfs";
         let mut read_only_device = false;
+        // A bind of a device node is known by the numbers of the node bound there, never by
+        // the name of the bind's root: a directory of a tmpfs named `loop0` (kubelet's subPath
+        // of a memory emptyDir) is nobody's publication (a sixteenth fresh review's F2).
         let k = if block_bind {
-            let dev = Path::new("/dev").join(m.root.strip_prefix("/").unwrap_or(&m.root));
-            match block_bound(&m.mount_point, &by_numbers, agent_tag) {
-                Some((k, ro)) => {
-                    read_only_device = ro;
-                    Some(k)
-                }
-                None => known.iter().find(|k| k.device == dev),
-            }
+            block_bound(&m.mount_point, &by_numbers, agent_tag).map(|(k, ro)| {
+                read_only_device = ro;
+                k
+            })
         } else {
             by_numbers.get(&DevNum::new(m.major, m.minor)).copied()
         };

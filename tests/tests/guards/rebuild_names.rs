@@ -1,0 +1,71 @@
+//! `recover --from-mounts` knows a bind of a device node by the numbers of the node bound there,
+//! never by the name of the bind's root (a sixteenth fresh review's F2): a tmpfs directory named
+//! like a volume's device (kubelet's subPath of a memory emptyDir), bound elsewhere, is nobody's
+//! publication, so it never keeps the volume from being detached.
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+
+use super::MIB;
+
+/// Unmounts, on drop, what the test mounted (the bind first).
+struct Mounts(Vec<std::path::PathBuf>);
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for m in &self.0 {
+            let _ = std::process::Command::new("umount").arg(m).status();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_tmpfs_directory_named_like_a_device_is_no_publication() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_tmpfs_directory_named_like_a_device_is_no_publication") {
+        return;
+    }
+    let scratch = Scratch::new("g-rebuild-names");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "n", 64 * MIB).await;
+    let staging = agent.work.join("staging/n");
+    agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &vol,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .expect("stage");
+    let (tm, fake) = (scratch.join("tm"), agent.work.join("fake"));
+    std::fs::create_dir_all(&tm).expect("tmpfs mount point");
+    std::fs::create_dir_all(&fake).expect("bind target");
+    let name = vol.device.trim_start_matches("/dev/");
+    sh(&format!("mount -t tmpfs t {}", tm.display()));
+    let mut mounts = Mounts(vec![tm.clone()]);
+    std::fs::create_dir(tm.join(name)).expect("a directory named like the device");
+    sh(&format!(
+        "mount --bind {} {}",
+        tm.join(name).display(),
+        fake.display()
+    ));
+    mounts.0.insert(0, fake.clone());
+    agent.terminate().await;
+    let said = agent.recover("--from-mounts");
+    assert!(
+        !said.contains(&fake.display().to_string()),
+        "a tmpfs directory became a publication: {said}"
+    );
+    agent.spawn().await;
+    agent
+        .node()
+        .await
+        .node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    drop(mounts);
+}
