@@ -9,6 +9,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 lab=(
   g++                                   # libFuzzer, which the fuzz targets link, is C++
   gdisk fdisk lvm2 cryptsetup-bin       # seed partition tables, LVM and LUKS signatures
+  btrfs-progs                           # node_local::btrfs: volume files in a btrfs subvolume
   systemd                               # systemd-analyze verify on the shipped unit
   qemu-system-x86 busybox-static        # NVMe lab (tests/nvme-lab): a QEMU guest with NVMe disks
   dmsetup                               # power-loss lab (tests/nvme-lab/powerloss): dm-log-writes in the guest

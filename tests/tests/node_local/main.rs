@@ -6,6 +6,7 @@
 
 #![allow(deprecated)]
 
+mod btrfs;
 mod controller;
 mod ebs;
 mod ebs_partitions;

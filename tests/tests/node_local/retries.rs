@@ -10,7 +10,9 @@ use super::owners::{DetachOnDrop, SIZE};
 
 #[tokio::test]
 async fn a_read_only_attachment_keeps_its_device_through_retries_and_restarts() {
-    let _shared = crate::NAMESPACE_COPY.read().await;
+    // Alone: the device numbers are the point (a number freed here must not go to another
+    // test's `losetup -f` before it is bound again).
+    let _alone = crate::NAMESPACE_COPY.write().await;
     if !require_root("a_read_only_attachment_keeps_its_device_through_retries_and_restarts") {
         return;
     }
@@ -27,7 +29,7 @@ async fn a_read_only_attachment_keeps_its_device_through_retries_and_restarts() 
     let own = attach(&agent, &id, &node_name).await;
     let _own = DetachOnDrop(own.clone());
     detach_loop(std::path::Path::new(&dummy));
-    sh(&format!("losetup {dummy} {}", file.display()));
+    rebind(&dummy, &file);
     let _writable = DetachOnDrop(dummy.clone());
     assert_eq!(
         attach(&agent, &id, &node_name).await,
@@ -80,4 +82,26 @@ async fn attach(agent: &Agent, id: &str, node: &str) -> String {
         .into_inner()
         .publish_context["devicePath"]
         .clone()
+}
+
+/// Binds the loop device `dev` to `file` once its last detach is done: `losetup -d` of a device
+/// udev still has open only sets autoclear, and binding it meanwhile is EBUSY (up to 10 s).
+fn rebind(dev: &str, file: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = std::process::Command::new("losetup")
+            .arg(dev)
+            .arg(file)
+            .output()
+            .expect("losetup");
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "losetup {dev}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

@@ -90,7 +90,9 @@ pub fn refuse_if_any_loop_over(id: &str, file: &Path) -> Result<()> {
         }
         // Laid through a filesystem that shows other files under names of its own, it may be
         // bound to this very file.
-        if let Err(why) = super::stacked::believable(st_dev, Some(meta.dev())) {
+        let loop_dev = block_devnum(&device).unwrap_or(ebs_node_core::DevNum::new(0, 0));
+        let pair = (st_dev, st_ino);
+        if let Err(why) = super::stacked::believable(loop_dev, pair, Some(meta.dev())) {
             return busy(
                 id,
                 format!("{} may be bound to its file: {why}", device.display()),

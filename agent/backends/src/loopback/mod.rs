@@ -221,7 +221,7 @@ impl Backend for LoopBackend {
         let (st_dev, st_ino) = loop_backing(&dev, devnum).map_err(NotProven::Unknown)?;
         // A pair that may not name one file matches no volume whoever's file it is.
         let own = file_inode(&self.volumes_dir).ok().map(|(d, _)| d);
-        stacked::believable(st_dev, own).map_err(NotProven::Unknown)?;
+        stacked::believable(devnum, (st_dev, st_ino), own).map_err(NotProven::Unknown)?;
         Ok(DeviceIdentity::LoopFile {
             file: loopdev::backing_file_by_devnum(devnum).unwrap_or_default(),
             st_dev,

@@ -3,16 +3,14 @@
 //! inodes. A loop device laid through overlayfs, FUSE or NFS over a volume's file reports a pair
 //! that matches no volume (a thirteenth fresh review's high): whose bytes it holds cannot be told.
 
-use ebs_node_host::loopdev::{BackingFs, backing_fs};
+use ebs_node_core::DevNum;
+use ebs_node_host::loopdev::{BackingFs, backing_fs_of_loop, fs_of_path};
 
 /// `Err(why)` when the state directory lies on a filesystem that may show another's files (a
 /// sixteenth fresh review's F3): every volume file's loop device there would be refused as
 /// indistinct at its first stage, so the loop backend refuses to start on it instead.
 pub fn check_state_dir(state_dir: &std::path::Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(state_dir)
-        .map_err(|e| format!("the state directory {}: {e}", state_dir.display()))?;
-    match backing_fs(meta.dev()) {
+    match fs_of_path(state_dir) {
         Ok(BackingFs::MayShowAnothers(t)) => Err(format!(
             "the state directory {} lies on {t}, which may show another filesystem's files \
              under names of its own: the loop backend's volume files there cannot be told apart \
@@ -23,9 +21,14 @@ pub fn check_state_dir(state_dir: &std::path::Path) -> Result<(), String> {
     }
 }
 
-/// `Err(why)` when the backing file's pair, on the filesystem numbered `st_dev`, may be another
-/// filesystem's file under a name of its own; `own_dev`: the volume files' filesystem.
-pub fn believable(st_dev: u64, own_dev: Option<u64>) -> Result<(), String> {
+/// `Err(why)` when the backing file's pair of the loop device `loop_dev`, (`st_dev`, `st_ino`),
+/// may be another filesystem's file under a name of its own; `own_dev`: the volume files'
+/// filesystem.
+pub fn believable(
+    loop_dev: DevNum,
+    (st_dev, st_ino): (u64, u64),
+    own_dev: Option<u64>,
+) -> Result<(), String> {
     if own_dev == Some(st_dev) {
         return Ok(());
     }
@@ -35,7 +38,7 @@ pub fn believable(st_dev: u64, own_dev: Option<u64>) -> Result<(), String> {
              volume's included) under a name of its own: whose bytes it holds cannot be told"
         )
     };
-    match backing_fs(st_dev) {
+    match backing_fs_of_loop(loop_dev, st_dev, st_ino) {
         Ok(BackingFs::OwnsItsInodes) => Ok(()),
         Ok(BackingFs::MayShowAnothers(t)) => Err(on(t)),
         Ok(BackingFs::NotMountedHere(dev)) => Err(on(format!(

@@ -3,8 +3,13 @@
 //! filesystems that pair is the file. A stacking or remote filesystem (overlayfs, FUSE, NFS,
 //! 9p, ...) shows another filesystem's files under a device number of its own: a loop device
 //! laid over a volume's file seen through one reports a pair that matches no volume. So only
-//! the filesystems listed here are believed; anything else, and a device number the mount
-//! table does not show, cannot be told apart from any file of the agent's.
+//! the filesystems listed here are believed; anything else cannot be told apart from any file of
+//! the agent's. The filesystem is asked of the backing file itself (opened by sysfs's name and
+//! kept only if it is the very inode the device reports, then `fstatfs`), since a btrfs
+//! subvolume's files carry a device number the mount table never shows; the mount table is the
+//! fallback for a name that no longer leads to the file.
+
+use std::os::unix::ffi::OsStringExt;
 
 use ebs_node_core::DevNum;
 
@@ -50,6 +55,95 @@ pub fn fs_kind(dev: DevNum) -> std::io::Result<BackingFs> {
     ))
 }
 
+/// The filesystem of the loop device `loop_dev`'s backing file, whose pair is (`st_dev`,
+/// `st_ino`).
+pub fn backing_fs_of_loop(
+    loop_dev: DevNum,
+    st_dev: u64,
+    st_ino: u64,
+) -> std::io::Result<BackingFs> {
+    let name = std::fs::read(format!("/sys/dev/block/{loop_dev}/loop/backing_file"));
+    if let Ok(mut name) = name {
+        if name.last() == Some(&b'\n') {
+            name.pop();
+        }
+        let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(name));
+        if let Some(kind) = fs_of_inode(&path, st_dev, st_ino) {
+            return Ok(kind);
+        }
+    }
+    backing_fs(st_dev)
+}
+
+/// The filesystem at `path` (a directory the operator named, such as the state directory).
+pub fn fs_of_path(path: &std::path::Path) -> std::io::Result<BackingFs> {
+    let st = rustix::fs::statfs(path)?;
+    Ok(by_magic(u64::try_from(st.f_type).unwrap_or(0)))
+}
+
+/// The filesystem of the file at `path`, if it is the inode (`st_dev`, `st_ino`): asked through
+/// one descriptor, so a name swapped meanwhile answers nothing.
+fn fs_of_inode(path: &std::path::Path, st_dev: u64, st_ino: u64) -> Option<BackingFs> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    if (st.st_dev, st.st_ino) != (st_dev, st_ino) {
+        return None;
+    }
+    let fs = rustix::fs::fstatfs(&fd).ok()?;
+    Some(by_magic(u64::try_from(fs.f_type).unwrap_or(0)))
+}
+
+/// Filesystems by their magic number (`statfs`'s `f_type`): whether they show only their own
+/// inodes, and a name for the ones that may not.
+fn by_magic(magic: u64) -> BackingFs {
+    const OWN: &[u64] = &[
+        0xEF53,      // ext2, ext3, ext4
+        0x5846_5342, // xfs
+        0x9123_683E, // btrfs
+        0x0102_1994, // tmpfs, devtmpfs
+        0x8584_58F6, // ramfs
+        0xF2F5_2010, // f2fs
+        0x3153_464A, // jfs
+        0x5265_4973, // reiserfs
+        0x4D44,      // vfat, msdos
+        0x2011_BAB0, // exfat
+        0x7366_746E, // ntfs3
+        0x482B,      // hfsplus
+        0x3434,      // nilfs2
+        0xCA45_1A4E, // bcachefs
+        0x2FC1_2FC1, // zfs
+        0x1501_3346, // udf
+        0x9660,      // iso9660
+        0x7371_7368, // squashfs
+        0xE0F5_E1E2, // erofs
+    ];
+    const NAMED: &[(u64, &str)] = &[
+        (0x794C_7630, "overlay"),
+        (0x6573_5546, "fuse"),
+        (0x6969, "nfs"),
+        (0xFF53_4D42, "cifs"),
+        (0xFE53_4D42, "smb2"),
+        (0x0102_1997, "9p"),
+        (0x6E73_6673, "nsfs"),
+        (0xF15F, "ecryptfs"),
+        (0x00C3_6400, "ceph"),
+    ];
+    if OWN.contains(&magic) {
+        return BackingFs::OwnsItsInodes;
+    }
+    let name = NAMED.iter().find(|(m, _)| *m == magic).map_or_else(
+        || format!("a filesystem of type {magic:#x}"),
+        |(_, n)| (*n).to_string(),
+    );
+    BackingFs::MayShowAnothers(name)
+}
+
 fn classify(dev: DevNum, fs_type: Option<&str>) -> BackingFs {
     match fs_type {
         None => BackingFs::NotMountedHere(dev),
@@ -79,6 +173,24 @@ mod tests {
             assert_eq!(classify(d, Some(t)), BackingFs::MayShowAnothers(t.into()));
         }
         assert_eq!(classify(d, None), BackingFs::NotMountedHere(d));
+    }
+
+    #[test]
+    fn filesystems_are_told_by_their_magic() {
+        assert_eq!(by_magic(0xEF53), BackingFs::OwnsItsInodes);
+        assert_eq!(by_magic(0x9123_683E), BackingFs::OwnsItsInodes);
+        assert_eq!(
+            by_magic(0x794C_7630),
+            BackingFs::MayShowAnothers("overlay".into())
+        );
+        assert_eq!(
+            by_magic(0x1234),
+            BackingFs::MayShowAnothers("a filesystem of type 0x1234".into())
+        );
+        assert_eq!(
+            fs_of_path(std::path::Path::new("/")).ok(),
+            Some(BackingFs::OwnsItsInodes)
+        );
     }
 
     #[test]

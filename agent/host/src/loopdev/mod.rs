@@ -350,7 +350,7 @@ pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
 mod backing_fs;
 pub mod overlay;
 pub mod stacking;
-pub use backing_fs::{BackingFs, backing_fs};
+pub use backing_fs::{BackingFs, backing_fs, backing_fs_of_loop, fs_of_path};
 mod query;
 pub use query::{
     backing_file, backing_file_by_devnum, backing_inode, backing_inode_of, backing_of,

@@ -11,7 +11,7 @@ use ebs_node_core::DevNum;
 use ebs_node_core::node::host::Under;
 use nix::errno::Errno;
 
-use super::backing_fs::{BackingFs, fs_kind};
+use super::backing_fs::{BackingFs, backing_fs_of_loop};
 use super::overlay::decode_dev;
 use super::{LOOP_MAJOR, query};
 
@@ -21,7 +21,7 @@ pub fn lies_on(devnum: DevNum) -> io::Result<Vec<Under>> {
         .into_iter()
         .map(Under::Device)
         .collect();
-    let Some((rdevice, fs_dev)) = backing(devnum)? else {
+    let Some((rdevice, fs_dev, pair)) = backing(devnum)? else {
         return Ok(out);
     };
     if rdevice != DevNum::new(0, 0) {
@@ -33,7 +33,7 @@ pub fn lies_on(devnum: DevNum) -> io::Result<Vec<Under>> {
     if fs_dev.major != 0 {
         out.push(Under::Device(fs_dev));
     } else {
-        match fs_kind(fs_dev)? {
+        match backing_fs_of_loop(devnum, pair.0, pair.1)? {
             BackingFs::OwnsItsInodes => {}
             BackingFs::MayShowAnothers(t) => out.push(Under::Unknown(format!(
                 "backing file lies on {t}, which may show another filesystem's file (a \
@@ -67,7 +67,8 @@ pub fn loop_backing(devnum: DevNum) -> Option<(u64, u64)> {
 
 /// A bound loop device's block backing and its backing file's filesystem; `None`: not a loop
 /// device, or not bound (or gone meanwhile).
-fn backing(devnum: DevNum) -> io::Result<Option<(DevNum, DevNum)>> {
+#[allow(clippy::type_complexity)] // three plain values: block backing, file's fs, file's pair
+fn backing(devnum: DevNum) -> io::Result<Option<(DevNum, DevNum, (u64, u64))>> {
     if devnum.major != LOOP_MAJOR {
         return Ok(None);
     }
@@ -80,6 +81,7 @@ fn backing(devnum: DevNum) -> io::Result<Option<(DevNum, DevNum)>> {
         Ok(Some(info)) => Ok(Some((
             decode_dev(info.lo_rdevice),
             decode_dev(info.lo_device),
+            (info.lo_device, info.lo_inode),
         ))),
         Ok(None) | Err(Errno::ENXIO) => Ok(None),
         Err(e) => Err(io::Error::from(e)),
