@@ -2,19 +2,23 @@
 create / attach / stage / publish / write / read / unpublish / unstage / detach / delete cycle.
 
 grpcio sends the socket path as :authority (C-core >= 1.57); the agent must serve it anyway.
-Usage: csi_cycle.py SOCKET STUB_DIR WORK_DIR. Prints one JSON object; exits non-zero on failure.
+Then the CSI-Addons socket's GetIdentity, through the same kind of channel.
+Usage: csi_cycle.py SOCKET STUB_DIR WORK_DIR ADDONS_SOCKET. Prints one JSON object; exits
+non-zero on failure.
 """
 
 import json
 import os
 import sys
 
-sock, stubs, work = sys.argv[1], sys.argv[2], sys.argv[3]
+sock, stubs, work, addons_sock = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, stubs)
 
 import grpc  # noqa: E402
 from csi.v1 import csi_pb2 as pb  # noqa: E402
 from csi.v1 import csi_pb2_grpc as rpc  # noqa: E402
+import identity_pb2 as addons_pb  # noqa: E402
+import identity_pb2_grpc as addons_rpc  # noqa: E402
 
 channel = grpc.insecure_channel("unix:" + sock)
 identity = rpc.IdentityStub(channel)
@@ -97,6 +101,9 @@ controller.ControllerUnpublishVolume(
 )
 controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id), timeout=timeout)
 
+addons = addons_rpc.IdentityStub(grpc.insecure_channel("unix:" + addons_sock))
+addons_identity = addons.GetIdentity(addons_pb.GetIdentityRequest(), timeout=timeout)
+
 print(
     json.dumps(
         {
@@ -107,6 +114,7 @@ print(
             "read_back": read_back,
             "stats_units": len(stats.usage),
             "unknown_volume_stats": unknown,
+            "addons_driver": addons_identity.name,
         }
     )
 )

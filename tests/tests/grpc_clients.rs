@@ -145,7 +145,12 @@ async fn python_grpcio_cycle() {
         }
     };
     let scratch = Scratch::new("grpcio");
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    // The CSI-Addons socket too: the same :authority fix (a sixteenth fresh review's F4).
+    let addons = scratch.join("run/addons.sock");
+    let mut opts = AgentOpts::default();
+    opts.args.push("--csi-addons-endpoint".into());
+    opts.args.push(format!("unix://{}", addons.display()));
+    let agent = Agent::start(&scratch, opts).await;
     // Stubs from the very proto files the agent is built from.
     let stubs = scratch.join("stubs");
     std::fs::create_dir_all(&stubs).expect("stub dir");
@@ -163,6 +168,22 @@ async fn python_grpcio_cycle() {
         "protoc: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let out = Command::new(&py)
+        .args(["-m", "grpc_tools.protoc"])
+        .arg(format!(
+            "-I{}",
+            protos.join("csi-addons/identity").display()
+        ))
+        .arg(format!("--python_out={}", stubs.display()))
+        .arg(format!("--grpc_python_out={}", stubs.display()))
+        .arg("identity.proto")
+        .output()
+        .expect("grpc_tools.protoc");
+    assert!(
+        out.status.success(),
+        "protoc (CSI-Addons): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/csi_cycle.py");
     let work = agent.work.join("grpcio");
     let out = tokio::task::spawn_blocking({
@@ -173,6 +194,7 @@ async fn python_grpcio_cycle() {
                 .arg(socket)
                 .arg(stubs)
                 .arg(work)
+                .arg(addons)
                 .output()
                 .expect("python")
         }
@@ -192,4 +214,8 @@ async fn python_grpcio_cycle() {
     assert_eq!(r["read_back"], "from grpcio");
     assert_eq!(r["stats_units"], 2, "bytes and inodes");
     assert_eq!(r["unknown_volume_stats"], "NOT_FOUND");
+    assert_eq!(
+        r["addons_driver"], "ebs.csi.aws.com",
+        "CSI-Addons GetIdentity"
+    );
 }

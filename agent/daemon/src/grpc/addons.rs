@@ -11,6 +11,7 @@ use ebs_proto::identity::{self as addons_id, capability};
 use ebs_proto::reclaimspace as rs;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 use super::logged;
@@ -192,12 +193,13 @@ pub fn spawn(
         .add_service(addons_id::identity_server::IdentityServer::new(identity))
         .add_optional_service(node.map(rs::reclaim_space_node_server::ReclaimSpaceNodeServer::new));
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(router.serve_with_incoming_shutdown(
-        crate::connections::incoming(listener, max_connections),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    // The same :authority fix as the CSI socket: grpcio (C-core >= 1.57) sends the socket path
+    // there, and was reset with no status (a sixteenth fresh review's F4).
+    let incoming = crate::connections::incoming(listener, max_connections)
+        .map(|conn| conn.map(crate::authority_fix::AuthorityFix::new));
+    let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stopped.await;
+    }));
     tracing::info!(endpoint = %endpoint, "serving CSI-Addons");
     Ok(AddonsServer {
         endpoint: endpoint.clone(),
