@@ -240,7 +240,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         AgentCtx::new(
             Arc::clone(&store),
             Arc::clone(&backend),
-            Arc::new(node::RealHost { fstools }),
+            Arc::new(ebs_node_host::real_host::RealHost { fstools }),
             (*roots).clone(),
             Arc::new(node::AgentObserver {
                 crash_after: crate::test_hooks::CrashPoint::from_args(&args.test_hooks),

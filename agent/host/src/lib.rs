@@ -39,9 +39,9 @@ pub mod mount;
 pub mod nvme;
 pub mod private;
 pub mod ready;
+pub mod real_host;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod sandbox;
-pub mod seam;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod trim;
 

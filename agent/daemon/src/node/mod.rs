@@ -4,9 +4,7 @@
 //! stats, reclaim and read-only block devices. No gRPC here.
 
 pub mod attention;
-mod evidence;
 mod expand;
-mod host_ops;
 pub mod instance;
 mod read_probe;
 pub mod reclaim;
@@ -24,7 +22,6 @@ use ebs_store::Store;
 
 use ebs_node_core::node::{NodeCtx, Observer, PathClaims, VolumeLocks};
 pub use expand::{ExpandCommand, expand};
-pub use host_ops::{RealHost, anchored_lookup};
 pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
 pub use volume_condition::Condition;
 

@@ -13,13 +13,14 @@ use std::path::Path;
 use ebs_node_core::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 use nix::errno::Errno;
 
-use super::{AgentCtx, anchored_lookup, path_string};
+use super::{AgentCtx, path_string};
 use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::journal::{Journal, detail};
 use ebs_node_core::node::ownership::{Expected, Holder, holder_of};
 use ebs_node_core::request::{RequestPath, VolumeId};
 use ebs_node_core::steps::{Op, Step};
 use ebs_node_host::fs_usage;
+use ebs_node_host::real_host::anchored_lookup;
 use ebs_node_host::trim::trim_free_space;
 
 /// Where the caller says the volume is: the CSI-Addons sidecar sends the staging path; a caller

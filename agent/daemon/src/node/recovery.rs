@@ -303,7 +303,7 @@ mod tests {
             AgentCtx::new(
                 Arc::clone(&store),
                 Arc::new(LoopBackend::new(Arc::clone(&store), dir)),
-                Arc::new(crate::node::RealHost {
+                Arc::new(ebs_node_host::real_host::RealHost {
                     fstools: FsTools::detect(),
                 }),
                 Roots::new(vec![dir.join("allowed")], vec![dir.to_path_buf()]),

@@ -5,11 +5,11 @@ use std::io;
 use std::path::Path;
 use std::time::Instant;
 
+use crate::{attachment, blank, device};
 use ebs_node_core::blank::Proof;
 use ebs_node_core::format::{DeviceEvidence, FormatError};
 use ebs_node_core::node::backend::Backend;
 use ebs_node_core::node::volume_device::VolumeDevice;
-use ebs_node_host::{attachment, blank, device};
 
 /// The held device, proven to be the volume's, and the backend that knows its backing file.
 pub struct HeldEvidence<'a> {
@@ -55,7 +55,7 @@ impl DeviceEvidence for HeldEvidence<'_> {
         }
         .map_err(|e| FormatError::io(format!("proving {} blank", path.display()), e))?;
         tracing::debug!(device = %path.display(), blank = proof.found.is_none(),
-            coverage = %proof.coverage, us = started.elapsed().as_micros() as u64, "blank proof");
+            coverage = %proof.coverage, us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX), "blank proof");
         Ok(proof)
     }
 

@@ -1,14 +1,22 @@
 //! The host itself, as the core's node pipeline asks and changes it (`ebs_node_core::node::host`):
-//! every call goes to the host crate, through the handles it made (an `Anchored` entry, an
-//! `EntryFd`, a `HeldDevice`).
+//! the seam's implementation, through the handles this crate makes (an `Anchored` entry, an
+//! `EntryFd`, a `HeldDevice`: `handles`), the never-format rule's evidence read from the held
+//! device (`evidence`), and the read-only devices a read-only block publication binds
+//! (`read_only`).
 
 use ebs_node_core::DevNum;
 use std::fs::File;
 use std::io;
 use std::path::Path;
 
-use super::evidence::HeldEvidence;
-use super::ro_block;
+pub mod evidence;
+pub mod handles;
+pub mod read_only;
+
+use crate::anchor::Anchored;
+use crate::blkid;
+use crate::device::{self, HeldDevice};
+use crate::fstools::{FsTools, filesystem_bytes_of};
 use ebs_node_core::error::{Error, Result};
 use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
 use ebs_node_core::node::backend::Backend;
@@ -20,11 +28,8 @@ use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_core::request::{FormatOptions, FsType, RequestPath};
 use ebs_node_core::seam::{FsToolError, FsckOutcome};
-use ebs_node_host::anchor::Anchored;
-use ebs_node_host::blkid;
-use ebs_node_host::device::{self, HeldDevice};
-use ebs_node_host::fstools::{FsTools, filesystem_bytes_of};
-use ebs_node_host::seam::path_refusal;
+use evidence::HeldEvidence;
+use handles::path_refusal;
 
 /// A request path held as the host crate's `Anchored` itself, for the daemon's own calls that
 /// act on it through the host crate (reclaim's trim, expand's grow); `None`: a directory above
@@ -79,15 +84,15 @@ impl HostOps for RealHost {
     }
 
     fn lies_on(&self, devnum: DevNum) -> io::Result<Vec<Under>> {
-        ebs_node_host::loopdev::stacking::lies_on(devnum)
+        crate::loopdev::stacking::lies_on(devnum)
     }
 
     fn loop_backing(&self, devnum: DevNum) -> Option<(u64, u64)> {
-        ebs_node_host::loopdev::stacking::loop_backing(devnum)
+        crate::loopdev::stacking::loop_backing(devnum)
     }
 
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {
-        ebs_node_host::loopdev::stacking::built_on(devnum)
+        crate::loopdev::stacking::built_on(devnum)
     }
 
     fn whole_disk(&self, devnum: DevNum) -> DevNum {
@@ -111,7 +116,7 @@ impl HostOps for RealHost {
     }
 
     fn attachment(&self, devnum: DevNum) -> Option<String> {
-        ebs_node_host::attachment::of(devnum)
+        crate::attachment::of(devnum)
     }
 
     fn evidence<'a>(
@@ -128,15 +133,15 @@ impl HostOps for RealHost {
         tag: &str,
         retry: bool,
     ) -> Result<ReadOnlyDevice> {
-        ro_block::lay(device, tag, retry)
+        read_only::lay(device, tag, retry)
     }
 
     fn remove_read_only(&self, tag: &str) -> Result<usize> {
-        ro_block::remove(tag)
+        read_only::remove(tag)
     }
 
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum> {
-        ro_block::lies_over(devnum)
+        read_only::lies_over(devnum)
     }
 
     fn fs_supported(&self, fs: FsType) -> std::result::Result<(), String> {
@@ -171,11 +176,11 @@ impl HostOps for RealHost {
     }
 
     fn fs_bytes(&self, fs: FsType, device: &Path) -> io::Result<u64> {
-        ebs_node_host::fstools::filesystem_bytes(fs, device)
+        crate::fstools::filesystem_bytes(fs, device)
     }
 
     fn mounted_fs_bytes(&self, fs: FsType, device: &Path, mount_point: &Path) -> io::Result<u64> {
-        ebs_node_host::fs_size::mounted_bytes(fs, device, mount_point)
+        crate::fs_size::mounted_bytes(fs, device, mount_point)
     }
 
     fn grow(
@@ -192,7 +197,7 @@ impl HostOps for RealHost {
     }
 
     fn place_of(&self, path: &Path) -> io::Result<Place> {
-        ebs_node_host::anchor::place_of(path)
+        crate::anchor::place_of(path)
     }
 }
 
