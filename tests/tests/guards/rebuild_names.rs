@@ -69,3 +69,98 @@ async fn a_tmpfs_directory_named_like_a_device_is_no_publication() {
         .expect("unstage");
     drop(mounts);
 }
+
+/// `recover --from-mounts` rebuilds a loop volume's attachment on the device its live mounts are
+/// on, not on an operator's unmounted second device over its file that happens to have a lower
+/// number (a seventeenth fresh review's F2: the volume's mounts were dropped from the records and
+/// ControllerUnpublish then detached the operator's device).
+#[tokio::test]
+async fn a_rebuilt_attachment_is_the_device_the_volume_is_mounted_from() {
+    // Alone: a number freed here must not go to another test's `losetup -f` before it is bound.
+    let _alone = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_rebuilt_attachment_is_the_device_the_volume_is_mounted_from") {
+        return;
+    }
+    let scratch = Scratch::new("g-rebuild-pick");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let dummy_file = scratch.join("dummy.img");
+    sh(&format!("truncate -s 1M {}", dummy_file.display()));
+    let dummy =
+        String::from_utf8_lossy(&sh(&format!("losetup -f --show {}", dummy_file.display())).stdout)
+            .trim()
+            .to_string();
+    let vol = create_attached(&agent, "c", 64 * MIB).await;
+    let staging = agent.work.join("staging/c");
+    agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &vol,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .expect("stage");
+    detach_loop(std::path::Path::new(&dummy));
+    let file = agent.state_dir.join(format!("volumes/{}.img", vol.id));
+    rebind(&dummy, &file);
+    let _operators = Detach(dummy.clone());
+    agent.terminate().await;
+    agent.recover("--from-mounts");
+    agent.spawn().await;
+    agent
+        .node()
+        .await
+        .node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    assert!(
+        !super::is_mounted(&staging),
+        "the volume's staging was dropped from the records"
+    );
+    agent
+        .controller()
+        .await
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: vol.id.clone(),
+            node_id: node_id(&agent).await,
+            ..Default::default()
+        })
+        .await
+        .expect("controller unpublish");
+    let name = dummy.trim_start_matches("/dev/");
+    assert!(
+        std::path::Path::new(&format!("/sys/block/{name}/loop")).exists(),
+        "the operator's device was detached"
+    );
+}
+
+/// Detaches a loop device the test made, on drop.
+struct Detach(String);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        detach_loop(std::path::Path::new(&self.0));
+    }
+}
+
+/// Binds the loop device `dev` to `file` once its last detach is done (udev may still hold it).
+fn rebind(dev: &str, file: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = std::process::Command::new("losetup")
+            .arg(dev)
+            .arg(file)
+            .output()
+            .expect("losetup");
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "losetup {dev}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

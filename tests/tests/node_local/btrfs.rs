@@ -105,3 +105,55 @@ async fn volume_files_in_a_btrfs_subvolume_are_told_apart() {
     }
     drop(fs);
 }
+
+/// A btrfs made on volume X's raw device by X's workload, a file in it laid on a loop device:
+/// X's bytes, though btrfs shows no device number of its own (a seventeenth fresh review's F1:
+/// the walk down stopped at btrfs's anonymous number and a handle read X's data).
+#[tokio::test]
+async fn a_loop_device_over_a_file_in_a_btrfs_on_another_volume_is_refused() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_loop_device_over_a_file_in_a_btrfs_on_another_volume_is_refused") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-btrfs-on-x");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let x = create_attached(&agent, "x", 256 << 20).await;
+    let staging = agent.work.join("x/staging");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&x, &staging, block_cap(Mode::SingleNodeWriter)))
+        .await
+        .expect("stage x raw");
+    sh(&format!("mkfs.btrfs -q -f {}", x.device));
+    let m = scratch.join("m");
+    std::fs::create_dir_all(&m).expect("mount point");
+    sh(&format!("mount {} {}", x.device, m.display()));
+    let mounted = Unmount(m.clone());
+    sh(&format!("truncate -s 64M {}", m.join("f.img").display()));
+    let laid = DetachOnDrop(super::losetup("", m.join("f.img").display()));
+    let h = Vol {
+        id: format!("local-ebs://{}", laid.0.trim_start_matches('/')),
+        device: laid.0.clone(),
+    };
+    let e = node
+        .node_stage_volume(stage_req(&h, &agent.work.join("h/staging"), rwx_mount()))
+        .await
+        .expect_err("a handle took a file in a btrfs on x's device");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains(&x.id), "{e:?}");
+    let name = laid.0.clone();
+    drop(laid);
+    super::stacked::unbound(&name);
+    drop(mounted);
+    node.node_unstage_volume(unstage_req(&x, &staging))
+        .await
+        .expect("unstage x");
+}
+
+/// Unmounts a mount the test made, on drop.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}

@@ -247,7 +247,7 @@ async fn a_loop_device_on_a_second_loop_device_of_a_volumes_file_is_refused() {
 
 /// Waits (up to 10 s) until a detached loop device lets go of its file: `losetup -d` of a
 /// device udev still has open only sets autoclear.
-fn unbound(dev: &str) {
+pub(super) fn unbound(dev: &str) {
     let name = dev.trim_start_matches("/dev/");
     let bound = std::path::PathBuf::from(format!("/sys/block/{name}/loop"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -84,6 +84,13 @@ pub fn fs_of_path(path: &std::path::Path) -> std::io::Result<BackingFs> {
 /// The filesystem of the file at `path`, if it is the inode (`st_dev`, `st_ino`): asked through
 /// one descriptor, so a name swapped meanwhile answers nothing.
 fn fs_of_inode(path: &std::path::Path, st_dev: u64, st_ino: u64) -> Option<BackingFs> {
+    let fd = proven(path, st_dev, st_ino)?;
+    let fs = rustix::fs::fstatfs(&fd).ok()?;
+    Some(by_magic(u64::try_from(fs.f_type).unwrap_or(0)))
+}
+
+/// The file at `path` held (O_PATH), if it is the inode (`st_dev`, `st_ino`).
+fn proven(path: &std::path::Path, st_dev: u64, st_ino: u64) -> Option<rustix::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     let fd = rustix::fs::open(
         path,
@@ -92,12 +99,71 @@ fn fs_of_inode(path: &std::path::Path, st_dev: u64, st_ino: u64) -> Option<Backi
     )
     .ok()?;
     let st = rustix::fs::fstat(&fd).ok()?;
-    if (st.st_dev, st.st_ino) != (st_dev, st_ino) {
-        return None;
-    }
-    let fs = rustix::fs::fstatfs(&fd).ok()?;
-    Some(by_magic(u64::try_from(fs.f_type).unwrap_or(0)))
+    ((st.st_dev, st.st_ino) == (st_dev, st_ino)).then_some(fd)
 }
+
+/// The block devices under the filesystem that holds loop device `loop_dev`'s backing file, when
+/// that filesystem has no device number of its own (btrfs, bcachefs, ZFS report an anonymous
+/// one): the source of the mount the file is reached through (statx's mount id, looked up in the
+/// mount table), and for btrfs every device of that filesystem (`/sys/fs/btrfs/*/devices`). A
+/// memory filesystem (tmpfs, ramfs) has none. `Err(why)`: they cannot be told.
+pub fn devices_under(loop_dev: DevNum, st_dev: u64, st_ino: u64) -> Result<Vec<DevNum>, String> {
+    use rustix::fs::{AtFlags, StatxFlags};
+    let name = std::fs::read(format!("/sys/dev/block/{loop_dev}/loop/backing_file"))
+        .map_err(|e| format!("its backing file's name cannot be read: {e}"))?;
+    let name = name.strip_suffix(b"\n").unwrap_or(&name).to_vec();
+    let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(name));
+    let fd = proven(&path, st_dev, st_ino)
+        .ok_or_else(|| format!("{} is no longer its backing file", path.display()))?;
+    let magic = rustix::fs::fstatfs(&fd)
+        .map(|f| u64::try_from(f.f_type).unwrap_or(0))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if MEMORY.contains(&magic) {
+        return Ok(Vec::new());
+    }
+    let st = rustix::fs::statx(&fd, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let table = MountTable::read().map_err(|e| e.to_string())?;
+    let source = table
+        .entries()
+        .iter()
+        .find(|m| u64::from(m.mount_id) == st.stx_mnt_id)
+        .map(|m| m.source.clone())
+        .ok_or_else(|| format!("the mount of {} is not in the mount table", path.display()))?;
+    let device = crate::device::block_devnum(std::path::Path::new(&source))
+        .map_err(|e| format!("its filesystem's device {source}: {e}"))?;
+    let mut out = vec![device];
+    if magic == BTRFS {
+        out.extend(btrfs_siblings(device));
+    }
+    Ok(out)
+}
+
+/// The other devices of the btrfs filesystem that `device` belongs to.
+fn btrfs_siblings(device: DevNum) -> Vec<DevNum> {
+    let dev_of = |p: std::path::PathBuf| {
+        std::fs::read_to_string(p.join("dev"))
+            .ok()
+            .and_then(|t| DevNum::parse(&t))
+    };
+    let Ok(filesystems) = std::fs::read_dir("/sys/fs/btrfs") else {
+        return Vec::new();
+    };
+    for fs in filesystems.flatten() {
+        let Ok(devices) = std::fs::read_dir(fs.path().join("devices")) else {
+            continue;
+        };
+        let all: Vec<DevNum> = devices.flatten().filter_map(|d| dev_of(d.path())).collect();
+        if all.contains(&device) {
+            return all.into_iter().filter(|d| *d != device).collect();
+        }
+    }
+    Vec::new()
+}
+
+const BTRFS: u64 = 0x9123_683E;
+/// tmpfs (and devtmpfs), ramfs: memory, no device under them.
+const MEMORY: &[u64] = &[0x0102_1994, 0x8584_58F6];
 
 /// Filesystems by their magic number (`statfs`'s `f_type`): whether they show only their own
 /// inodes, and a name for the ones that may not.

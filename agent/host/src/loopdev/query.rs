@@ -93,6 +93,16 @@ fn read_backing_file(path: &Path) -> io::Result<PathBuf> {
 /// Finds the loop device backed by the given inode, e.g. to re-adopt a device
 /// after an agent restart even if the backing file was renamed.
 pub fn find_by_backing_inode(dev: u64, ino: u64) -> Result<Option<PathBuf>, LoopError> {
+    Ok(all_by_backing_inode(dev, ino, true)?.into_iter().next())
+}
+
+/// Every loop device over the whole file with this inode (no offset, no size limit), by number.
+pub fn all_over_inode(dev: u64, ino: u64) -> Result<Vec<PathBuf>, LoopError> {
+    all_by_backing_inode(dev, ino, false)
+}
+
+fn all_by_backing_inode(dev: u64, ino: u64, first: bool) -> Result<Vec<PathBuf>, LoopError> {
+    let mut out = Vec::new();
     let sys_block = Path::new("/sys/block");
     let entries = std::fs::read_dir(sys_block).map_err(|source| LoopError::Sysfs {
         path: sys_block.to_path_buf(),
@@ -138,8 +148,11 @@ pub fn find_by_backing_inode(dev: u64, ino: u64) -> Result<Option<PathBuf>, Loop
             Err(e) => return Err(e),
         };
         if found == Some((dev, ino)) {
-            return Ok(Some(device));
+            out.push(device);
+            if first {
+                break;
+            }
         }
     }
-    Ok(None)
+    Ok(out)
 }

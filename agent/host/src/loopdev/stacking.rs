@@ -11,7 +11,7 @@ use ebs_node_core::DevNum;
 use ebs_node_core::node::host::Under;
 use nix::errno::Errno;
 
-use super::backing_fs::{BackingFs, backing_fs_of_loop};
+use super::backing_fs::{BackingFs, backing_fs_of_loop, devices_under};
 use super::overlay::decode_dev;
 use super::{LOOP_MAJOR, query};
 
@@ -34,7 +34,15 @@ pub fn lies_on(devnum: DevNum) -> io::Result<Vec<Under>> {
         out.push(Under::Device(fs_dev));
     } else {
         match backing_fs_of_loop(devnum, pair.0, pair.1)? {
-            BackingFs::OwnsItsInodes => {}
+            // btrfs, bcachefs and ZFS sit on block devices yet show an anonymous number: the
+            // devices under them are found from the file's mount (a seventeenth fresh review's
+            // F1: a loop device over a file in a btrfs on another volume's device).
+            BackingFs::OwnsItsInodes => match devices_under(devnum, pair.0, pair.1) {
+                Ok(devices) => out.extend(devices.into_iter().map(Under::Device)),
+                Err(why) => out.push(Under::Unknown(format!(
+                    "backing file lies on a filesystem whose devices cannot be told: {why}"
+                ))),
+            },
             BackingFs::MayShowAnothers(t) => out.push(Under::Unknown(format!(
                 "backing file lies on {t}, which may show another filesystem's file (a \
                  volume's included) under a name of its own"

@@ -99,6 +99,15 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
         return Ok(known);
     };
     let node_id = crate::nodeinfo::hostname();
+    // The devices the mount table shows mounted (a volume's staging, its publications' binds).
+    let mounted: std::collections::HashSet<DevNum> = MountTable::read()
+        .map(|t| {
+            t.entries()
+                .iter()
+                .map(|m| DevNum::new(m.major, m.minor))
+                .collect()
+        })
+        .unwrap_or_default();
     for entry in entries.flatten() {
         let file = entry.path();
         let Some(id) = file
@@ -117,9 +126,8 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
             st_dev,
             st_ino,
         };
-        let device = loopdev::find_by_backing_inode(st_dev, st_ino)
-            .ok()
-            .flatten();
+        let candidates = loopdev::all_over_inode(st_dev, st_ino).unwrap_or_default();
+        let (device, made) = attachment_of(&id, candidates, &mounted);
         let volume = LoopVolume {
             id: id.clone(),
             name: id.clone(),
@@ -130,8 +138,7 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
                 node_id: node_id.clone(),
                 device: d,
                 readonly: false,
-                // Who made it cannot be told any more: detached with the attachment, as before.
-                made: true,
+                made,
             }),
             created_unix_ms: now_unix_ms(),
             content_source: None,
@@ -148,6 +155,36 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
         }
     }
     Ok(known)
+}
+
+/// Which of the loop devices over a volume's file is its attachment, and whether the agent
+/// counts it as its own (detached with the attachment). The one the mount table shows mounted
+/// (the volume's live staging) is; with none mounted, a single one is (a crash's leftover of
+/// the agent's attach, most likely), and of several none is chosen: who made which cannot be
+/// told, and adopting an operator's device would detach it with the attachment (a seventeenth
+/// fresh review's F2). Only a single device is counted as the agent's own.
+fn attachment_of(
+    id: &str,
+    candidates: Vec<PathBuf>,
+    mounted: &std::collections::HashSet<DevNum>,
+) -> (Option<PathBuf>, bool) {
+    let several = candidates.len() > 1;
+    let in_use = candidates
+        .iter()
+        .find(|d| ebs_node_host::device::block_devnum(d).is_ok_and(|n| mounted.contains(&n)));
+    match (in_use, candidates.as_slice()) {
+        (Some(d), _) => (Some(d.clone()), !several),
+        (None, [only]) => (Some(only.clone()), true),
+        (None, []) => (None, false),
+        (None, _) => {
+            println!(
+                "volume {id}: {} loop devices lie over its file and none is mounted: no \
+                 attachment recorded (ControllerPublishVolume attaches it again)",
+                candidates.len()
+            );
+            (None, false)
+        }
+    }
 }
 
 /// EBS volumes: NVMe namespaces whose controller serial is a volume id.
