@@ -215,6 +215,48 @@ fn detach_loops_below(dir: &Path) {
     }
 }
 
+/// Waits (up to 10 s) until a detached loop device lets go of its file: `losetup -d` of a
+/// device udev still has open only sets autoclear.
+pub fn wait_unbound(dev: &str) {
+    let name = dev.trim_start_matches("/dev/");
+    let bound = PathBuf::from(format!("/sys/block/{name}/loop"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while bound.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Binds the loop device `dev` to `file` once its last detach is done: binding it while udev
+/// still holds it is EBUSY (tried for 10 s).
+pub fn rebind_loop(dev: &str, file: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = Command::new("losetup")
+            .arg(dev)
+            .arg(file)
+            .output()
+            .expect("losetup");
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "losetup {dev}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Unmounts, on drop, a mount a test made itself.
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// `losetup -d`, quietly: a device still in use only gets autoclear and goes with its last user.
 pub fn detach_loop(dev: &Path) {
     let _ = Command::new("losetup")

@@ -103,7 +103,7 @@ async fn a_rebuilt_attachment_is_the_device_the_volume_is_mounted_from() {
         .expect("stage");
     detach_loop(std::path::Path::new(&dummy));
     let file = agent.state_dir.join(format!("volumes/{}.img", vol.id));
-    rebind(&dummy, &file);
+    rebind_loop(&dummy, &file);
     let _operators = Detach(dummy.clone());
     agent.terminate().await;
     agent.recover("--from-mounts");
@@ -141,26 +141,5 @@ struct Detach(String);
 impl Drop for Detach {
     fn drop(&mut self) {
         detach_loop(std::path::Path::new(&self.0));
-    }
-}
-
-/// Binds the loop device `dev` to `file` once its last detach is done (udev may still hold it).
-fn rebind(dev: &str, file: &std::path::Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let out = std::process::Command::new("losetup")
-            .arg(dev)
-            .arg(file)
-            .output()
-            .expect("losetup");
-        if out.status.success() {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "losetup {dev}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

@@ -142,18 +142,9 @@ async fn a_loop_device_over_a_file_in_a_btrfs_on_another_volume_is_refused() {
     assert!(e.message().contains(&x.id), "{e:?}");
     let name = laid.0.clone();
     drop(laid);
-    super::stacked::unbound(&name);
+    wait_unbound(&name);
     drop(mounted);
     node.node_unstage_volume(unstage_req(&x, &staging))
         .await
         .expect("unstage x");
-}
-
-/// Unmounts a mount the test made, on drop.
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
 }

@@ -29,7 +29,7 @@ async fn a_read_only_attachment_keeps_its_device_through_retries_and_restarts() 
     let own = attach(&agent, &id, &node_name).await;
     let _own = DetachOnDrop(own.clone());
     detach_loop(std::path::Path::new(&dummy));
-    rebind(&dummy, &file);
+    rebind_loop(&dummy, &file);
     let _writable = DetachOnDrop(dummy.clone());
     assert_eq!(
         attach(&agent, &id, &node_name).await,
@@ -82,26 +82,4 @@ async fn attach(agent: &Agent, id: &str, node: &str) -> String {
         .into_inner()
         .publish_context["devicePath"]
         .clone()
-}
-
-/// Binds the loop device `dev` to `file` once its last detach is done: `losetup -d` of a device
-/// udev still has open only sets autoclear, and binding it meanwhile is EBUSY (up to 10 s).
-fn rebind(dev: &str, file: &std::path::Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let out = std::process::Command::new("losetup")
-            .arg(dev)
-            .arg(file)
-            .output()
-            .expect("losetup");
-        if out.status.success() {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "losetup {dev}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }

@@ -145,7 +145,7 @@ async fn a_loop_device_over_a_file_inside_another_volumes_filesystem_is_refused(
     );
     let name = laid.0.clone();
     drop(laid);
-    unbound(&name);
+    wait_unbound(&name);
     node.node_unstage_volume(unstage_req(&x, &staging))
         .await
         .expect("unstage x");
@@ -195,15 +195,6 @@ async fn on_unverified_ebs_a_loop_device_laid_over_another_volumes_disk_is_refus
     drop((lb, la));
 }
 
-/// Unmounts a mount the test made, on drop.
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// A second loop device over volume X's file (an operator's), X's filesystem mounted from it,
 /// and a loop device over a file in that filesystem: X's bytes, two levels down. A handle never
 /// takes it, staged or not (a fifteenth fresh review's F1: the handle wrote into X's file).
@@ -240,20 +231,9 @@ async fn a_loop_device_on_a_second_loop_device_of_a_volumes_file_is_refused() {
     assert!(e.message().contains(&x.id), "{e:?}");
     let name = b.0.clone();
     drop(b);
-    unbound(&name);
+    wait_unbound(&name);
     drop(mounted);
     drop(z);
-}
-
-/// Waits (up to 10 s) until a detached loop device lets go of its file: `losetup -d` of a
-/// device udev still has open only sets autoclear.
-pub(super) fn unbound(dev: &str) {
-    let name = dev.trim_start_matches("/dev/");
-    let bound = std::path::PathBuf::from(format!("/sys/block/{name}/loop"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while bound.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
 
 /// On the EBS backend a loop device has no serial: two loop devices over one file are one
