@@ -298,3 +298,63 @@ async fn ebs_agent(scratch: &Scratch, extra: &[&str]) -> Agent {
     )
     .await
 }
+
+/// Acting for a volume (`volumeID` in the publish context) lifts only the loop controller's claim
+/// on that volume's very device, never a device built on its staged bytes: on EBS nothing proves
+/// `volumeID` for a disk without a serial (an eighteenth fresh review's F1: a handle acting for
+/// a staged volume formatted a file inside its filesystem).
+#[tokio::test]
+async fn acting_for_a_volume_never_takes_a_device_built_on_its_staged_bytes() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("acting_for_a_volume_never_takes_a_device_built_on_its_staged_bytes") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-acts-for");
+    let img = scratch.join("a.img");
+    sh(&format!("truncate -s 128M {}", img.display()));
+    let la = DetachOnDrop(super::losetup("", img.display()));
+    let agent = ebs_agent(&scratch, &["--allow-unverified-devices"]).await;
+    let a = Vol {
+        id: "vol-0aaaaaaaaaaaaaaaa".into(),
+        device: la.0.clone(),
+    };
+    let staging = agent.work.join("a");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(
+        &a,
+        &staging,
+        mount_cap("ext4", Mode::SingleNodeWriter),
+    ))
+    .await
+    .expect("stage a");
+    sh(&format!(
+        "truncate -s 32M {}",
+        staging.join("inner.img").display()
+    ));
+    let lf = DetachOnDrop(super::losetup("", staging.join("inner.img").display()));
+    let h = Vol {
+        id: format!("local-ebs://{}", lf.0.trim_start_matches('/')),
+        device: lf.0.clone(),
+    };
+    let h_staging = agent.work.join("h");
+    let mut stage = stage_req(&h, &h_staging, rwx_mount());
+    stage
+        .publish_context
+        .insert("volumeID".into(), a.id.clone());
+    let e = node
+        .node_stage_volume(stage)
+        .await
+        .expect_err("a handle acting for a took a file inside a's filesystem");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        !super::is_mounted(&h_staging),
+        "the handle's staging is mounted"
+    );
+    let name = lf.0.clone();
+    drop(lf);
+    wait_unbound(&name);
+    node.node_unstage_volume(unstage_req(&a, &staging))
+        .await
+        .expect("unstage a");
+    drop(la);
+}

@@ -164,7 +164,7 @@ pub fn take_for_node(
             door: "bound by number: the device that volume had was replaced under its bind",
         });
     }
-    super::stacking::refuse_another_volumes_bytes(ctx, &others, volume, acts_for, devnum, device)?;
+    super::stacking::refuse_another_volumes_bytes(ctx, &others, volume, devnum, device)?;
     Ok(Some((
         key,
         DeviceClaim {

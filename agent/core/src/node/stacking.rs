@@ -35,7 +35,6 @@ pub fn refuse_another_volumes_bytes(
     ctx: &NodeCtx,
     others: &[Recorded],
     volume: &VolumeId,
-    acts_for: Option<&str>,
     devnum: DevNum,
     device: &Path,
 ) -> Result<()> {
@@ -53,10 +52,11 @@ pub fn refuse_another_volumes_bytes(
         door,
     };
     let recorded = recorded_devices(ctx, others);
-    // The taker itself, or the volume a node-local handle acts for, is no other owner.
-    let owner_of = |d| {
-        owner_of(ctx, &recorded, d).filter(|o| o != volume.as_str() && Some(o.as_str()) != acts_for)
-    };
+    // The taker itself is no other owner. The volume a node-local handle acts for is: acting
+    // for it lifts only the loop controller's claim on its very device (`device_claim`), never
+    // a level built on its bytes (an eighteenth fresh review's F1: on EBS, where `volumeID`
+    // cannot be proven, a handle acting for a staged volume took a file inside its filesystem).
+    let owner_of = |d| owner_of(ctx, &recorded, d).filter(|o| o != volume.as_str());
     for level in walk(devnum, |d| ctx.host.lies_on(d)).map_err(unreadable)? {
         match level {
             Under::Unknown(why) => return Err(indistinct(why)),
