@@ -12,6 +12,9 @@ pub struct Signature {
     pub usage: Option<String>,
     pub label: Option<String>,
     pub is_partition_table: bool,
+    /// blkid `EXT_JOURNAL`: an ext3/ext4 whose journal lies on another device (its UUID). The
+    /// kernel opens that device exclusively and writes to it at mount.
+    pub external_journal: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -156,6 +156,7 @@ fn found(guard: &ProbeGuard) -> ProbeOutcome {
             usage: guard.lookup(c"USAGE"),
             label: guard.lookup(c"LABEL"),
             is_partition_table: false,
+            external_journal: guard.lookup(c"EXT_JOURNAL"),
         });
     }
     if let Some(type_name) = guard.lookup(c"PTTYPE") {
@@ -165,6 +166,7 @@ fn found(guard: &ProbeGuard) -> ProbeOutcome {
             usage: None,
             label: None,
             is_partition_table: true,
+            external_journal: None,
         });
     }
     // safeprobe claimed a match but exposed neither key. Refusing to call this

@@ -170,6 +170,22 @@ pub fn decide(
             device: dev.path().to_path_buf(),
             found: "several conflicting signatures (ambivalent probe)".into(),
         }),
+        // A filesystem whose journal lies on another device writes to that device at mount
+        // (the kernel opens it exclusively by number): never the volume's alone, so never
+        // mounted (a nineteenth fresh review's F2: another volume's raw device became the
+        // journal of this one's ext4).
+        ProbeOutcome::Found(sig) if is_requested(&sig, fs) && sig.external_journal.is_some() => {
+            Err(FormatError::NotBlank {
+                device: dev.path().to_path_buf(),
+                found: format!(
+                    "{}, whose journal lies on another device (journal UUID {}): mounting it \
+                     would write to that device; the agent mounts only filesystems wholly on \
+                     the volume's own device",
+                    describe(&sig),
+                    sig.external_journal.as_deref().unwrap_or_default()
+                ),
+            })
+        }
         ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
             let found = sig.uuid.clone().unwrap_or_default();
             let existing = |adopt| {

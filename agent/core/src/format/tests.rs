@@ -102,6 +102,7 @@ fn fs_sig(fs: &str, uuid: &str) -> ProbeOutcome {
         usage: Some("filesystem".into()),
         label: None,
         is_partition_table: false,
+        external_journal: None,
     })
 }
 
@@ -349,6 +350,7 @@ fn anything_else_found_is_refused_whatever_the_record() {
         usage: None,
         label: None,
         is_partition_table: true,
+        external_journal: None,
     });
     let luks = ProbeOutcome::Found(Signature {
         type_name: "crypto_LUKS".into(),
@@ -356,6 +358,7 @@ fn anything_else_found_is_refused_whatever_the_record() {
         usage: Some("crypto".into()),
         label: None,
         is_partition_table: false,
+        external_journal: None,
     });
     for r in [
         row(
@@ -541,6 +544,42 @@ fn a_device_blkid_calls_blank_is_formatted_only_when_proven_blank_or_ours() {
             ..d()
         })
         .reads(&["size", "prove_blank"]),
+    ] {
+        check(r);
+    }
+}
+
+/// An ext4 whose journal lies on another device writes to that device at mount: refused,
+/// whatever the record says (a nineteenth fresh review's F2).
+#[test]
+fn a_filesystem_whose_journal_lies_on_another_device_is_never_mounted() {
+    let with_journal = |uuid: &str| match fs_sig("ext4", uuid) {
+        ProbeOutcome::Found(mut sig) => {
+            sig.external_journal = Some("1b234682-e2af-4a52-82a1-9a44e5c5fece".into());
+            ProbeOutcome::Found(sig)
+        }
+        other => other,
+    };
+    for r in [
+        row(
+            "no record",
+            with_journal(OTHER),
+            None,
+            Want::NotBlank("journal lies on another device"),
+        ),
+        row(
+            "ours, done",
+            with_journal(OURS),
+            done(OURS),
+            Want::NotBlank("journal lies on another device"),
+        ),
+        row(
+            "ours, read-only",
+            with_journal(OURS),
+            done(OURS),
+            Want::NotBlank("journal UUID 1b234682"),
+        )
+        .readonly(),
     ] {
         check(r);
     }

@@ -30,6 +30,7 @@ pub fn signature(fs: FsType, uuid: &str) -> Signature {
         usage: Some("filesystem".into()),
         label: None,
         is_partition_table: false,
+        external_journal: None,
     }
 }
 
