@@ -113,7 +113,9 @@ async fn delete_volume_never_removes_a_file_a_handle_has_staged() {
 }
 
 /// A handle's stage killed after its mount, then `recover --reset`: the retried stage at the same
-/// path finds its own mount and adopts it, and the unstage then takes it away.
+/// path, kubelet's staging directory named after the handle, finds its own mount and adopts it,
+/// and the unstage then takes it away. At a path not named for the handle, a mount with no record
+/// is nobody's to adopt (a nineteenth fresh review's F3): refused, and left mounted.
 #[tokio::test]
 async fn a_handles_staging_that_outlived_its_records_is_its_own_again() {
     let _shared = crate::NAMESPACE_COPY.read().await;
@@ -130,7 +132,10 @@ async fn a_handles_staging_that_outlived_its_records_is_its_own_again() {
     let mut agent = Agent::start(&scratch, crash).await;
     let disk = super::Disk::new(&scratch, "d", SIZE as u64);
     let h = disk.vol();
-    let staging = agent.work.join("h/staging");
+    let staging = agent.work.join(format!(
+        "plugins/kubernetes.io/csi/ebs.csi.aws.com/{}/globalmount",
+        super::sha256_hex(&h.id)
+    ));
     let _ = agent
         .node()
         .await
@@ -155,6 +160,28 @@ async fn a_handles_staging_that_outlived_its_records_is_its_own_again() {
         .await
         .expect("unstage");
     assert_eq!(mounts_below(&agent.work), Vec::<std::path::PathBuf>::new());
+    // An operator's own mount of the disk at a path a handle's stage then names.
+    let theirs = agent.work.join("h/staging");
+    std::fs::create_dir_all(&theirs).expect("the operator's mount point");
+    sh(&format!(
+        "mount {} {}",
+        disk.dev.display(),
+        theirs.display()
+    ));
+    let _mounted = Unmount(theirs.clone());
+    let e = node
+        .node_stage_volume(stage_req(
+            &h,
+            &theirs,
+            mount_cap("ext4", Mode::MultiNodeMultiWriter),
+        ))
+        .await
+        .expect_err("a handle adopted an operator's mount");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        super::is_mounted(&theirs),
+        "the operator's mount was taken away"
+    );
 }
 
 pub(super) fn attach_req(

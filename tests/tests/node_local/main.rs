@@ -123,3 +123,13 @@ pub fn is_mounted(path: &Path) -> bool {
     path.parent()
         .is_some_and(|p| mounts_below(p).iter().any(|m| m == path))
 }
+
+/// The SHA-256 of `text` in hex: how kubelet names a CSI volume's staging directory.
+pub fn sha256_hex(text: &str) -> String {
+    let out = sh(&format!("printf %s '{text}' | sha256sum"));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
