@@ -9,8 +9,6 @@
 //! subvolume's files carry a device number the mount table never shows; the mount table is the
 //! fallback for a name that no longer leads to the file.
 
-use std::os::unix::ffi::OsStringExt;
-
 use ebs_node_core::DevNum;
 
 use crate::mount::table::MountTable;
@@ -62,15 +60,10 @@ pub fn backing_fs_of_loop(
     st_dev: u64,
     st_ino: u64,
 ) -> std::io::Result<BackingFs> {
-    let name = std::fs::read(format!("/sys/dev/block/{loop_dev}/loop/backing_file"));
-    if let Ok(mut name) = name {
-        if name.last() == Some(&b'\n') {
-            name.pop();
-        }
-        let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(name));
-        if let Some(kind) = fs_of_inode(&path, st_dev, st_ino) {
-            return Ok(kind);
-        }
+    if let Some(path) = super::query::backing_file_by_devnum(loop_dev)
+        && let Some(kind) = fs_of_inode(&path, st_dev, st_ino)
+    {
+        return Ok(kind);
     }
     backing_fs(st_dev)
 }
@@ -109,10 +102,8 @@ fn proven(path: &std::path::Path, st_dev: u64, st_ino: u64) -> Option<rustix::fd
 /// memory filesystem (tmpfs, ramfs) has none. `Err(why)`: they cannot be told.
 pub fn devices_under(loop_dev: DevNum, st_dev: u64, st_ino: u64) -> Result<Vec<DevNum>, String> {
     use rustix::fs::{AtFlags, StatxFlags};
-    let name = std::fs::read(format!("/sys/dev/block/{loop_dev}/loop/backing_file"))
-        .map_err(|e| format!("its backing file's name cannot be read: {e}"))?;
-    let name = name.strip_suffix(b"\n").unwrap_or(&name).to_vec();
-    let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(name));
+    let path = super::query::backing_file_by_devnum(loop_dev)
+        .ok_or_else(|| "its backing file's name cannot be read".to_string())?;
     let fd = proven(&path, st_dev, st_ino)
         .ok_or_else(|| format!("{} is no longer its backing file", path.display()))?;
     let magic = rustix::fs::fstatfs(&fd)
