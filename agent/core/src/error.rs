@@ -81,6 +81,21 @@ pub enum Error {
         owner: String,
         door: &'static str,
     },
+    /// Another agent on this host made the device (or one it lies on), and named it so
+    /// (`ro_tag::ATTACHED_PREFIX`, `TAG_PREFIX`): that agent's records, which this one cannot
+    /// read, say whose it is.
+    #[error(
+        "device {} of volume {volume} is another agent's: {} (its loop device name {name:?}) was \
+         made by another ebs-node-agent on this host, whose records this agent cannot read; \
+         nothing was changed",
+        .device.display(), .level.display()
+    )]
+    AnotherAgentsDevice {
+        device: PathBuf,
+        volume: String,
+        level: PathBuf,
+        name: String,
+    },
     /// The kernel refused the agent's exclusive claim: mounted elsewhere, or claimed.
     #[error(
         "{path} is in use ({why}): mounted elsewhere, or claimed by another process (a mkfs \

@@ -250,9 +250,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         )
         .map_err(|e| fatal(format!("this agent's instance id: {e}")))?,
     );
-    // The loop controller's attach and the node's doors take a device under one lock.
+    // The loop controller's attach and the node's doors take a device under one lock, and
+    // the devices it attaches carry this agent's tag.
     if let Some(c) = &loop_controller {
-        c.share_device_locks(ctx.device_locks.clone());
+        c.join_node(ctx.device_locks.clone(), ctx.agent_tag.clone());
     }
 
     // Before the CSI socket, so a busy metrics port leaves no socket behind.

@@ -17,6 +17,7 @@ mod rebuild;
 mod refusals;
 mod retries;
 mod stacked;
+mod two_agents;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

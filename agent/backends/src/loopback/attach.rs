@@ -15,8 +15,10 @@ use ebs_node_host::mount::at_path::read_table;
 use ebs_node_host::{freeze, loopdev};
 
 /// Attaches on a device whose number no bind holds anywhere (a workload may detach its own loop
-/// device, which needs no privilege, and a bind of its node would then reach the new volume).
-fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
+/// device, which needs no privilege, and a bind of its node would then reach the new volume),
+/// named `name`: this agent's tag for the volume, so that another agent on the host tells it
+/// from a free device (`ro_tag::AgentTag::attached_tag`).
+fn attach(file: &Path, name: Option<&str>, readonly: bool) -> Result<PathBuf> {
     let uses = ebs_node_host::device_binds::Uses::scan(ebs_node_host::device_binds::WITHIN);
     if let Some(why) = uses.failed() {
         return Err(Error::Unavailable(format!(
@@ -24,7 +26,7 @@ fn attach(file: &Path, readonly: bool) -> Result<PathBuf> {
             file.display()
         )));
     }
-    loopdev::attach_avoiding(file, readonly, &|d| uses.bound(d).is_some())
+    loopdev::attach_avoiding(file, name, readonly, &|d| uses.bound(d).is_some())
         .map_err(|e| Error::Internal(format!("attaching {}: {e}", file.display())))
 }
 
@@ -121,7 +123,10 @@ impl LoopController {
                 });
             }
             Some(dev) => (dev, false),
-            None => (attach(&volume.file, readonly)?, true),
+            None => (
+                attach(&volume.file, self.name_for(id).as_deref(), readonly)?,
+                true,
+            ),
         };
         // Made now: ours. Found: ours only if the attachment this call renews made it (a device
         // found under a name that is not the attachment's, or first seen now, is someone else's).
@@ -251,7 +256,11 @@ impl LoopController {
                     .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
                 continue;
             }
-            let device = attach(&volume.file, att.readonly)?;
+            let device = attach(
+                &volume.file,
+                self.name_for(&volume.id).as_deref(),
+                att.readonly,
+            )?;
             tracing::info!(volume = %volume.id, device = %device.display(), "recovery: re-attached the volume file");
             volume.attachment = Some(LoopAttachment {
                 device,

@@ -42,6 +42,8 @@ pub struct LoopController {
     /// attach takes the device's node-claim key while it checks and writes its claim, as a node
     /// door does, so the two never both take one device.
     pub(super) device_locks: std::sync::OnceLock<ebs_node_core::node::VolumeLocks>,
+    /// The node's agent tag, once the node is wired: the loop devices it attaches carry it.
+    agent_tag: std::sync::OnceLock<ebs_node_core::node::ro_tag::AgentTag>,
 }
 
 impl LoopController {
@@ -59,12 +61,23 @@ impl LoopController {
             max_attachments,
             catalogue: Mutex::new(()),
             device_locks: std::sync::OnceLock::new(),
+            agent_tag: std::sync::OnceLock::new(),
         }
     }
 
-    /// Shares the node's per-device locks (see `device_locks`).
-    pub fn share_device_locks(&self, locks: ebs_node_core::node::VolumeLocks) {
+    /// Joins the node: shares its per-device locks (see `device_locks`) and its agent tag.
+    pub fn join_node(
+        &self,
+        locks: ebs_node_core::node::VolumeLocks,
+        agent_tag: ebs_node_core::node::ro_tag::AgentTag,
+    ) {
         let _ = self.device_locks.set(locks);
+        let _ = self.agent_tag.set(agent_tag);
+    }
+
+    /// The name of the loop device attached for `volume`: this agent's tag for it, once known.
+    pub(super) fn name_for(&self, volume: &str) -> Option<String> {
+        self.agent_tag.get().map(|t| t.attached_tag(volume))
     }
 
     pub fn node_id(&self) -> &str {

@@ -158,6 +158,9 @@ pub trait HostOps: Send + Sync {
     /// A loop device's backing file, as (st_dev, st_ino) (LOOP_GET_STATUS64's pair); `None`: not
     /// a loop device over a file, or not readable.
     fn loop_backing(&self, devnum: DevNum) -> Option<(u64, u64)>;
+    /// A bound loop device's name (its `lo_file_name`): agents name the devices they make with
+    /// their instance (`ro_tag`). `None`: not a bound loop device.
+    fn loop_name(&self, devnum: DevNum) -> io::Result<Option<String>>;
     /// The devices sysfs shows built on the device's bytes: its `holders` (mappers).
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>>;
     /// The device's size in bytes, by path (right after it was proven).

@@ -1,3 +1,8 @@
+//! The names agents give the loop devices they make (their `lo_file_name`). The loop
+//! controller's attachments are named `ebsna-lo:<instance>:<volume>`, so that a second agent on
+//! the host, which cannot read this one's records, refuses them (`stacking`); a name can only
+//! refuse a device, never make one this agent's.
+//!
 //! The names of read-only raw block devices (see the daemon's `ro_block`). Each such device is
 //! named with a tag: this agent instance's part, and the publication's (volume and target).
 //! Publish journals its bind intent durably before it lays the device, so after a crash the
@@ -17,6 +22,10 @@ use super::NodeCtx;
 /// Every agent's tags start so; the loop controller refuses to detach a volume under one.
 pub const TAG_PREFIX: &str = "ebsna-ro:";
 const PREFIX: &str = TAG_PREFIX;
+/// The loop devices an agent's controller attaches are named so (a nineteenth fresh review's
+/// F1): two agents with state directories of their own see nothing of each other's records, and
+/// only the name tells a device another agent attached from a free one.
+pub const ATTACHED_PREFIX: &str = "ebsna-lo:";
 
 /// FNV-1a, 64 bits: a hash that stays the same across builds (tags outlive the binary).
 fn fnv(parts: &[&[u8]]) -> u64 {
@@ -38,6 +47,7 @@ fn fnv(parts: &[&[u8]]) -> u64 {
 pub struct AgentTag {
     current: String,
     legacy: String,
+    attached: String,
 }
 
 impl AgentTag {
@@ -46,6 +56,7 @@ impl AgentTag {
         AgentTag {
             current: format!("{PREFIX}{instance:016x}:"),
             legacy: legacy_prefix(state_file),
+            attached: format!("{ATTACHED_PREFIX}{instance:016x}:"),
         }
     }
 
@@ -67,6 +78,19 @@ impl AgentTag {
     /// The tag of the read-only device of `volume`'s publication at `target`.
     pub fn tag(&self, volume: &str, target: &Path) -> String {
         format!("{}{:016x}", self.current, publication(volume, target))
+    }
+
+    /// The name of the loop device the loop controller attaches for `volume`.
+    pub fn attached_tag(&self, volume: &str) -> String {
+        format!("{}{:016x}", self.attached, fnv(&[volume.as_bytes()]))
+    }
+
+    /// Whether a loop device of this name is one another agent made: named with an agent's
+    /// prefix, and not this one's (current or legacy). Untagged names (an operator's device, a
+    /// file's path) are nobody's here.
+    pub fn made_by_another(&self, name: &str) -> bool {
+        let agents = name.starts_with(PREFIX) || name.starts_with(ATTACHED_PREFIX);
+        agents && !self.owns(name) && !name.starts_with(&self.attached)
     }
 
     /// The tag the same publication had under the legacy scheme.
@@ -143,6 +167,35 @@ mod tests {
         assert!(!b.owns(&a.tag("v", x)) && !a.owns(&b.tag("v", x)));
         // Both still read the tags the path's agent laid before instance ids.
         assert!(a.owns(&a.legacy_tag("v", x)) && b.owns(&a.legacy_tag("v", x)));
+    }
+
+    #[test]
+    fn another_agents_devices_are_told_by_their_names() {
+        let path = Path::new("/var/lib/ebs-node-agent/state.redb");
+        let (a, b) = (AgentTag::new(ID, path), AgentTag::new(ID ^ 1, path));
+        let x = Path::new("/var/lib/kubelet/pods/x/dev");
+        let attached = a.attached_tag("vol-0123456789abcdef0");
+        assert_eq!(attached, "ebsna-lo:0123456789abcdef:29d0ead3051e24c8");
+        assert!(attached.len() <= 63);
+        assert_ne!(attached, a.attached_tag("vol-1"));
+        for theirs in [&attached, &a.tag("v", x)] {
+            assert!(
+                b.made_by_another(theirs) && !a.made_by_another(theirs),
+                "{theirs}"
+            );
+        }
+        // Another state path's legacy tag is another agent's; this path's is this agent's.
+        let other = AgentTag::new(ID, Path::new("/elsewhere/state.redb"));
+        assert!(a.made_by_another(&other.legacy_tag("v", x)));
+        assert!(!b.made_by_another(&a.legacy_tag("v", x)));
+        for nobodys in [
+            "",
+            "/var/lib/ebs-node-agent/volumes/v.img",
+            "ebsna-",
+            "ebsna-r",
+        ] {
+            assert!(!a.made_by_another(nobodys), "{nobodys}");
+        }
     }
 
     #[test]

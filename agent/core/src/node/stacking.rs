@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::DevNum;
 use crate::error::{Error, Result};
@@ -57,10 +57,23 @@ pub fn refuse_another_volumes_bytes(
     // a level built on its bytes (an eighteenth fresh review's F1: on EBS, where `volumeID`
     // cannot be proven, a handle acting for a staged volume took a file inside its filesystem).
     let owner_of = |d| owner_of(ctx, &recorded, d).filter(|o| o != volume.as_str());
+    // Another agent's device is nobody's here by records, so it is told by its name (a
+    // nineteenth fresh review's F1): the device itself and every level under it.
+    let another_agents = |d: DevNum| match ctx.host.loop_name(d).map_err(unreadable)? {
+        Some(name) if ctx.agent_tag.made_by_another(&name) => Err(Error::AnotherAgentsDevice {
+            device: device.to_path_buf(),
+            volume: volume.to_string(),
+            level: PathBuf::from(format!("/dev/block/{d}")),
+            name,
+        }),
+        _ => Ok(()),
+    };
+    another_agents(devnum)?;
     for level in walk(devnum, |d| ctx.host.lies_on(d)).map_err(unreadable)? {
         match level {
             Under::Unknown(why) => return Err(indistinct(why)),
             Under::Device(d) => {
+                another_agents(d)?;
                 if let Some(owner) = owner_of(d) {
                     return Err(claimed(owner, "its bytes lie on that volume's device"));
                 }

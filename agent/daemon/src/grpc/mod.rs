@@ -77,6 +77,7 @@ pub fn to_status(err: &Error) -> Status {
         | Error::HostDisk { .. }
         | Error::DiskClaimed { .. }
         | Error::DeviceClaimed { .. }
+        | Error::AnotherAgentsDevice { .. }
         | Error::AmbiguousSerial { .. }
         | Error::WrongDevice { .. } => Code::FailedPrecondition,
         // Every variant named, so that a new one is given its code here, not by default.

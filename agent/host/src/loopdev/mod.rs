@@ -237,9 +237,16 @@ pub fn attach_read_only(file: &Path) -> Result<PathBuf, LoopError> {
 /// write the new device's bytes.
 pub type Avoid<'a> = &'a dyn Fn(ebs_node_core::DevNum) -> bool;
 
-/// `attach` (read-only with `read_only`) on a device whose number `avoid` allows.
-pub fn attach_avoiding(file: &Path, read_only: bool, avoid: Avoid) -> Result<PathBuf, LoopError> {
-    attach_backing_avoiding(open(file, !read_only)?, file, bind, avoid)
+/// `attach` (read-only with `read_only`) on a device whose number `avoid` allows, named `name`
+/// (its `lo_file_name`, at most 63 bytes; the file's path when `None`).
+pub fn attach_avoiding(
+    file: &Path,
+    name: Option<&str>,
+    read_only: bool,
+    avoid: Avoid,
+) -> Result<PathBuf, LoopError> {
+    let name = name.map_or(file, Path::new);
+    attach_backing_avoiding(open(file, !read_only)?, name, bind, avoid)
 }
 
 type BindFn = fn(&File, &Path, &File, &Path) -> Result<(), LoopError>;

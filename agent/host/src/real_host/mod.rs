@@ -91,6 +91,10 @@ impl HostOps for RealHost {
         crate::loopdev::stacking::loop_backing(devnum)
     }
 
+    fn loop_name(&self, devnum: DevNum) -> io::Result<Option<String>> {
+        Ok(crate::loopdev::overlay::status_by_devnum(devnum)?.map(|o| o.tag))
+    }
+
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {
         crate::loopdev::stacking::built_on(devnum)
     }

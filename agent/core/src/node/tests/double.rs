@@ -71,6 +71,8 @@ pub struct State {
     pub holders: HashMap<DevNum, Vec<DevNum>>,
     /// The backing file (st_dev, st_ino) of devices that are loop devices over a file.
     pub loop_files: HashMap<DevNum, (u64, u64)>,
+    /// The names (`lo_file_name`) of loop devices that carry one.
+    pub loop_names: HashMap<DevNum, String>,
     /// Devices with no identity (a disk without a serial): proven by their numbers only.
     pub unverified: HashSet<DevNum>,
     /// Call names that fail, with the error's text.
@@ -190,6 +192,10 @@ impl HostOps for DoubleHost {
 
     fn loop_backing(&self, devnum: DevNum) -> Option<(u64, u64)> {
         self.state().loop_files.get(&devnum).copied()
+    }
+
+    fn loop_name(&self, devnum: DevNum) -> io::Result<Option<String>> {
+        Ok(self.state().loop_names.get(&devnum).cloned())
     }
 
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {

@@ -1,0 +1,70 @@
+//! Two agents on one host, each with a state directory of its own (a nineteenth fresh review's
+//! F1): neither sees the other's records or claims, so a loop device the other's controller
+//! attached and nothing uses yet looks free. Each agent names the loop devices it attaches with
+//! its instance id (as it names its read-only devices), and a node-local handle never takes a
+//! device another agent named, nor one laid on such a device.
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+use super::owners::{SIZE, handle_of, rwx_block, rwx_mount};
+
+/// Agent B's handles on agent A's attached, never staged volume (mount: B would format it;
+/// raw block: B's workload would read and write it; a loop device laid over it: the same bytes
+/// one level down) are refused with FAILED_PRECONDITION, nothing is mounted, and A's device is
+/// still blank: A's own stage then formats and mounts it.
+#[tokio::test]
+async fn a_handle_never_takes_a_device_another_agent_attached() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_handle_never_takes_a_device_another_agent_attached") {
+        return;
+    }
+    let (sa, sb) = (Scratch::new("two-agents-a"), Scratch::new("two-agents-b"));
+    let a = Agent::start(&sa, AgentOpts::default()).await;
+    let b = Agent::start(&sb, AgentOpts::default()).await;
+    let id = create_volume(&a, "v", SIZE, &[]).await;
+    let v = attach(&a, &id).await;
+    let mut node = b.node().await;
+    let mut refused = async |what: &str, vol: &Vol, cap| {
+        let h = handle_of(vol);
+        let staging = b.work.join(format!("{}/staging", what.len()));
+        let e = node
+            .node_stage_volume(stage_req(&h, &staging, cap))
+            .await
+            .expect_err(&format!("{what}: agent b's handle took agent a's device"));
+        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
+        assert!(!super::is_mounted(&staging), "{what}: mounted anyway");
+    };
+    refused("mount", &v, rwx_mount()).await;
+    refused("block", &v, rwx_block()).await;
+    {
+        let over = super::losetup("", &v.device);
+        let _detach = super::owners::DetachOnDrop(over.clone());
+        let stacked = Vol {
+            id: String::new(),
+            device: over,
+        };
+        refused("a loop device laid over it", &stacked, rwx_mount()).await;
+    }
+    let blank = sh(&format!("blkid -p {} || true", v.device));
+    assert!(
+        blank.stdout.is_empty(),
+        "agent a's volume was written: {}",
+        String::from_utf8_lossy(&blank.stdout)
+    );
+    let staging = a.work.join("v/staging");
+    let mut mine = a.node().await;
+    mine.node_stage_volume(stage_req(
+        &v,
+        &staging,
+        mount_cap("ext4", Mode::SingleNodeWriter),
+    ))
+    .await
+    .expect("agent a stages its own volume");
+    mine.node_unstage_volume(unstage_req(&v, &staging))
+        .await
+        .expect("unstage");
+}
