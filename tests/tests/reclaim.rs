@@ -404,3 +404,44 @@ async fn concurrent_reclaims_of_one_volume_one_is_aborted() {
         .await
         .unwrap();
 }
+
+/// ext4's FITRIM does not look at the mount's read-only flag (a twentieth fresh review's F2): a
+/// volume staged read-only is refused with FAILED_PRECONDITION, and its blocks stay allocated.
+#[tokio::test]
+async fn a_volume_staged_read_only_is_never_trimmed() {
+    if !require_root("a_volume_staged_read_only_is_never_trimmed") {
+        return;
+    }
+    let scratch = Scratch::new("reclaim-ro");
+    let agent = Agent::start(&scratch, opts(&scratch, &[])).await;
+    let vol = create_attached(&agent, "reclaim-ro", 256 << 20).await;
+    let staging = agent.work.join("staging/ro");
+    let mut node = agent.node().await;
+    let rw = mount_cap("ext4", Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_req(&vol, &staging, rw))
+        .await
+        .unwrap();
+    fill(&staging.join("big"), 64 * MIB);
+    let free_before = free_bytes(&staging);
+    std::fs::remove_file(staging.join("big")).unwrap();
+    wait_freed(&staging, free_before + 60 * MIB);
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+    let ro = mount_cap("ext4", Mode::SingleNodeReaderOnly);
+    node.node_stage_volume(stage_req(&vol, &staging, ro))
+        .await
+        .unwrap();
+    let file = backing_file(&vol.device);
+    let held = allocated(&file);
+    let err = reclaimer(&scratch)
+        .await
+        .node_reclaim_space(reclaim_req(&vol.id, &staging))
+        .await
+        .expect_err("a read-only staging was trimmed");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(allocated(&file) + MIB >= held, "blocks were discarded");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .unwrap();
+}

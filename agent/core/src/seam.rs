@@ -185,3 +185,42 @@ mod tests {
         assert_eq!(FileKind::from_mode(0), FileKind::Unknown);
     }
 }
+
+/// A mounted filesystem's usage, as statvfs reports it (products saturate: a filesystem, a FUSE
+/// one say, may report any numbers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsUsage {
+    pub total_bytes: u64,
+    /// Free to an unprivileged writer (f_bavail).
+    pub available_bytes: u64,
+    /// In use: total less every free block (f_bfree, the reserved ones too).
+    pub used_bytes: u64,
+    pub total_inodes: u64,
+    pub available_inodes: u64,
+    pub used_inodes: u64,
+}
+
+/// Why a filesystem's free space was not discarded (FITRIM).
+#[derive(Debug, thiserror::Error)]
+pub enum TrimError {
+    #[error("the filesystem or its device does not support discard")]
+    Unsupported,
+    #[error("the filesystem does not implement FITRIM")]
+    NotImplemented,
+    #[error("the filesystem is read-only")]
+    ReadOnly,
+    #[error("FITRIM failed: {0}")]
+    Io(#[source] std::io::Error),
+}
+
+/// A device's health read: its first 4 KiB, read past the page cache, bounded in time (an
+/// impaired volume can leave a read hanging in the kernel for minutes).
+#[derive(Debug)]
+pub enum ReadOutcome {
+    Ok,
+    /// The device answered with an I/O error: it, or the storage behind it, is failing.
+    IoError(std::io::Error),
+    Failed(std::io::Error),
+    /// A read of the device started this long ago has not returned.
+    Hanging(Duration),
+}

@@ -8,45 +8,32 @@ use std::path::Path;
 
 use nix::sys::statvfs::{Statvfs, fstatvfs, statvfs};
 
-/// A filesystem's usage, as statvfs reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FsUsage {
-    pub total_bytes: u64,
-    /// Free to an unprivileged writer (f_bavail).
-    pub available_bytes: u64,
-    /// In use: total less every free block (f_bfree, the reserved ones too).
-    pub used_bytes: u64,
-    pub total_inodes: u64,
-    pub available_inodes: u64,
-    pub used_inodes: u64,
-}
+use ebs_node_core::seam::FsUsage;
 
-impl From<Statvfs> for FsUsage {
-    fn from(st: Statvfs) -> Self {
-        let frsize: u64 = st.fragment_size();
-        let blocks: u64 = st.blocks();
-        let files: u64 = st.files();
-        FsUsage {
-            total_bytes: blocks.saturating_mul(frsize),
-            available_bytes: st.blocks_available().saturating_mul(frsize),
-            used_bytes: blocks
-                .saturating_sub(st.blocks_free())
-                .saturating_mul(frsize),
-            total_inodes: files,
-            available_inodes: st.files_available(),
-            used_inodes: files.saturating_sub(st.files_free()),
-        }
+fn from_statvfs(st: Statvfs) -> FsUsage {
+    let frsize: u64 = st.fragment_size();
+    let blocks: u64 = st.blocks();
+    let files: u64 = st.files();
+    FsUsage {
+        total_bytes: blocks.saturating_mul(frsize),
+        available_bytes: st.blocks_available().saturating_mul(frsize),
+        used_bytes: blocks
+            .saturating_sub(st.blocks_free())
+            .saturating_mul(frsize),
+        total_inodes: files,
+        available_inodes: st.files_available(),
+        used_inodes: files.saturating_sub(st.files_free()),
     }
 }
 
 /// The usage of the filesystem `path` is on.
 pub fn usage(path: &Path) -> io::Result<FsUsage> {
-    Ok(statvfs(path)?.into())
+    Ok(from_statvfs(statvfs(path)?))
 }
 
 /// The usage of the filesystem the open `fd` is on (a held mount root: the answer is about it).
 pub fn usage_of(fd: impl AsFd) -> io::Result<FsUsage> {
-    Ok(fstatvfs(fd)?.into())
+    Ok(from_statvfs(fstatvfs(fd)?))
 }
 
 /// Writes the filesystem the open `fd` is on back to its device (syncfs).

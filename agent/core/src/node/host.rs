@@ -13,6 +13,7 @@
 //! itself), so the host is never handed back a handle to take apart: no downcast, and no handle
 //! made elsewhere can reach the host crate's calls.
 
+use std::collections::HashSet;
 use std::fmt::Debug;
 use std::fs::File;
 use std::io;
@@ -26,7 +27,10 @@ use crate::error::Result;
 use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::request::{FormatOptions, FsType};
-use crate::seam::{EntryStat, FsToolError, FsckOutcome, MountFacts, Removed, Unmounted};
+use crate::seam::{
+    EntryStat, FsToolError, FsUsage, FsckOutcome, MountFacts, ReadOutcome, Removed, TrimError,
+    Unmounted,
+};
 
 /// One entry (the last component of a path) in a directory held open.
 pub trait Entry: Debug + Send + Sync {
@@ -40,6 +44,9 @@ pub trait Entry: Debug + Send + Sync {
     fn create_file(&self) -> io::Result<()>;
     /// Opens what is there (crossing a mount on it), without following a final symlink.
     fn open_entry(&self) -> io::Result<Box<dyn OpenEntry>>;
+    /// Opens the directory there for reading (crossing a mount on it), without following a
+    /// final symlink: what syncfs and FITRIM need (a path-only descriptor does not do).
+    fn open_dir(&self) -> io::Result<Box<dyn OpenEntry>>;
     /// Removes an empty directory or an empty file; anything else is kept.
     fn remove(&self) -> io::Result<Removed>;
     /// The mount whose root this entry is, if any.
@@ -70,6 +77,12 @@ pub trait OpenEntry: Debug + Send + Sync {
         data: &[String],
         readonly: bool,
     ) -> io::Result<()>;
+    /// statvfs of the filesystem it is on.
+    fn fs_usage(&self) -> io::Result<FsUsage>;
+    /// syncfs of the filesystem it is on.
+    fn sync_fs(&self) -> io::Result<()>;
+    /// FITRIM of the filesystem it is on: the bytes the filesystem says it discarded.
+    fn trim_free_space(&self) -> std::result::Result<u64, TrimError>;
 }
 
 /// Why a request or recorded path cannot be held.
@@ -184,6 +197,21 @@ pub trait HostOps: Send + Sync {
     fn remove_read_only(&self, tag: &str) -> Result<usize>;
     /// When the device is one of the agents' read-only devices: the device it lies over.
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum>;
+    /// Every read-only device named with one of `tags` and laid over `over` is told to take the
+    /// new size of what it lies over (LOOP_SET_CAPACITY): each, with the size it then shows.
+    fn resize_read_only(
+        &self,
+        tags: &HashSet<String>,
+        over: DevNum,
+    ) -> io::Result<Vec<(PathBuf, io::Result<u64>)>>;
+
+    // Health.
+    /// Reads the device's first 4 KiB past the page cache, waiting a moment at most; while one
+    /// read of a device hangs, no second one starts.
+    fn read_first_block(&self, device: &Path) -> ReadOutcome;
+    /// Whether this process may grow a mounted ext filesystem (the kernel asks CAP_SYS_RESOURCE,
+    /// and resize2fs then says only "Permission denied").
+    fn may_grow_mounted_ext(&self) -> bool;
 
     // Filesystem tools.
     /// Why this host cannot format, check or grow `fs`, if it cannot.

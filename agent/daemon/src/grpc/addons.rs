@@ -18,8 +18,8 @@ use super::logged;
 use crate::endpoint::Endpoint;
 use crate::health::Health;
 use crate::node::AgentCtx;
-use crate::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
 use ebs_node_core::error::Result;
+use ebs_node_core::node::reclaim::{ReclaimCommand, ReclaimPath, reclaim};
 use ebs_node_core::request::{RequestPath, Roots, Secrets, VolumeId};
 
 pub struct AddonsIdentity {
@@ -125,7 +125,7 @@ impl ReclaimSpaceNodeService {
         &self,
         volume: VolumeId,
         given: GivenPath,
-    ) -> Result<crate::node::reclaim::Reclaimed> {
+    ) -> Result<ebs_node_core::node::reclaim::Reclaimed> {
         let id = volume.clone();
         crate::node::run_locked(&self.ctx, id.as_str(), move |ctx| {
             let path = match given {

@@ -273,12 +273,12 @@ impl Node for NodeService {
             let ctx = Arc::clone(&self.ctx);
             blocking(move || {
                 let _running = running;
-                let cmd = node::StatsCommand {
+                let cmd = ebs_node_core::node::stats::StatsCommand {
                     volume,
                     volume_path,
                     staging,
                 };
-                node::volume_stats(&ctx, &cmd)
+                ebs_node_core::node::stats::volume_stats(&ctx, &cmd)
             })
             .await
         })
@@ -305,7 +305,7 @@ impl Node for NodeService {
                 None => None,
             };
             self.locked(volume, move |ctx, volume| {
-                let cmd = node::ExpandCommand {
+                let cmd = ebs_node_core::node::expand::ExpandCommand {
                     volume,
                     volume_path,
                     staging,
@@ -313,7 +313,7 @@ impl Node for NodeService {
                     limit_bytes,
                     capability,
                 };
-                node::expand(ctx, &cmd)
+                ebs_node_core::node::expand::expand(ctx, &cmd)
             })
             .await
         })

@@ -3,8 +3,8 @@
 use csi::volume_usage::Unit;
 use ebs_proto::csi::v1 as csi;
 
-use crate::node::{Counts, Usage, VolumeStats};
 use ebs_node_core::error::Result;
+use ebs_node_core::node::stats::{Counts, Usage, VolumeStats};
 use ebs_node_core::request::ValidationError;
 
 /// (required, limit) with 0 for "not set"; negative sizes are INVALID_ARGUMENT.

@@ -4,14 +4,9 @@
 //! stats, reclaim and read-only block devices. No gRPC here.
 
 pub mod attention;
-mod expand;
 pub mod instance;
-mod read_probe;
-pub mod reclaim;
 pub mod recovery;
 pub mod ro_block;
-mod stats;
-mod volume_condition;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -21,9 +16,6 @@ use ebs_node_core::records::{Durability, Phase};
 use ebs_store::Store;
 
 use ebs_node_core::node::{NodeCtx, Observer, PathClaims, VolumeLocks};
-pub use expand::{ExpandCommand, expand};
-pub use stats::{Counts, StatsCommand, Usage, VolumeStats, volume_stats};
-pub use volume_condition::Condition;
 
 use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::backend::Backend;
@@ -162,5 +154,3 @@ pub fn refuse_if_marked(ctx: &AgentCtx, volume: &str) -> Result<()> {
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
-
-use ebs_node_core::node::path_string;

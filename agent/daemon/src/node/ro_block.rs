@@ -10,16 +10,15 @@
 //! publication's device after the unmount; start-up recovery detaches every device of this agent
 //! that no present publication record names and that the host shows nothing uses (`device_binds`).
 //! The mechanics (laying, finding, detaching) are the host crate's `real_host::read_only`; here,
-//! what records decide: start-up's sweep, and following a resize.
+//! what records decide at start-up: the sweep (following a resize is the core's `expand`).
 
-use ebs_node_core::DevNum;
 use std::collections::HashSet;
 
 use super::AgentCtx;
-use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::Result;
 use ebs_node_host::device_binds::{self, Uses};
 use ebs_node_host::loopdev::{self, overlay};
-use ebs_node_host::real_host::read_only::{PREFIX, loop_error, unused};
+use ebs_node_host::real_host::read_only::{loop_error, unused};
 
 /// What start-up did with this agent's read-only devices that no publication record names.
 #[derive(Debug, Default, Clone, Copy)]
@@ -76,42 +75,4 @@ pub fn sweep(ctx: &AgentCtx) -> Result<Swept> {
         }
     }
     Ok(swept)
-}
-
-/// Expansion: every read-only device of `volume`'s read-only block publications, laid over
-/// `device` (numbers `devnum`), takes the device's new `size` (LOOP_SET_CAPACITY), so the
-/// workload sees the grown volume. A device that does not is FAILED_PRECONDITION, naming it.
-pub fn follow_resize(ctx: &AgentCtx, volume: &str, devnum: DevNum, size: u64) -> Result<usize> {
-    let mut tags = HashSet::new();
-    for p in ctx.store.publications(volume)? {
-        if p.block && p.readonly {
-            tags.insert(ctx.agent_tag.tag(volume, &p.target_path));
-            tags.insert(ctx.agent_tag.legacy_tag(volume, &p.target_path));
-        }
-    }
-    if tags.is_empty() {
-        return Ok(0);
-    }
-    let mut n = 0;
-    for found in overlay::tagged(PREFIX).map_err(|e| loop_error("listing loop devices", e))? {
-        if !tags.contains(&found.tag) || found.backing != devnum {
-            continue;
-        }
-        let refused = |why: String| {
-            Error::Precondition(format!(
-                "volume {volume} grew to {size} bytes, but its read-only block device {} (a \
-                 publication's) did not follow: {why}",
-                found.device.display()
-            ))
-        };
-        loopdev::set_capacity(&found.device).map_err(|e| refused(e.to_string()))?;
-        let now = ebs_node_host::device::size(&found.device).map_err(|e| refused(e.to_string()))?;
-        if now != size {
-            return Err(refused(format!("it shows {now} bytes")));
-        }
-        tracing::info!(volume, device = %found.device.display(), bytes = size,
-            "a read-only block device followed the volume's resize");
-        n += 1;
-    }
-    Ok(n)
 }

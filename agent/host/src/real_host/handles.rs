@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use ebs_node_core::DevNum;
 use ebs_node_core::node::host::{Ancestry, DeviceHandle, Entry, OpenEntry, PathRefusal};
 use ebs_node_core::request::FsType;
-use ebs_node_core::seam::{EntryStat, MountFacts, Removed, Unmounted};
+use ebs_node_core::seam::{EntryStat, FsUsage, MountFacts, Removed, TrimError, Unmounted};
+use nix::errno::Errno;
 
 use crate::anchor::{Anchored, EntryFd};
 use crate::device::HeldDevice;
@@ -30,6 +31,9 @@ impl Entry for Anchored {
     }
     fn open_entry(&self) -> io::Result<Box<dyn OpenEntry>> {
         Ok(Box::new(Anchored::open_entry(self)?))
+    }
+    fn open_dir(&self) -> io::Result<Box<dyn OpenEntry>> {
+        Ok(Box::new(Anchored::open_dir(self)?))
     }
     fn remove(&self) -> io::Result<Removed> {
         Anchored::remove(self)
@@ -67,6 +71,20 @@ impl OpenEntry for EntryFd {
         readonly: bool,
     ) -> io::Result<()> {
         crate::mount::ops::mount_device(device, self, fs.name(), vfs_bits, data, readonly)
+    }
+    fn fs_usage(&self) -> io::Result<FsUsage> {
+        crate::fs_usage::usage_of(self)
+    }
+    fn sync_fs(&self) -> io::Result<()> {
+        crate::fs_usage::sync(self)
+    }
+    fn trim_free_space(&self) -> Result<u64, TrimError> {
+        crate::trim::trim_free_space(self).map_err(|e| match e {
+            Errno::EOPNOTSUPP => TrimError::Unsupported,
+            Errno::ENOTTY => TrimError::NotImplemented,
+            Errno::EROFS => TrimError::ReadOnly,
+            e => TrimError::Io(e.into()),
+        })
     }
 }
 

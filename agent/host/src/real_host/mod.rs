@@ -5,9 +5,10 @@
 //! (`read_only`).
 
 use ebs_node_core::DevNum;
+use std::collections::HashSet;
 use std::fs::File;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub mod evidence;
 pub mod handles;
@@ -27,7 +28,7 @@ use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_core::request::{FormatOptions, FsType, RequestPath};
-use ebs_node_core::seam::{FsToolError, FsckOutcome};
+use ebs_node_core::seam::{FsToolError, FsckOutcome, ReadOutcome};
 use evidence::HeldEvidence;
 use handles::path_refusal;
 
@@ -146,6 +147,27 @@ impl HostOps for RealHost {
 
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum> {
         read_only::lies_over(devnum)
+    }
+
+    fn resize_read_only(
+        &self,
+        tags: &HashSet<String>,
+        over: DevNum,
+    ) -> io::Result<Vec<(PathBuf, io::Result<u64>)>> {
+        read_only::resize(tags, over)
+    }
+
+    fn read_first_block(&self, device: &Path) -> ReadOutcome {
+        crate::read_probe::probe(device, crate::read_probe::READ_WAIT)
+    }
+
+    fn may_grow_mounted_ext(&self) -> bool {
+        caps::has_cap(
+            None,
+            caps::CapSet::Effective,
+            caps::Capability::CAP_SYS_RESOURCE,
+        )
+        .unwrap_or(true)
     }
 
     fn fs_supported(&self, fs: FsType) -> std::result::Result<(), String> {

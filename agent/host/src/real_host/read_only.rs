@@ -180,3 +180,22 @@ pub fn lies_over(devnum: DevNum) -> Option<DevNum> {
         .filter(|s| s.tag.starts_with(PREFIX) && s.read_only)
         .map(|s| s.backing)
 }
+
+/// Every read-only device named with one of `tags` and laid over `over` takes the new size of
+/// what it lies over (LOOP_SET_CAPACITY): each, with the size it then shows (or why not).
+pub fn resize(
+    tags: &std::collections::HashSet<String>,
+    over: DevNum,
+) -> std::io::Result<Vec<(std::path::PathBuf, std::io::Result<u64>)>> {
+    let found = overlay::tagged(PREFIX).map_err(std::io::Error::other)?;
+    Ok(found
+        .into_iter()
+        .filter(|f| tags.contains(&f.tag) && f.backing == over)
+        .map(|f| {
+            let size = loopdev::set_capacity(&f.device)
+                .map_err(std::io::Error::other)
+                .and_then(|()| crate::device::size(&f.device));
+            (f.device, size)
+        })
+        .collect())
+}

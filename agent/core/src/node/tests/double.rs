@@ -28,7 +28,7 @@ use crate::probe::ProbeOutcome;
 use crate::request::{FormatOptions, FsType};
 use crate::seam::MountFacts;
 use crate::seam::Unmounted;
-use crate::seam::{EntryStat, FsToolError, FsckOutcome};
+use crate::seam::{EntryStat, FsToolError, FsckOutcome, ReadOutcome};
 
 /// The device filesystem's numbers: what a bind of a device node shows as its `dev`.
 const DEVTMPFS: DevNum = DevNum::new(0, 5);
@@ -81,6 +81,8 @@ pub struct State {
     pub(super) next_minor: u32,
     /// Power cuts so far: a reboot ends every attachment (`attachment`).
     pub boot: u32,
+    /// Volumes' usage and health (`health`).
+    pub health: super::health::Health,
 }
 
 pub struct DoubleHost {
@@ -264,6 +266,22 @@ impl HostOps for DoubleHost {
             .iter()
             .find(|(ro, _)| *ro == devnum)
             .map(|(_, under)| *under)
+    }
+
+    fn resize_read_only(
+        &self,
+        tags: &HashSet<String>,
+        over: DevNum,
+    ) -> io::Result<Vec<(PathBuf, io::Result<u64>)>> {
+        self.resize_read_only_over(tags, over)
+    }
+
+    fn read_first_block(&self, device: &Path) -> ReadOutcome {
+        self.read_first_block_of(device)
+    }
+
+    fn may_grow_mounted_ext(&self) -> bool {
+        !self.state().health.no_resource_cap
     }
 
     fn fs_supported(&self, _fs: FsType) -> std::result::Result<(), String> {

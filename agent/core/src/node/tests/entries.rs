@@ -17,7 +17,7 @@ use super::double::DoubleHost;
 use crate::DevNum;
 use crate::node::host::{Ancestry, Entry, OpenEntry, PathRefusal};
 use crate::request::FsType;
-use crate::seam::{EntryStat, FileKind, MountFacts, Removed, Unmounted};
+use crate::seam::{EntryStat, FileKind, FsUsage, MountFacts, Removed, TrimError, Unmounted};
 
 pub struct DoubleEntry {
     path: PathBuf,
@@ -115,6 +115,12 @@ impl Entry for DoubleEntry {
             host: Arc::clone(&self.host),
         }))
     }
+    fn open_dir(&self) -> io::Result<Box<dyn OpenEntry>> {
+        if !self.path.is_dir() {
+            return Err(io::Error::from(io::ErrorKind::NotADirectory));
+        }
+        self.open_entry()
+    }
     fn remove(&self) -> io::Result<Removed> {
         let Some(st) = self.stat()? else {
             return Ok(Removed::Absent);
@@ -184,5 +190,14 @@ impl OpenEntry for DoubleOpen {
     ) -> io::Result<()> {
         self.host
             .mount_device(device, &self.path, fs, data, readonly)
+    }
+    fn fs_usage(&self) -> io::Result<FsUsage> {
+        self.host.usage_at(&self.path)
+    }
+    fn sync_fs(&self) -> io::Result<()> {
+        self.host.sync_at(&self.path)
+    }
+    fn trim_free_space(&self) -> Result<u64, TrimError> {
+        self.host.trim_at(&self.path)
     }
 }

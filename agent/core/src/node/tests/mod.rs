@@ -8,16 +8,20 @@
 mod devices;
 mod double;
 mod entries;
+mod expand;
+mod health;
 mod ledger;
 mod owners;
 mod owners_random;
 mod paths;
 mod publish;
+mod reclaim;
 mod rng;
 mod scripting;
 mod sim;
 mod stacked;
 mod stage;
+mod stats;
 mod unpublish;
 mod unstage;
 

@@ -7,20 +7,22 @@
 
 use std::path::Path;
 
-use ebs_node_core::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
+use std::collections::HashSet;
 
-use super::AgentCtx;
-use ebs_node_core::error::{Error, Result};
-use ebs_node_core::node::grow::grow_if_needed;
-use ebs_node_core::node::host::OpenEntry;
-use ebs_node_core::node::journal::{Journal, detail};
-use ebs_node_core::node::ownership::{Expected, Holder, holder, holder_of};
-use ebs_node_core::node::volume_device::VolumeDevice;
-use ebs_node_core::node::{path_handles, path_string};
-use ebs_node_core::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
-use ebs_node_core::seam::FsToolError;
-use ebs_node_core::steps::{Op, Step};
-use ebs_node_host::device;
+use crate::DevNum;
+use crate::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
+
+use super::NodeCtx;
+use super::grow::grow_if_needed;
+use super::host::OpenEntry;
+use super::journal::{Journal, detail};
+use super::ownership::{Expected, Holder, holder, holder_of};
+use super::volume_device::VolumeDevice;
+use super::{path_handles, path_string};
+use crate::error::{Error, Result};
+use crate::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
+use crate::seam::FsToolError;
+use crate::steps::{Op, Step};
 
 pub struct ExpandCommand {
     pub volume: VolumeId,
@@ -34,7 +36,7 @@ pub struct ExpandCommand {
     pub capability: Option<Capability>,
 }
 
-pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
+pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     let vol = &cmd.volume;
     let (required, limit) = (cmd.required_bytes, cmd.limit_bytes);
     if limit != 0 && required > limit {
@@ -43,7 +45,7 @@ pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
         )));
     }
     let staged = ctx
-        .store
+        .ledger
         .staged(vol.as_str())?
         .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
     if staged.progress != Progress::Complete {
@@ -73,8 +75,10 @@ pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
         Durability::Lazy,
         || ctx.backend.refresh_size(device),
     )?;
-    let size =
-        device::size(device).map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
+    let size = ctx
+        .host
+        .device_bytes(device)
+        .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     if size < required {
         return Err(Error::OutOfRange(format!(
             "the device {} of volume {vol} has {size} bytes, fewer than the required {required}: \
@@ -92,12 +96,12 @@ pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
     // A read-only block publication binds a loop device laid over the volume's: it keeps the
     // old size until told, and the answer must be what the workload sees.
     held.reverify(ctx)?;
-    let followed = super::ro_block::follow_resize(ctx, vol.as_str(), held.devnum(), size)?;
+    let followed = follow_resize(ctx, vol.as_str(), held.devnum(), size)?;
     let grown = match mounted {
         Some((fs, root)) => {
             held.reverify(ctx)?;
             grow_if_needed(ctx, &journal, fs, device, &*root)
-                .map_err(|e| explain_grow_failure(fs, e))?
+                .map_err(|e| explain_grow_failure(ctx, fs, e))?
         }
         None => false,
     };
@@ -112,18 +116,10 @@ pub fn expand(ctx: &AgentCtx, cmd: &ExpandCommand) -> Result<u64> {
 
 /// The kernel grows a mounted ext filesystem only for a caller with CAP_SYS_RESOURCE, and
 /// resize2fs then says no more than "Permission denied": name the missing capability.
-fn explain_grow_failure(fs: FsType, err: Error) -> Error {
-    let lacks_resource = || {
-        !caps::has_cap(
-            None,
-            caps::CapSet::Effective,
-            caps::Capability::CAP_SYS_RESOURCE,
-        )
-        .unwrap_or(true)
-    };
+fn explain_grow_failure(ctx: &NodeCtx, fs: FsType, err: Error) -> Error {
     match err {
         Error::FsTool(FsToolError::ToolFailed { device, stderr, .. })
-            if fs.is_ext() && lacks_resource() =>
+            if fs.is_ext() && !ctx.host.may_grow_mounted_ext() =>
         {
             Error::GrowNeedsCapability { fs, device, stderr }
         }
@@ -133,7 +129,7 @@ fn explain_grow_failure(fs: FsType, err: Error) -> Error {
 
 /// The paths must name this volume: the staging path or a recorded publication. Anything else is
 /// NOT_FOUND, as the spec asks.
-fn check_paths(ctx: &AgentCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Result<()> {
+fn check_paths(ctx: &NodeCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Result<()> {
     let vol = &cmd.volume;
     let not_found = |path: &Path| Error::PathNotFound {
         volume: vol.to_string(),
@@ -145,7 +141,7 @@ fn check_paths(ctx: &AgentCtx, cmd: &ExpandCommand, staged: &StagedVolume) -> Re
         return Err(not_found(staging.as_path()));
     }
     let path = cmd.volume_path.as_path();
-    if path != staged.staging_path && ctx.store.publication(vol.as_str(), path)?.is_none() {
+    if path != staged.staging_path && ctx.ledger.publication(vol.as_str(), path)?.is_none() {
         return Err(not_found(path));
     }
     Ok(())
@@ -174,7 +170,7 @@ fn check_capability(cap: Option<&Capability>, staged: &StagedVolume) -> Result<(
 /// CO named a publication, there too. Returns the filesystem to grow with the staging mount's
 /// root held open, None for block access.
 fn check_mounts(
-    ctx: &AgentCtx,
+    ctx: &NodeCtx,
     cmd: &ExpandCommand,
     staged: &StagedVolume,
 ) -> Result<Option<(FsType, Box<dyn OpenEntry>)>> {
@@ -219,4 +215,42 @@ fn check_mounts(
         });
     }
     Ok(Some((fs, root)))
+}
+
+/// Every read-only device of `volume`'s read-only block publications, laid over `device`
+/// (numbers `devnum`), takes the device's new `size`, so the workload sees the grown volume (a
+/// read-only block publication binds a loop device laid over the volume's: it keeps the old
+/// size until told). One that does not is FAILED_PRECONDITION, naming it.
+fn follow_resize(ctx: &NodeCtx, volume: &str, devnum: DevNum, size: u64) -> Result<usize> {
+    let mut tags = HashSet::new();
+    for p in ctx.ledger.publications(volume)? {
+        if p.block && p.readonly {
+            tags.insert(ctx.agent_tag.tag(volume, &p.target_path));
+            tags.insert(ctx.agent_tag.legacy_tag(volume, &p.target_path));
+        }
+    }
+    if tags.is_empty() {
+        return Ok(0);
+    }
+    let resized = ctx
+        .host
+        .resize_read_only(&tags, devnum)
+        .map_err(|e| Error::io("listing loop devices".to_string(), e))?;
+    for (device, now) in &resized {
+        let refused = |why: String| {
+            Error::Precondition(format!(
+                "volume {volume} grew to {size} bytes, but its read-only block device {} (a \
+                 publication's) did not follow: {why}",
+                device.display()
+            ))
+        };
+        match now {
+            Ok(now) if *now == size => {}
+            Ok(now) => return Err(refused(format!("it shows {now} bytes"))),
+            Err(e) => return Err(refused(e.to_string())),
+        }
+        tracing::info!(volume, device = %device.display(), bytes = size,
+            "a read-only block device followed the volume's resize");
+    }
+    Ok(resized.len())
 }

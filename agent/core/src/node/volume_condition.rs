@@ -3,19 +3,16 @@
 //! command and no read of the mount table, because kubelet asks for stats of every volume every
 //! minute.
 
-use ebs_node_core::DevNum;
+use crate::DevNum;
 use std::io;
 use std::path::Path;
 
-use ebs_node_core::records::{AccessRecord, StagedVolume};
+use crate::records::{AccessRecord, StagedVolume};
 
-use super::AgentCtx;
-use super::read_probe::{self, ReadOutcome};
-use ebs_node_core::node::ownership::{Expected, Holder, holder};
-use ebs_node_core::node::path_handles;
-use ebs_node_core::seam::MountFacts;
-use ebs_node_host::device;
-use ebs_node_host::device::block_devnum;
+use super::NodeCtx;
+use super::ownership::{Expected, Holder, holder};
+use super::path_handles;
+use crate::seam::{MountFacts, ReadOutcome};
 
 /// What NodeGetVolumeStats reports as VolumeCondition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,11 +45,11 @@ pub struct Findings {
     pub device_ok: bool,
 }
 
-pub fn examine(ctx: &AgentCtx, staged: &StagedVolume, volume_path: &Path) -> Findings {
+pub fn examine(ctx: &NodeCtx, staged: &StagedVolume, volume_path: &Path) -> Findings {
     let mut problems = Vec::new();
     let device = staged.device.as_path();
     let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
-    let device_ok = match block_devnum(device) {
+    let device_ok = match ctx.host.block_devnum(device) {
         Ok(devnum) => check_device(ctx, &expected, staged, devnum, &mut problems),
         Err(e) => {
             problems.push(format!(
@@ -85,14 +82,14 @@ pub fn examine(ctx: &AgentCtx, staged: &StagedVolume, volume_path: &Path) -> Fin
 /// whether it is still the volume only adds noise. The proof is `expected`'s, so the mounts
 /// checked next need none of their own.
 fn check_device(
-    ctx: &AgentCtx,
+    ctx: &NodeCtx,
     expected: &Expected,
     staged: &StagedVolume,
     devnum: DevNum,
     problems: &mut Vec<String>,
 ) -> bool {
     let device = staged.device.as_path();
-    match device::size(device) {
+    match ctx.host.device_bytes(device) {
         Ok(0) => {
             problems.push(format!(
                 "the device {} has disappeared (it reports a size of 0: detached); check the \
@@ -119,9 +116,9 @@ fn check_device(
         ));
         return false;
     }
-    match read_probe::probe(device, read_probe::READ_WAIT) {
+    match ctx.host.read_first_block(device) {
         ReadOutcome::Ok => true,
-        ReadOutcome::Failed(e) if e.raw_os_error() == Some(libc::EIO) => {
+        ReadOutcome::IoError(_) => {
             problems.push(format!(
                 "reading the first 4 KiB of {} failed with an I/O error: the device or the \
                  storage behind it is failing; copy the data off and replace the volume",
@@ -159,7 +156,7 @@ fn describe(e: &io::Error) -> String {
 /// The staging mount carries every publication: check it, and `volume_path` when it is a
 /// publication. Returns whether `volume_path` holds the volume's filesystem.
 fn check_fs_mounts(
-    ctx: &AgentCtx,
+    ctx: &NodeCtx,
     staged: &StagedVolume,
     expected: &Expected,
     volume_path: &Path,
@@ -185,7 +182,7 @@ fn check_fs_mounts(
 
 /// What holds one of the volume's paths; a problem when it is not the volume.
 fn check_path(
-    ctx: &AgentCtx,
+    ctx: &NodeCtx,
     staged: &StagedVolume,
     expected: &Expected,
     path: &Path,

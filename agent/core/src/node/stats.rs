@@ -7,16 +7,15 @@
 
 use std::path::Path;
 
-use ebs_node_core::records::{AccessRecord, Progress, StagedVolume};
+use crate::records::{AccessRecord, Progress, StagedVolume};
 
-use super::AgentCtx;
+use super::NodeCtx;
+use super::ownership::{Expected, Holder, holder};
+use super::path_handles;
 use super::volume_condition::{self, Condition};
-use ebs_node_core::error::{Error, Result};
-use ebs_node_core::node::ownership::{Expected, Holder, holder};
-use ebs_node_core::node::path_handles;
-use ebs_node_core::request::{RequestPath, VolumeId};
-use ebs_node_core::seam::FileKind;
-use ebs_node_host::device;
+use crate::error::{Error, Result};
+use crate::request::{RequestPath, VolumeId};
+use crate::seam::{FileKind, FsUsage};
 
 pub struct StatsCommand {
     pub volume: VolumeId,
@@ -45,11 +44,11 @@ pub struct VolumeStats {
     pub condition: Condition,
 }
 
-pub fn volume_stats(ctx: &AgentCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
+pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     let vol = &cmd.volume;
     let path = cmd.volume_path.as_path();
     let staged = ctx
-        .store
+        .ledger
         .staged(vol.as_str())?
         .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
     let not_found = |p: &Path| Error::PathNotFound {
@@ -64,7 +63,7 @@ pub fn volume_stats(ctx: &AgentCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     let unfinished = if path == staged.staging_path {
         staged.progress != Progress::Complete
     } else {
-        match ctx.store.publication(vol.as_str(), path)? {
+        match ctx.ledger.publication(vol.as_str(), path)? {
             Some(publication) => publication.progress != Progress::Complete,
             None if holds_the_device(ctx, &staged, &cmd.volume_path)? => false,
             None => return Err(not_found(path)),
@@ -85,8 +84,8 @@ pub fn volume_stats(ctx: &AgentCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     }
     let findings = volume_condition::examine(ctx, &staged, path);
     let usage = match staged.access {
-        AccessRecord::Mount { .. } if findings.fs_mounted => Some(filesystem_usage(path)?),
-        AccessRecord::Block if findings.device_ok => Some(block_usage(&staged)?),
+        AccessRecord::Mount { .. } if findings.fs_mounted => Some(filesystem_usage(ctx, path)?),
+        AccessRecord::Block if findings.device_ok => Some(block_usage(ctx, &staged)?),
         _ => None,
     };
     Ok(VolumeStats {
@@ -100,7 +99,7 @@ pub fn volume_stats(ctx: &AgentCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
 /// the agent. A place is what it is: a device node bound there whose device is the staged one
 /// (or the read-only device laid over it), proven as a publication is. The path is resolved
 /// below its allowed prefix with no symlink followed, as every request path.
-fn holds_the_device(ctx: &AgentCtx, staged: &StagedVolume, path: &RequestPath) -> Result<bool> {
+fn holds_the_device(ctx: &NodeCtx, staged: &StagedVolume, path: &RequestPath) -> Result<bool> {
     if staged.access != AccessRecord::Block || staged.progress != Progress::Complete {
         return Ok(false);
     }
@@ -114,9 +113,20 @@ fn holds_the_device(ctx: &AgentCtx, staged: &StagedVolume, path: &RequestPath) -
     })
 }
 
-fn filesystem_usage(path: &Path) -> Result<Usage> {
-    let u = ebs_node_host::fs_usage::usage(path)
-        .map_err(|e| Error::io(format!("statvfs on {}", path.display()), e))?;
+/// statvfs through the mount just found to be the volume's (`volume_condition`), reached again
+/// below its prefix with no symlink followed: never a path resolved anew.
+fn filesystem_usage(ctx: &NodeCtx, path: &Path) -> Result<Usage> {
+    let statvfs = |e| Error::io(format!("statvfs on {}", path.display()), e);
+    let entry = path_handles::lookup_recorded(ctx, path)?.ok_or_else(|| {
+        statvfs(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the path is gone",
+        ))
+    })?;
+    let u: FsUsage = entry
+        .open_entry()
+        .and_then(|root| root.fs_usage())
+        .map_err(statvfs)?;
     Ok(Usage::Filesystem {
         bytes: Counts {
             total: u.total_bytes,
@@ -131,8 +141,10 @@ fn filesystem_usage(path: &Path) -> Result<Usage> {
     })
 }
 
-fn block_usage(staged: &StagedVolume) -> Result<Usage> {
-    let total_bytes = device::size(&staged.device)
+fn block_usage(ctx: &NodeCtx, staged: &StagedVolume) -> Result<Usage> {
+    let total_bytes = ctx
+        .host
+        .device_bytes(&staged.device)
         .map_err(|e| Error::io(format!("sizing {}", staged.device.display()), e))?;
     Ok(Usage::Block { total_bytes })
 }

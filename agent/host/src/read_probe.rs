@@ -9,18 +9,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
-use super::lock;
-use ebs_node_host::direct_read;
+use ebs_node_core::seam::ReadOutcome;
+
+use crate::direct_read;
 
 /// How long a stats call waits for the read: a healthy device answers 4 KiB in milliseconds.
 pub const READ_WAIT: Duration = Duration::from_secs(2);
 const PROBE_BYTES: usize = 4096;
 
-pub enum ReadOutcome {
-    Ok,
-    Failed(io::Error),
-    /// A read of the device started this long ago has not returned.
-    Hanging(Duration),
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn outstanding() -> &'static Mutex<HashMap<PathBuf, Instant>> {
@@ -44,6 +42,7 @@ pub fn probe(device: &Path, wait: Duration) -> ReadOutcome {
     }
     match rx.recv_timeout(wait) {
         Ok(Ok(_)) => ReadOutcome::Ok,
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => ReadOutcome::IoError(e),
         Ok(Err(e)) => ReadOutcome::Failed(e),
         Err(_) => ReadOutcome::Hanging(wait),
     }

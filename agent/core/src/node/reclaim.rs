@@ -7,21 +7,18 @@
 //! allocation to the node) it is the filesystem's used bytes, which a trim does not change: an
 //! honest "unchanged" rather than an invented saving.
 
-use std::os::fd::AsFd;
 use std::path::Path;
 
-use ebs_node_core::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
-use nix::errno::Errno;
+use crate::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
 
-use super::{AgentCtx, path_string};
-use ebs_node_core::error::{Error, Result};
-use ebs_node_core::node::journal::{Journal, detail};
-use ebs_node_core::node::ownership::{Expected, Holder, holder_of};
-use ebs_node_core::request::{RequestPath, VolumeId};
-use ebs_node_core::steps::{Op, Step};
-use ebs_node_host::fs_usage;
-use ebs_node_host::real_host::anchored_lookup;
-use ebs_node_host::trim::trim_free_space;
+use super::host::OpenEntry;
+use super::journal::{Journal, detail};
+use super::ownership::{Expected, Holder, holder_of};
+use super::{NodeCtx, path_handles, path_string};
+use crate::error::{Error, Result};
+use crate::request::{RequestPath, VolumeId};
+use crate::seam::TrimError;
+use crate::steps::{Op, Step};
 
 /// Where the caller says the volume is: the CSI-Addons sidecar sends the staging path; a caller
 /// that knows only a workload's mount sends that publication's target path.
@@ -62,10 +59,10 @@ pub struct Reclaimed {
     pub measure: Measure,
 }
 
-pub fn reclaim(ctx: &AgentCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
+pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     let vol = &cmd.volume;
     let staged = ctx
-        .store
+        .ledger
         .staged(vol.as_str())?
         .filter(|s| s.progress == Progress::Complete)
         .ok_or_else(|| Error::NotFound(format!("volume {vol} is not staged on this node")))?;
@@ -83,15 +80,23 @@ pub fn reclaim(ctx: &AgentCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     }
     // The descriptor, not the path, is what gets trimmed: it is proven to be the volume's
     // filesystem root (its device asked for its identity right now).
-    let entry = anchored_lookup(given)?.ok_or_else(not_here)?;
-    let dir = entry.open_dir().map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) | Some(libc::ENOTDIR) => not_here(),
+    let entry = path_handles::lookup(ctx, given)?.ok_or_else(not_here)?;
+    let dir = entry.open_dir().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory => not_here(),
         _ => Error::io(format!("opening {}", path.display()), e),
     })?;
     let expected = Expected::of(ctx, vol.as_str(), Some(&staged));
-    let Holder::Volume(mount) = holder_of(ctx, &dir, &entry, &expected)? else {
+    let Holder::Volume(mount) = holder_of(ctx, &*dir, &*entry, &expected)? else {
         return Err(not_here());
     };
+    // ext4's FITRIM does not look at the mount's read-only flag (a twentieth fresh review's F2):
+    // a volume staged read-only (another node may write it) or remounted read-only after errors
+    // is never trimmed.
+    if staged.readonly || mount.read_only || mount.super_read_only {
+        return Err(Error::ReadOnlyNoDiscard {
+            path: path.to_path_buf(),
+        });
+    }
 
     let journal = Journal::new(ctx, vol, Op::Reclaim);
     let facts = detail([
@@ -103,14 +108,16 @@ pub fn reclaim(ctx: &AgentCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
     // Sync first: ext4 frees a deleted file's blocks only when its journal commits, and the
     // "before" figure should include data still in the page cache.
     journal.step(Step::Sync, facts.clone(), Durability::Lazy, || {
-        fs_usage::sync(&dir).map_err(|e| Error::io(format!("syncfs {}", path.display()), e))
+        dir.sync_fs()
+            .map_err(|e| Error::io(format!("syncfs {}", path.display()), e))
     })?;
     let (pre_bytes, measure) = match ctx.backend.allocated_bytes(&staged.identity) {
         Some(bytes) => (bytes, Measure::StorageAllocated),
-        None => (filesystem_used(&dir, path)?, Measure::FilesystemUsed),
+        None => (filesystem_used(&*dir, path)?, Measure::FilesystemUsed),
     };
     let trimmed_bytes = journal.step(Step::Trim, facts.clone(), Durability::Lazy, || {
-        trim_free_space(&dir).map_err(|e| trim_error(e, path, &mount.fs_type))
+        dir.trim_free_space()
+            .map_err(|e| trim_error(e, path, &mount.fs_type))
     })?;
     let post_bytes =
         match measure {
@@ -121,7 +128,7 @@ pub fn reclaim(ctx: &AgentCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
                     ))
                 },
             )?,
-            Measure::FilesystemUsed => filesystem_used(&dir, path)?,
+            Measure::FilesystemUsed => filesystem_used(&*dir, path)?,
         };
     let mut done = facts;
     done.extend(detail([
@@ -142,7 +149,7 @@ pub fn reclaim(ctx: &AgentCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
 /// The path must be where this node put the volume: its staging path, or one of its
 /// publications. Anything else is NOT_FOUND.
 fn known_path<'a>(
-    ctx: &AgentCtx,
+    ctx: &NodeCtx,
     staged: &StagedVolume,
     given: &'a ReclaimPath,
 ) -> Result<&'a RequestPath> {
@@ -155,7 +162,7 @@ fn known_path<'a>(
         ),
         ReclaimPath::Published(p) => (
             p,
-            ctx.store
+            ctx.ledger
                 .publications(vol)?
                 .iter()
                 .any(|pb| pb.target_path == p.as_path()),
@@ -171,26 +178,27 @@ fn known_path<'a>(
     }
 }
 
-fn filesystem_used(dir: impl AsFd, path: &Path) -> Result<u64> {
-    let u =
-        fs_usage::usage_of(dir).map_err(|e| Error::io(format!("statvfs {}", path.display()), e))?;
+fn filesystem_used(dir: &dyn OpenEntry, path: &Path) -> Result<u64> {
+    let u = dir
+        .fs_usage()
+        .map_err(|e| Error::io(format!("statvfs {}", path.display()), e))?;
     Ok(u.used_bytes)
 }
 
-fn trim_error(e: Errno, path: &Path, fs_type: &str) -> Error {
+fn trim_error(e: TrimError, path: &Path, fs_type: &str) -> Error {
     match e {
-        Errno::EOPNOTSUPP => Error::Unimplemented(format!(
+        TrimError::Unsupported => Error::Unimplemented(format!(
             "{}: the filesystem or device does not support discard; do not retry",
             path.display()
         )),
-        Errno::ENOTTY => Error::Unimplemented(format!(
+        TrimError::NotImplemented => Error::Unimplemented(format!(
             "{}: {fs_type} does not implement FITRIM; do not retry",
             path.display()
         )),
-        Errno::EROFS => Error::ReadOnlyNoDiscard {
+        TrimError::ReadOnly => Error::ReadOnlyNoDiscard {
             path: path.to_path_buf(),
         },
-        e => Error::io(format!("FITRIM on {}", path.display()), e.into()),
+        TrimError::Io(e) => Error::io(format!("FITRIM on {}", path.display()), e),
     }
 }
 
@@ -202,28 +210,20 @@ mod tests {
     fn trim_errors_map_to_clear_domain_errors() {
         let p = Path::new("/x");
         assert!(matches!(
-            trim_error(Errno::EOPNOTSUPP, p, "ext4"),
+            trim_error(TrimError::Unsupported, p, "ext4"),
             Error::Unimplemented(m) if m.contains("does not support discard; do not retry")
         ));
         assert!(matches!(
-            trim_error(Errno::ENOTTY, p, "vfat"),
+            trim_error(TrimError::NotImplemented, p, "vfat"),
             Error::Unimplemented(_)
         ));
         assert!(matches!(
-            trim_error(Errno::EROFS, p, "ext4"),
+            trim_error(TrimError::ReadOnly, p, "ext4"),
             Error::ReadOnlyNoDiscard { .. }
         ));
         assert!(matches!(
-            trim_error(Errno::EIO, p, "ext4"),
+            trim_error(TrimError::Io(std::io::Error::other("eio")), p, "ext4"),
             Error::Io { .. }
         ));
-    }
-
-    #[test]
-    fn filesystem_used_is_within_the_filesystem() {
-        let dir = std::fs::File::open("/").unwrap();
-        let total = fs_usage::usage_of(&dir).unwrap().total_bytes;
-        let used = filesystem_used(&dir, Path::new("/")).unwrap();
-        assert!(used <= total);
     }
 }
