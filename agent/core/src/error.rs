@@ -85,16 +85,15 @@ pub enum Error {
     /// (`ro_tag::ATTACHED_PREFIX`, `TAG_PREFIX`): that agent's records, which this one cannot
     /// read, say whose it is.
     #[error(
-        "device {} of volume {volume} is another agent's: {} (its loop device name {name:?}) was \
-         made by another ebs-node-agent on this host, whose records this agent cannot read; \
-         nothing was changed",
+        "device {} of volume {volume} is another agent's: {} ({evidence}) is another \
+         ebs-node-agent's on this host, whose records this agent cannot read; nothing was changed",
         .device.display(), .level.display()
     )]
     AnotherAgentsDevice {
         device: PathBuf,
         volume: String,
         level: PathBuf,
-        name: String,
+        evidence: String,
     },
     /// The kernel refused the agent's exclusive claim: mounted elsewhere, or claimed.
     #[error(

@@ -68,3 +68,63 @@ async fn a_handle_never_takes_a_device_another_agent_attached() {
         .await
         .expect("unstage");
 }
+
+/// A name is not the only sign (a twentieth fresh review's F1): a device attached before agents
+/// named theirs, one whose name a workload erased (anyone who opens a loop device may rename
+/// it), and an operator's loop device over the other agent's volume file all lie over a file in
+/// that agent's state directory, and are refused for that. A restart names the agent's own
+/// device again.
+#[tokio::test]
+async fn a_device_over_another_agents_file_is_refused_whatever_its_name() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_device_over_another_agents_file_is_refused_whatever_its_name") {
+        return;
+    }
+    let (sa, sb) = (
+        Scratch::new("two-agents-name-a"),
+        Scratch::new("two-agents-name-b"),
+    );
+    let mut a = Agent::start(&sa, AgentOpts::default()).await;
+    let b = Agent::start(&sb, AgentOpts::default()).await;
+    let id = create_volume(&a, "v", SIZE, &[]).await;
+    let v = attach(&a, &id).await;
+    let name_of = |dev: &str| {
+        let f = std::fs::File::open(dev).expect("open the device");
+        let status = ebs_node_host::loopdev::overlay::status_of(&f, std::path::Path::new(dev));
+        status.expect("status").expect("bound").tag
+    };
+    assert!(
+        name_of(&v.device).starts_with("ebsna-lo:"),
+        "{}",
+        name_of(&v.device)
+    );
+    ebs_node_host::loopdev::rename(std::path::Path::new(&v.device), "").expect("erase the name");
+    let file = a.state_dir.join(format!("volumes/{id}.img"));
+    let operators = super::losetup("", file.display());
+    let _detach = super::owners::DetachOnDrop(operators.clone());
+    let mut node = b.node().await;
+    for (what, dev) in [("nameless", &v.device), ("the operator's", &operators)] {
+        let h = handle_of(&Vol {
+            id: String::new(),
+            device: dev.clone(),
+        });
+        let staging = b.work.join(format!("{}/staging", what.len()));
+        let e = node
+            .node_stage_volume(stage_req(&h, &staging, rwx_block()))
+            .await
+            .expect_err(&format!(
+                "{what}: agent b's handle took agent a's volume file"
+            ));
+        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
+        assert!(
+            e.message().contains("another agent's state directory"),
+            "{what}: {e:?}"
+        );
+        assert!(!super::is_mounted(&staging), "{what}: staged anyway");
+    }
+    a.restart(None).await;
+    assert!(
+        name_of(&v.device).starts_with("ebsna-lo:"),
+        "a restart left the device nameless"
+    );
+}

@@ -133,6 +133,9 @@ impl LoopController {
         let made = device.1
             || matches!(&volume.attachment, Some(att) if att.device == device.0 && att.made);
         let device = device.0;
+        if made {
+            self.keep_named(id, &device);
+        }
         volume.attachment = Some(LoopAttachment {
             node_id: node_id.into(),
             device: device.clone(),
@@ -239,6 +242,9 @@ impl LoopController {
             // The attachment's own device, still the file's whole device as recorded (an agent
             // restart without a reboot): kept.
             if whole_view(&att.device, identity, att.readonly) {
+                if att.made {
+                    self.keep_named(&volume.id, &att.device);
+                }
                 continue;
             }
             // Another one someone laid over the file is adopted only with the access recorded,

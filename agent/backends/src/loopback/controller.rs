@@ -80,6 +80,28 @@ impl LoopController {
         self.agent_tag.get().map(|t| t.attached_tag(volume))
     }
 
+    /// Gives a device this agent attached for `volume` its name when it shows another (attached
+    /// before agents named their devices, or renamed by whoever opened it: a twentieth fresh
+    /// review's F1), so that a second agent on the host tells it from a free device.
+    pub(super) fn keep_named(&self, volume: &str, device: &std::path::Path) {
+        let Some(name) = self.name_for(volume) else {
+            return;
+        };
+        let shown = std::fs::File::open(device)
+            .ok()
+            .and_then(|f| ebs_node_host::loopdev::overlay::status_of(&f, device).ok()?)
+            .map(|s| s.tag);
+        if shown.as_deref() == Some(name.as_str()) {
+            return;
+        }
+        match ebs_node_host::loopdev::rename(device, &name) {
+            Ok(()) => tracing::info!(volume, device = %device.display(), name = %name,
+                "named the volume's loop device as this agent's"),
+            Err(e) => tracing::warn!(volume, device = %device.display(), error = %e,
+                "could not name the volume's loop device as this agent's"),
+        }
+    }
+
     pub fn node_id(&self) -> &str {
         &self.node_id
     }

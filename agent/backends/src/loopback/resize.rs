@@ -24,6 +24,13 @@ pub fn expansion_size(required: u64, limit: u64, current: u64) -> Result<u64> {
         }
         return Ok(current);
     }
+    // A file's length is a signed 64-bit number (a twentieth fresh review's F5: INTERNAL), and
+    // rounding up must not wrap.
+    if required > (i64::MAX.cast_unsigned() / MIB) * MIB {
+        return Err(Error::OutOfRange(format!(
+            "required_bytes {required} is more than a volume file can hold"
+        )));
+    }
     // Whole MiB, like CreateVolume, unless the limit forbids it; then whole sectors.
     let mib = required.div_ceil(MIB) * MIB;
     let size = if limit == 0 || mib <= limit {
@@ -69,5 +76,11 @@ mod tests {
         assert_eq!(expansion_size(0, 8 * MIB, 4 * MIB).unwrap(), 4 * MIB);
         assert!(out_of_range(expansion_size(MIB, 2 * MIB, 4 * MIB)));
         assert!(out_of_range(expansion_size(5 * MIB, 4 * MIB, MIB)));
+        assert!(out_of_range(expansion_size(
+            i64::MAX.cast_unsigned(),
+            0,
+            MIB
+        )));
+        assert!(out_of_range(expansion_size(u64::MAX - 1, 0, MIB)));
     }
 }

@@ -124,6 +124,18 @@ pub enum Under {
     Unknown(String),
 }
 
+/// What a loop device shows of the agent that made it (`HostOps::loop_origin`): two agents with
+/// state directories of their own cannot read each other's records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoopOrigin {
+    /// Its name (`lo_file_name`): agents name the devices they make with their instance
+    /// (`ro_tag`). Anyone who can open the device may change it, so it is not the only sign.
+    pub name: String,
+    /// The agent state directory its backing file lies in (the file is `volumes/<file>` or
+    /// `snapshots/<file>` of a directory holding `state.redb` or `instance-id`), when it does.
+    pub state_dir: Option<Place>,
+}
+
 /// A read-only device laid over the volume's, held open until the bind is done.
 #[derive(Debug)]
 pub struct ReadOnlyDevice {
@@ -171,9 +183,8 @@ pub trait HostOps: Send + Sync {
     /// A loop device's backing file, as (st_dev, st_ino) (LOOP_GET_STATUS64's pair); `None`: not
     /// a loop device over a file, or not readable.
     fn loop_backing(&self, devnum: DevNum) -> Option<(u64, u64)>;
-    /// A bound loop device's name (its `lo_file_name`): agents name the devices they make with
-    /// their instance (`ro_tag`). `None`: not a bound loop device.
-    fn loop_name(&self, devnum: DevNum) -> io::Result<Option<String>>;
+    /// Who a bound loop device says made it (`LoopOrigin`). `None`: not a bound loop device.
+    fn loop_origin(&self, devnum: DevNum) -> io::Result<Option<LoopOrigin>>;
     /// The devices sysfs shows built on the device's bytes: its `holders` (mappers).
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>>;
     /// The device's size in bytes, by path (right after it was proven).

@@ -57,16 +57,29 @@ pub fn refuse_another_volumes_bytes(
     // a level built on its bytes (an eighteenth fresh review's F1: on EBS, where `volumeID`
     // cannot be proven, a handle acting for a staged volume took a file inside its filesystem).
     let owner_of = |d| owner_of(ctx, &recorded, d).filter(|o| o != volume.as_str());
-    // Another agent's device is nobody's here by records, so it is told by its name (a
-    // nineteenth fresh review's F1): the device itself and every level under it.
-    let another_agents = |d: DevNum| match ctx.host.loop_name(d).map_err(unreadable)? {
-        Some(name) if ctx.agent_tag.made_by_another(&name) => Err(Error::AnotherAgentsDevice {
+    // Another agent's device is nobody's here by records, so it is told by what it shows (a
+    // nineteenth and a twentieth fresh review's F1): the device itself and every level under it.
+    let own_dir = std::cell::OnceCell::new();
+    let another_agents = |d: DevNum| {
+        let Some(origin) = ctx.host.loop_origin(d).map_err(unreadable)? else {
+            return Ok(());
+        };
+        let theirs = |evidence: String| Error::AnotherAgentsDevice {
             device: device.to_path_buf(),
             volume: volume.to_string(),
             level: PathBuf::from(format!("/dev/block/{d}")),
-            name,
-        }),
-        _ => Ok(()),
+            evidence,
+        };
+        if ctx.agent_tag.made_by_another(&origin.name) {
+            return Err(theirs(format!("its loop device name {:?}", origin.name)));
+        }
+        let ours = own_dir.get_or_init(|| own_state_dir(ctx));
+        match origin.state_dir {
+            Some(dir) if Some(dir) != *ours => Err(theirs(
+                "its backing file lies in another agent's state directory".into(),
+            )),
+            _ => Ok(()),
+        }
     };
     another_agents(devnum)?;
     for level in walk(devnum, |d| ctx.host.lies_on(d)).map_err(unreadable)? {
@@ -99,6 +112,12 @@ pub fn refuse_another_volumes_bytes(
         }
     }
     Ok(())
+}
+
+/// This agent's state directory, the one holding its journal.
+fn own_state_dir(ctx: &NodeCtx) -> Option<super::host::Place> {
+    let dir = ctx.ledger.path().parent()?;
+    ctx.host.place_of(dir).ok()
 }
 
 /// Every level reached from `start` (not included) by `step`, each device once.

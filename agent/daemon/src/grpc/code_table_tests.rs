@@ -489,11 +489,12 @@ fn the_other_named_refusals_keep_their_code_and_words() {
                 device: p(),
                 volume: v(),
                 level: "/dev/block/7:0".into(),
-                name: "ebsna-lo:0123456789abcdef:29d0ead3051e24c8".into(),
+                evidence: "its loop device name \"ebsna-lo:0123456789abcdef:29d0ead3051e24c8\""
+                    .into(),
             },
             "device /k/p of volume vol is another agent's: /dev/block/7:0 (its loop device name \
-             \"ebsna-lo:0123456789abcdef:29d0ead3051e24c8\") was made by another ebs-node-agent \
-             on this host, whose records this agent cannot read; nothing was changed",
+             \"ebsna-lo:0123456789abcdef:29d0ead3051e24c8\") is another ebs-node-agent's on this \
+             host, whose records this agent cannot read; nothing was changed",
         ),
         (
             Error::AmbiguousSerial {

@@ -330,6 +330,23 @@ fn free_index_past(ctl: &File, ctl_path: &Path, from: u32, avoid: Avoid) -> Resu
     })
 }
 
+/// Names the bound loop device `name` (its `lo_file_name`), changing nothing else: what it
+/// shows, from where, and its flags are given back as they are. Devices attached before agents
+/// named theirs get their name so (`ro_tag::AgentTag::attached_tag`).
+pub fn rename(device: &Path, name: &str) -> Result<(), LoopError> {
+    let dev = open(device, false)?;
+    let Some(mut info) = query::status(&dev).map_err(ioctl_err("LOOP_GET_STATUS64", device))?
+    else {
+        return Err(ioctl_err("LOOP_GET_STATUS64", device)(Errno::ENXIO));
+    };
+    info.lo_file_name = file_name_field(Path::new(name));
+    // SAFETY: dev is an open loop device fd; &info is the device's own initialised loop_info64
+    // (offset, size limit and flags unchanged), which outlives the call.
+    unsafe { sys::loop_set_status64(dev.as_raw_fd(), &info) }
+        .map_err(ioctl_err("LOOP_SET_STATUS64", device))?;
+    Ok(())
+}
+
 /// Detaches the loop device. If the device is still open elsewhere (mounted,
 /// or merely being probed by udev or another thread) the kernel only marks it
 /// autoclear and the detach completes at the last close, so callers must not

@@ -121,3 +121,29 @@ fn read_dev(path: &Path) -> io::Result<Option<DevNum>> {
         Err(e) => Err(e),
     }
 }
+
+/// The agent state directory a loop device's backing file lies in: the file is `volumes/<f>` or
+/// `snapshots/<f>` of a directory holding `state.redb` or `instance-id`. The file is reached by
+/// the name sysfs gives and believed only when it is the very inode the device reports; `None`
+/// otherwise. Unlike the device's name, a workload holding the device cannot change this.
+pub fn agent_state_dir(devnum: DevNum) -> Option<ebs_node_core::node::host::Place> {
+    use std::os::unix::fs::MetadataExt;
+    let backing = loop_backing(devnum)?;
+    let path = query::backing_file_by_devnum(devnum)?;
+    let meta = std::fs::metadata(&path).ok()?;
+    if (meta.dev(), meta.ino()) != backing {
+        return None;
+    }
+    let dir = path.parent()?;
+    if !matches!(dir.file_name()?.to_str()?, "volumes" | "snapshots") {
+        return None;
+    }
+    let state = dir.parent()?;
+    let marked = ["state.redb", "instance-id"]
+        .iter()
+        .any(|f| state.join(f).is_file());
+    if !marked {
+        return None;
+    }
+    crate::anchor::place_of(state).ok()
+}

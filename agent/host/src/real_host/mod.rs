@@ -22,7 +22,7 @@ use ebs_node_core::error::{Error, Result};
 use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
 use ebs_node_core::node::backend::Backend;
 use ebs_node_core::node::host::{
-    DeviceHandle, Entry, HostOps, PathRefusal, Place, ReadOnlyDevice, Under,
+    DeviceHandle, Entry, HostOps, LoopOrigin, PathRefusal, Place, ReadOnlyDevice, Under,
 };
 use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
@@ -92,8 +92,14 @@ impl HostOps for RealHost {
         crate::loopdev::stacking::loop_backing(devnum)
     }
 
-    fn loop_name(&self, devnum: DevNum) -> io::Result<Option<String>> {
-        Ok(crate::loopdev::overlay::status_by_devnum(devnum)?.map(|o| o.tag))
+    fn loop_origin(&self, devnum: DevNum) -> io::Result<Option<LoopOrigin>> {
+        let Some(status) = crate::loopdev::overlay::status_by_devnum(devnum)? else {
+            return Ok(None);
+        };
+        Ok(Some(LoopOrigin {
+            name: status.tag,
+            state_dir: crate::loopdev::stacking::agent_state_dir(devnum),
+        }))
     }
 
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {

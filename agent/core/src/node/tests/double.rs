@@ -21,7 +21,7 @@ use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
 use crate::node::host::ReadOnlyDevice;
-use crate::node::host::{Ancestry, Entry, PathRefusal, Place, Under};
+use crate::node::host::{Ancestry, Entry, LoopOrigin, PathRefusal, Place, Under};
 use crate::node::host::{DeviceHandle, HostOps};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
@@ -71,8 +71,8 @@ pub struct State {
     pub holders: HashMap<DevNum, Vec<DevNum>>,
     /// The backing file (st_dev, st_ino) of devices that are loop devices over a file.
     pub loop_files: HashMap<DevNum, (u64, u64)>,
-    /// The names (`lo_file_name`) of loop devices that carry one.
-    pub loop_names: HashMap<DevNum, String>,
+    /// What loop devices show of the agent that made them.
+    pub loop_origins: HashMap<DevNum, LoopOrigin>,
     /// Devices with no identity (a disk without a serial): proven by their numbers only.
     pub unverified: HashSet<DevNum>,
     /// Call names that fail, with the error's text.
@@ -196,8 +196,8 @@ impl HostOps for DoubleHost {
         self.state().loop_files.get(&devnum).copied()
     }
 
-    fn loop_name(&self, devnum: DevNum) -> io::Result<Option<String>> {
-        Ok(self.state().loop_names.get(&devnum).cloned())
+    fn loop_origin(&self, devnum: DevNum) -> io::Result<Option<LoopOrigin>> {
+        Ok(self.state().loop_origins.get(&devnum).cloned())
     }
 
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>> {

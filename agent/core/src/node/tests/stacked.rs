@@ -115,35 +115,48 @@ fn identity_less_loop_devices_over_one_file_are_one_device() {
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
 
-/// Two agents with state directories of their own (a nineteenth fresh review's F1): a device
-/// another agent named as its own, or one laid on it, is refused before the host is touched; this
-/// agent's own names and an operator's (a file's path) are not.
+/// Two agents with state directories of their own (a nineteenth and a twentieth fresh review's
+/// F1): a device another agent named as its own, one whose backing file lies in another agent's
+/// state directory (whatever its name: anyone who opens a loop device may rename it), or one laid
+/// on either, is refused before the host is touched; this agent's own names and an operator's
+/// (a file's path) are not.
 #[test]
 fn a_device_another_agent_made_is_never_taken() {
+    use crate::node::host::{LoopOrigin, Place};
     use crate::node::ro_tag::AgentTag;
     let theirs = AgentTag::new(2, std::path::Path::new("/var/lib/other/state.redb"));
     let ours = AgentTag::new(1, std::path::Path::new("/x"));
-    for (on_itself, name) in [
-        (true, theirs.attached_tag("vol-t")),
-        (false, theirs.attached_tag("vol-t")),
+    let named = |name: String| LoopOrigin {
+        name,
+        state_dir: None,
+    };
+    let their_dir = LoopOrigin {
+        name: String::new(),
+        state_dir: Some(Place {
+            dev: crate::DevNum::new(8, 1),
+            ino: 4242,
+        }),
+    };
+    for (on_itself, origin) in [
+        (true, named(theirs.attached_tag("vol-t"))),
+        (false, named(theirs.attached_tag("vol-t"))),
         (
             true,
-            theirs.tag("vol-t", std::path::Path::new("/pods/p/dev")),
+            named(theirs.tag("vol-t", std::path::Path::new("/pods/p/dev"))),
         ),
+        (true, their_dir.clone()),
+        (false, their_dir),
     ] {
         let h = Harness::new();
         h.attach("vol-a");
         lay(&h, "vol-b", Under::Device(device_of(&h, "vol-a")));
-        let named = device_of(&h, if on_itself { "vol-b" } else { "vol-a" });
-        h.host.state().loop_names.insert(named, name.clone());
+        let at = device_of(&h, if on_itself { "vol-b" } else { "vol-a" });
+        h.host.state().loop_origins.insert(at, origin.clone());
         h.host.state().calls.clear();
         let e = h
             .stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
-            .expect_err(&name);
-        assert!(
-            matches!(&e, Error::AnotherAgentsDevice { name: n, .. } if *n == name),
-            "{e}"
-        );
+            .expect_err(&format!("{origin:?}"));
+        assert!(matches!(&e, Error::AnotherAgentsDevice { .. }), "{e}");
         assert_eq!(h.host.calls(), Vec::<String>::new());
     }
     for name in [
@@ -152,7 +165,7 @@ fn a_device_another_agent_made_is_never_taken() {
     ] {
         let h = Harness::new();
         let d = h.host.devnum(&h.attach("vol-b"));
-        h.host.state().loop_names.insert(d, name);
+        h.host.state().loop_origins.insert(d, named(name));
         h.stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
             .expect("its own device, or an operator's");
     }
