@@ -76,6 +76,9 @@ impl Ledger for Store {
     fn publication(&self, volume_id: &str, target: &Path) -> LedgerResult<Option<Publication>> {
         Ok(Store::publication(self, volume_id, target)?)
     }
+    fn all_publications(&self) -> LedgerResult<Vec<Publication>> {
+        Ok(Store::all_publications(self)?)
+    }
     fn recorded_volume_ids(&self) -> LedgerResult<Vec<String>> {
         Ok(Store::recorded_volume_ids(self)?)
     }

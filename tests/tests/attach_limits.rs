@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ebs_node_agent::nodeinfo::NodeInfoSource;
 use ebs_node_agent::nodeinfo::sources::{Resolver, SourceConfig};
+use ebs_node_backends::nodeinfo::NodeInfoSource;
 use ebs_node_core::ec2::ebs::EBS_MODEL;
 use ebs_node_fixture::flat as fixture;
 use ebs_tests::{Scratch, require_root, sh};

@@ -6,15 +6,15 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ebs_node_agent::nodeinfo::imds::{ImdsClient, ImdsError};
-use ebs_node_agent::nodeinfo::live_limit::StagedSerials;
-use ebs_node_agent::nodeinfo::outpost::{
-    ACCOUNT_ID_KEY, OUTPOST_ID_KEY, PARTITION_KEY, REGION_KEY,
-};
 use ebs_node_agent::nodeinfo::sources::{
     OS_KEY, Resolver, SourceConfig, WELL_KNOWN_ZONE_KEY, ZONE_KEY,
 };
-use ebs_node_agent::nodeinfo::{NodeInfo, NodeInfoSource, dmi};
+use ebs_node_backends::nodeinfo::imds::{ImdsClient, ImdsError};
+use ebs_node_backends::nodeinfo::live_limit::StagedSerials;
+use ebs_node_backends::nodeinfo::outpost::{
+    ACCOUNT_ID_KEY, OUTPOST_ID_KEY, PARTITION_KEY, REGION_KEY,
+};
+use ebs_node_backends::nodeinfo::{NodeInfo, NodeInfoSource, dmi};
 use ebs_node_core::ec2::ebs::{EBS_MODEL, INSTANCE_STORE_MODEL};
 use ebs_node_fixture::flat as fixture;
 use ebs_tests::Scratch;

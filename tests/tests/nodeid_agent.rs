@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ebs_node_agent::nodeinfo::dmi;
+use ebs_node_backends::nodeinfo::dmi;
 use ebs_tests::imds::{Imds, Instance};
 use ebs_tests::*;
 use tonic::Code;

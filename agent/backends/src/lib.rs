@@ -5,5 +5,7 @@
 //! (`local-ebs://dev/...`) in front of either.
 
 pub mod ebs;
+pub mod kubelet_names;
 pub mod local;
 pub mod loopback;
+pub mod nodeinfo;

@@ -155,7 +155,7 @@ impl WithLocalVolumes {
         // with no record is someone else's (an operator's, another agent's sharing the prefix:
         // a nineteenth fresh review's F3 and F1), never adopted nor later unmounted.
         let mut ours: Vec<PathBuf> = staging
-            .filter(|s| named_for(volume, s))
+            .filter(|s| crate::kubelet_names::named_for(volume, s))
             .map(Path::to_path_buf)
             .into_iter()
             .collect();
@@ -295,30 +295,6 @@ fn laid_over(devnum: DevNum) -> Option<String> {
         .ok()
         .flatten()?;
     (o.backing != DevNum::new(0, 0)).then(|| o.backing.to_string())
-}
-
-/// Whether `staging` is named for the handle `volume`: kubelet's staging directory of a CSI
-/// volume (`…/<SHA-256 of the volume handle>/globalmount`), or the agent's own v0.1 staging
-/// directory (`…/v01-staging/<the id as a file name>`).
-fn named_for(volume: &VolumeId, staging: &Path) -> bool {
-    let name = staging.file_name().and_then(|n| n.to_str());
-    let parent = staging
-        .parent()
-        .and_then(Path::file_name)
-        .and_then(|n| n.to_str());
-    match (name, parent) {
-        (Some("globalmount"), Some(hash)) => hash == sha256_hex(volume.as_str()),
-        (Some(name), Some("v01-staging")) => volume.file_name().as_deref() == Some(name),
-        _ => false,
-    }
-}
-
-fn sha256_hex(text: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// The kernel's name of a block device (`loop2`, `nvme1n1p1`), from sysfs.

@@ -54,6 +54,8 @@ pub trait Ledger: Send + Sync {
     /// One volume's publications.
     fn publications(&self, volume_id: &str) -> LedgerResult<Vec<Publication>>;
     fn publication(&self, volume_id: &str, target: &Path) -> LedgerResult<Option<Publication>>;
+    /// Every volume's publications (start-up's sweep of read-only devices).
+    fn all_publications(&self) -> LedgerResult<Vec<Publication>>;
     /// Every volume id with a staging or a publication record.
     fn recorded_volume_ids(&self) -> LedgerResult<Vec<String>>;
     /// Which volume id holds a device (`records::claim_key`).

@@ -11,16 +11,17 @@ use std::time::{Duration, Instant};
 
 use ebs_node_agent::health::Health;
 use ebs_node_agent::metrics::ebs::disks_by_serial;
-use ebs_node_agent::metrics::ebs::{EbsStatsConfig, EbsStatsSource, PageReader};
+use ebs_node_agent::metrics::ebs::{EbsStatsConfig, EbsStatsSource};
 use ebs_node_agent::metrics::{Sources, render};
-use ebs_node_agent::nodeinfo::{NodeInfo, NodeInfoSource};
 use ebs_node_backends::ebs::{BlockDevices, SysfsDisks};
+use ebs_node_backends::nodeinfo::{NodeInfo, NodeInfoSource};
 use ebs_node_core::ec2::ebs::EBS_MODEL;
 use ebs_node_core::node::VolumeLocks;
 use ebs_node_core::records::{AccessRecord, DeviceIdentity, Durability, Progress, StagedVolume};
 use ebs_node_fixture::Fixture;
 use ebs_node_host::nvme::ReadError;
 use ebs_node_host::nvme::ebs_page::{self, Bin, EbsStats, Histogram};
+use ebs_node_host::nvme::page_reads::PageReader;
 use ebs_store::Store;
 
 const VOLUMES: u32 = 40;

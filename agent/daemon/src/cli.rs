@@ -210,7 +210,7 @@ pub struct ServeArgs {
     #[arg(long, env = "EBS_AGENT_INSTANCE_TYPE")]
     pub instance_type: Option<String>,
     /// ebs: instance metadata (IMDSv2), http://host[:port].
-    #[arg(long, env = "EBS_AGENT_IMDS_ENDPOINT", default_value = crate::nodeinfo::imds::DEFAULT_ENDPOINT)]
+    #[arg(long, env = "EBS_AGENT_IMDS_ENDPOINT", default_value = ebs_node_backends::nodeinfo::imds::DEFAULT_ENDPOINT)]
     pub imds_endpoint: String,
     /// ebs: never call instance metadata (identity from flags and DMI only).
     #[arg(long, env = "EBS_AGENT_IMDS_DISABLED")]

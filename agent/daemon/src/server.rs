@@ -14,10 +14,11 @@ use crate::cli::ServeArgs;
 use crate::grpc;
 use crate::health::{self, Health};
 use crate::node::{self, AgentCtx};
-use crate::nodeinfo::{self, NodeInfo, NodeInfoSource};
+use crate::nodeinfo;
 use crate::settings::BackendKind;
 use ebs_node_backends::ebs::{EbsBackend, EbsConfig};
 use ebs_node_backends::loopback::{LoopBackend, LoopController, TOPOLOGY_KEY};
+use ebs_node_backends::nodeinfo::{NodeInfo, NodeInfoSource, hostname};
 use ebs_node_core::node::backend::Backend;
 use ebs_node_core::request::{FsType, Roots};
 use ebs_node_host::fstools::FsTools;
@@ -184,7 +185,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
 
     let (backend, loop_controller, info): (Arc<dyn Backend>, _, _) = match args.backend {
         BackendKind::Loop => {
-            let node_id = args.node_id.clone().unwrap_or_else(nodeinfo::hostname);
+            let node_id = args.node_id.clone().unwrap_or_else(hostname);
             if node_id.len() > 256 {
                 return Err(fatal("--node-id must be at most 256 bytes"));
             }

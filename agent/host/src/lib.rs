@@ -29,6 +29,7 @@ pub mod fs_limits;
 pub mod fs_size;
 pub mod fs_usage;
 pub mod fstools;
+pub mod instance;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod loopdev;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper

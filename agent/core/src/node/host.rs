@@ -136,6 +136,14 @@ pub struct LoopOrigin {
     pub state_dir: Option<Place>,
 }
 
+/// What start-up did with this agent's read-only devices that no publication record names.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    pub detached: usize,
+    /// Still used on the host (a reset or rebuilt state file lost their records): kept.
+    pub adopted: usize,
+}
+
 /// A read-only device laid over the volume's, held open until the bind is done.
 #[derive(Debug)]
 pub struct ReadOnlyDevice {
@@ -208,6 +216,9 @@ pub trait HostOps: Send + Sync {
     fn remove_read_only(&self, tag: &str) -> Result<usize>;
     /// When the device is one of the agents' read-only devices: the device it lies over.
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum>;
+    /// Detaches this agent's read-only devices (tags starting with one of `prefixes`) that `keep`
+    /// does not name, but only those the host shows nothing uses.
+    fn sweep_read_only(&self, prefixes: &[&str], keep: &HashSet<String>) -> Result<Swept>;
     /// Every read-only device named with one of `tags` and laid over `over` is told to take the
     /// new size of what it lies over (LOOP_SET_CAPACITY): each, with the size it then shows.
     fn resize_read_only(

@@ -187,7 +187,7 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
     if facts.node.kind == FileKind::BlockDevice {
         let dev = facts.node.rdev;
         // A read-only block publication binds the agent's read-only device laid over the
-        // volume's (see `ro_block`).
+        // volume's (see `read_only`).
         let ours = expected.is_device(ctx, dev)
             || ctx
                 .host

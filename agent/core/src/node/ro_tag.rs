@@ -3,7 +3,7 @@
 //! the host, which cannot read this one's records, refuses them (`stacking`); a name can only
 //! refuse a device, never make one this agent's.
 //!
-//! The names of read-only raw block devices (see the daemon's `ro_block`). Each such device is
+//! The names of read-only raw block devices (see `read_only` and the host crate's `real_host::read_only`). Each such device is
 //! named with a tag: this agent instance's part, and the publication's (volume and target).
 //! Publish journals its bind intent durably before it lays the device, so after a crash the
 //! record names the tag.

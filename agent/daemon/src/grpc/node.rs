@@ -13,7 +13,7 @@ use super::spec_order::{self, Rule};
 use super::{capability, logged, to_status};
 use crate::error::blocking;
 use crate::node::{self, AgentCtx};
-use crate::nodeinfo::NodeInfoSource;
+use ebs_node_backends::nodeinfo::NodeInfoSource;
 use ebs_node_core::error::{Error, Result};
 use ebs_node_core::node::{
     PublishCommand, StageCommand, UnpublishCommand, UnstageCommand, VolumeGuard, VolumeLocks,

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::recovery::{self, VolumeReport};
 use super::{AgentCtx, lock};
 use ebs_node_core::error::Error;
 use ebs_node_core::node::VolumeGuard;
+use ebs_node_core::node::recover::{VolumeReport, recover_volume};
 
 /// The background retry's pause after the first failed check, by default.
 pub const RETRY: Duration = Duration::from_secs(30);
@@ -220,7 +220,7 @@ pub async fn check(
     let vol = volume.to_string();
     let spawned = tokio::task::spawn_blocking(move || {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            recovery::recover_volume(&worker, &vol)
+            recover_volume(&worker, &vol)
         }))
         .unwrap_or_else(|_| Err(Error::Internal("the check panicked".into())))
         .map_err(|e| e.to_string());

@@ -4,9 +4,7 @@
 //! stats, reclaim and read-only block devices. No gRPC here.
 
 pub mod attention;
-pub mod instance;
 pub mod recovery;
-pub mod ro_block;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -59,7 +57,7 @@ impl AgentCtx {
         // read-only block devices this agent lays.
         let state_file = store.path().to_path_buf();
         let state_dir = state_file.parent().unwrap_or(std::path::Path::new("."));
-        let agent_tag = instance::agent_tag(state_dir, &state_file)?;
+        let agent_tag = ebs_node_host::instance::agent_tag(state_dir, &state_file)?;
         Ok(AgentCtx {
             node: NodeCtx {
                 ledger: Arc::clone(&store) as _,

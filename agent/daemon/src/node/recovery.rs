@@ -13,19 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ebs_node_core::node::{VolumeGuard, VolumeLocks};
-use ebs_node_core::records::{AccessRecord, Durability, FormatState, Progress};
+use ebs_node_core::records::{Durability, FormatState};
 use ebs_node_core::steps::Step;
-use ebs_node_host::device::block_devnum;
 use ebs_store::Store;
 
 use super::AgentCtx;
 use super::attention::{self, Checked};
 use crate::error::blocking;
 use ebs_node_core::error::Result;
-use ebs_node_core::node::backend::Shown;
-use ebs_node_core::node::compat::staged_mount_present;
-use ebs_node_core::node::ownership::{Expected, Holder, holder};
-use ebs_node_core::node::path_handles;
 
 /// How long start-up waits for one volume's check; a check still running then (a stat hanging
 /// below a dead NFS or FUSE mount) leaves its volume marked, and start-up goes on.
@@ -42,14 +37,6 @@ pub struct RecoveryReport {
     pub needing_attention: usize,
     /// Volumes forgotten: only lines of calls that changed nothing named them.
     pub pruned: usize,
-}
-
-/// What the check of one volume did.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct VolumeReport {
-    pub dropped_staging: bool,
-    pub dropped_publications: usize,
-    pub completed: usize,
 }
 
 /// Start-up recovery of every volume with a record, each on its own blocking thread, waiting
@@ -118,7 +105,7 @@ pub async fn recover(ctx: &Arc<AgentCtx>, wait: Duration) -> Result<RecoveryRepo
         }
     }
     let ctx = Arc::clone(ctx);
-    match blocking(move || super::ro_block::sweep(&ctx)).await {
+    match blocking(move || ebs_node_core::node::read_only::sweep(&ctx)).await {
         Ok(s) if s.detached + s.adopted > 0 => tracing::info!(
             detached = s.detached,
             adopted = s.adopted,
@@ -150,102 +137,6 @@ fn format_intents(ctx: &AgentCtx) {
             Err(e) => ctx.attention.mark(&id, &format!("its format record: {e}")),
         }
     }
-}
-
-/// Checks one volume's records against the host and completes or drops them. Runs under the
-/// volume's guard, on a blocking thread (it walks recorded paths).
-pub fn recover_volume(ctx: &AgentCtx, vol: &str) -> Result<VolumeReport> {
-    let store = &ctx.store;
-    let mut report = VolumeReport::default();
-    // Read only to see that it decodes: a stage needs it, so a broken one keeps the mark.
-    store.format(vol)?;
-    if let Some(staged) = store.staged(vol)? {
-        let present = match staged.access {
-            AccessRecord::Mount { .. } => staged_mount_present(ctx, &staged)?,
-            AccessRecord::Block => ctx
-                .backend
-                .prove(
-                    Shown::Path(&staged.device, block_devnum(&staged.device).ok()),
-                    &staged.identity,
-                )
-                .is_ok(),
-        };
-        let staging = staged.staging_path.as_path();
-        match (staged.progress, present) {
-            (Progress::Complete, true) => {
-                tracing::info!(volume = vol, staging = %staging.display(), "recovery: staged and mounted as recorded");
-            }
-            (Progress::Complete, false) => {
-                tracing::warn!(volume = vol, staging = %staging.display(),
-                    "recovery: the staging mount is gone (reboot?); record dropped, the next NodeStageVolume remounts");
-                store.write(Durability::Immediate, |w| w.delete_staged(vol))?;
-                ctx.claims.forget(vol, staging);
-                report.dropped_staging = true;
-            }
-            (Progress::InProgress, true) if matches!(staged.access, AccessRecord::Mount { .. }) => {
-                let mut done = staged.clone();
-                done.progress = Progress::Complete;
-                store.write(Durability::Immediate, |w| w.put_staged(&done))?;
-                report.completed += 1;
-                tracing::info!(volume = vol, staging = %staging.display(),
-                    "recovery: the stage had mounted the volume; record completed");
-            }
-            (Progress::InProgress, mounted) => {
-                tracing::warn!(
-                    volume = vol,
-                    mounted,
-                    "recovery: a stage was interrupted; the next NodeStageVolume resumes it"
-                );
-            }
-        }
-    }
-    let staged = store.staged(vol)?;
-    if let Some(s) = &staged {
-        ebs_node_core::node::device_claim::adopt(ctx, s)?;
-    }
-    for publication in store.publications(vol)? {
-        let target = publication.target_path.as_path();
-        let expected = Expected::of(ctx, vol, staged.as_ref());
-        let found = match path_handles::lookup_recorded(ctx, target)? {
-            Some(entry) => holder(ctx, &*entry, &expected)?,
-            None => Holder::Nothing,
-        };
-        match found {
-            Holder::Volume(_) if publication.progress == Progress::Complete => {
-                tracing::info!(volume = vol, target = %target.display(), "recovery: published as recorded");
-            }
-            Holder::Volume(_) => {
-                // The bind intent was durable and the bind is there: only the completion was lost.
-                let mut done = publication.clone();
-                done.progress = Progress::Complete;
-                store.write(Durability::Immediate, |w| w.put_publication(&done))?;
-                report.completed += 1;
-                tracing::info!(volume = vol, target = %target.display(),
-                    "recovery: the publication's bind is there; record completed");
-            }
-            Holder::Foreign(what) => {
-                tracing::warn!(volume = vol, target = %target.display(), %what,
-                    "recovery: the publication's target holds a mount that is not the volume's; record kept, NodeUnpublishVolume will refuse until it is removed");
-            }
-            // A block publish interrupted before its bind: the durable intent vouches for the
-            // target file the agent made, so the retry may use it (or unpublish remove it);
-            // without the record the retry would refuse the file as not the agent's.
-            Holder::Nothing
-                if publication.block && publication.progress == Progress::InProgress =>
-            {
-                tracing::warn!(volume = vol, target = %target.display(),
-                    "recovery: a block publish was interrupted before its bind; the next NodePublishVolume resumes it");
-            }
-            Holder::Nothing => {
-                tracing::warn!(volume = vol, target = %target.display(),
-                    "recovery: the publication's mount is gone; record dropped");
-                store.write(Durability::Immediate, |w| w.delete_publication(vol, target))?;
-                ctx.claims.forget(vol, target);
-                report.dropped_publications += 1;
-            }
-        }
-    }
-    Ok(report)
 }
 
 /// The guard, waiting up to `wait` for a holder to let go (polled: holders are few and
@@ -289,7 +180,7 @@ pub fn prune_never_staged(store: &Store) -> Result<usize> {
 mod tests {
     use std::time::Instant;
 
-    use ebs_node_core::records::{DeviceIdentity, StagedVolume};
+    use ebs_node_core::records::{AccessRecord, DeviceIdentity, Progress, StagedVolume};
     use ebs_store::Store;
 
     use super::*;

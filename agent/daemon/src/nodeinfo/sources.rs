@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::imds::ImdsClient;
-use super::live_limit::{LiveLimit, StagedSerials};
-use super::outpost::Outpost;
-use super::{NodeInfo, NodeInfoSource, dmi};
 use crate::health::{Health, IdentityState};
+use ebs_node_backends::nodeinfo::imds::ImdsClient;
+use ebs_node_backends::nodeinfo::live_limit::{LiveLimit, StagedSerials};
+use ebs_node_backends::nodeinfo::outpost::Outpost;
+use ebs_node_backends::nodeinfo::{NodeInfo, NodeInfoSource, dmi};
 use ebs_node_core::ec2::attach_limit::LimitInputs;
 
 /// The EBS driver's topology keys, so existing StorageClasses and PersistentVolumes keep working.

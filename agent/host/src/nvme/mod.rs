@@ -5,6 +5,7 @@
 //! knows) as well as on the controller's character device, and needs CAP_SYS_ADMIN.
 
 pub mod ebs_page;
+pub mod page_reads;
 
 use std::fs::File;
 use std::io;

@@ -155,6 +155,14 @@ impl HostOps for RealHost {
         read_only::lies_over(devnum)
     }
 
+    fn sweep_read_only(
+        &self,
+        prefixes: &[&str],
+        keep: &HashSet<String>,
+    ) -> Result<ebs_node_core::node::host::Swept> {
+        read_only::sweep(prefixes, keep)
+    }
+
     fn resize_read_only(
         &self,
         tags: &HashSet<String>,

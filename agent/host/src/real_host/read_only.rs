@@ -7,7 +7,7 @@
 //! sharing a host, even with one state path in two mount namespaces, never take each other's),
 //! and the publication's (volume and target). Publish journals its bind intent durably before it
 //! lays the device, so after a crash the record names the tag; unpublish detaches the
-//! publication's device after the unmount; start-up recovery (the daemon's `node::ro_block`)
+//! publication's device after the unmount; start-up recovery (the core's `node::read_only`)
 //! detaches every device of this agent that no present publication record names and that the
 //! host shows nothing uses (`device_binds`). Here: the mechanics, laying, finding and detaching.
 
@@ -19,7 +19,7 @@ use crate::device::block_devnum;
 use crate::device_binds::{self, Uses};
 use crate::loopdev::{self, overlay};
 use ebs_node_core::error::{Error, Result};
-use ebs_node_core::node::host::ReadOnlyDevice;
+use ebs_node_core::node::host::{ReadOnlyDevice, Swept};
 use ebs_node_core::node::ro_tag;
 use ebs_node_core::node::volume_device::VolumeDevice;
 
@@ -198,4 +198,41 @@ pub fn resize(
             (f.device, size)
         })
         .collect())
+}
+
+/// Start-up's sweep (the core's `node::read_only::sweep` decides `keep`): this agent's
+/// read-only devices (tags starting with one of `prefixes`) that `keep` does not name are
+/// detached, but only those the host shows nothing uses (`device_binds`); a used one is kept.
+pub fn sweep(prefixes: &[&str], keep: &std::collections::HashSet<String>) -> Result<Swept> {
+    let mut strays = Vec::new();
+    for prefix in prefixes {
+        for found in overlay::tagged(prefix).map_err(|e| loop_error("listing loop devices", e))? {
+            if !keep.contains(&found.tag) {
+                strays.push(found);
+            }
+        }
+    }
+    let mut swept = Swept::default();
+    if strays.is_empty() {
+        return Ok(swept);
+    }
+    let uses = Uses::scan(device_binds::WITHIN);
+    for found in strays {
+        if let Some(what) = unused(&uses, &found) {
+            tracing::warn!(device = %found.device.display(), tag = %found.tag, used = %what,
+                "recovery: a read-only block device no publication record names is still in use; kept (adopted): `recover --from-mounts` rebuilds its record");
+            swept.adopted += 1;
+            continue;
+        }
+        match loopdev::detach(&found.device) {
+            Ok(()) => {
+                tracing::info!(device = %found.device.display(), tag = %found.tag,
+                    "recovery: detached a read-only device nothing uses and no publication binds");
+                swept.detached += 1;
+            }
+            Err(e) => tracing::warn!(device = %found.device.display(), error = %e,
+                "recovery: could not detach a read-only device no publication binds"),
+        }
+    }
+    Ok(swept)
 }

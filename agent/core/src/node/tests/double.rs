@@ -276,6 +276,14 @@ impl HostOps for DoubleHost {
         self.resize_read_only_over(tags, over)
     }
 
+    fn sweep_read_only(
+        &self,
+        prefixes: &[&str],
+        keep: &HashSet<String>,
+    ) -> Result<crate::node::host::Swept> {
+        Ok(self.sweep_read_only_of(prefixes, keep))
+    }
+
     fn read_first_block(&self, device: &Path) -> ReadOutcome {
         self.read_first_block_of(device)
     }

@@ -119,3 +119,38 @@ impl DoubleHost {
         Ok(out)
     }
 }
+
+impl DoubleHost {
+    /// Start-up's sweep: a read-only device of ours no record keeps is detached unless a mount
+    /// (a bind of its node) uses it.
+    pub(super) fn sweep_read_only_of(
+        &self,
+        prefixes: &[&str],
+        keep: &HashSet<String>,
+    ) -> crate::node::host::Swept {
+        let mut swept = crate::node::host::Swept::default();
+        let mut s = self.state();
+        let strays: Vec<DevNum> = (s.read_only.iter())
+            .map(|(ro, _)| *ro)
+            .filter(|ro| {
+                let tag = s.ro_tags.get(ro).map_or("", String::as_str);
+                prefixes.iter().any(|p| tag.starts_with(p)) && !keep.contains(tag)
+            })
+            .collect();
+        for ro in strays {
+            let bound = s.mounts.values().flatten().any(|m| m.node.rdev == ro);
+            if bound {
+                swept.adopted += 1;
+                continue;
+            }
+            s.read_only.retain(|(d, _)| *d != ro);
+            s.calls.push(super::double::Call {
+                what: format!("detach read-only {ro}"),
+                after: None,
+                durable: true,
+            });
+            swept.detached += 1;
+        }
+        swept
+    }
+}

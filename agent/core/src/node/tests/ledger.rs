@@ -219,6 +219,9 @@ impl Ledger for MemLedger {
             .map(|(_, p)| p.clone())
             .collect())
     }
+    fn all_publications(&self) -> LedgerResult<Vec<Publication>> {
+        Ok(MemLedger::all_publications(self))
+    }
     fn publication(&self, volume_id: &str, target: &Path) -> LedgerResult<Option<Publication>> {
         let key = (volume_id.to_string(), target.to_path_buf());
         Ok(self.records().publications.get(&key).cloned())

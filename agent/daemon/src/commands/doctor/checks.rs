@@ -166,14 +166,16 @@ async fn imds(args: &DoctorArgs) -> Check {
     if args.skip_imds {
         return Check::skipped(NAME, "--skip-imds");
     }
-    let client =
-        match crate::nodeinfo::imds::ImdsClient::new(&args.imds_endpoint, args.imds_timeout) {
-            Ok(mut c) => {
-                c.attempts = 1;
-                c
-            }
-            Err(e) => return Check::lacking(NAME, false, e, "fix --imds-endpoint"),
-        };
+    let client = match ebs_node_backends::nodeinfo::imds::ImdsClient::new(
+        &args.imds_endpoint,
+        args.imds_timeout,
+    ) {
+        Ok(mut c) => {
+            c.attempts = 1;
+            c
+        }
+        Err(e) => return Check::lacking(NAME, false, e, "fix --imds-endpoint"),
+    };
     match tokio::time::timeout(args.imds_timeout * 3, client.identity()).await {
         Ok(Ok(id)) => Check::ok(
             NAME,

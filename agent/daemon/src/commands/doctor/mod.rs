@@ -33,7 +33,7 @@ pub struct DoctorArgs {
     #[arg(long, default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
     /// ebs: instance metadata, http://host[:port].
-    #[arg(long, env = "EBS_AGENT_IMDS_ENDPOINT", default_value = crate::nodeinfo::imds::DEFAULT_ENDPOINT)]
+    #[arg(long, env = "EBS_AGENT_IMDS_ENDPOINT", default_value = ebs_node_backends::nodeinfo::imds::DEFAULT_ENDPOINT)]
     pub imds_endpoint: String,
     /// ebs: how long the instance-metadata check waits for an answer.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]

@@ -3,17 +3,15 @@
 //! /proc/self/mountinfo, `--reset` starts empty.
 //!
 //! A read-only raw block publication binds one of this agent's read-only loop devices laid over
-//! the volume's (see `node::ro_block`): it is rebuilt as such (read-only, block), so the device
+//! the volume's (see the core's `node::read_only`): it is rebuilt as such (read-only, block), so the device
 //! stays and unpublish detaches it; one this agent did not lay there is left alone and said so.
 //! Start-up never detaches a read-only device the host shows in use, record or not.
 //!
 //! Records rebuilt from mounts do not know the access mode or mount flags the CO asked for: they
 //! carry access mode 0 ("recovered"), which the compatibility checks treat as "accept the CO's".
 
-mod names;
-
+use ebs_node_backends::kubelet_names::{handle_named_by, said_by_kubelet};
 use ebs_node_core::DevNum;
-use names::{handle_named_by, said_by_kubelet};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -82,7 +80,7 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
         .collect::<Vec<_>>();
     let table = MountTable::read().map_err(|e| e.to_string())?;
     // Kept beside the state file, so the read-only block devices this agent laid are still its.
-    let agent_tag = crate::node::instance::agent_tag(state_dir, path)
+    let agent_tag = ebs_node_host::instance::agent_tag(state_dir, path)
         .map_err(|e| format!("this agent's instance id: {e}"))?;
     let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag)?;
     Ok(format!(
@@ -98,7 +96,7 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Ok(known);
     };
-    let node_id = crate::nodeinfo::hostname();
+    let node_id = ebs_node_backends::nodeinfo::hostname();
     // The devices the mount table shows mounted (a volume's staging, its publications' binds).
     let mounted: std::collections::HashSet<DevNum> = MountTable::read()
         .map(|t| {
@@ -283,7 +281,7 @@ fn rebuild_mounts(
         // Whose the mounts are: the first (staging) mount's name says it where kubelet made it.
         let chosen = owner_of
             .entry(k.volume_id.clone())
-            .or_insert_with(|| handle_named_by(k, &m.mount_point))
+            .or_insert_with(|| handle_named_by(&k.volume_id, &k.device, &m.mount_point))
             .clone();
         let (vol, acts_for) = match &chosen {
             Some(handle) => (handle.as_str(), Some(k.volume_id.clone())),

@@ -26,7 +26,7 @@ use ebs_node_core::node::{VolumeGuard, VolumeLocks};
 use ebs_node_core::request::{ValidationError, VolumeId};
 
 /// Below the state directory: where v0.1 volumes are staged.
-pub const STAGING_DIR: &str = "v01-staging";
+pub const STAGING_DIR: &str = ebs_node_backends::kubelet_names::V01_STAGING_DIR;
 
 pub struct V01Node {
     pub v1: Arc<NodeService>,

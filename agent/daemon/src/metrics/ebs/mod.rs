@@ -5,7 +5,6 @@
 //! page 0xD0 is read (`reads`) and parsed (`host::nvme::ebs_page`). A failure is counted, logged
 //! once per volume and reason, and never fails the scrape.
 
-mod reads;
 pub mod render;
 mod volumes;
 
@@ -16,10 +15,12 @@ use std::time::{Duration, Instant};
 
 use ebs_store::Store;
 
-use crate::nodeinfo::NodeInfoSource;
+use ebs_node_backends::nodeinfo::NodeInfoSource;
 use ebs_node_host::nvme::ReadError;
 use ebs_node_host::nvme::ebs_page::{self, EbsStats, PageError};
-pub use reads::{InFlight, Limits, NvmeReader, Outcome, PageReader, read_all};
+use ebs_node_host::nvme::page_reads::{
+    InFlight, Limits, NvmeReader, Outcome, PageReader, read_all,
+};
 pub use volumes::{NvmeDisk, Wanted, disks_by_serial, serial_of, wanted_volumes};
 
 /// Bucket bounds of the collector's own duration histogram (upstream's).

@@ -18,7 +18,7 @@ use ebs_node_core::records::{
 use nix::errno::Errno;
 
 use super::*;
-use crate::nodeinfo::NodeInfo;
+use ebs_node_backends::nodeinfo::NodeInfo;
 use ebs_node_core::ec2::ebs::EBS_MODEL;
 use ebs_node_fixture::Fixture;
 use ebs_node_host::nvme::ebs_page::{Bin, Histogram, encode};

@@ -1,14 +1,15 @@
 //! This agent instance's id: 16 random hex digits in `<state dir>/instance-id`, made once with
-//! the state directory and kept for good. It names the agent's read-only block devices
-//! (`ro_tag::AgentTag`), so two agents whose state directories have one path in two mount
-//! namespaces never take each other's. It lives beside the state file, not in it: rebuilding or
+//! the state directory and kept for good. It names the loop devices the agent makes, its
+//! read-only block devices and the loop controller's attachments (`ro_tag::AgentTag`), so two
+//! agents on one host (even whose state directories have one path in two mount namespaces) never
+//! take each other's. It lives beside the state file, not in it: rebuilding or
 //! resetting the state file (`recover`) keeps it, so the agent still knows the devices it laid.
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::private;
 use ebs_node_core::node::ro_tag::AgentTag;
-use ebs_node_host::private;
 
 pub const FILE: &str = "instance-id";
 

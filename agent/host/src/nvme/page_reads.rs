@@ -11,7 +11,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ebs_node_host::nvme::{ReadError, ebs_page};
+use super::{ReadError, ebs_page};
 
 /// Reads one device's raw statistics page (blocking). The agent's reader is the ioctl; tests
 /// and benches stub it.

@@ -1,20 +1,39 @@
 //! What a mount's path says about the id that made it: kubelet's layout (`vol_data.json`, the
 //! staging directory named after the volume handle's SHA-256) and the agent's own v0.1 staging
 //! directory tell a node-local handle's mounts from its volume's, which the device alone cannot.
+//! The node-local backend adopts a handle's mount only at a path named for it (`named_for`);
+//! `recover --from-mounts` tells whose a mount is (`handle_named_by`, `said_by_kubelet`).
 
 use std::path::{Path, PathBuf};
 
 use ebs_node_core::request::VolumeId;
 
-use super::Known;
+/// The agent's v0.1 staging directories' parent, below its state directory: v0.1 has no
+/// staging path of its own, so the agent stages there, in a directory named for the id.
+pub const V01_STAGING_DIR: &str = "v01-staging";
+
+/// Whether `staging` is a staging path named for `volume`: kubelet's
+/// `<SHA-256 of the handle>/globalmount`, or the agent's v0.1 directory for it.
+pub fn named_for(volume: &VolumeId, staging: &Path) -> bool {
+    let name = staging.file_name().and_then(|n| n.to_str());
+    let parent = staging
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str());
+    match (name, parent) {
+        (Some("globalmount"), Some(hash)) => hash == sha256_hex(volume.as_str()),
+        (Some(name), Some(V01_STAGING_DIR)) => volume.file_name().as_deref() == Some(name),
+        _ => false,
+    }
+}
 
 /// The node-local handle (`local-ebs://dev/<name>`) whose staging directory kubelet made at
-/// `staging`, when it is one: kubelet names a CSI volume's staging directory
+/// `staging` for the volume `volume_id` found on `device`, when it is one: kubelet names a CSI volume's staging directory
 /// `…/kubernetes.io/csi/<driver>/<sha256 of the volume handle>/globalmount`, so a mount made
 /// through a handle is told from one made through the volume's own id, which the device alone
 /// cannot tell. The handle is one of the device's names in /dev (its own, or a link to it).
-pub(super) fn handle_named_by(k: &Known, staging: &Path) -> Option<String> {
-    let node = std::fs::canonicalize(&k.device).ok()?;
+pub fn handle_named_by(volume_id: &str, device: &Path, staging: &Path) -> Option<String> {
+    let node = std::fs::canonicalize(device).ok()?;
     // kubelet's own record of the volume beside the mount says which handle it used; the
     // agent's v0.1 staging directory is named after the id itself.
     if let Some(handle) = kubelet_volume_handle(staging).or_else(|| v01_staging_id(staging)) {
@@ -28,7 +47,7 @@ pub(super) fn handle_named_by(k: &Known, staging: &Path) -> Option<String> {
         return None;
     }
     let hash = staging.parent()?.file_name()?.to_str()?;
-    if hash.len() != 64 || sha256_hex(&k.volume_id) == hash {
+    if hash.len() != 64 || sha256_hex(volume_id) == hash {
         return None;
     }
     device_names(&node)
@@ -57,14 +76,14 @@ fn kubelet_volume_handle(at: &Path) -> Option<String> {
 
 /// Whether kubelet's layout at `at` names the volume handle (its `vol_data.json`, or a staging
 /// directory named after the handle's SHA-256).
-pub(super) fn said_by_kubelet(at: &Path) -> bool {
+pub fn said_by_kubelet(at: &Path) -> bool {
     kubelet_volume_handle(at).is_some() || at.file_name().is_some_and(|n| n == "globalmount")
 }
 
 /// The node-local handle a v0.1 staging directory (`<state>/v01-staging/<escaped id>`) stands
 /// for: `VolumeId::file_name` turned back (`local-ebs:dev:xvdbz` is `local-ebs://dev/xvdbz`).
 fn v01_staging_id(staging: &Path) -> Option<String> {
-    if staging.parent()?.file_name()? != crate::grpc::v01::node::STAGING_DIR {
+    if staging.parent()?.file_name()? != V01_STAGING_DIR {
         return None;
     }
     let name = staging.file_name()?.to_str()?;

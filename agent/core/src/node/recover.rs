@@ -1,0 +1,129 @@
+//! Start-up recovery of one volume: its records checked against the host, each step whose
+//! effect the host shows completed (a staging mount of the volume → the stage is complete; a
+//! bind of it at a target → the publication is complete), records of mounts that a reboot (or
+//! an operator) removed dropped, so the next call redoes the work. Half-done steps with nothing
+//! on the host are left for the retry, which resumes from the host's state. One log line per
+//! finding. The daemon runs it for every recorded volume at start-up, under the volume's guard,
+//! and again for a volume that needs attention (`node::recovery`, `node::attention`).
+
+use crate::ledger::{LedgerResult, LedgerWriter};
+use crate::records::{AccessRecord, Durability, Progress};
+
+use super::NodeCtx;
+use super::backend::Shown;
+use super::compat::staged_mount_present;
+use super::ownership::{Expected, Holder, holder};
+use super::path_handles;
+use crate::error::Result;
+
+/// What the check of one volume did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct VolumeReport {
+    pub dropped_staging: bool,
+    pub dropped_publications: usize,
+    pub completed: usize,
+}
+
+/// Checks one volume's records against the host and completes or drops them. Runs under the
+/// volume's guard, on a blocking thread (it walks recorded paths).
+pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
+    let store = &ctx.ledger;
+    let mut report = VolumeReport::default();
+    // Read only to see that it decodes: a stage needs it, so a broken one keeps the mark.
+    store.format(vol)?;
+    if let Some(staged) = store.staged(vol)? {
+        let present = match staged.access {
+            AccessRecord::Mount { .. } => staged_mount_present(ctx, &staged)?,
+            AccessRecord::Block => ctx
+                .backend
+                .prove(
+                    Shown::Path(&staged.device, ctx.host.block_devnum(&staged.device).ok()),
+                    &staged.identity,
+                )
+                .is_ok(),
+        };
+        let staging = staged.staging_path.as_path();
+        match (staged.progress, present) {
+            (Progress::Complete, true) => {
+                tracing::info!(volume = vol, staging = %staging.display(), "recovery: staged and mounted as recorded");
+            }
+            (Progress::Complete, false) => {
+                tracing::warn!(volume = vol, staging = %staging.display(),
+                    "recovery: the staging mount is gone (reboot?); record dropped, the next NodeStageVolume remounts");
+                write(ctx, |w| w.delete_staged(vol))?;
+                ctx.claims.forget(vol, staging);
+                report.dropped_staging = true;
+            }
+            (Progress::InProgress, true) if matches!(staged.access, AccessRecord::Mount { .. }) => {
+                let mut done = staged.clone();
+                done.progress = Progress::Complete;
+                write(ctx, |w| w.put_staged(&done))?;
+                report.completed += 1;
+                tracing::info!(volume = vol, staging = %staging.display(),
+                    "recovery: the stage had mounted the volume; record completed");
+            }
+            (Progress::InProgress, mounted) => {
+                tracing::warn!(
+                    volume = vol,
+                    mounted,
+                    "recovery: a stage was interrupted; the next NodeStageVolume resumes it"
+                );
+            }
+        }
+    }
+    let staged = store.staged(vol)?;
+    if let Some(s) = &staged {
+        super::device_claim::adopt(ctx, s)?;
+    }
+    for publication in store.publications(vol)? {
+        let target = publication.target_path.as_path();
+        let expected = Expected::of(ctx, vol, staged.as_ref());
+        let found = match path_handles::lookup_recorded(ctx, target)? {
+            Some(entry) => holder(ctx, &*entry, &expected)?,
+            None => Holder::Nothing,
+        };
+        match found {
+            Holder::Volume(_) if publication.progress == Progress::Complete => {
+                tracing::info!(volume = vol, target = %target.display(), "recovery: published as recorded");
+            }
+            Holder::Volume(_) => {
+                // The bind intent was durable and the bind is there: only the completion was lost.
+                let mut done = publication.clone();
+                done.progress = Progress::Complete;
+                write(ctx, |w| w.put_publication(&done))?;
+                report.completed += 1;
+                tracing::info!(volume = vol, target = %target.display(),
+                    "recovery: the publication's bind is there; record completed");
+            }
+            Holder::Foreign(what) => {
+                tracing::warn!(volume = vol, target = %target.display(), %what,
+                    "recovery: the publication's target holds a mount that is not the volume's; record kept, NodeUnpublishVolume will refuse until it is removed");
+            }
+            // A block publish interrupted before its bind: the durable intent vouches for the
+            // target file the agent made, so the retry may use it (or unpublish remove it);
+            // without the record the retry would refuse the file as not the agent's.
+            Holder::Nothing
+                if publication.block && publication.progress == Progress::InProgress =>
+            {
+                tracing::warn!(volume = vol, target = %target.display(),
+                    "recovery: a block publish was interrupted before its bind; the next NodePublishVolume resumes it");
+            }
+            Holder::Nothing => {
+                tracing::warn!(volume = vol, target = %target.display(),
+                    "recovery: the publication's mount is gone; record dropped");
+                write(ctx, |w| w.delete_publication(vol, target))?;
+                ctx.claims.forget(vol, target);
+                report.dropped_publications += 1;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// One durable write of the ledger.
+fn write(
+    ctx: &NodeCtx,
+    change: impl FnOnce(&mut dyn LedgerWriter) -> LedgerResult<()>,
+) -> Result<()> {
+    Ok(ctx.ledger.write(Durability::Immediate, Box::new(change))?)
+}

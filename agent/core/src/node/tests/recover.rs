@@ -1,0 +1,194 @@
+//! Start-up recovery of one volume over the double: for each state a crash or a reboot can
+//! leave (a record whose step the host shows done, one whose mount is gone, one half done), what
+//! the check keeps, completes or drops, and that it never touches the host. Root tests: the
+//! crash matrix and `power_loss`.
+
+use super::*;
+use crate::ledger::{Changes, Ledger};
+use crate::node::recover::{VolumeReport, recover_volume};
+use crate::records::{Durability, Progress};
+
+fn write(h: &Harness, change: Changes) {
+    h.ledger
+        .write(Durability::Immediate, change)
+        .expect("write");
+}
+
+fn stage_in_progress(h: &Harness) {
+    let mut s = h.ledger.staged(VOL).expect("read").expect("staged");
+    s.progress = Progress::InProgress;
+    write(h, Box::new(move |w| w.put_staged(&s)));
+}
+
+fn publication_in_progress(h: &Harness) {
+    let target = h.target("pod").as_path().to_path_buf();
+    let mut p = h
+        .ledger
+        .publication(VOL, &target)
+        .expect("read")
+        .expect("published");
+    p.progress = Progress::InProgress;
+    write(h, Box::new(move |w| w.put_publication(&p)));
+}
+
+/// The mount at `path` is gone behind the agent's back (a reboot, an operator).
+fn unmount(h: &Harness, path: RequestPath) {
+    let mut s = h.host.state();
+    for gone in s.mounts.remove(path.as_path()).unwrap_or_default() {
+        if !s.mounts.values().flatten().any(|m| m.dev == gone.dev) {
+            s.claimed.remove(&gone.dev);
+        }
+    }
+}
+
+fn cover(h: &Harness, path: RequestPath) {
+    let foreign = double::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+    let at = path.as_path().to_path_buf();
+    h.host.state().mounts.insert(at, vec![foreign]);
+}
+
+/// What the records say after the check: (staged progress, publication progress).
+fn records(h: &Harness) -> (Option<Progress>, Option<Progress>) {
+    let target = h.target("pod").as_path().to_path_buf();
+    (
+        h.ledger.staged(VOL).expect("read").map(|s| s.progress),
+        h.ledger
+            .publication(VOL, &target)
+            .expect("read")
+            .map(|p| p.progress),
+    )
+}
+
+#[test]
+fn each_state_a_crash_or_a_reboot_leaves_is_kept_completed_or_dropped() {
+    use Progress::{Complete as Done, InProgress as Half};
+    type Leave = fn(&Harness);
+    let report = |dropped_staging, dropped_publications, completed| VolumeReport {
+        dropped_staging,
+        dropped_publications,
+        completed,
+    };
+    type Case = (
+        &'static str,
+        Leave,
+        (Option<Progress>, Option<Progress>),
+        VolumeReport,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "as recorded",
+            |_| {},
+            (Some(Done), Some(Done)),
+            report(false, 0, 0),
+        ),
+        (
+            "a reboot took every mount",
+            |h| {
+                unmount(h, h.target("pod"));
+                unmount(h, h.staging(VOL));
+            },
+            (None, None),
+            report(true, 1, 0),
+        ),
+        (
+            "the stage mounted, its completion was lost",
+            stage_in_progress,
+            (Some(Done), Some(Done)),
+            report(false, 0, 1),
+        ),
+        (
+            "the stage was cut before its mount",
+            |h| {
+                stage_in_progress(h);
+                unmount(h, h.staging(VOL));
+            },
+            (Some(Half), Some(Done)),
+            report(false, 0, 0),
+        ),
+        (
+            "the bind is there, its completion was lost",
+            publication_in_progress,
+            (Some(Done), Some(Done)),
+            report(false, 0, 1),
+        ),
+        (
+            "the publication's mount is gone",
+            |h| unmount(h, h.target("pod")),
+            (Some(Done), None),
+            report(false, 1, 0),
+        ),
+        (
+            "something else is mounted at the target",
+            |h| cover(h, h.target("pod")),
+            (Some(Done), Some(Done)),
+            report(false, 0, 0),
+        ),
+    ];
+    for (what, leave, after, expected) in cases {
+        let h = Harness::new();
+        h.staged(VOL);
+        h.published(VOL, "pod");
+        leave(&h);
+        let r = recover_volume(&h.ctx, VOL).expect(what);
+        assert_eq!(
+            (r.dropped_staging, r.dropped_publications, r.completed),
+            (
+                expected.dropped_staging,
+                expected.dropped_publications,
+                expected.completed
+            ),
+            "{what}"
+        );
+        assert_eq!(records(&h), after, "{what}");
+        assert_eq!(
+            h.host.calls(),
+            Vec::<String>::new(),
+            "{what}: recovery touched the host"
+        );
+    }
+}
+
+#[test]
+fn a_block_volume_is_kept_while_its_device_is_the_volume_and_dropped_once_gone() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(!r.dropped_staging && h.ledger.staged(VOL).expect("read").is_some());
+    // The device is gone (detached, or another disk took its name).
+    let dev = h.dir.join("dev").join(format!("dev-{VOL}"));
+    h.host.state().devices.remove(&dev);
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(r.dropped_staging, "{r:?}");
+    assert_eq!(
+        h.ledger.staged(VOL).expect("read").map(|s| s.volume_id),
+        None
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_dropped_staging_frees_its_path_for_the_next_stage() {
+    let h = Harness::new();
+    h.staged(VOL);
+    unmount(&h, h.staging(VOL));
+    recover_volume(&h.ctx, VOL).expect("recover");
+    // The path's claim went with the record: the retried stage mounts again.
+    h.stage(&h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter)))
+        .expect("the retried stage");
+    let calls = h.host.calls();
+    assert!(
+        calls.iter().any(|c| c.starts_with("mount ext4 dev-vol-a")),
+        "{calls:?}"
+    );
+}
+
+#[test]
+fn a_volume_with_no_records_is_a_no_op() {
+    let h = Harness::new();
+    let r = recover_volume(&h.ctx, "vol-x").expect("recover");
+    assert_eq!(
+        (r.dropped_staging, r.dropped_publications, r.completed),
+        (false, 0, 0)
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
