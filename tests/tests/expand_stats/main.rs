@@ -2,6 +2,7 @@
 //! filesystems under a writer, then break volumes behind the agent's back and read the condition.
 
 mod conditions;
+mod crashes;
 mod grow;
 mod kubelet_bind;
 

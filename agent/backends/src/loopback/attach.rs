@@ -122,7 +122,13 @@ impl LoopController {
                     ),
                 });
             }
-            Some(dev) => (dev, false),
+            // A device over the whole file under this agent's own name for the volume is the one
+            // an attach killed before its record made (a twenty-first fresh review's F3): ours,
+            // so unpublish detaches it and DeleteVolume is not refused for good.
+            Some(dev) => {
+                let ours = self.named_ours(id, &dev, (st_dev, st_ino), readonly);
+                (dev, ours)
+            }
             None => (
                 attach(&volume.file, self.name_for(id).as_deref(), readonly)?,
                 true,
@@ -218,66 +224,85 @@ impl LoopController {
     pub fn reattach_all(&self) -> Result<usize> {
         let _guard = self.lock();
         let mut count = 0;
-        for mut volume in self.store.loop_volumes()? {
-            let Some(att) = volume.attachment.clone() else {
-                continue;
-            };
-            let identity = match super::file_inode(&volume.file) {
-                Ok(inode) => inode,
-                Err(_) => {
-                    tracing::warn!(volume = %volume.id, file = %volume.file.display(),
-                        "recovery: the volume file is missing; attachment dropped");
-                    volume.attachment = None;
-                    self.store
-                        .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-                    continue;
+        // One volume that cannot be attached (its file made immutable, say) leaves the others
+        // re-attached and their records true (a twenty-first fresh review's F2).
+        let mut first_error = None;
+        for volume in self.store.loop_volumes()? {
+            match self.reattach(volume) {
+                Ok(true) => count += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "recovery: a loop volume file could not be re-attached");
+                    first_error.get_or_insert(e);
                 }
-            };
-            // Attachments recorded before device claims existed get theirs.
-            let (key, claim) = controller_claim(&volume, identity.0, identity.1);
-            if self.store.claim(&key)?.is_none() {
-                self.store
-                    .write(Durability::Immediate, |w| w.put_claim(&key, &claim))?;
             }
-            // The attachment's own device, still the file's whole device as recorded (an agent
-            // restart without a reboot): kept.
-            if whole_view(&att.device, identity, att.readonly) {
-                if att.made {
-                    self.keep_named(&volume.id, &att.device);
-                }
-                continue;
-            }
-            // Another one someone laid over the file is adopted only with the access recorded,
-            // and as someone else's: never detached as the agent's, never writable for a
-            // read-only attachment (a sixteenth fresh review's F1).
-            if let Ok(Some(dev)) = loopdev::find_by_backing_inode(identity.0, identity.1)
-                && read_only(&dev) == Some(att.readonly)
-            {
-                volume.attachment = Some(LoopAttachment {
-                    device: dev,
-                    made: false,
-                    ..att
-                });
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(count),
+        }
+    }
+
+    /// `reattach_all` for one volume: whether it attached it anew.
+    fn reattach(&self, mut volume: LoopVolume) -> Result<bool> {
+        let Some(att) = volume.attachment.clone() else {
+            return Ok(false);
+        };
+        let identity = match super::file_inode(&volume.file) {
+            Ok(inode) => inode,
+            Err(_) => {
+                tracing::warn!(volume = %volume.id, file = %volume.file.display(),
+                    "recovery: the volume file is missing; attachment dropped");
+                volume.attachment = None;
                 self.store
                     .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-                continue;
+                return Ok(false);
             }
-            let device = attach(
-                &volume.file,
-                self.name_for(&volume.id).as_deref(),
-                att.readonly,
-            )?;
-            tracing::info!(volume = %volume.id, device = %device.display(), "recovery: re-attached the volume file");
+        };
+        // Attachments recorded before device claims existed get theirs.
+        let (key, claim) = controller_claim(&volume, identity.0, identity.1);
+        if self.store.claim(&key)?.is_none() {
+            self.store
+                .write(Durability::Immediate, |w| w.put_claim(&key, &claim))?;
+        }
+        // The attachment's own device, still the file's whole device as recorded (an agent
+        // restart without a reboot): kept.
+        if whole_view(&att.device, identity, att.readonly) {
+            if att.made {
+                self.keep_named(&volume.id, &att.device);
+            }
+            return Ok(false);
+        }
+        // Another one someone laid over the file is adopted only with the access recorded,
+        // and as someone else's: never detached as the agent's, never writable for a
+        // read-only attachment (a sixteenth fresh review's F1).
+        if let Ok(Some(dev)) = loopdev::find_by_backing_inode(identity.0, identity.1)
+            && read_only(&dev) == Some(att.readonly)
+        {
+            let made = self.named_ours(&volume.id, &dev, identity, att.readonly);
             volume.attachment = Some(LoopAttachment {
-                device,
-                made: true,
+                device: dev,
+                made,
                 ..att
             });
             self.store
                 .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-            count += 1;
+            return Ok(false);
         }
-        Ok(count)
+        let device = attach(
+            &volume.file,
+            self.name_for(&volume.id).as_deref(),
+            att.readonly,
+        )?;
+        tracing::info!(volume = %volume.id, device = %device.display(), "recovery: re-attached the volume file");
+        volume.attachment = Some(LoopAttachment {
+            device,
+            made: true,
+            ..att
+        });
+        self.store
+            .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
+        Ok(true)
     }
 
     /// A snapshot interrupted by a crash leaves its volume's filesystem frozen, and every writer
@@ -293,6 +318,14 @@ impl LoopController {
             let Ok(dev) = ebs_node_host::device::block_devnum(&att.device) else {
                 continue;
             };
+            // Only the volume's own device: a record that start-up could not correct names a
+            // number another filesystem may have now (a twenty-first fresh review's F2: a
+            // foreign freeze was broken).
+            let proven = super::file_inode(&volume.file)
+                .is_ok_and(|inode| whole_view(&att.device, inode, att.readonly));
+            if !proven {
+                continue;
+            }
             if let Some(m) = table.mounts_of_device(dev.major, dev.minor).next() {
                 match freeze::thaw_if_frozen(&m.mount_point) {
                     Ok(true) => {
@@ -331,7 +364,7 @@ fn controller_claim(volume: &LoopVolume, st_dev: u64, st_ino: u64) -> (String, D
 
 /// Whether `dev` is a loop device over the whole file with this inode (no offset, no size
 /// limit), read-only as asked.
-fn whole_view(dev: &Path, inode: (u64, u64), readonly: bool) -> bool {
+pub(super) fn whole_view(dev: &Path, inode: (u64, u64), readonly: bool) -> bool {
     let Ok(file) = std::fs::File::open(dev) else {
         return false;
     };

@@ -80,6 +80,26 @@ impl LoopController {
         self.agent_tag.get().map(|t| t.attached_tag(volume))
     }
 
+    /// Whether `dev`, found over the volume's file, is the device this agent attached for
+    /// `volume`: over the whole file (`inode`) with the access asked, and under this agent's own
+    /// name for the volume. A name alone never makes a device the agent's.
+    pub(super) fn named_ours(
+        &self,
+        volume: &str,
+        dev: &std::path::Path,
+        inode: (u64, u64),
+        readonly: bool,
+    ) -> bool {
+        let Some(name) = self.name_for(volume) else {
+            return false;
+        };
+        let shown = std::fs::File::open(dev)
+            .ok()
+            .and_then(|f| ebs_node_host::loopdev::overlay::status_of(&f, dev).ok()?)
+            .map(|s| s.tag);
+        shown.as_deref() == Some(name.as_str()) && super::attach::whole_view(dev, inode, readonly)
+    }
+
     /// Gives a device this agent attached for `volume` its name when it shows another (attached
     /// before agents named their devices, or renamed by whoever opened it: a twentieth fresh
     /// review's F1), so that a second agent on the host tells it from a free device.
@@ -252,14 +272,24 @@ impl LoopController {
             .store
             .loop_volume(id)?
             .ok_or_else(|| Error::VolumeNotFound(id.into()))?;
-        let wanted = super::resize::expansion_size(required, limit, volume.capacity_bytes)?;
-        if wanted > volume.capacity_bytes {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&volume.file)
-                .map_err(|e| Error::io(format!("opening {}", volume.file.display()), e))?;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&volume.file)
+            .map_err(|e| Error::io(format!("opening {}", volume.file.display()), e))?;
+        // The file's own length, not only the record's: an expansion killed between growing the
+        // file and its record left the file longer, and a smaller retry read as growth shrank it
+        // under a mounted filesystem (a twenty-first fresh review's F1). Never shrunk.
+        let real = f
+            .metadata()
+            .map_err(|e| Error::io(format!("sizing {}", volume.file.display()), e))?
+            .len();
+        let current = volume.capacity_bytes.max(real);
+        let wanted = super::resize::expansion_size(required, limit, current)?;
+        if wanted > real {
             f.set_len(wanted)
                 .map_err(|e| Error::io(format!("growing {}", volume.file.display()), e))?;
+        }
+        if wanted != volume.capacity_bytes {
             volume.capacity_bytes = wanted;
             self.store
                 .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
