@@ -8,7 +8,7 @@
 //! from is durable or re-derived from the host.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::StoreError;
@@ -17,6 +17,9 @@ pub(crate) struct LiveDb {
     path: PathBuf,
     db: RwLock<Option<redb::Database>>,
     needs_reopen: AtomicBool,
+    /// How many times the file was reopened after a failed commit (each may have lost lazy
+    /// records committed since the last durable one).
+    reopens: AtomicU64,
     /// Why the last commit failed, until one succeeds again.
     failure: Mutex<Option<String>>,
 }
@@ -75,6 +78,7 @@ impl LiveDb {
             path: path.to_path_buf(),
             db: RwLock::new(Some(db)),
             needs_reopen: AtomicBool::new(false),
+            reopens: AtomicU64::new(0),
             failure: Mutex::new(None),
         }
     }
@@ -106,6 +110,7 @@ impl LiveDb {
             Ok(db) => {
                 *slot = Some(db);
                 self.needs_reopen.store(false, Ordering::Release);
+                self.reopens.fetch_add(1, Ordering::AcqRel);
                 tracing::warn!(path = %self.path.display(), "state file reopened after a failed commit");
             }
             Err(e) => {
@@ -175,6 +180,16 @@ impl crate::Store {
             return Err(StoreError::ReadOnly);
         };
         self.commit(live, Vec::new(), true)
+    }
+
+    /// How many times the file was reopened after a failed commit. Each reopen goes back to the
+    /// last durable commit: lazy records since then are lost, as in a crash, so the agent checks
+    /// its volumes against the host again, as start-up does.
+    pub fn reopens(&self) -> u64 {
+        match &self.db {
+            crate::Db::ReadWrite(live) => live.reopens.load(Ordering::Acquire),
+            _ => 0,
+        }
     }
 
     /// Why the last commit failed, while no commit has succeeded since (a full or failing

@@ -194,3 +194,82 @@ async fn a_failed_commit_is_visible_and_recovers_without_restart() {
         .await
         .expect("node work goes on");
 }
+
+/// A full state disk: the unpublish and unstage that answered OK wrote their records lazily, and
+/// the reopen after a later failed commit rolls the file back to its last durable commit (the
+/// publish's intent). The running agent checks every recorded volume against the host again (a
+/// twenty-first fresh review's F4): the controller's detach is not refused for good over mounts
+/// that are gone.
+#[tokio::test]
+async fn a_reopened_state_file_is_checked_against_the_host_again() {
+    if !require_root("a_reopened_state_file_is_checked_against_the_host_again") {
+        return;
+    }
+    let scratch = Scratch::new("own-full-rollback");
+    let state = scratch.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    sh(&format!(
+        "mount -t tmpfs -o size=8m full {}",
+        state.display()
+    ));
+    let volumes = scratch.join("volumes");
+    std::fs::create_dir_all(&volumes).unwrap();
+    std::os::unix::fs::symlink(&volumes, state.join("volumes")).unwrap();
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let vol = create_attached(&agent, "v", 64 * MIB).await;
+    let (staging, target) = (
+        agent.work.join("staging/v"),
+        agent.work.join("pods/p/mount"),
+    );
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&vol, &staging, fs_cap()))
+        .await
+        .expect("stage");
+    node.node_publish_volume(publish_req(&vol, &staging, &target, fs_cap(), false))
+        .await
+        .expect("publish");
+    let filler = state.join("filler");
+    sh(&format!(
+        "dd if=/dev/zero of={} bs=64k status=none 2>/dev/null; sync",
+        filler.display()
+    ));
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    let _ = agent
+        .controller()
+        .await
+        .create_volume(csi::CreateVolumeRequest {
+            name: "full".into(),
+            capacity_range: at_least(16 * MIB),
+            volume_capabilities: vec![fs_cap()],
+            ..Default::default()
+        })
+        .await
+        .expect_err("a full state disk fails the commit");
+    std::fs::remove_file(&filler).unwrap();
+    let node_name = node_id(&agent).await;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let detached = agent
+            .controller()
+            .await
+            .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+                volume_id: vol.id.clone(),
+                node_id: node_name.clone(),
+                ..Default::default()
+            })
+            .await;
+        match detached {
+            Ok(_) => break,
+            Err(e) => assert!(
+                std::time::Instant::now() < until,
+                "the detach is still refused over records the reopen brought back: {e:?}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

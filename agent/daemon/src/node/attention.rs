@@ -48,6 +48,8 @@ struct State {
 pub struct Attention {
     state: Mutex<State>,
     retry: Duration,
+    /// The store's reopens already answered (`after_reopen`).
+    seen_reopens: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Attention {
@@ -61,7 +63,22 @@ impl Attention {
         Attention {
             state: Mutex::default(),
             retry: retry.max(Duration::from_millis(100)),
+            seen_reopens: Default::default(),
         }
+    }
+
+    /// Marks the volume to be checked again at once, in the background and by the next call on
+    /// it (its records may have lost what the host shows), without counting a failed check.
+    pub fn recheck(&self, volume: &str, reason: &str) {
+        let mut s = lock(&self.state);
+        let mark = s.marks.entry(volume.to_string()).or_insert_with(|| Mark {
+            reason: String::new(),
+            since_unix_ms: ebs_node_core::records::now_unix_ms(),
+            failed_checks: 0,
+            next_check: Instant::now(),
+        });
+        mark.reason = reason.to_string();
+        mark.next_check = Instant::now();
     }
 
     /// Marks the volume (or updates its reason); the next background check backs off.
@@ -238,6 +255,36 @@ pub async fn check(
     }
 }
 
+/// After the state file was reopened following a failed commit (a full disk), what it recorded
+/// lazily since its last durable commit is gone, as in a crash: every recorded volume is marked,
+/// so it is checked against the host again (as start-up does) before anything else is done with
+/// it, and in the background (a twenty-first fresh review's F4: records of mounts already gone
+/// came back, and the controller refused to detach over them until a restart).
+pub fn after_reopen(ctx: &AgentCtx) {
+    use std::sync::atomic::Ordering;
+    let now = ctx.store.reopens();
+    let seen = &ctx.attention.seen_reopens;
+    if seen.load(Ordering::Acquire) == now || seen.swap(now, Ordering::AcqRel) == now {
+        return;
+    }
+    match ctx.store.recorded_volume_ids() {
+        Ok(ids) => {
+            tracing::warn!(
+                volumes = ids.len(),
+                "the state file was reopened after a failed commit: every volume is checked against the host again"
+            );
+            for id in ids {
+                ctx.attention.recheck(
+                    &id,
+                    "the state file was reopened after a failed commit (a full disk?): what it \
+                     recorded last may be lost, so the volume is checked against the host again",
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "the volumes to check again cannot be listed"),
+    }
+}
+
 /// Checks marked volumes again in the background, each when its back-off is over, never more
 /// than one check per volume, never waiting on one for another.
 pub fn spawn_retries(ctx: Arc<AgentCtx>, wait: Duration) {
@@ -245,6 +292,12 @@ pub fn spawn_retries(ctx: Arc<AgentCtx>, wait: Duration) {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(tick).await;
+            let seen = Arc::clone(&ctx);
+            let checked = crate::error::blocking(move || {
+                after_reopen(&seen);
+                Ok(())
+            });
+            drop(checked.await);
             for volume in ctx.attention.due() {
                 // A call holds the volume: it checks the volume itself.
                 let Some(guard) = ctx.locks.try_lock(&volume) else {

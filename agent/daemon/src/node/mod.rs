@@ -114,6 +114,7 @@ where
     F: FnOnce(&AgentCtx) -> Result<T> + Send + 'static,
 {
     ctx.ready()?;
+    attention::after_reopen(ctx);
     let guard = match ctx.locks.try_lock(volume) {
         Some(guard) if ctx.attention.is_marked(volume) => {
             let wait = recovery::VOLUME_WAIT;
