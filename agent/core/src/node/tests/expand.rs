@@ -197,3 +197,78 @@ fn a_read_only_block_publication_follows_the_resize_or_the_answer_says_why_not()
         "the workload's device kept the old size"
     );
 }
+
+#[test]
+fn a_stage_not_finished_is_not_expanded() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let mut s = crate::ledger::Ledger::staged(&*h.ledger, VOL)
+        .expect("read")
+        .expect("staged");
+    s.progress = crate::records::Progress::InProgress;
+    let write: crate::ledger::Changes = Box::new(move |w| w.put_staged(&s));
+    crate::ledger::Ledger::write(&*h.ledger, crate::records::Durability::Immediate, write)
+        .expect("write");
+    let e = expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect_err("unfinished");
+    assert!(matches!(e, Error::StagingIncomplete { .. }), "{e:?}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_publication_is_a_path_the_volume_may_be_expanded_at_while_it_holds_the_volume() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    grow_device(&h, VOL, 2 * GIB);
+    assert_eq!(
+        expand(&h.ctx, &cmd(&h, VOL, h.target("pod"), 0)).expect("at the publication"),
+        2 * GIB
+    );
+    // The publication's mount gone behind the agent's back: not a path of the volume now.
+    h.host.state().mounts.remove(h.target("pod").as_path());
+    h.host.state().calls.clear();
+    let e = expand(&h.ctx, &cmd(&h, VOL, h.target("pod"), 0)).expect_err("gone");
+    assert!(matches!(e, Error::PathNotFound { .. }), "{e:?}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_volume_staged_read_only_or_remounted_read_only_is_not_grown() {
+    let h = Harness::new();
+    h.staged(VOL);
+    grow_device(&h, VOL, 2 * GIB);
+    {
+        let mut s = h.host.state();
+        let top = s
+            .mounts
+            .get_mut(h.staging(VOL).as_path())
+            .and_then(|m| m.last_mut());
+        top.expect("mount").super_read_only = true;
+    }
+    let e = expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect_err("read-only");
+    assert!(matches!(e, Error::MountedReadOnly { .. }), "{e:?}");
+    assert!(!h.host.calls().iter().any(|c| c.starts_with("grow")));
+}
+
+#[test]
+fn a_device_that_is_no_longer_the_volume_is_refused_before_any_refresh() {
+    let h = Harness::new();
+    h.staged(VOL);
+    // Another disk now answers at the device's name (a detach and a new attach in between).
+    let d = h.host.devnum(&h.dir.join("dev").join(format!("dev-{VOL}")));
+    h.backend
+        .moved
+        .lock()
+        .expect("moved")
+        .insert(d, "vol-other".into());
+    let lines = h.journal(VOL).len();
+    let e = expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect_err("not the volume");
+    assert!(
+        matches!(
+            e,
+            Error::NotTheVolumeAnyMore { .. } | Error::DeviceClaimed { .. }
+        ),
+        "{e:?}"
+    );
+    h.assert_nothing_done(VOL, lines);
+}

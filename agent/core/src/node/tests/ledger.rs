@@ -184,6 +184,21 @@ impl MemLedger {
         self.records().staged.values().cloned().collect()
     }
 
+    /// `volume`'s staged record (the test knows there is one).
+    pub fn staged_record(&self, volume: &str) -> StagedVolume {
+        self.records().staged[volume].clone()
+    }
+
+    /// Writes a staged record as it is, durably.
+    pub fn put(&self, s: StagedVolume) {
+        Ledger::write(
+            self,
+            crate::records::Durability::Immediate,
+            Box::new(move |w| w.put_staged(&s)),
+        )
+        .expect("write");
+    }
+
     /// Every publication record.
     pub fn all_publications(&self) -> Vec<Publication> {
         self.records().publications.values().cloned().collect()

@@ -134,3 +134,44 @@ fn a_volume_staged_read_only_is_never_trimmed() {
     assert!(matches!(e, Error::ReadOnlyNoDiscard { .. }), "{e:?}");
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+#[test]
+fn a_filesystem_that_cannot_discard_is_unimplemented_after_the_sync() {
+    for (errno, fits) in [
+        (
+            "EOPNOTSUPP",
+            (|e: &Error| matches!(e, Error::Unimplemented(_))) as fn(&Error) -> bool,
+        ),
+        ("ENOTTY", |e| matches!(e, Error::Unimplemented(_))),
+        ("EIO", |e| matches!(e, Error::Io { .. })),
+    ] {
+        let h = Harness::new();
+        h.staged(VOL);
+        h.host.state().health.trim = Some(errno);
+        let e = at(&h, VOL, ReclaimPath::Staging(h.staging(VOL))).expect_err(errno);
+        assert!(fits(&e), "{errno}: {e:?}");
+        assert_eq!(
+            h.host.calls(),
+            strings(&["syncfs vol-a", "fitrim vol-a"]),
+            "{errno}"
+        );
+        let lines = h.journal(VOL);
+        assert!(
+            lines.ends_with(&strings(&["reclaim/trim:intent", "reclaim/trim:failed"])),
+            "{lines:?}"
+        );
+    }
+}
+
+#[test]
+fn records_rebuilt_without_a_staging_path_still_reclaim_at_the_proven_mount() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let mut s = h.ledger.staged_record(VOL);
+    s.staging_path = std::path::PathBuf::new();
+    h.ledger.put(s);
+    at(&h, VOL, ReclaimPath::Staging(h.staging(VOL))).expect("the mount decides");
+    // A path where the volume is not mounted is still not found.
+    let e = at(&h, VOL, ReclaimPath::Staging(h.staging("vol-b"))).expect_err("elsewhere");
+    assert!(matches!(e, Error::PathNotFound { .. }), "{e:?}");
+}

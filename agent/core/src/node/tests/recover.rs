@@ -192,3 +192,65 @@ fn a_volume_with_no_records_is_a_no_op() {
     );
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+#[test]
+fn a_block_publish_cut_before_its_bind_is_kept_for_the_retry() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
+        .expect("publish");
+    publication_in_progress(&h);
+    unmount(&h, h.target("pod"));
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert_eq!(r.dropped_publications, 0, "{r:?}");
+    assert_eq!(
+        records(&h),
+        (Some(Progress::Complete), Some(Progress::InProgress))
+    );
+    // The retry finishes it.
+    h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
+        .expect("the retried publish");
+    assert_eq!(records(&h).1, Some(Progress::Complete));
+}
+
+#[test]
+fn recovery_twice_changes_nothing_the_second_time() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    publication_in_progress(&h);
+    let first = recover_volume(&h.ctx, VOL).expect("recover");
+    assert_eq!(first.completed, 1);
+    let lines = h.journal(VOL).len();
+    let again = recover_volume(&h.ctx, VOL).expect("again");
+    assert_eq!(
+        (again.completed, again.dropped_publications),
+        (0, 0),
+        "{again:?}"
+    );
+    assert!(!again.dropped_staging);
+    h.assert_nothing_done(VOL, lines);
+}
+
+#[test]
+fn a_recovered_volume_holds_its_device_against_another_id() {
+    let mut h = Harness::new();
+    h.staged(VOL);
+    // A restart: every claim in memory is gone; recovery takes the volume's device again.
+    h.restart(Arc::new(crate::node::Unobserved));
+    recover_volume(&h.ctx, VOL).expect("recover");
+    let e = stage_at(
+        &h,
+        &handle(VOL),
+        "h",
+        mount(AccessMode::MultiNodeMultiWriter),
+    )
+    .expect_err("a handle on the recovered volume's device");
+    assert!(
+        matches!(
+            e,
+            crate::error::Error::DeviceClaimed { .. } | crate::error::Error::DeviceInUse { .. }
+        ),
+        "{e:?}"
+    );
+}

@@ -170,3 +170,65 @@ fn a_device_another_agent_made_is_never_taken() {
             .expect("its own device, or an operator's");
     }
 }
+
+#[test]
+fn a_stack_deeper_than_the_walk_goes_is_refused() {
+    let h = Harness::new();
+    let mut under = h.host.devnum(&h.attach("vol-b"));
+    for n in 0..9 {
+        let d = h.host.devnum(&h.attach(&format!("level-{n}")));
+        h.host.state().lies_on.insert(under, vec![Under::Device(d)]);
+        under = d;
+    }
+    let e = h
+        .stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("nine levels");
+    assert!(matches!(e, Error::IndistinctDevice { .. }), "{e}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_level_that_cannot_be_told_anywhere_down_the_stack_is_refused() {
+    let h = Harness::new();
+    h.attach("vol-m");
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-m")));
+    let m = device_of(&h, "vol-m");
+    h.host
+        .state()
+        .lies_on
+        .insert(m, vec![Under::Unknown("backing file lies on fuse".into())]);
+    let e = h
+        .stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("two levels down");
+    assert!(matches!(e, Error::IndistinctDevice { .. }), "{e}");
+}
+
+#[test]
+fn a_device_laid_over_one_the_loop_controller_attached_is_that_volumes() {
+    use crate::records::{ClaimDoor, DeviceClaim, DeviceIdentity, claim_key};
+    let h = Harness::new();
+    h.attach("vol-l");
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-l")));
+    let identity = DeviceIdentity::NvmeSerial {
+        serial: "vol-l".into(),
+    };
+    let key = claim_key(ClaimDoor::Controller, &identity, None).expect("key");
+    let claim = DeviceClaim {
+        volume_id: "vol-l".into(),
+        door: ClaimDoor::Controller,
+        identity,
+        at_unix_ms: 0,
+        acts_for: None,
+    };
+    let attach: crate::ledger::Changes = Box::new(move |w| w.put_claim(&key, &claim));
+    crate::ledger::Ledger::write(&*h.ledger, crate::records::Durability::Immediate, attach)
+        .expect("attach");
+    let e = h
+        .stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("laid over an attached volume");
+    assert!(
+        matches!(&e, Error::DeviceClaimed { owner, .. } if owner == "vol-l"),
+        "{e}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}

@@ -167,3 +167,72 @@ fn a_stage_not_finished_reports_abnormal_without_usage() {
         s.condition.message
     );
 }
+
+#[test]
+fn a_block_publication_is_measured_by_its_device() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
+        .expect("publish");
+    let s = stats(&h, VOL, h.target("pod")).expect("stats");
+    assert!(!s.condition.abnormal, "{:?}", s.condition);
+    assert_eq!(s.usage, Some(Usage::Block { total_bytes: GIB }));
+}
+
+#[test]
+fn a_block_publication_bound_over_is_abnormal() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
+        .expect("publish");
+    // Another device's node bound over the target behind the agent's back.
+    let mut other = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    other.node.kind = crate::seam::FileKind::BlockDevice;
+    other.node.rdev = crate::DevNum::new(259, 77);
+    let at = h.target("pod").as_path().to_path_buf();
+    h.host.state().mounts.entry(at).or_default().push(other);
+    let s = stats(&h, VOL, h.target("pod")).expect("stats");
+    assert!(s.condition.abnormal, "{:?}", s.condition);
+    assert!(
+        s.condition.message.contains("behind the agent's back"),
+        "{}",
+        s.condition.message
+    );
+}
+
+#[test]
+fn a_publication_unmounted_behind_the_agents_back_is_named_and_not_measured() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    h.host.state().mounts.remove(h.target("pod").as_path());
+    let s = stats(&h, VOL, h.target("pod")).expect("stats");
+    assert!(s.condition.abnormal && s.usage.is_none(), "{s:?}");
+    assert!(
+        s.condition.message.contains("restart it"),
+        "{}",
+        s.condition.message
+    );
+    // The staging path still measures the volume.
+    let s = stats(&h, VOL, h.staging(VOL)).expect("stats at staging");
+    assert!(!s.condition.abnormal && s.usage.is_some(), "{s:?}");
+}
+
+#[test]
+fn a_device_that_is_no_longer_the_volume_is_named_in_the_condition() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let d = device(&h, VOL);
+    h.backend
+        .moved
+        .lock()
+        .expect("moved")
+        .insert(d, "vol-other".into());
+    let s = stats(&h, VOL, h.staging(VOL)).expect("stats");
+    assert!(s.condition.abnormal, "{:?}", s.condition);
+    assert!(
+        s.condition.message.contains("no longer carries volume"),
+        "{}",
+        s.condition.message
+    );
+}

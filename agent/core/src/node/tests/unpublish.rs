@@ -188,3 +188,36 @@ fn a_failed_unmount_is_returned_and_the_record_stays() {
     assert!(recorded(&h, "p1"));
     assert_eq!(h.host.mounts_at(h.target("p1").as_path()), 1);
 }
+
+#[test]
+fn an_unpublish_at_another_volumes_target_changes_nothing() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.staged("vol-b");
+    h.published("vol-b", "pod-b");
+    let lines = h.journal("vol-b").len();
+    // vol-a's id with vol-b's target: never vol-b's mount taken away.
+    let _ = h.unpublish(VOL, "pod-b");
+    assert_eq!(h.host.mounts_at(h.target("pod-b").as_path()), 1);
+    assert_eq!(h.journal_from("vol-b", lines), Vec::<String>::new());
+    assert!(
+        !h.host.calls().iter().any(|c| c.starts_with("unmount")),
+        "{:?}",
+        h.host.calls()
+    );
+}
+
+#[test]
+fn a_block_unpublish_unmounts_and_removes_the_file_it_bound_onto() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
+        .expect("publish");
+    h.host.state().calls.clear();
+    h.unpublish(VOL, "pod").expect("unpublish");
+    assert_eq!(h.host.calls(), vec!["unmount mount".to_string()]);
+    assert!(
+        !h.target("pod").as_path().exists(),
+        "the target file stayed"
+    );
+}

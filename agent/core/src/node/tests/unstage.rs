@@ -158,3 +158,48 @@ fn an_unstage_at_another_volumes_staging_path_changes_nothing_and_says_nothing_w
     assert!(staged_record(&h));
     assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
 }
+
+#[test]
+fn a_failed_unmount_is_returned_and_the_volume_stays_staged() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.host.state().fail.insert("unmount", "EBUSY".into());
+    h.unstage(VOL).expect_err("the unmount fails");
+    assert!(staged_record(&h));
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
+    // The retry, once the unmount works, finishes it.
+    h.host.state().fail.remove("unmount");
+    h.unstage(VOL).expect("the retry");
+    assert!(!staged_record(&h));
+}
+
+#[test]
+fn an_unstage_after_a_crash_between_unmount_and_record_finishes_without_a_second_unmount() {
+    let h = Harness::new();
+    h.staged(VOL);
+    // The crash: the mount went (and with it the device's last claim), the record stayed.
+    {
+        let mut s = h.host.state();
+        for gone in s
+            .mounts
+            .remove(h.staging(VOL).as_path())
+            .unwrap_or_default()
+        {
+            s.claimed.remove(&gone.dev);
+        }
+    }
+    h.unstage(VOL).expect("the retry");
+    assert!(!staged_record(&h));
+    assert!(
+        !h.host.calls().iter().any(|c| c.starts_with("unmount")),
+        "{:?}",
+        h.host.calls()
+    );
+}
+
+#[test]
+fn an_unstage_of_a_volume_never_staged_is_ok_and_calls_nothing() {
+    let h = Harness::new();
+    h.unstage("vol-never").expect("nothing to do");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
