@@ -141,8 +141,19 @@ pub fn take_for_node(
     };
     match node {
         // Held already: a controller's claim written since (which its attach refuses) cannot
-        // take it away from under the volume's own retries.
-        Some(c) if c.volume_id == volume.as_str() => return Ok(None),
+        // take it away from under the volume's own retries. The bytes under it may have been
+        // taken since, though, by a volume whose own take could not see this one (its claim
+        // lives on without a staged record: an interrupted stage's format intent, a publication
+        // left behind): the stack is walked again (the simulation's seed 20, once it laid a
+        // loop device over a volume's disk).
+        Some(c) if c.volume_id == volume.as_str() => {
+            let others = super::reused_number::others(ctx, volume)?;
+            let again = super::stacking::Take::Again;
+            super::stacking::refuse_another_volumes_bytes(
+                ctx, &others, volume, devnum, device, again,
+            )?;
+            return Ok(None);
+        }
         Some(c) => return Err(refuse(c.volume_id, ClaimDoor::Node)),
         None => {}
     }
@@ -164,7 +175,8 @@ pub fn take_for_node(
             door: "bound by number: the device that volume had was replaced under its bind",
         });
     }
-    super::stacking::refuse_another_volumes_bytes(ctx, &others, volume, devnum, device)?;
+    let first = super::stacking::Take::First;
+    super::stacking::refuse_another_volumes_bytes(ctx, &others, volume, devnum, device, first)?;
     Ok(Some((
         key,
         DeviceClaim {

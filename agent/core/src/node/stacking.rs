@@ -26,6 +26,18 @@ use super::host::Under;
 use super::reused_number::Recorded;
 use crate::records::{ClaimDoor, DeviceIdentity, claim_key};
 
+/// Which take of a device the walk is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// The volume takes the device now: anyone's hold on the bytes under it refuses.
+    First,
+    /// The volume holds the device already (its retry): another volume's records, or another
+    /// id's node claim, on the bytes under it refuse; a loop controller's attachment made since
+    /// does not lock the volume out of its own retry (the simulation's seed 4: it was refused
+    /// after an attach that came after its stage).
+    Again,
+}
+
 /// How deep a stack is walked: loop over loop over a file is three; more is refused.
 const DEPTH: usize = 8;
 
@@ -37,6 +49,7 @@ pub fn refuse_another_volumes_bytes(
     volume: &VolumeId,
     devnum: DevNum,
     device: &Path,
+    take: Take,
 ) -> Result<()> {
     let indistinct = |why: String| Error::IndistinctDevice {
         volume: volume.to_string(),
@@ -56,7 +69,7 @@ pub fn refuse_another_volumes_bytes(
     // for it lifts only the loop controller's claim on its very device (`device_claim`), never
     // a level built on its bytes (an eighteenth fresh review's F1: on EBS, where `volumeID`
     // cannot be proven, a handle acting for a staged volume took a file inside its filesystem).
-    let owner_of = |d| owner_of(ctx, &recorded, d).filter(|o| o != volume.as_str());
+    let owner_of = |d| owner_of(ctx, &recorded, d, take).filter(|o| o != volume.as_str());
     // Another agent's device is nobody's here by records, so it is told by what it shows (a
     // nineteenth and a twentieth fresh review's F1): the device itself and every level under it.
     let own_dir = std::cell::OnceCell::new();
@@ -171,7 +184,12 @@ fn recorded_devices(ctx: &NodeCtx, others: &[Recorded]) -> HashMap<DevNum, Strin
 /// says the device is: one of its volumes (loop: a loop device over a volume's file, attached by
 /// anyone: a fifteenth fresh review's F1), or a device a live claim holds (the node's, or the
 /// loop controller's attachment).
-fn owner_of(ctx: &NodeCtx, recorded: &HashMap<DevNum, String>, d: DevNum) -> Option<String> {
+fn owner_of(
+    ctx: &NodeCtx,
+    recorded: &HashMap<DevNum, String>,
+    d: DevNum,
+    take: Take,
+) -> Option<String> {
     if let Some(o) = recorded
         .get(&d)
         .or_else(|| recorded.get(&ctx.host.whole_disk(d)))
@@ -185,6 +203,9 @@ fn owner_of(ctx: &NodeCtx, recorded: &HashMap<DevNum, String>, d: DevNum) -> Opt
     let node = node_key(ctx, &identity, d).and_then(|k| live_claim(&*ctx.ledger, &k).ok()?);
     if let Some(c) = node {
         return Some(c.volume_id);
+    }
+    if take == Take::Again {
+        return None;
     }
     let controller = claim_key(ClaimDoor::Controller, &identity, Some(d))?;
     ctx.ledger.claim(&controller).ok()?.map(|c| c.volume_id)

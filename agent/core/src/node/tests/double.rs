@@ -85,6 +85,31 @@ pub struct State {
     pub health: super::health::Health,
 }
 
+impl State {
+    /// The device at the bottom of `dev`'s stack (itself when it lies on nothing).
+    pub fn bottom(&self, mut dev: DevNum) -> DevNum {
+        for _ in 0..8 {
+            match self.lies_on.get(&dev).and_then(|l| l.first()) {
+                Some(Under::Device(d)) => dev = *d,
+                _ => break,
+            }
+        }
+        dev
+    }
+
+    /// Every device that shows `dev`'s bytes: those with its bottom (itself included).
+    pub fn same_bytes(&self, dev: DevNum) -> Vec<DevNum> {
+        let bottom = self.bottom(dev);
+        let mut all: Vec<DevNum> = (self.devices.values().copied())
+            .filter(|d| self.bottom(*d) == bottom)
+            .collect();
+        all.push(dev);
+        all.sort();
+        all.dedup();
+        all
+    }
+}
+
 pub struct DoubleHost {
     pub(super) ledger: Arc<MemLedger>,
     /// Whose journal the recorded calls are set against.
@@ -329,10 +354,12 @@ impl HostOps for DoubleHost {
         let mut s = self.state();
         let devnum = s.devices[device];
         let bytes = s.device_bytes[&devnum];
-        s.fs_bytes.insert(devnum, bytes);
-        s.probes
-            .insert(devnum, ProbeOutcome::Found(signature(fs, uuid)));
-        s.uuids.insert(devnum, uuid.to_string());
+        // One set of bytes, whichever device shows them (a loop device laid over another).
+        for d in s.same_bytes(devnum) {
+            s.fs_bytes.insert(d, bytes);
+            s.probes.insert(d, ProbeOutcome::Found(signature(fs, uuid)));
+            s.uuids.insert(d, uuid.to_string());
+        }
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::Sim;
+use crate::DevNum;
 
 impl Sim {
     /// Which id's records placed each mount.
@@ -34,9 +35,8 @@ impl Sim {
                 .and_then(|r| r.split(' ').nth(1))
             {
                 let path = self.h.dir.join("dev").join(name);
-                if let Some(dev) = s.devices.get(&path)
-                    && let Some(writer) = self.written.get(dev)
-                {
+                let devices = s.devices.get(&path).map(|d| s.same_bytes(*d));
+                if let Some(writer) = devices.iter().flatten().find_map(|d| self.written.get(d)) {
                     let what = format!("mkfs ran over {name}, which {writer}'s workload wrote");
                     drop(s);
                     self.fail(what);
@@ -49,7 +49,15 @@ impl Sim {
             holders
                 .entry(format!("{:?}", staged.identity))
                 .or_default()
-                .insert(staged.volume_id);
+                .insert(staged.volume_id.clone());
+            // ... nor its bytes, under whatever device they are shown.
+            if let Some(d) = staged.devnum {
+                let d = s.bottom(DevNum::from(d));
+                holders
+                    .entry(format!("the bytes of {d}"))
+                    .or_default()
+                    .insert(staged.volume_id);
+            }
         }
         if let Some((device, owners)) = holders.iter().find(|(_, o)| o.len() > 1) {
             let what = format!("{device} has owners {owners:?}");

@@ -113,10 +113,22 @@ impl Sim {
         for v in VOLUMES {
             h.host.add_device(&format!("dev-{v}"), GIB);
         }
+        // An operator's loop device laid over vol-c's disk, identity-less (a loop device over a
+        // block device has no serial): vol-c's bytes under another number. A node-local handle
+        // names it (issue 49's stacked devices, from the simulation's side).
+        let stack = h.host.add_device("dev-stack", GIB);
+        let (stack, under) = (h.host.devnum(&stack), h.backend.device_of("vol-c"));
+        let under = h.host.devnum(&under);
+        {
+            let mut s = h.host.state();
+            s.lies_on
+                .insert(stack, vec![crate::node::host::Under::Device(under)]);
+            s.unverified.insert(stack);
+        }
         let ids = VOLUMES
             .iter()
             .map(|v| v.to_string())
-            .chain([handle("vol-a"), handle("vol-b")])
+            .chain([handle("vol-a"), handle("vol-b"), handle("stack")])
             .collect();
         Sim {
             h,
@@ -298,16 +310,22 @@ impl Sim {
         } else {
             top.dev
         };
+        // The bytes are every device's that shows them (a loop device laid over another).
+        let devices = s.same_bytes(dev);
         if top.node.kind == crate::seam::FileKind::BlockDevice {
-            s.not_blank.insert(dev);
-            // Over the start half the time: the primary superblock goes, a probe finds nothing
-            // (the backup superblocks, with mkfs's UUID, stay).
-            if over_start {
-                s.probes.insert(dev, crate::probe::ProbeOutcome::Blank);
+            for &d in &devices {
+                s.not_blank.insert(d);
+                // Over the start half the time: the primary superblock goes, a probe finds
+                // nothing (the backup superblocks, with mkfs's UUID, stay).
+                if over_start {
+                    s.probes.insert(d, crate::probe::ProbeOutcome::Blank);
+                }
             }
         }
         drop(s);
-        self.written.entry(dev).or_insert_with(|| id.to_string());
+        for d in devices {
+            self.written.entry(d).or_insert_with(|| id.to_string());
+        }
     }
 
     /// The agent dies: what is in memory is gone, the lazy writes with it; the host stays.

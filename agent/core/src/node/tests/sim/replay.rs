@@ -68,7 +68,17 @@ fn shrunk_reproductions_stay_fixed() {
         flag,
     };
     let handle_b = "local-ebs://dev/dev-vol-b";
-    let runs: [(&str, Vec<Action>); 2] = [
+    let stack = "local-ebs://dev/dev-stack";
+    let at = |target: &'static str, call: Action| match call {
+        Action::Call { op, id, flag, .. } => Action::Call {
+            op,
+            id,
+            target,
+            flag,
+        },
+        other => other,
+    };
+    let runs: [(&str, Vec<Action>); 4] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -88,6 +98,38 @@ fn shrunk_reproductions_stay_fixed() {
                 Action::Crash {
                     at: 1,
                     call: Box::new(call("unpublish", "vol-c", false)),
+                },
+            ],
+        ),
+        (
+            // Seed 20, once the simulation laid a loop device over vol-c's disk: a publish
+            // killed at its intent left the handle's claim alive after its unstage, vol-c staged
+            // the bytes under it, and the handle's retake skipped the stack walk: two owners.
+            "a handle's retake over bytes another volume staged since",
+            vec![
+                call("stage", stack, false),
+                Action::Crash {
+                    at: 1,
+                    call: Box::new(at("p2", call("publish", stack, false))),
+                },
+                call("unstage", stack, false),
+                call("stage", "vol-c", false),
+                call("stage", stack, true),
+            ],
+        ),
+        (
+            // Seed 4, with the retake's walk asking the controller's claim too: an attach after
+            // the handle's stage locked the handle out of its own retry.
+            "the controller's attach under a handle's stacked device",
+            vec![
+                call("stage", stack, false),
+                Action::Controller {
+                    id: "vol-c".into(),
+                    attach: true,
+                },
+                Action::Crash {
+                    at: 3,
+                    call: Box::new(call("stage", "vol-a", true)),
                 },
             ],
         ),
