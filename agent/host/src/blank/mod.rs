@@ -52,15 +52,7 @@ pub fn xfs_mkfs_unfinished(device: &File) -> io::Result<bool> {
 }
 
 fn parse_uuid(uuid: &str) -> Option<[u8; 16]> {
-    let hex: Vec<u8> = uuid.bytes().filter(|&b| b != b'-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(out)
+    uuid::Uuid::try_parse(uuid).ok().map(|u| *u.as_bytes())
 }
 
 fn first_nonzero(buf: &[u8]) -> Option<usize> {

@@ -61,21 +61,6 @@ impl DeviceEvidence for HeldEvidence<'_> {
 
     /// A random (version 4) UUID, chosen before mkfs runs so that the journal knows it.
     fn fresh_uuid(&self) -> Result<String, FormatError> {
-        let mut b = [0u8; 16];
-        let f = std::fs::File::open("/dev/urandom")
-            .map_err(|e| FormatError::io("opening /dev/urandom", e))?;
-        std::io::Read::read_exact(&mut &f, &mut b)
-            .map_err(|e| FormatError::io("reading /dev/urandom", e))?;
-        b[6] = (b[6] & 0x0f) | 0x40;
-        b[8] = (b[8] & 0x3f) | 0x80;
-        let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
-        Ok(format!(
-            "{}-{}-{}-{}-{}",
-            h[0..4].concat(),
-            h[4..6].concat(),
-            h[6..8].concat(),
-            h[8..10].concat(),
-            h[10..16].concat()
-        ))
+        Ok(uuid::Uuid::new_v4().hyphenated().to_string())
     }
 }
