@@ -9,6 +9,7 @@ mod bound_elsewhere;
 mod create_retry;
 mod races;
 mod rebuild_names;
+mod rebuild_ro;
 mod ro_block;
 mod ro_flags;
 mod ro_peer;

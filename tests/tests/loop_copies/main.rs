@@ -8,6 +8,8 @@ use ebs_tests::csi_req::*;
 use ebs_tests::*;
 use tonic::Code;
 
+mod freezes;
+
 const MIB: i64 = 1 << 20;
 
 fn code<T>(r: Result<T, tonic::Status>) -> Code {

@@ -311,7 +311,26 @@ impl LoopController {
     pub fn thaw_attached(&self) -> Result<usize> {
         let table = read_table().map_err(|e| Error::io("reading the mount table", e))?;
         let mut thawed = 0;
-        for volume in self.store.loop_volumes()? {
+        let volumes = self.store.loop_volumes()?;
+        // Only a volume a copy was interrupted from (an unready snapshot of it, or a clone of it
+        // whose file is not there yet): any other freeze is someone else's (a twenty-second fresh
+        // review's F3: an operator's backup freeze was broken).
+        let mut copied_from: std::collections::HashSet<String> = (self.store.loop_snapshots()?)
+            .into_iter()
+            .filter(|s| !s.ready)
+            .map(|s| s.source_volume_id)
+            .collect();
+        for v in &volumes {
+            if let Some(ebs_node_core::records::LoopSource::Volume { id }) = &v.content_source
+                && !v.file.exists()
+            {
+                copied_from.insert(id.clone());
+            }
+        }
+        for volume in volumes {
+            if !copied_from.contains(&volume.id) {
+                continue;
+            }
             let Some(att) = &volume.attachment else {
                 continue;
             };
@@ -326,14 +345,17 @@ impl LoopController {
             if !proven {
                 continue;
             }
-            if let Some(m) = table.mounts_of_device(dev.major, dev.minor).next() {
-                match freeze::thaw_if_frozen(&m.mount_point) {
+            // Through the first mount point whose directory is on the device (a mount laid over
+            // one is never thawed: the twenty-second review's F1).
+            for m in table.mounts_of_device(dev.major, dev.minor) {
+                match freeze::thaw_if_frozen(&m.mount_point, dev) {
                     Ok(true) => {
                         tracing::warn!(volume = %volume.id, path = %m.mount_point.display(),
                             "recovery: thawed a filesystem a snapshot had left frozen");
                         thawed += 1;
+                        break;
                     }
-                    Ok(false) => {}
+                    Ok(false) => break,
                     Err(e) => tracing::warn!(volume = %volume.id, error = %e,
                         "recovery: could not check whether the filesystem is frozen"),
                 }

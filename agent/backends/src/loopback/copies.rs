@@ -107,17 +107,33 @@ fn sync_dir(file: &Path) -> Result<()> {
         .map_err(|e| Error::io(format!("syncing {}", dir.display()), e))
 }
 
-/// The mount point of the device that holds `volume`'s file, if it is attached and mounted.
-fn mounted_at(device: &Path) -> Result<Option<PathBuf>> {
+/// The filesystem on the device that holds `volume`'s file frozen, if the device is attached
+/// and mounted: through the first of its mount points whose directory is on the device (a
+/// twenty-second fresh review's F1: a mount laid over the first one was frozen instead, and the
+/// volume copied live). `Err` when it is mounted and no mount point can be held.
+fn freeze_mounted(device: &Path) -> Result<Option<freeze::Frozen>> {
     let Ok(dev) = ebs_node_host::device::block_devnum(device) else {
         return Ok(None);
     };
     let table = ebs_node_host::mount::at_path::read_table()
         .map_err(|e| Error::io("reading the mount table", e))?;
-    Ok(table
-        .mounts_of_device(dev.major, dev.minor)
-        .next()
-        .map(|m| m.mount_point.clone()))
+    let mut why = None;
+    for m in table.mounts_of_device(dev.major, dev.minor) {
+        match freeze::freeze(&m.mount_point, dev) {
+            Ok(frozen) => return Ok(Some(frozen)),
+            Err(e) => {
+                why.get_or_insert(format!("{}: {e}", m.mount_point.display()));
+            }
+        }
+    }
+    match why {
+        Some(why) => Err(Error::Unavailable(format!(
+            "{} is mounted, but its filesystem cannot be frozen for a consistent copy ({why}); \
+             retry once the mount is reachable",
+            device.display()
+        ))),
+        None => Ok(None),
+    }
 }
 
 impl LoopController {
@@ -138,10 +154,8 @@ impl LoopController {
         len: u64,
     ) -> Result<CopyKind> {
         let device = self.attached_device(volume);
-        let frozen = match device.as_deref().map(mounted_at).transpose()?.flatten() {
-            Some(mount) => Some(freeze::freeze(&mount).map_err(|e| {
-                Error::io(format!("freezing {} for a snapshot", mount.display()), e)
-            })?),
+        let frozen = match device.as_deref().map(freeze_mounted).transpose()?.flatten() {
+            Some(frozen) => Some(frozen),
             None => {
                 if let Some(dev) = &device {
                     std::fs::File::open(dev)
@@ -152,6 +166,10 @@ impl LoopController {
             }
         };
         let was_frozen = frozen.is_some();
+        let frozen_at = frozen
+            .as_ref()
+            .map(|f| f.path().display().to_string())
+            .unwrap_or_default();
         let copied = copy_into_place(&volume.file, dst, len);
         if let Some(f) = frozen {
             f.thaw()
@@ -159,7 +177,7 @@ impl LoopController {
         }
         let kind = copied?;
         tracing::info!(volume = %volume.id, copy = %dst.display(), how = kind.name(),
-            frozen = was_frozen, "copied a volume file");
+            frozen = was_frozen, %frozen_at, "copied a volume file");
         Ok(kind)
     }
 

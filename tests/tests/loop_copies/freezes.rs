@@ -1,0 +1,79 @@
+//! Freezes for a consistent copy, and thaws at start-up, act only on the volume's own filesystem
+//! (a twenty-second fresh review's F1 and F3).
+
+use super::*;
+
+/// A filesystem laid over the volume's staging path (another volume's, bound there by hand) is
+/// never frozen for the volume's snapshot: the freeze goes through a mount point whose directory
+/// is on the volume's device (its publication), and the other volume's writers never wait.
+#[tokio::test]
+async fn a_snapshot_freezes_only_the_volumes_own_filesystem() {
+    if !require_root("a_snapshot_freezes_only_the_volumes_own_filesystem") {
+        return;
+    }
+    let scratch = Scratch::new("freeze-own");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let a = create_volume(&agent, "fa", 64 * MIB, &[]).await;
+    let b = create_volume(&agent, "fb", 64 * MIB, &[]).await;
+    let (va, sa, ta) = mount(&agent, &a, "fa").await;
+    let (vb, sb, tb) = mount(&agent, &b, "fb").await;
+    sh(&format!("mount --bind {} {}", sb.display(), sa.display()));
+    let snap = snapshot(&agent, "fa-snap", &a).await;
+    assert!(snap.ready_to_use);
+    let log = agent.log_text();
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("copied a volume file") && l.contains(&a))
+        .expect("the copy's line");
+    assert!(line.contains("frozen=true"), "{line}");
+    assert!(
+        line.contains(&format!("frozen_at={}", ta.display())),
+        "the snapshot froze another filesystem: {line}"
+    );
+    sh(&format!("umount {}", sa.display()));
+    unmount(&agent, &vb, &sb, &tb).await;
+    unmount(&agent, &va, &sa, &ta).await;
+}
+
+/// A freeze the agent did not make (an operator's backup) is not broken by a restart: start-up
+/// thaws only a volume a copy was interrupted from.
+#[tokio::test]
+async fn start_up_thaws_only_what_an_interrupted_copy_froze() {
+    if !require_root("start_up_thaws_only_what_an_interrupted_copy_froze") {
+        return;
+    }
+    let scratch = Scratch::new("freeze-theirs");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let a = create_volume(&agent, "fo", 64 * MIB, &[]).await;
+    let (va, sa, ta) = mount(&agent, &a, "fo").await;
+    sh(&format!("fsfreeze -f {}", sa.display()));
+    let thaw = Thaw(sa.clone());
+    agent.restart(None).await;
+    let _ = agent.identity().await;
+    // Start-up's loop recovery runs in the background: give it the time it takes.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let out = std::process::Command::new("fsfreeze")
+        .arg("-u")
+        .arg(&sa)
+        .output()
+        .expect("fsfreeze");
+    std::mem::forget(thaw);
+    assert!(
+        out.status.success(),
+        "the operator's freeze was broken by the restart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    unmount(&agent, &va, &sa, &ta).await;
+}
+
+/// Thaws the test's freeze if the test ends early.
+struct Thaw(PathBuf);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fsfreeze")
+            .arg("-u")
+            .arg(&self.0)
+            .output();
+    }
+}
