@@ -9,6 +9,7 @@ use ebs_tests::*;
 use tonic::Code;
 
 mod freezes;
+mod making;
 
 const MIB: i64 = 1 << 20;
 

@@ -2,7 +2,6 @@
 //! snapshot or another volume), list, grow. Attaching is in `attach`, snapshots in `snapshots`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -43,7 +42,11 @@ pub struct LoopController {
     /// door does, so the two never both take one device.
     pub(super) device_locks: std::sync::OnceLock<ebs_node_core::node::VolumeLocks>,
     /// The node's agent tag, once the node is wired: the loop devices it attaches carry it.
-    agent_tag: std::sync::OnceLock<ebs_node_core::node::ro_tag::AgentTag>,
+    pub(super) agent_tag: std::sync::OnceLock<ebs_node_core::node::ro_tag::AgentTag>,
+    /// Volumes whose first contents are being made now (a clone's or a restore's copy): a
+    /// DeleteVolume of one is ABORTED, not let through to unlink the file being written (a
+    /// twenty-second fresh review's F4). In memory: a copy a crash cut is deleted as usual.
+    making: Mutex<std::collections::HashSet<String>>,
 }
 
 impl LoopController {
@@ -62,6 +65,7 @@ impl LoopController {
             catalogue: Mutex::new(()),
             device_locks: std::sync::OnceLock::new(),
             agent_tag: std::sync::OnceLock::new(),
+            making: Mutex::default(),
         }
     }
 
@@ -73,53 +77,6 @@ impl LoopController {
     ) {
         let _ = self.device_locks.set(locks);
         let _ = self.agent_tag.set(agent_tag);
-    }
-
-    /// The name of the loop device attached for `volume`: this agent's tag for it, once known.
-    pub(super) fn name_for(&self, volume: &str) -> Option<String> {
-        self.agent_tag.get().map(|t| t.attached_tag(volume))
-    }
-
-    /// Whether `dev`, found over the volume's file, is the device this agent attached for
-    /// `volume`: over the whole file (`inode`) with the access asked, and under this agent's own
-    /// name for the volume. A name alone never makes a device the agent's.
-    pub(super) fn named_ours(
-        &self,
-        volume: &str,
-        dev: &std::path::Path,
-        inode: (u64, u64),
-        readonly: bool,
-    ) -> bool {
-        let Some(name) = self.name_for(volume) else {
-            return false;
-        };
-        let shown = std::fs::File::open(dev)
-            .ok()
-            .and_then(|f| ebs_node_host::loopdev::overlay::status_of(&f, dev).ok()?)
-            .map(|s| s.tag);
-        shown.as_deref() == Some(name.as_str()) && super::attach::whole_view(dev, inode, readonly)
-    }
-
-    /// Gives a device this agent attached for `volume` its name when it shows another (attached
-    /// before agents named their devices, or renamed by whoever opened it: a twentieth fresh
-    /// review's F1), so that a second agent on the host tells it from a free device.
-    pub(super) fn keep_named(&self, volume: &str, device: &std::path::Path) {
-        let Some(name) = self.name_for(volume) else {
-            return;
-        };
-        let shown = std::fs::File::open(device)
-            .ok()
-            .and_then(|f| ebs_node_host::loopdev::overlay::status_of(&f, device).ok()?)
-            .map(|s| s.tag);
-        if shown.as_deref() == Some(name.as_str()) {
-            return;
-        }
-        match ebs_node_host::loopdev::rename(device, &name) {
-            Ok(()) => tracing::info!(volume, device = %device.display(), name = %name,
-                "named the volume's loop device as this agent's"),
-            Err(e) => tracing::warn!(volume, device = %device.display(), error = %e,
-                "could not name the volume's loop device as this agent's"),
-        }
     }
 
     pub fn node_id(&self) -> &str {
@@ -193,7 +150,11 @@ impl LoopController {
                 }
             }
         };
-        if let Err(e) = self.materialise(&volume) {
+        let made = {
+            let _making = Making::mark(&self.making, &volume.id);
+            self.materialise(&volume)
+        };
+        if let Err(e) = made {
             // Nothing was made (files appear only whole, by rename): the record goes too, so a
             // corrected retry (another size) is not held to this one. The caller holds the
             // name's guard; a record with a file (a retry of a made volume) is kept.
@@ -212,6 +173,9 @@ impl LoopController {
         let Some(volume) = self.store.loop_volume(id)? else {
             return Ok(());
         };
+        if (self.making.lock().unwrap_or_else(|p| p.into_inner())).contains(id) {
+            return Err(Error::Busy(id.to_string()));
+        }
         // The node's records of the volume are its own: a delete never drops them while the
         // node stages or publishes the volume (status would lose it, unstage would refuse it).
         super::in_use::refuse_if_recorded(&self.store, id)?;
@@ -264,47 +228,29 @@ impl LoopController {
             .map_err(|e| Error::io("statvfs on the volume directory", e))?;
         Ok(u.available_bytes)
     }
+}
 
-    /// Grows a volume file; returns the new size. Shrinking is never done.
-    pub fn expand(&self, id: &str, required: u64, limit: u64) -> Result<u64> {
-        let _guard = self.lock();
-        let mut volume = self
-            .store
-            .loop_volume(id)?
-            .ok_or_else(|| Error::VolumeNotFound(id.into()))?;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&volume.file)
-            .map_err(|e| Error::io(format!("opening {}", volume.file.display()), e))?;
-        // The file's own length, not only the record's: an expansion killed between growing the
-        // file and its record left the file longer, and a smaller retry read as growth shrank it
-        // under a mounted filesystem (a twenty-first fresh review's F1). Never shrunk.
-        let real = f
-            .metadata()
-            .map_err(|e| Error::io(format!("sizing {}", volume.file.display()), e))?
-            .len();
-        let current = volume.capacity_bytes.max(real);
-        let wanted = super::resize::expansion_size(required, limit, current)?;
-        if wanted > real {
-            f.set_len(wanted)
-                .map_err(|e| Error::io(format!("growing {}", volume.file.display()), e))?;
+/// A volume marked as being made (`LoopController::making`) until dropped, panics included.
+struct Making<'a> {
+    set: &'a Mutex<std::collections::HashSet<String>>,
+    volume: String,
+}
+
+impl<'a> Making<'a> {
+    fn mark(set: &'a Mutex<std::collections::HashSet<String>>, volume: &str) -> Self {
+        let mut making = set.lock().unwrap_or_else(|p| p.into_inner());
+        making.insert(volume.to_string());
+        Making {
+            set,
+            volume: volume.to_string(),
         }
-        if wanted != volume.capacity_bytes {
-            volume.capacity_bytes = wanted;
-            self.store
-                .write(Durability::Immediate, |w| w.put_loop_volume(&volume))?;
-        }
-        // An attached EBS volume shows its new size to the instance by itself; the loop device
-        // does so once told. Best effort: NodeExpandVolume refreshes again before growing.
-        if let Some(att) = &volume.attachment
-            && let Ok(meta) = std::fs::metadata(&volume.file)
-            && loopdev::backing_inode(&att.device).ok().flatten() == Some((meta.dev(), meta.ino()))
-            && let Err(e) = loopdev::set_capacity(&att.device)
-        {
-            tracing::warn!(volume = id, device = %att.device.display(), error = %e,
-                "could not refresh the attached device's size");
-        }
-        Ok(volume.capacity_bytes)
+    }
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        let mut making = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        making.remove(&self.volume);
     }
 }
 

@@ -6,6 +6,7 @@ mod attach;
 mod controller;
 mod copies;
 mod in_use;
+mod naming;
 mod paging;
 mod resize;
 mod snapshots;

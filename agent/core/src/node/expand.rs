@@ -44,10 +44,14 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
             "required_bytes {required} is larger than limit_bytes {limit}"
         )));
     }
+    // A volume that exists but is not staged here is not at the path (see `stats`).
     let staged = ctx
         .ledger
         .staged(vol.as_str())?
-        .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
+        .ok_or_else(|| Error::PathNotFound {
+            volume: vol.to_string(),
+            path: cmd.volume_path.as_path().to_path_buf(),
+        })?;
     if staged.progress != Progress::Complete {
         return Err(Error::StagingIncomplete {
             volume: vol.to_string(),

@@ -47,14 +47,16 @@ pub struct VolumeStats {
 pub fn volume_stats(ctx: &NodeCtx, cmd: &StatsCommand) -> Result<VolumeStats> {
     let vol = &cmd.volume;
     let path = cmd.volume_path.as_path();
-    let staged = ctx
-        .ledger
-        .staged(vol.as_str())?
-        .ok_or_else(|| Error::VolumeNotFound(vol.to_string()))?;
     let not_found = |p: &Path| Error::PathNotFound {
         volume: vol.to_string(),
         path: p.to_path_buf(),
     };
+    // A volume that exists but is not staged here is not at the path: said so, not "does not
+    // exist" (a twenty-second fresh review's F5).
+    let staged = ctx
+        .ledger
+        .staged(vol.as_str())?
+        .ok_or_else(|| not_found(path))?;
     if let Some(staging) = &cmd.staging
         && staging.as_path() != staged.staging_path
     {

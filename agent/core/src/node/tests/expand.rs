@@ -95,7 +95,7 @@ fn refusals_change_nothing() {
         (
             "a volume never staged",
             Box::new(|h| cmd(h, "vol-x", h.staging(VOL), 0)),
-            |e| matches!(e, Error::VolumeNotFound(_)),
+            |e| matches!(e, Error::PathNotFound { .. }),
         ),
         (
             "another volume's publication",

@@ -136,7 +136,7 @@ fn paths_the_volume_is_not_at_are_not_found() {
     let e = stats(&h, VOL, h.target("pod-b")).expect_err("vol-b's publication");
     assert!(matches!(e, Error::PathNotFound { .. }), "{e:?}");
     let e = stats(&h, "vol-x", h.staging(VOL)).expect_err("never staged");
-    assert!(matches!(e, Error::VolumeNotFound(_)), "{e:?}");
+    assert!(matches!(e, Error::PathNotFound { .. }), "{e:?}");
     let mut cmd = StatsCommand {
         volume: VolumeId::parse(VOL).expect("id"),
         volume_path: h.staging(VOL),
