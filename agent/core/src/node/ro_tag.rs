@@ -199,6 +199,23 @@ mod tests {
     }
 
     #[test]
+    fn attached_names_tell_volumes_and_agents_apart_and_fit_the_loop_name() {
+        let (a, b) = (
+            AgentTag::new(ID, Path::new("/s")),
+            AgentTag::new(ID + 1, Path::new("/s")),
+        );
+        let long = "v".repeat(128);
+        for v in ["vol-1", "vol-2", long.as_str()] {
+            let t = a.attached_tag(v);
+            assert!(t.len() <= 63 && t.starts_with(ATTACHED_PREFIX), "{t}");
+            assert_ne!(t, b.attached_tag(v));
+            // Not a read-only device's tag: the sweeps never see it.
+            assert!(!t.starts_with(TAG_PREFIX) && publication_part(&t).is_none());
+        }
+        assert_ne!(a.attached_tag("vol-1"), a.attached_tag("vol-2"));
+    }
+
+    #[test]
     fn tags_laid_before_instance_ids_are_still_this_agents() {
         // Stable across builds: the hash is spelled out, not std's; the value the daemon's
         // ro_block gave before the pipeline moved to the core, and before instance ids.

@@ -272,3 +272,59 @@ fn a_device_that_is_no_longer_the_volume_is_refused_before_any_refresh() {
     );
     h.assert_nothing_done(VOL, lines);
 }
+
+#[test]
+fn a_limit_equal_to_the_device_size_is_met() {
+    let h = Harness::new();
+    h.staged(VOL);
+    grow_device(&h, VOL, 2 * GIB);
+    let mut c = cmd(&h, VOL, h.staging(VOL), 2 * GIB);
+    c.limit_bytes = 2 * GIB;
+    assert_eq!(expand(&h.ctx, &c).expect("exactly the limit"), 2 * GIB);
+}
+
+#[test]
+fn a_failed_grow_is_journaled_as_failed_and_the_retry_grows() {
+    let h = Harness::new();
+    h.staged(VOL);
+    grow_device(&h, VOL, 2 * GIB);
+    h.host
+        .state()
+        .fail
+        .insert("grow", "resize2fs: out of memory".into());
+    expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect_err("grow fails");
+    let lines = h.journal(VOL);
+    assert!(lines.iter().any(|l| l.ends_with(":failed")), "{lines:?}");
+    h.host.state().fail.remove("grow");
+    assert_eq!(
+        expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect("retry"),
+        2 * GIB
+    );
+    assert!(
+        h.host.calls().iter().any(|c| c.starts_with("grow ext4")),
+        "{:?}",
+        h.host.calls()
+    );
+}
+
+#[test]
+fn a_block_publication_is_a_path_a_block_volume_is_expanded_at() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
+        .expect("publish");
+    grow_device(&h, VOL, 4 * GIB);
+    let bytes = expand(&h.ctx, &cmd(&h, VOL, h.target("pod"), 0)).expect("at the publication");
+    assert_eq!(bytes, 4 * GIB);
+}
+
+#[test]
+fn a_mount_capability_for_a_block_volume_is_refused() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    let mut c = cmd(&h, VOL, h.staging(VOL), 0);
+    c.capability = Some(mount(AccessMode::SingleNodeWriter));
+    let e = expand(&h.ctx, &c).expect_err("staged for block access");
+    assert!(matches!(e, Error::Invalid(_)), "{e:?}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}

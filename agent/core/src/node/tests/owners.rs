@@ -219,3 +219,81 @@ fn a_rebuilt_block_staging_without_a_path_is_ended_by_unstage() {
     h.unstage(VOL).expect("unstage");
     assert!(h.ledger.staged(VOL).unwrap().is_none());
 }
+
+#[test]
+fn a_claim_goes_with_the_unstage_and_another_id_may_take_the_device_then() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.unstage(VOL).expect("unstage");
+    stage_at(
+        &h,
+        &handle(VOL),
+        "h",
+        block(AccessMode::MultiNodeMultiWriter),
+    )
+    .expect("free after the unstage");
+    assert_eq!(
+        h.ledger
+            .claims()
+            .get(&node_key(VOL))
+            .map(|c| c.volume_id.clone()),
+        Some(handle(VOL))
+    );
+}
+
+#[test]
+fn a_handle_acting_for_the_volume_is_still_refused_while_the_volume_is_staged() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let mut cmd = h.stage_cmd(VOL, block(AccessMode::MultiNodeMultiWriter));
+    cmd.volume = VolumeId::parse(&handle(VOL)).expect("id");
+    cmd.staging = h.path("staging_target_path", "staging/h");
+    cmd.publish_context.insert("volumeID".into(), VOL.into());
+    let e = h
+        .stage(&cmd)
+        .expect_err("the volume holds its device through the node");
+    assert!(claimed(&e), "{e}");
+}
+
+#[test]
+fn a_published_volume_keeps_its_claim_until_its_last_record_goes() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    let e = stage_at(
+        &h,
+        &handle(VOL),
+        "h",
+        block(AccessMode::MultiNodeMultiWriter),
+    )
+    .expect_err("published");
+    assert!(claimed(&e), "{e}");
+    h.unpublish(VOL, "pod").expect("unpublish");
+    h.unstage(VOL).expect("unstage");
+    stage_at(
+        &h,
+        &handle(VOL),
+        "h",
+        block(AccessMode::MultiNodeMultiWriter),
+    )
+    .expect("free once nothing of the volume is left");
+}
+
+#[test]
+fn a_refusal_of_the_second_id_leaves_the_first_ids_records_whole() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    let staged = h.ledger.staged(VOL).expect("read");
+    let lines = h.journal(VOL).len();
+    stage_at(
+        &h,
+        &handle(VOL),
+        "h",
+        mount(AccessMode::MultiNodeMultiWriter),
+    )
+    .expect_err("refused");
+    assert_eq!(h.ledger.staged(VOL).expect("read"), staged);
+    assert_eq!(h.journal_from(VOL, lines), Vec::<String>::new());
+    assert_eq!(h.host.mounts_at(h.target("pod").as_path()), 1);
+}

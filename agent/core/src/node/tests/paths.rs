@@ -185,3 +185,73 @@ fn a_target_that_cannot_be_made_is_refused_and_its_intent_withdrawn() {
     );
     assert!(h.ctx.ledger.publications(VOL).expect("read").is_empty());
 }
+
+#[test]
+fn stats_at_a_path_below_a_symlink_is_refused_and_reads_nothing() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "p1");
+    symlinked(&h, "elsewhere");
+    let path = h.path("volume_path", "elsewhere/p1");
+    let e = crate::node::stats::volume_stats(
+        &h.ctx,
+        &crate::node::stats::StatsCommand {
+            volume: VolumeId::parse(VOL).expect("id"),
+            volume_path: path,
+            staging: None,
+        },
+    )
+    .expect_err("not the volume's path");
+    assert!(
+        matches!(e, Error::PathNotFound { .. }) || is_bad_path(&e),
+        "{e:?}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn an_expansion_at_a_path_below_a_symlink_is_refused_and_grows_nothing() {
+    let h = Harness::new();
+    h.staged(VOL);
+    symlinked(&h, "elsewhere");
+    let lines = h.journal(VOL).len();
+    let e = crate::node::expand::expand(
+        &h.ctx,
+        &crate::node::expand::ExpandCommand {
+            volume: VolumeId::parse(VOL).expect("id"),
+            volume_path: h.path("volume_path", "elsewhere/x"),
+            staging: None,
+            required_bytes: 0,
+            limit_bytes: 0,
+            capability: None,
+        },
+    )
+    .expect_err("not the volume's path");
+    assert!(
+        matches!(e, Error::PathNotFound { .. }) || is_bad_path(&e),
+        "{e:?}"
+    );
+    h.assert_nothing_done(VOL, lines);
+}
+
+#[test]
+fn a_reclaim_below_a_symlink_is_refused_and_trims_nothing() {
+    let h = Harness::new();
+    h.staged(VOL);
+    symlinked(&h, "elsewhere");
+    let e = crate::node::reclaim::reclaim(
+        &h.ctx,
+        &crate::node::reclaim::ReclaimCommand {
+            volume: VolumeId::parse(VOL).expect("id"),
+            path: crate::node::reclaim::ReclaimPath::Published(
+                h.path("volume_path", "elsewhere/x"),
+            ),
+        },
+    )
+    .expect_err("not the volume's path");
+    assert!(
+        matches!(e, Error::PathNotFound { .. }) || is_bad_path(&e),
+        "{e:?}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}

@@ -408,3 +408,18 @@ fn a_failed_read_only_block_bind_removes_the_read_only_device_it_laid() {
     );
     assert!(h.host.state().read_only.is_empty());
 }
+
+#[test]
+fn a_read_only_mount_publication_binds_read_only() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let mut cmd = h.publish_cmd(VOL, "pod", mount(AccessMode::SingleNodeWriter));
+    cmd.readonly = true;
+    h.publish(&cmd).expect("publish read-only");
+    let calls = h.host.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(
+        calls[0].starts_with("bind ") && calls[0].ends_with(" ro"),
+        "{calls:?}"
+    );
+}

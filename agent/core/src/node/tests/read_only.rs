@@ -54,3 +54,28 @@ fn a_stray_is_detached_a_used_one_kept_and_a_recorded_one_or_anothers_left() {
         assert!(left.contains(&kept), "{kept} was detached");
     }
 }
+
+#[test]
+fn a_sweep_with_no_stray_detaches_nothing() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let swept = sweep(&h.ctx).expect("sweep");
+    assert_eq!((swept.detached, swept.adopted), (0, 0));
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_device_under_the_legacy_tag_of_a_recorded_publication_is_kept() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeReaderOnly);
+    let mut p = h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeReaderOnly));
+    p.readonly = true;
+    h.publish(&p).expect("a read-only block publication");
+    // The agent before instance ids laid this publication's device under its legacy tag.
+    let (ro, _) = h.host.state().read_only[0];
+    let legacy = h.ctx.agent_tag.legacy_tag(VOL, h.target("pod").as_path());
+    h.host.state().ro_tags.insert(ro, legacy);
+    let swept = sweep(&h.ctx).expect("sweep");
+    assert_eq!(swept.detached, 0, "{swept:?}");
+    assert_eq!(h.host.state().read_only.len(), 1);
+}

@@ -175,3 +175,39 @@ fn records_rebuilt_without_a_staging_path_still_reclaim_at_the_proven_mount() {
     let e = at(&h, VOL, ReclaimPath::Staging(h.staging("vol-b"))).expect_err("elsewhere");
     assert!(matches!(e, Error::PathNotFound { .. }), "{e:?}");
 }
+
+#[test]
+fn a_publication_holding_something_else_is_not_the_volumes_path() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    let foreign = double::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+    let at = h.target("pod").as_path().to_path_buf();
+    h.host.state().mounts.entry(at).or_default().push(foreign);
+    h.host.state().calls.clear();
+    let e = at_path(&h, ReclaimPath::Published(h.target("pod")));
+    assert!(matches!(e, Err(Error::PathNotFound { .. })), "{e:?}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_reclaim_journals_its_sync_and_trim_lazily_then_its_result() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let before = h.journal(VOL).len();
+    at_path(&h, ReclaimPath::Staging(h.staging(VOL))).expect("reclaim");
+    assert_eq!(
+        h.journal_from(VOL, before),
+        strings(&[
+            "reclaim/sync:intent",
+            "reclaim/sync:done",
+            "reclaim/trim:intent",
+            "reclaim/trim:done",
+            "reclaim/reclaimed:done",
+        ])
+    );
+}
+
+fn at_path(h: &Harness, path: ReclaimPath) -> Result<Reclaimed> {
+    at(h, VOL, path)
+}

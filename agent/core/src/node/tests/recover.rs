@@ -254,3 +254,62 @@ fn a_recovered_volume_holds_its_device_against_another_id() {
         "{e:?}"
     );
 }
+
+#[test]
+fn a_block_staging_whose_device_is_another_volumes_now_is_dropped() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    // The device's name now answers as another volume (a detach and another attach).
+    let d = h.host.devnum(&h.dir.join("dev").join(format!("dev-{VOL}")));
+    h.backend
+        .moved
+        .lock()
+        .expect("moved")
+        .insert(d, "vol-other".into());
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(r.dropped_staging, "{r:?}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn only_the_volumes_own_records_are_touched() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.staged("vol-b");
+    h.published("vol-b", "pod-b");
+    unmount(&h, h.staging(VOL));
+    let before = h
+        .ledger
+        .publication("vol-b", h.target("pod-b").as_path())
+        .expect("read");
+    recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(h.ledger.staged("vol-b").expect("read").is_some());
+    let after = h
+        .ledger
+        .publication("vol-b", h.target("pod-b").as_path())
+        .expect("read");
+    assert_eq!(before, after);
+}
+
+#[test]
+fn a_stage_completed_by_recovery_is_a_no_op_to_its_retry() {
+    let h = Harness::new();
+    h.staged(VOL);
+    stage_in_progress(&h);
+    recover_volume(&h.ctx, VOL).expect("recover");
+    h.host.state().calls.clear();
+    h.stage(&h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter)))
+        .expect("the retry");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_publication_dropped_by_recovery_is_bound_again_by_its_retry() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    unmount(&h, h.target("pod"));
+    recover_volume(&h.ctx, VOL).expect("recover");
+    h.published(VOL, "pod");
+    assert_eq!(h.host.mounts_at(h.target("pod").as_path()), 1);
+}

@@ -232,3 +232,39 @@ fn a_device_laid_over_one_the_loop_controller_attached_is_that_volumes() {
     );
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+#[test]
+fn a_device_laid_over_a_raw_staged_volumes_device_is_that_volumes() {
+    let h = Harness::new();
+    h.staged_block("vol-a", AccessMode::SingleNodeWriter);
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-a")));
+    let e = h
+        .stage(&h.stage_cmd("vol-b", block(AccessMode::SingleNodeWriter)))
+        .expect_err("raw vol-a's bytes");
+    assert!(
+        matches!(&e, Error::DeviceClaimed { owner, .. } if owner == "vol-a"),
+        "{e}"
+    );
+}
+
+#[test]
+fn once_the_volume_under_it_is_unstaged_the_laid_device_may_be_taken() {
+    let h = Harness::new();
+    h.staged("vol-a");
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-a")));
+    h.unstage("vol-a").expect("unstage vol-a");
+    h.stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect("nobody holds vol-a's bytes now");
+}
+
+#[test]
+fn the_walk_asks_the_host_no_change() {
+    let h = Harness::new();
+    h.attach("vol-a");
+    lay(&h, "vol-b", Under::Device(device_of(&h, "vol-a")));
+    h.host.state().calls.clear();
+    h.stage(&h.stage_cmd("vol-b", block(AccessMode::SingleNodeWriter)))
+        .expect("stage");
+    // A raw block stage changes nothing on the host; the walk added no call either.
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}

@@ -377,3 +377,62 @@ fn a_staging_mount_that_is_not_the_volumes_once_mounted_is_never_grown() {
     let calls = h.host.calls();
     assert!(!calls.iter().any(|c| c.starts_with("grow")), "{calls:?}");
 }
+
+#[test]
+fn a_blank_device_asked_as_xfs_is_made_xfs() {
+    let h = Harness::new();
+    h.attach(VOL);
+    h.stage(&h.stage_cmd(VOL, mount_with(FsType::Xfs, &[], RWO)))
+        .expect("stage");
+    let calls = h.host.calls();
+    assert!(
+        calls.contains(&"mkfs xfs dev-vol-a".to_string()),
+        "{calls:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("mount xfs dev-vol-a on vol-a")),
+        "{calls:?}"
+    );
+}
+
+#[test]
+fn mount_flags_asked_reach_the_mount() {
+    let h = Harness::new();
+    h.attach(VOL);
+    h.stage(&h.stage_cmd(VOL, mount_with(FsType::Ext4, &["discard"], RWO)))
+        .expect("stage");
+    let calls = h.host.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("mount ext4 dev-vol-a on vol-a") && c.contains("discard")),
+        "{calls:?}"
+    );
+}
+
+#[test]
+fn a_second_volume_at_a_staged_volumes_path_is_refused_untouched() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.attach("vol-b");
+    let mut cmd = h.stage_cmd("vol-b", mount(RWO));
+    cmd.staging = h.staging(VOL);
+    let lines = h.journal("vol-b").len();
+    h.stage(&cmd).expect_err("another volume's staging path");
+    h.assert_nothing_done("vol-b", lines);
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
+}
+
+#[test]
+fn a_stage_whose_device_cannot_be_found_changes_nothing() {
+    let h = Harness::new();
+    // vol-x was never attached: the backend finds no device.
+    let e = h
+        .stage(&h.stage_cmd("vol-x", mount(RWO)))
+        .expect_err("no device");
+    assert!(!matches!(e, crate::error::Error::Internal(_)), "{e:?}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+    assert!(h.ctx.ledger.staged("vol-x").expect("read").is_none());
+}

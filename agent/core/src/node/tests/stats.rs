@@ -236,3 +236,71 @@ fn a_device_that_is_no_longer_the_volume_is_named_in_the_condition() {
         s.condition.message
     );
 }
+
+#[test]
+fn a_block_volumes_device_gone_is_abnormal_and_unmeasured() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    let d = device(&h, VOL);
+    h.host.state().device_bytes.insert(d, 0);
+    let s = stats(&h, VOL, h.staging(VOL)).expect("stats");
+    assert!(s.condition.abnormal && s.usage.is_none(), "{s:?}");
+    assert!(
+        s.condition.message.contains("has disappeared"),
+        "{}",
+        s.condition.message
+    );
+}
+
+#[test]
+fn the_staging_path_named_with_its_own_staging_is_measured() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let s = volume_stats(
+        &h.ctx,
+        &StatsCommand {
+            volume: VolumeId::parse(VOL).expect("id"),
+            volume_path: h.staging(VOL),
+            staging: Some(h.staging(VOL)),
+        },
+    )
+    .expect("stats");
+    assert!(!s.condition.abnormal && s.usage.is_some(), "{s:?}");
+}
+
+#[test]
+fn stats_change_nothing_on_the_host_or_in_the_journal() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    let lines = h.journal(VOL).len();
+    for path in [h.staging(VOL), h.target("pod")] {
+        stats(&h, VOL, path).expect("stats");
+    }
+    h.assert_nothing_done(VOL, lines);
+}
+
+/// kubelet asks a block volume's stats at its own bind of the publication, which no record
+/// names: a bind of the volume's device there is the volume's.
+#[test]
+fn a_block_volume_is_measured_at_a_bind_of_its_device_no_record_names() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
+        .expect("publish");
+    let kubelets = h.target("kubelet-bind").as_path().to_path_buf();
+    std::fs::create_dir_all(kubelets.parent().expect("parent")).expect("dir");
+    std::fs::write(&kubelets, b"").expect("file");
+    let top = h.host.state().mounts[h.target("pod").as_path()].clone();
+    h.host.state().mounts.insert(kubelets, top);
+    let s = stats(&h, VOL, h.target("kubelet-bind")).expect("stats at kubelet's bind");
+    assert_eq!(s.usage, Some(Usage::Block { total_bytes: GIB }));
+    // Another device's bind there is not the volume.
+    let mut other = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    other.node.kind = crate::seam::FileKind::BlockDevice;
+    other.node.rdev = crate::DevNum::new(259, 99);
+    let at = h.target("kubelet-bind").as_path().to_path_buf();
+    h.host.state().mounts.insert(at, vec![other]);
+    let e = stats(&h, VOL, h.target("kubelet-bind")).expect_err("another device");
+    assert!(matches!(e, Error::PathNotFound { .. }), "{e:?}");
+}

@@ -221,3 +221,33 @@ fn a_block_unpublish_unmounts_and_removes_the_file_it_bound_onto() {
         "the target file stayed"
     );
 }
+
+#[test]
+fn a_read_only_mount_publication_is_unmounted_and_forgotten() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let mut cmd = h.publish_cmd(VOL, "pod", mount(AccessMode::SingleNodeWriter));
+    cmd.readonly = true;
+    h.publish(&cmd).expect("publish read-only");
+    h.host.state().calls.clear();
+    h.unpublish(VOL, "pod").expect("unpublish");
+    assert_eq!(h.host.calls(), vec!["unmount mount".to_string()]);
+    let target = h.target("pod").as_path().to_path_buf();
+    assert!(
+        h.ctx
+            .ledger
+            .publication(VOL, &target)
+            .expect("read")
+            .is_none()
+    );
+}
+
+#[test]
+fn an_unpublish_leaves_the_staging_mount_and_its_record() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod-1");
+    h.unpublish(VOL, "pod-1").expect("unpublish");
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
+    assert!(h.ctx.ledger.staged(VOL).expect("read").is_some());
+}

@@ -203,3 +203,30 @@ fn an_unstage_of_a_volume_never_staged_is_ok_and_calls_nothing() {
     h.unstage("vol-never").expect("nothing to do");
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+#[test]
+fn an_unstage_voids_an_interrupted_format_so_the_device_is_free_again() {
+    let h = Harness::new();
+    h.attach(VOL);
+    h.host.state().fail.insert("mkfs", "killed".into());
+    h.stage(&h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter)))
+        .expect_err("mkfs fails");
+    h.host.state().fail.remove("mkfs");
+    h.unstage(VOL).expect("unstage");
+    assert!(
+        h.ctx
+            .ledger
+            .format(VOL)
+            .expect("read")
+            .is_none_or(|f| f.state != crate::records::FormatState::Intent),
+        "the format intent outlived the unstage"
+    );
+    // Another id may take the device now.
+    stage_at(
+        &h,
+        &handle(VOL),
+        "h",
+        block(AccessMode::MultiNodeMultiWriter),
+    )
+    .expect("the device is free");
+}
