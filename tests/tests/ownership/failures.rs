@@ -131,17 +131,7 @@ async fn a_failed_commit_is_visible_and_recovers_without_restart() {
         return;
     }
     let scratch = Scratch::new("own-full-disk");
-    // The state directory on a small tmpfs; the volume files beside it on the big disk.
-    let state = scratch.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    sh(&format!(
-        "mount -t tmpfs -o size=8m full {}",
-        state.display()
-    ));
-    let volumes = scratch.join("volumes");
-    std::fs::create_dir_all(&volumes).unwrap();
-    std::os::unix::fs::symlink(&volumes, state.join("volumes")).unwrap();
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (agent, state) = on_a_small_state_disk(&scratch).await;
     let vol = create_attached(&agent, "v", 64 * MIB).await;
     let filler = state.join("filler");
     sh(&format!(
@@ -206,16 +196,7 @@ async fn a_reopened_state_file_is_checked_against_the_host_again() {
         return;
     }
     let scratch = Scratch::new("own-full-rollback");
-    let state = scratch.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    sh(&format!(
-        "mount -t tmpfs -o size=8m full {}",
-        state.display()
-    ));
-    let volumes = scratch.join("volumes");
-    std::fs::create_dir_all(&volumes).unwrap();
-    std::os::unix::fs::symlink(&volumes, state.join("volumes")).unwrap();
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (agent, state) = on_a_small_state_disk(&scratch).await;
     let vol = create_attached(&agent, "v", 64 * MIB).await;
     let (staging, target) = (
         agent.work.join("staging/v"),
@@ -272,4 +253,19 @@ async fn a_reopened_state_file_is_checked_against_the_host_again() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+}
+
+/// An agent whose state directory is a small tmpfs (easily filled), the volume files beside it
+/// on the big disk; and that state directory.
+async fn on_a_small_state_disk(scratch: &Scratch) -> (Agent, std::path::PathBuf) {
+    let state = scratch.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    sh(&format!(
+        "mount -t tmpfs -o size=8m full {}",
+        state.display()
+    ));
+    let volumes = scratch.join("volumes");
+    std::fs::create_dir_all(&volumes).unwrap();
+    std::os::unix::fs::symlink(&volumes, state.join("volumes")).unwrap();
+    (Agent::start(scratch, AgentOpts::default()).await, state)
 }
