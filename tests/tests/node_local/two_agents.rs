@@ -128,3 +128,39 @@ async fn a_device_over_another_agents_file_is_refused_whatever_its_name() {
         "a restart left the device nameless"
     );
 }
+
+/// A hard link of agent A's volume file outside A's state directory, with a loop device over it
+/// (a twenty-third fresh review's F1): the name the kernel shows is not in A's directory and the
+/// device's name is an operator's, but the file has a second name, and agent B refuses it.
+#[tokio::test]
+async fn a_device_over_a_hard_link_of_another_agents_file_is_refused() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_device_over_a_hard_link_of_another_agents_file_is_refused") {
+        return;
+    }
+    let (sa, sb) = (
+        Scratch::new("two-agents-link-a"),
+        Scratch::new("two-agents-link-b"),
+    );
+    let a = Agent::start(&sa, AgentOpts::default()).await;
+    let b = Agent::start(&sb, AgentOpts::default()).await;
+    let id = create_volume(&a, "v", SIZE, &[]).await;
+    let file = a.state_dir.join(format!("volumes/{id}.img"));
+    let link = sb.join("hl.img");
+    std::fs::hard_link(&file, &link).expect("link");
+    let dev = super::losetup("", link.display());
+    let _detach = super::owners::DetachOnDrop(dev.clone());
+    let h = handle_of(&Vol {
+        id: String::new(),
+        device: dev,
+    });
+    let staging = b.work.join("hl/staging");
+    let e = b
+        .node()
+        .await
+        .node_stage_volume(stage_req(&h, &staging, rwx_mount()))
+        .await
+        .expect_err("agent b's handle took agent a's file through a hard link");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(!super::is_mounted(&staging), "staged anyway");
+}

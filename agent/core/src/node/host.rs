@@ -134,6 +134,9 @@ pub struct LoopOrigin {
     /// The agent state directory its backing file lies in (the file is `volumes/<file>` or
     /// `snapshots/<file>` of a directory holding `state.redb` or `instance-id`), when it does.
     pub state_dir: Option<Place>,
+    /// How many names its backing file has (0: not a file, or not countable): a second name
+    /// may be another agent's volume file, whose directory the name the kernel shows is not.
+    pub file_links: u64,
 }
 
 /// What start-up did with this agent's read-only devices that no publication record names.

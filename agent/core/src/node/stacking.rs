@@ -87,12 +87,27 @@ pub fn refuse_another_volumes_bytes(
             return Err(theirs(format!("its loop device name {:?}", origin.name)));
         }
         let ours = own_dir.get_or_init(|| own_state_dir(ctx));
-        match origin.state_dir {
-            Some(dir) if Some(dir) != *ours => Err(theirs(
+        if let Some(dir) = origin.state_dir
+            && Some(dir) != *ours
+        {
+            return Err(theirs(
                 "its backing file lies in another agent's state directory".into(),
-            )),
-            _ => Ok(()),
+            ));
         }
+        // A file with another name may be another agent's volume under a name outside its
+        // state directory (a twenty-third fresh review's F1: a hard link): it cannot be told,
+        // unless this agent's backend knows it as one of its own volumes.
+        let own_volume = || {
+            let identity = ctx.backend.identify(d).ok();
+            identity.and_then(|i| ctx.backend.volume_of(&i)).is_some()
+        };
+        if origin.file_links > 1 && !own_volume() {
+            return Err(indistinct(format!(
+                "{d}'s backing file has {} names: one may be another agent's volume file",
+                origin.file_links
+            )));
+        }
+        Ok(())
     };
     another_agents(devnum)?;
     for level in walk(devnum, |d| ctx.host.lies_on(d)).map_err(unreadable)? {

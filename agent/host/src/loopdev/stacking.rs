@@ -147,3 +147,19 @@ pub fn agent_state_dir(devnum: DevNum) -> Option<ebs_node_core::node::host::Plac
     }
     crate::anchor::place_of(state).ok()
 }
+
+/// How many names a loop device's backing file has (`st_nlink`), read through the name sysfs
+/// gives and believed only when it is the very inode the device reports; 0 otherwise.
+pub fn backing_links(devnum: DevNum) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Some(backing) = loop_backing(devnum) else {
+        return 0;
+    };
+    let Some(path) = query::backing_file_by_devnum(devnum) else {
+        return 0;
+    };
+    match std::fs::metadata(&path) {
+        Ok(meta) if (meta.dev(), meta.ino()) == backing => meta.nlink(),
+        _ => 0,
+    }
+}

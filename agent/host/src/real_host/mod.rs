@@ -99,6 +99,7 @@ impl HostOps for RealHost {
         Ok(Some(LoopOrigin {
             name: status.tag,
             state_dir: crate::loopdev::stacking::agent_state_dir(devnum),
+            file_links: crate::loopdev::stacking::backing_links(devnum),
         }))
     }
 

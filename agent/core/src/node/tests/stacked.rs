@@ -129,6 +129,7 @@ fn a_device_another_agent_made_is_never_taken() {
     let named = |name: String| LoopOrigin {
         name,
         state_dir: None,
+        file_links: 1,
     };
     let their_dir = LoopOrigin {
         name: String::new(),
@@ -136,6 +137,7 @@ fn a_device_another_agent_made_is_never_taken() {
             dev: crate::DevNum::new(8, 1),
             ino: 4242,
         }),
+        file_links: 1,
     };
     for (on_itself, origin) in [
         (true, named(theirs.attached_tag("vol-t"))),
@@ -266,5 +268,26 @@ fn the_walk_asks_the_host_no_change() {
     h.stage(&h.stage_cmd("vol-b", block(AccessMode::SingleNodeWriter)))
         .expect("stage");
     // A raw block stage changes nothing on the host; the walk added no call either.
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+/// A loop device over a file with a second name (a hard link of another agent's volume file
+/// outside its state directory: a twenty-third fresh review's F1) cannot be told, and is refused
+/// before the host is touched.
+#[test]
+fn a_device_over_a_file_with_another_name_is_refused() {
+    use crate::node::host::LoopOrigin;
+    let h = Harness::new();
+    let d = h.host.devnum(&h.attach("vol-b"));
+    let origin = LoopOrigin {
+        name: "/elsewhere/hl.img".into(),
+        state_dir: None,
+        file_links: 2,
+    };
+    h.host.state().loop_origins.insert(d, origin);
+    let e = h
+        .stage(&h.stage_cmd("vol-b", mount(AccessMode::SingleNodeWriter)))
+        .expect_err("two names");
+    assert!(matches!(e, Error::IndistinctDevice { .. }), "{e}");
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
