@@ -397,7 +397,5 @@ pub(super) fn whole_view(dev: &Path, inode: (u64, u64), readonly: bool) -> bool 
 
 /// Whether a loop device is read-only, from sysfs (`None`: it cannot be told).
 fn read_only(dev: &Path) -> Option<bool> {
-    let name = dev.file_name()?.to_str()?;
-    let ro = std::fs::read_to_string(format!("/sys/block/{name}/ro")).ok()?;
-    Some(ro.trim() == "1")
+    loopdev::read_only(dev)
 }

@@ -24,11 +24,8 @@ impl LoopController {
         let Some(name) = self.name_for(volume) else {
             return false;
         };
-        let shown = std::fs::File::open(dev)
-            .ok()
-            .and_then(|f| ebs_node_host::loopdev::overlay::status_of(&f, dev).ok()?)
-            .map(|s| s.tag);
-        shown.as_deref() == Some(name.as_str()) && super::attach::whole_view(dev, inode, readonly)
+        shown_name(dev).as_deref() == Some(name.as_str())
+            && super::attach::whole_view(dev, inode, readonly)
     }
 
     /// Gives a device this agent attached for `volume` its name when it shows another (attached
@@ -38,11 +35,7 @@ impl LoopController {
         let Some(name) = self.name_for(volume) else {
             return;
         };
-        let shown = std::fs::File::open(device)
-            .ok()
-            .and_then(|f| ebs_node_host::loopdev::overlay::status_of(&f, device).ok()?)
-            .map(|s| s.tag);
-        if shown.as_deref() == Some(name.as_str()) {
+        if shown_name(device).as_deref() == Some(name.as_str()) {
             return;
         }
         match ebs_node_host::loopdev::rename(device, &name) {
@@ -52,4 +45,11 @@ impl LoopController {
                 "could not name the volume's loop device as this agent's"),
         }
     }
+}
+
+/// The name a bound loop device shows (its `lo_file_name`); `None` when it cannot be read.
+fn shown_name(dev: &std::path::Path) -> Option<String> {
+    let f = std::fs::File::open(dev).ok()?;
+    let status = ebs_node_host::loopdev::overlay::status_of(&f, dev).ok()??;
+    Some(status.tag)
 }

@@ -71,6 +71,13 @@ pub(super) fn status(dev: &File) -> Result<Option<LoopInfo64>, Errno> {
     }
 }
 
+/// Whether the block device at `dev` is read-only, from sysfs (`None`: it cannot be told).
+pub fn read_only(dev: &Path) -> Option<bool> {
+    let name = dev.file_name()?.to_str()?;
+    let ro = std::fs::read_to_string(format!("/sys/block/{name}/ro")).ok()?;
+    Some(ro.trim() == "1")
+}
+
 /// The backing file's path as sysfs shows it for a device number (for messages only: the inode
 /// from `backing_inode_of` is what identifies).
 pub fn backing_file_by_devnum(devnum: DevNum) -> Option<PathBuf> {

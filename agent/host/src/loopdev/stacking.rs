@@ -122,18 +122,30 @@ fn read_dev(path: &Path) -> io::Result<Option<DevNum>> {
     }
 }
 
-/// The agent state directory a loop device's backing file lies in: the file is `volumes/<f>` or
-/// `snapshots/<f>` of a directory holding `state.redb` or `instance-id`. The file is reached by
-/// the name sysfs gives and believed only when it is the very inode the device reports; `None`
-/// otherwise. Unlike the device's name, a workload holding the device cannot change this.
-pub fn agent_state_dir(devnum: DevNum) -> Option<ebs_node_core::node::host::Place> {
+/// A loop device's backing file, reached by the name sysfs gives and believed only when it is
+/// the very inode the device reports: its path and its metadata. `None` otherwise.
+fn verified_backing_file(devnum: DevNum) -> Option<(std::path::PathBuf, std::fs::Metadata)> {
     use std::os::unix::fs::MetadataExt;
     let backing = loop_backing(devnum)?;
     let path = query::backing_file_by_devnum(devnum)?;
     let meta = std::fs::metadata(&path).ok()?;
-    if (meta.dev(), meta.ino()) != backing {
-        return None;
-    }
+    ((meta.dev(), meta.ino()) == backing).then_some((path, meta))
+}
+
+/// What a loop device's backing file says of who made the device (the core's `LoopOrigin`
+/// without the name): the agent state directory it lies in (the file is `volumes/<f>` or
+/// `snapshots/<f>` of a directory holding `state.redb` or `instance-id`; unlike the device's
+/// name, a workload holding the device cannot change this), and how many names the file has.
+/// Both from one verified read of the file (`verified_backing_file`).
+pub fn backing_signs(devnum: DevNum) -> (Option<ebs_node_core::node::host::Place>, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let Some((path, meta)) = verified_backing_file(devnum) else {
+        return (None, 0);
+    };
+    (agent_state_dir(&path), meta.nlink())
+}
+
+fn agent_state_dir(path: &Path) -> Option<ebs_node_core::node::host::Place> {
     let dir = path.parent()?;
     if !matches!(dir.file_name()?.to_str()?, "volumes" | "snapshots") {
         return None;
@@ -146,20 +158,4 @@ pub fn agent_state_dir(devnum: DevNum) -> Option<ebs_node_core::node::host::Plac
         return None;
     }
     crate::anchor::place_of(state).ok()
-}
-
-/// How many names a loop device's backing file has (`st_nlink`), read through the name sysfs
-/// gives and believed only when it is the very inode the device reports; 0 otherwise.
-pub fn backing_links(devnum: DevNum) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Some(backing) = loop_backing(devnum) else {
-        return 0;
-    };
-    let Some(path) = query::backing_file_by_devnum(devnum) else {
-        return 0;
-    };
-    match std::fs::metadata(&path) {
-        Ok(meta) if (meta.dev(), meta.ino()) == backing => meta.nlink(),
-        _ => 0,
-    }
 }

@@ -96,10 +96,11 @@ impl HostOps for RealHost {
         let Some(status) = crate::loopdev::overlay::status_by_devnum(devnum)? else {
             return Ok(None);
         };
+        let (state_dir, file_links) = crate::loopdev::stacking::backing_signs(devnum);
         Ok(Some(LoopOrigin {
             name: status.tag,
-            state_dir: crate::loopdev::stacking::agent_state_dir(devnum),
-            file_links: crate::loopdev::stacking::backing_links(devnum),
+            state_dir,
+            file_links,
         }))
     }
 

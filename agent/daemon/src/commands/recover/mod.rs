@@ -89,13 +89,6 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
     ))
 }
 
-/// Whether a loop device is read-only, from sysfs (`None`: it cannot be told).
-fn device_read_only(dev: &Path) -> Option<bool> {
-    let name = dev.file_name()?.to_str()?;
-    let ro = std::fs::read_to_string(format!("/sys/block/{name}/ro")).ok()?;
-    Some(ro.trim() == "1")
-}
-
 /// The loop backend's volumes are the files under `<state>/volumes/`.
 fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, String> {
     let dir = state_dir.join("volumes");
@@ -145,7 +138,7 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
                 // writable device laid beside it at the next start, and the volume published
                 // read-only was mounted and written read-write (a twenty-second fresh review's
                 // F2). One whose access cannot be read is taken as read-only: the safe side.
-                readonly: device_read_only(&d).unwrap_or(true),
+                readonly: loopdev::read_only(&d).unwrap_or(true),
                 device: d,
                 made,
             }),
