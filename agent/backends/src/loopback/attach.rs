@@ -51,6 +51,7 @@ impl LoopController {
             .loop_volume(id)?
             .ok_or_else(|| Error::VolumeNotFound(id.into()))?;
         self.check_node(node_id)?;
+        self.refuse_if_making(id)?;
         if let Some(att) = &volume.attachment {
             if att.node_id != node_id {
                 return Err(Error::AttachedElsewhere {

@@ -203,6 +203,7 @@ impl LoopController {
                     .store
                     .loop_volume(id)?
                     .ok_or_else(|| Error::NotFound(format!("source volume {id} does not exist")))?;
+                self.refuse_if_making(id)?;
                 let (file, size) = (v.file.clone(), v.capacity_bytes);
                 Ok((Some(v), file, size))
             }

@@ -59,6 +59,7 @@ impl super::LoopController {
             .store
             .loop_volume(id)?
             .ok_or_else(|| Error::VolumeNotFound(id.into()))?;
+        self.refuse_if_making(id)?;
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(&volume.file)

@@ -43,6 +43,7 @@ impl LoopController {
                 .store
                 .loop_volume(source_volume_id)?
                 .ok_or_else(|| Error::VolumeNotFound(source_volume_id.into()))?;
+            self.refuse_if_making(source_volume_id)?;
             if let Some(s) = &existing
                 && s.ready
             {
