@@ -148,7 +148,12 @@ impl WithLocalVolumes {
                 door: "a read-only device laid over a volume's",
             });
         }
-        let (whole, family) = disk_family(devnum);
+        let (whole, mut family) = disk_family(devnum);
+        // Other loop devices over the same file show the same bytes: their mounts, binds and
+        // claims are this device's too (a twenty-fourth fresh review's F1).
+        let siblings = ebs_node_host::loopdev::stacking::siblings(devnum)
+            .map_err(|e| Error::io(format!("finding the loop devices beside {}", node.display()), e))?;
+        family.extend(siblings.iter().copied());
         // The stage's own staging path counts as the handle's only where its name says it was
         // made for this handle: a retry whose records were lost (`recover --reset`) finds its
         // mount there, which the stage then proves and adopts. A mount at any other staging path
@@ -204,6 +209,13 @@ impl WithLocalVolumes {
                     .trim_start_matches('(')
                     .trim_end_matches(')')
                     .to_string(),
+            });
+        }
+        if let Some(&busy) = siblings.iter().find(|d| still_claimed(**d)) {
+            return Err(Error::DiskClaimed {
+                volume: volume.to_string(),
+                device: node.to_path_buf(),
+                disk: busy,
             });
         }
         if !mounted_here && still_claimed(whole) {

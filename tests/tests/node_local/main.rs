@@ -16,6 +16,7 @@ mod owners;
 mod rebuild;
 mod refusals;
 mod retries;
+mod siblings;
 mod stacked;
 mod two_agents;
 

@@ -108,7 +108,22 @@ pub fn all_over_inode(dev: u64, ino: u64) -> Result<Vec<PathBuf>, LoopError> {
     all_by_backing_inode(dev, ino, false)
 }
 
+/// Every loop device over the file with this inode, shifted or cut views included: each shows
+/// some of the file's bytes.
+pub fn every_view_of_inode(dev: u64, ino: u64) -> Result<Vec<PathBuf>, LoopError> {
+    views_of_inode(dev, ino, false, false)
+}
+
 fn all_by_backing_inode(dev: u64, ino: u64, first: bool) -> Result<Vec<PathBuf>, LoopError> {
+    views_of_inode(dev, ino, first, true)
+}
+
+fn views_of_inode(
+    dev: u64,
+    ino: u64,
+    first: bool,
+    whole_only: bool,
+) -> Result<Vec<PathBuf>, LoopError> {
     let mut out = Vec::new();
     let sys_block = Path::new("/sys/block");
     let entries = std::fs::read_dir(sys_block).map_err(|source| LoopError::Sysfs {
@@ -139,7 +154,7 @@ fn all_by_backing_inode(dev: u64, ino: u64, first: bool) -> Result<Vec<PathBuf>,
             .ok()
             .and_then(|o| o.trim().parse::<u64>().ok())
             .unwrap_or(0);
-        if offset != 0 || limit != 0 {
+        if whole_only && (offset != 0 || limit != 0) {
             continue;
         }
         let found = match backing_inode(&device) {

@@ -73,6 +73,28 @@ pub fn loop_backing(devnum: DevNum) -> Option<(u64, u64)> {
     }
 }
 
+/// The other loop devices over the same file as `devnum` (an operator's second `losetup` of it,
+/// another agent's attachment): the same bytes under other numbers, whose mounts and claims no
+/// check of `devnum` itself sees (a twenty-fourth fresh review's F1: a handle staged a loop
+/// device while its sibling was mounted read-write, and the filesystem was mounted twice).
+/// Empty for anything but a file-backed loop device. A scan of the loop devices.
+pub fn siblings(devnum: DevNum) -> io::Result<Vec<DevNum>> {
+    let Some((dev, ino)) = loop_backing(devnum) else {
+        return Ok(Vec::new());
+    };
+    let views = query::every_view_of_inode(dev, ino).map_err(io::Error::other)?;
+    Ok(views
+        .iter()
+        .filter_map(|p| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| crate::device::devnum_of(m.rdev()))
+        })
+        .filter(|d| *d != devnum)
+        .collect())
+}
+
 /// A bound loop device's block backing and its backing file's filesystem; `None`: not a loop
 /// device, or not bound (or gone meanwhile).
 #[allow(clippy::type_complexity)] // three plain values: block backing, file's fs, file's pair
