@@ -151,8 +151,12 @@ impl WithLocalVolumes {
         let (whole, mut family) = disk_family(devnum);
         // Other loop devices over the same file show the same bytes: their mounts, binds and
         // claims are this device's too (a twenty-fourth fresh review's F1).
-        let siblings = ebs_node_host::loopdev::stacking::siblings(devnum)
-            .map_err(|e| Error::io(format!("finding the loop devices beside {}", node.display()), e))?;
+        let siblings = ebs_node_host::loopdev::stacking::siblings(devnum).map_err(|e| {
+            Error::io(
+                format!("finding the loop devices beside {}", node.display()),
+                e,
+            )
+        })?;
         family.extend(siblings.iter().copied());
         // The stage's own staging path counts as the handle's only where its name says it was
         // made for this handle: a retry whose records were lost (`recover --reset`) finds its

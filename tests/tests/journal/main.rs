@@ -107,4 +107,5 @@ async fn call_on(
 
 mod crash_matrix;
 mod recovery;
+mod releases;
 mod storm;

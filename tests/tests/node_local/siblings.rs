@@ -5,9 +5,9 @@
 //! controller attached, whose file an operator loops and mounts a second time: its stage goes
 //! through the core's exclusive claim, which now asks the siblings too.
 
+use csi::volume_capability::access_mode::Mode;
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
-use csi::volume_capability::access_mode::Mode;
 use tonic::Code;
 
 use super::owners::{DetachOnDrop, SIZE, rwx_block, rwx_mount};
@@ -76,7 +76,11 @@ async fn a_loop_volume_whose_file_is_looped_and_mounted_elsewhere_is_not_staged(
     let e = agent
         .node()
         .await
-        .node_stage_volume(stage_req(&x, &staging, mount_cap("ext4", Mode::SingleNodeWriter)))
+        .node_stage_volume(stage_req(
+            &x,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
         .await
         .expect_err("a volume was staged while its file was mounted through another loop device");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");

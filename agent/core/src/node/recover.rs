@@ -78,7 +78,15 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
     for publication in store.publications(vol)? {
         let target = publication.target_path.as_path();
         let expected = Expected::of(ctx, vol, staged.as_ref());
-        let found = match path_handles::lookup_recorded(ctx, target)? {
+        let entry = path_handles::lookup_recorded(ctx, target)?;
+        // The file a block publish made at the target: gone, the publication was taken down (an
+        // unpublish whose lazy record a crash lost) or never got that far.
+        // (A lookup holds the target's directory; the target itself may be absent. A stat that
+        // fails counts as there: the record is kept, never dropped on a guess.)
+        let file_there = entry
+            .as_ref()
+            .is_some_and(|e| !matches!(e.stat(), Ok(None)));
+        let found = match entry {
             Some(entry) => holder(ctx, &*entry, &expected)?,
             None => Holder::Nothing,
         };
@@ -103,10 +111,23 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             // target file the agent made, so the retry may use it (or unpublish remove it);
             // without the record the retry would refuse the file as not the agent's.
             Holder::Nothing
-                if publication.block && publication.progress == Progress::InProgress =>
+                if publication.block
+                    && file_there
+                    && publication.progress == Progress::InProgress =>
             {
                 tracing::warn!(volume = vol, target = %target.display(),
                     "recovery: a block publish was interrupted before its bind; the next NodePublishVolume resumes it");
+            }
+            // The bind went (a reboot) but the file the agent made for it stays: dropping the
+            // record would leave kubelet's re-publish after the reboot refused for good ("the
+            // agent did not create it"; found by the simulation once it ran start-up recovery).
+            // Kept as an intent: the retry binds again, or the unpublish removes the file.
+            Holder::Nothing if publication.block && file_there => {
+                let mut intent = publication.clone();
+                intent.progress = Progress::InProgress;
+                write(ctx, |w| w.put_publication(&intent))?;
+                tracing::warn!(volume = vol, target = %target.display(),
+                    "recovery: a block publication's bind is gone (reboot?); the record is kept for the file the agent made, the next NodePublishVolume binds again");
             }
             Holder::Nothing => {
                 tracing::warn!(volume = vol, target = %target.display(),

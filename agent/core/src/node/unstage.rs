@@ -86,17 +86,27 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         }
         return Ok(());
     }
-    // Lazy: if this line is lost, recovery finds the staging mount gone and drops the record.
+    // Durable before the answer: a release the CO was told of must survive a crash. Lazy, a
+    // raw block staging (nothing on the host shows it) or a stage whose completion was still
+    // lazy came back at the restart, held the device from every other door and kept the loop
+    // controller's detach refused for good (a twenty-fourth fresh review's F2; the simulation
+    // finds it once it checks that releases stay released).
     // A node-local handle names a place, not a volume: once it is unstaged its format record
     // goes too, so a disk replaced under the same name is judged afresh (blank: formatted; a
     // filesystem: used), not refused forever as "formatted, now wiped".
-    journal.record(Step::Unstaged, Phase::Done, facts, Durability::Lazy, |w| {
-        w.delete_staged(vol.as_str())?;
-        if vol.is_local() && ctx.ledger.format(vol.as_str())?.is_some() {
-            w.delete_format(vol.as_str())?;
-        }
-        Ok(())
-    })?;
+    journal.record(
+        Step::Unstaged,
+        Phase::Done,
+        facts,
+        Durability::Immediate,
+        |w| {
+            w.delete_staged(vol.as_str())?;
+            if vol.is_local() && ctx.ledger.format(vol.as_str())?.is_some() {
+                w.delete_format(vol.as_str())?;
+            }
+            Ok(())
+        },
+    )?;
     ctx.claims.forget(vol.as_str(), staging_path);
     Ok(())
 }

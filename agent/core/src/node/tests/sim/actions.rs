@@ -8,6 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 
+use super::inspect::INSPECTIONS;
 use super::{Crash, CrashAt, Sim};
 
 /// The node calls the orchestrator makes.
@@ -26,6 +27,16 @@ pub enum Action {
     Write { id: String, over_start: bool },
     /// The loop controller attaches (`attach`) or detaches the volume's device.
     Controller { id: String, attach: bool },
+    /// NodeExpandVolume, NodeGetVolumeStats or NodeReclaimSpace (`op`) by `id` at `at`'s place
+    /// (`target`: "staging", "p1" or "p2"); `at` is another id a third of the time.
+    Inspect {
+        op: &'static str,
+        id: String,
+        at: String,
+        target: &'static str,
+    },
+    /// ControllerExpandVolume grows the volume's disk.
+    Grow { id: String },
     /// The call dies at its `at`-th journaled step; the agent restarts; the orchestrator retries.
     Crash { at: i64, call: Box<Action> },
     /// Mounts, read-only devices and claims gone, a new boot; the orchestrator retries.
@@ -38,10 +49,12 @@ pub enum Action {
 }
 
 /// The host calls a fault makes fail.
-const FAULTS: [&str; 6] = ["mount", "bind", "unmount", "mkfs", "fsck", "lay"];
+const FAULTS: [&str; 9] = [
+    "mount", "bind", "unmount", "mkfs", "fsck", "lay", "grow", "syncfs", "fitrim",
+];
 
 /// The kinds of action, with the weights the first seeds of every run use.
-const KINDS: [(&str, usize); 9] = [
+const KINDS: [(&str, usize); 11] = [
     ("stage", 22),
     ("publish", 18),
     ("unpublish", 14),
@@ -51,6 +64,8 @@ const KINDS: [(&str, usize); 9] = [
     ("crash", 8),
     ("power-cut", 3),
     ("fail", 5),
+    ("inspect", 10),
+    ("grow", 3),
 ];
 
 /// A seed's own weights and ids: seeds divisible by 4 keep the defaults and every id; the
@@ -96,11 +111,28 @@ impl Sim {
             }
             roll -= w;
         }
-        let call = |rng: &mut super::Rng| Action::Call {
-            op: CALLS[rng.below(CALLS.len())],
+        let ids = self.ids.clone();
+        let inspect = |rng: &mut super::Rng| Action::Inspect {
+            op: *rng.pick(&INSPECTIONS),
             id: id.clone(),
-            target,
-            flag,
+            at: if rng.below(3) == 0 {
+                rng.pick(&ids).clone()
+            } else {
+                id.clone()
+            },
+            target: *rng.pick(&["staging", "p1", "p2"]),
+        };
+        let call = |rng: &mut super::Rng| {
+            if rng.below(5) == 0 {
+                inspect(rng)
+            } else {
+                Action::Call {
+                    op: CALLS[rng.below(CALLS.len())],
+                    id: id.clone(),
+                    target,
+                    flag,
+                }
+            }
         };
         match kind {
             "write" => Action::Write {
@@ -108,6 +140,8 @@ impl Sim {
                 over_start: self.rng.below(2) == 0,
             },
             "controller" => Action::Controller { id, attach: flag },
+            "inspect" => inspect(&mut self.rng),
+            "grow" => Action::Grow { id },
             "power-cut" => Action::PowerCut,
             "crash" => Action::Crash {
                 at: i64::try_from(self.rng.below(6) + 1).unwrap_or(1),
@@ -133,20 +167,22 @@ impl Sim {
         let mounts_before = self.h.host.state().mounts.keys().cloned().collect();
         let calls_before = self.h.host.state().calls.len();
         let (id, kind) = match action {
-            Action::Call { id, op, .. } => (id.as_str(), *op),
+            Action::Call { id, op, .. } | Action::Inspect { id, op, .. } => (id.as_str(), *op),
+            Action::Grow { id } => (id.as_str(), "grow"),
             Action::Write { id, .. } => (id.as_str(), "write"),
             Action::Controller { id, .. } => (id.as_str(), "controller"),
             Action::Crash { call, .. } | Action::Fail { call, .. } => match &**call {
-                Action::Call { id, .. } => (id.as_str(), "fault"),
+                Action::Call { id, .. } | Action::Inspect { id, .. } => (id.as_str(), "fault"),
                 _ => ("", "fault"),
             },
             Action::PowerCut => ("", "power-cut"),
         };
         let id = id.to_string();
         match action {
-            Action::Call { .. } => {
+            Action::Call { .. } | Action::Inspect { .. } => {
                 let _ = self.call_action(action);
             }
+            Action::Grow { id } => self.grow(id),
             Action::Write { id, over_start } => self.write(id, *over_start),
             Action::Controller { id, attach } if !id.starts_with("local-") => {
                 self.controller(*attach, id)
@@ -184,6 +220,7 @@ impl Sim {
                 target,
                 flag,
             } => self.call(op, id, target, *flag),
+            Action::Inspect { op, id, at, target } => self.inspect(op, id, at, target),
             _ => Ok(()),
         }
     }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 mod actions;
 mod checks;
+mod inspect;
 mod replay;
 
 use super::devices::serial;
@@ -75,6 +76,9 @@ struct Belief {
     staged: BTreeMap<String, bool>,
     /// (id, target name) -> read-only?
     published: BTreeMap<(String, String), bool>,
+    /// Ids whose unstage answered OK, and publications whose unpublish did, with no call of
+    /// theirs since: a crash must not bring their records back.
+    released: std::collections::BTreeSet<(String, String)>,
 }
 
 const VOLUMES: [&str; 3] = ["vol-a", "vol-b", "vol-c"];
@@ -200,6 +204,13 @@ impl Sim {
     /// One call of the orchestrator's, by `id`; updates the belief on success.
     fn call(&mut self, op: &str, id: &str, target: &str, flag: bool) -> Result<()> {
         self.calls += 1;
+        // Any call of the id's (at that target) since the release may record it again.
+        self.belief
+            .released
+            .remove(&(id.to_string(), String::new()));
+        self.belief
+            .released
+            .remove(&(id.to_string(), target.to_string()));
         let ctx = Arc::clone(&self.h.ctx);
         let vid = VolumeId::parse(id).expect("id");
         let r = match op {
@@ -240,9 +251,13 @@ impl Sim {
                     self.belief
                         .published
                         .remove(&(id.to_string(), target.to_string()));
+                    self.belief
+                        .released
+                        .insert((id.to_string(), target.to_string()));
                 }
                 "unstage" => {
                     self.belief.staged.remove(id);
+                    self.belief.released.insert((id.to_string(), String::new()));
                 }
                 _ => {}
             }
@@ -263,7 +278,8 @@ impl Sim {
         };
         let held = crate::node::device_claim::node_owner(&*self.h.ledger, &serial(id), None)
             .unwrap_or_else(|e| self.fail(format!("reading a claim: {e}")));
-        let may = crate::node::device_claim::controller_may_take(&*self.h.ledger, id, &serial(id));
+        let may = crate::node::device_claim::controller_may_take(&*self.h.ledger, id, &serial(id))
+            .and_then(|()| self.bytes_held_by_another(id).map_or(Ok(()), Err));
         let ledger = &self.h.ledger;
         let _ = if attach && may.is_ok() {
             ledger.write(
@@ -275,6 +291,21 @@ impl Sim {
         } else {
             Ok(())
         };
+    }
+
+    /// Another id staged on a device that shows `id`'s bytes under another identity (the
+    /// operator's loop device over vol-c's disk). The real loop controller sees such a holder by
+    /// identity (a loop device laid over its volume's file has the file's backing inode); the
+    /// simulated stack has none, so the model asks the bytes.
+    fn bytes_held_by_another(&self, id: &str) -> Option<String> {
+        let s = self.h.host.state();
+        let devnum = s.devices.get(&self.h.backend.device_of(id)).copied()?;
+        let bottom = s.bottom(devnum);
+        // The device itself is the identity's case (`controller_may_take`).
+        self.h.ledger.all_staged().into_iter().find_map(|st| {
+            let d = DevNum::from(st.devnum?);
+            (st.volume_id != id && d != devnum && s.bottom(d) == bottom).then_some(st.volume_id)
+        })
     }
 
     /// A workload writes to what it was given: a raw block publication's bytes, or a file in a
@@ -332,6 +363,7 @@ impl Sim {
     fn crash(&mut self) {
         self.h.ledger.power_cut();
         self.h.restart(Arc::new(super::super::Unobserved));
+        self.start_up();
     }
 
     /// The power goes: mounts, read-only devices and claims on devices go too; a new boot.
@@ -364,6 +396,26 @@ impl Sim {
         for id in belief.staged.keys() {
             if !matches!(self.h.ledger.staged(id), Ok(Some(_))) {
                 self.fail(format!("{id} is believed staged but has no record"));
+            }
+        }
+        // What was released with an OK answer stays released (else the device stays held from
+        // every other door, and the loop controller refuses the detach, for good).
+        for (id, target) in &belief.released {
+            let back = if target.is_empty() {
+                matches!(self.h.ledger.staged(id), Ok(Some(_)))
+            } else {
+                let path = self.h.target(&format!("{}-{target}", dir_of(id)));
+                matches!(self.h.ledger.publication(id, path.as_path()), Ok(Some(_)))
+            };
+            if back {
+                let what = if target.is_empty() {
+                    "unstage"
+                } else {
+                    "unpublish"
+                };
+                self.fail(format!(
+                    "the acknowledged {what} of {id} {target} came back after a restart"
+                ));
             }
         }
     }

@@ -78,7 +78,8 @@ fn shrunk_reproductions_stay_fixed() {
         },
         other => other,
     };
-    let runs: [(&str, Vec<Action>); 4] = [
+    let handle_a = "local-ebs://dev/dev-vol-a";
+    let runs: [(&str, Vec<Action>); 8] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -130,6 +131,69 @@ fn shrunk_reproductions_stay_fixed() {
                 Action::Crash {
                     at: 3,
                     call: Box::new(call("stage", "vol-a", true)),
+                },
+            ],
+        ),
+        (
+            // Seed 2, once restarts ran start-up recovery: a power cut took a block
+            // publication's bind, recovery dropped its record, and the retried publish refused
+            // the file the agent had made at the target ("the agent did not create it").
+            "a block publication retried after a power cut",
+            vec![
+                call("stage", "vol-b", true),
+                call("publish", "vol-b", false),
+                Action::PowerCut,
+            ],
+        ),
+        (
+            // Seed 16: once restarts ran start-up recovery, a handle's stage on the stacked
+            // device, then the controller's attach of vol-c, then a power cut: the attach had
+            // been let through over bytes the handle held (the model now asks the bytes, as the
+            // real controller's identity check does), and the handle's retry was refused.
+            "the controller's attach over bytes a handle holds through a stacked device",
+            vec![
+                call("stage", stack, false),
+                Action::Controller {
+                    id: "vol-c".into(),
+                    attach: true,
+                },
+                Action::PowerCut,
+            ],
+        ),
+        (
+            // Seed 2, once the simulation checked that releases stay released (the 24th fresh
+            // review's F2): a raw block stage killed before its answer, its unstage answered OK
+            // with a lazy record, and any crash after brought the staging back for good.
+            "an acknowledged unstage of a raw block staging, then a crash",
+            vec![
+                Action::Crash {
+                    at: 5,
+                    call: Box::new(call("stage", handle_a, true)),
+                },
+                call("unstage", handle_a, false),
+                Action::Crash {
+                    at: 2,
+                    call: Box::new(call("publish", "vol-b", true)),
+                },
+            ],
+        ),
+        (
+            // Seed 2 again, with the unstage durable: a block publish killed at its intent, its
+            // unpublish answered OK (lazily), and recovery then kept the returned record as an
+            // interrupted publish although its file was gone.
+            "an acknowledged unpublish of an interrupted block publish, then a crash",
+            vec![
+                Action::Crash {
+                    at: 5,
+                    call: Box::new(call("stage", handle_a, true)),
+                },
+                Action::Crash {
+                    at: 1,
+                    call: Box::new(call("publish", handle_a, false)),
+                },
+                Action::Crash {
+                    at: 6,
+                    call: Box::new(call("unpublish", handle_a, false)),
                 },
             ],
         ),
