@@ -185,9 +185,9 @@ async fn a_failed_commit_is_visible_and_recovers_without_restart() {
         .expect("node work goes on");
 }
 
-/// A full state disk: the unpublish and unstage that answered OK wrote their records lazily, and
-/// the reopen after a later failed commit rolls the file back to its last durable commit (the
-/// publish's intent). The running agent checks every recorded volume against the host again (a
+/// A full state disk: the unpublish that answered OK wrote its record lazily (the unstage, durable,
+/// fails until there is room), and the reopen after a failed commit rolls the file back to its
+/// last durable commit (the publish's intent). The running agent checks every recorded volume against the host again (a
 /// twenty-first fresh review's F4): the controller's detach is not refused for good over mounts
 /// that are gone.
 #[tokio::test]
@@ -217,9 +217,13 @@ async fn a_reopened_state_file_is_checked_against_the_host_again() {
     node.node_unpublish_volume(unpublish_req(&vol, &target))
         .await
         .expect("unpublish");
-    node.node_unstage_volume(unstage_req(&vol, &staging))
+    // An unstage is durable before it answers OK (a twenty-fourth fresh review's F2): on a full
+    // state disk it fails, and the retry once there is room again succeeds.
+    let full = node
+        .node_unstage_volume(unstage_req(&vol, &staging))
         .await
-        .expect("unstage");
+        .expect_err("an unstage answered OK with nothing durable");
+    assert!(full.message().contains("No space left"), "{full:?}");
     let _ = agent
         .controller()
         .await
@@ -232,6 +236,9 @@ async fn a_reopened_state_file_is_checked_against_the_host_again() {
         .await
         .expect_err("a full state disk fails the commit");
     std::fs::remove_file(&filler).unwrap();
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("the unstage's retry once there is room");
     let node_name = node_id(&agent).await;
     let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {

@@ -62,6 +62,22 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
                 tracing::info!(volume = vol, staging = %staging.display(),
                     "recovery: the stage had mounted the volume; record completed");
             }
+            // A stage cut before its mount (or failed at it), with nothing of it on the host and
+            // no publication resting on it: nothing for the record to guard. Kept, it held the
+            // device from every other door after the CO had moved on (an unstage answered OK
+            // while a failed stage's lazy clean-up was still in memory: the simulation's
+            // "a failed stage, its unstage, then a crash"). The retry starts afresh; a format
+            // intent, a record of its own, still judges the device.
+            (Progress::InProgress, false)
+                if matches!(staged.access, AccessRecord::Mount { .. })
+                    && store.publications(vol)?.is_empty() =>
+            {
+                tracing::warn!(volume = vol, staging = %staging.display(),
+                    "recovery: a stage was cut before its mount; record dropped, the next NodeStageVolume starts afresh");
+                write(ctx, |w| w.delete_staged(vol))?;
+                ctx.claims.forget(vol, staging);
+                report.dropped_staging = true;
+            }
             (Progress::InProgress, mounted) => {
                 tracing::warn!(
                     volume = vol,

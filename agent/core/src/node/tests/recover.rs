@@ -313,3 +313,18 @@ fn a_publication_dropped_by_recovery_is_bound_again_by_its_retry() {
     h.published(VOL, "pod");
     assert_eq!(h.host.mounts_at(h.target("pod").as_path()), 1);
 }
+
+#[test]
+fn a_stage_cut_before_its_mount_with_no_publication_is_dropped_and_frees_its_device() {
+    let h = Harness::new();
+    h.staged(VOL);
+    stage_in_progress(&h);
+    unmount(&h, h.staging(VOL));
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(r.dropped_staging, "{r:?}");
+    assert_eq!(records(&h), (None, None));
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+    // Nothing holds the device now: a handle naming it is taken (the volume let go).
+    h.stage(&h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter)))
+        .expect("the retried stage starts afresh");
+}

@@ -79,7 +79,7 @@ fn shrunk_reproductions_stay_fixed() {
         other => other,
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
-    let runs: [(&str, Vec<Action>); 8] = [
+    let runs: [(&str, Vec<Action>); 9] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -194,6 +194,22 @@ fn shrunk_reproductions_stay_fixed() {
                 Action::Crash {
                     at: 6,
                     call: Box::new(call("unpublish", handle_a, false)),
+                },
+            ],
+        ),
+        (
+            // Seed 2044463 of the long run: a stage whose mount failed (its clean-up lazy), the
+            // unstage answered OK, a crash: start-up recovery kept the failed stage's durable
+            // intent "for the retry", and the device stayed held.
+            "a failed stage, its unstage, then a crash",
+            vec![
+                Action::Fail {
+                    what: "mount",
+                    call: Box::new(at("p2", call("stage", handle_b, false))),
+                },
+                Action::Crash {
+                    at: 4,
+                    call: Box::new(at("p2", call("unstage", handle_b, false))),
                 },
             ],
         ),
