@@ -48,6 +48,8 @@ pub struct EntryStat {
     /// st_rdev: the device a device node stands for.
     pub rdev: DevNum,
     pub ino: u64,
+    /// st_size: a regular file's length.
+    pub size: u64,
     /// Whether the entry is the root of a mount; `None` when the kernel cannot say (before 5.8).
     pub mount_root: Option<bool>,
     /// The mount's id (the unique one where the kernel gives it), when `mount_root` is known.

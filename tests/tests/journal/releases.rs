@@ -114,3 +114,46 @@ async fn a_block_publication_is_published_again_after_its_bind_went() {
         .await
         .expect("unstage another");
 }
+
+/// An acknowledged raw block unpublish, a crash before any later commit, and a file someone else
+/// put at the target meanwhile: the file is not the one the publish made (that one is empty), so
+/// it vouches for no publication, and the volume is free at the restart (a twenty-fifth fresh
+/// review's F5: the record came back as an interrupted publish, for good).
+#[tokio::test]
+async fn a_foreign_file_at_a_released_block_target_vouches_for_nothing() {
+    if !require_root("a_foreign_file_at_a_released_block_target_vouches_for_nothing") {
+        return;
+    }
+    let scratch = Scratch::new("block-foreign-file");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let cap = block_cap(Mode::SingleNodeWriter);
+    let vol = create_attached(&agent, "f", 64 << 20).await;
+    let staging = agent.work.join("f/staging");
+    let target = agent.work.join("f/target");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
+        .await
+        .expect("stage");
+    node.node_publish_volume(publish_req(&vol, &staging, &target, cap, false))
+        .await
+        .expect("publish");
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .expect("unpublish");
+    drop(node);
+    agent.kill();
+    std::fs::write(&target, "foreign").expect("someone's file");
+    agent.restart(None).await;
+    agent
+        .node()
+        .await
+        .node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    detach_and_delete(&agent, &vol.id).await;
+    assert_eq!(
+        std::fs::read_to_string(&target).ok().as_deref(),
+        Some("foreign"),
+        "the foreign file was touched"
+    );
+}

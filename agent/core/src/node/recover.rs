@@ -97,11 +97,16 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
         let entry = path_handles::lookup_recorded(ctx, target)?;
         // The file a block publish made at the target: gone, the publication was taken down (an
         // unpublish whose lazy record a crash lost) or never got that far.
-        // (A lookup holds the target's directory; the target itself may be absent. A stat that
-        // fails counts as there: the record is kept, never dropped on a guess.)
-        let file_there = entry
-            .as_ref()
-            .is_some_and(|e| !matches!(e.stat(), Ok(None)));
+        // (A lookup holds the target's directory; the target itself may be absent.) The file a
+        // publish makes is empty: one with bytes in it, or anything but a regular file, is not
+        // the agent's, and vouching for it kept a released publication alive for good (a
+        // twenty-fifth fresh review's F5). A stat that fails counts as there: kept, never
+        // dropped on a guess.
+        let file_there = entry.as_ref().is_some_and(|e| match e.stat() {
+            Ok(Some(st)) => st.kind == crate::seam::FileKind::RegularFile && st.size == 0,
+            Ok(None) => false,
+            Err(_) => true,
+        });
         let found = match entry {
             Some(entry) => holder(ctx, &*entry, &expected)?,
             None => Holder::Nothing,

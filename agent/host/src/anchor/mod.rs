@@ -377,7 +377,7 @@ fn stat_mask() -> StatxFlags {
     } else {
         StatxFlags::MNT_ID
     };
-    StatxFlags::TYPE | StatxFlags::INO | id
+    StatxFlags::TYPE | StatxFlags::INO | StatxFlags::SIZE | id
 }
 
 pub fn entry_stat(st: &Statx) -> EntryStat {
@@ -391,6 +391,7 @@ pub fn entry_stat(st: &Statx) -> EntryStat {
         dev: DevNum::new(st.stx_dev_major, st.stx_dev_minor),
         rdev: DevNum::new(st.stx_rdev_major, st.stx_rdev_minor),
         ino: st.stx_ino,
+        size: st.stx_size,
         mount_root: knows_root.then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)),
         mnt_id: has_id.then_some(st.stx_mnt_id),
         mnt_id_unique: unique,

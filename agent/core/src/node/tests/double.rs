@@ -133,6 +133,7 @@ pub fn mount_facts(dev: DevNum, fs_type: &str, read_only: bool) -> MountFacts {
             dev,
             rdev: DevNum::new(0, 0),
             ino: 2,
+            size: 0,
             mount_root: Some(true),
             mnt_id: None,
             mnt_id_unique: false,

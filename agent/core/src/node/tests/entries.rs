@@ -81,6 +81,7 @@ impl Entry for DoubleEntry {
                 dev: DevNum::new(0, 1),
                 rdev: DevNum::new(0, 0),
                 ino: m.ino(),
+                size: m.len(),
                 mount_root: None,
                 mnt_id: None,
                 mnt_id_unique: false,
