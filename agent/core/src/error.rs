@@ -46,6 +46,17 @@ pub enum Error {
         what: String,
         volume: String,
     },
+    /// Another device showing the device's bytes is in use (`node::views`).
+    #[error(
+        "refusing {device} for volume {volume}: its bytes are in use through device {view} ({what}); \
+         nothing was changed"
+    )]
+    BytesInUseElsewhere {
+        volume: String,
+        device: PathBuf,
+        view: DevNum,
+        what: String,
+    },
     #[error("volume {volume} is not staged on this node; call NodeStageVolume first")]
     NotStaged { volume: String },
     #[error("volume {volume} is staged at {at}, not at {asked}")]

@@ -139,6 +139,23 @@ pub struct LoopOrigin {
     pub file_links: u64,
 }
 
+/// Another device that shows some of a device's bytes (`HostOps::views_of`): a loop device over
+/// the same file, one laid over the device or over another view, the device a loop device is
+/// laid over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    pub devnum: DevNum,
+    /// Its loop name (`lo_file_name`): an agent's read-only devices carry their tag there.
+    pub name: String,
+    /// What uses it, as the host shows it (mounted or claimed, a device-node bind, a holder).
+    pub in_use: Option<String>,
+}
+
+/// Views claimed exclusively for the length of a call (`HostOps::hold_views`): nothing mounts
+/// them meanwhile. Dropped, they are free again.
+#[derive(Debug, Default)]
+pub struct HeldViews(pub Vec<File>);
+
 /// What start-up did with this agent's read-only devices that no publication record names.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Swept {
@@ -198,6 +215,10 @@ pub trait HostOps: Send + Sync {
     fn loop_origin(&self, devnum: DevNum) -> io::Result<Option<LoopOrigin>>;
     /// The devices sysfs shows built on the device's bytes: its `holders` (mappers).
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>>;
+    /// The other devices that show some of `devnum`'s bytes, and what uses each.
+    fn views_of(&self, devnum: DevNum) -> io::Result<Vec<View>>;
+    /// Claims `views` exclusively until the answer drops; an error when one is in use.
+    fn hold_views(&self, views: &[DevNum]) -> io::Result<HeldViews>;
     /// The device's size in bytes, by path (right after it was proven).
     fn device_bytes(&self, device: &Path) -> io::Result<u64>;
     /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.

@@ -29,6 +29,7 @@ mod stage;
 pub mod stats;
 pub mod unpublish;
 mod unstage;
+pub mod views;
 pub mod volume_condition;
 pub mod volume_device;
 

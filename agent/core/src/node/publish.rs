@@ -270,16 +270,17 @@ fn source(
     block: bool,
 ) -> Result<Source> {
     if block {
-        return Ok(Source::Device(Box::new(
-            VolumeDevice::hold_recorded(ctx, staged).map_err(|e| match e {
-                Error::WrongDevice { reason, .. } => Error::NoLongerTheDevice {
-                    volume: staged.volume_id.clone(),
-                    device: staged.device.clone(),
-                    reason,
-                },
-                other => other,
-            })?,
-        )));
+        let mut device = VolumeDevice::hold_recorded(ctx, staged).map_err(|e| match e {
+            Error::WrongDevice { reason, .. } => Error::NoLongerTheDevice {
+                volume: staged.volume_id.clone(),
+                device: staged.device.clone(),
+                reason,
+            },
+            other => other,
+        })?;
+        // A workload gets the device raw: no other view of its bytes may be in use.
+        device.hold_views(ctx)?;
+        return Ok(Source::Device(Box::new(device)));
     }
     let staging = path_handles::lookup_recorded(ctx, &staged.staging_path)?;
     let nothing = || Error::StagingEmpty {

@@ -22,6 +22,8 @@ pub struct VolumeDevice {
     /// The device's identity taken (one door at a time per identity, whatever its numbers: a
     /// file bound to two loop devices is one device), with the claim to write, if any.
     claim: Option<Claim>,
+    /// The other devices showing its bytes, held idle for the call (`views`).
+    _views: super::host::HeldViews,
 }
 
 struct Claim {
@@ -84,6 +86,7 @@ impl VolumeDevice {
             volume: volume.to_string(),
             _turn: turn,
             claim: None,
+            _views: super::host::HeldViews::default(),
         };
         device.prove(ctx)?;
         Ok(device)
@@ -116,10 +119,20 @@ impl VolumeDevice {
             devnum,
             self.path(),
         )?;
+        self._views =
+            super::views::refuse_used_and_hold(ctx, volume.as_str(), devnum, self.path())?;
         self.claim = Some(Claim {
             _turn: turn,
             pending,
         });
+        Ok(())
+    }
+
+    /// A held device's other views checked and held, as a take does: for a door that hands out a
+    /// device it took before (a raw block publish).
+    pub fn hold_views(&mut self, ctx: &NodeCtx) -> Result<()> {
+        let devnum = self.devnum();
+        self._views = super::views::refuse_used_and_hold(ctx, &self.volume, devnum, self.path())?;
         Ok(())
     }
 

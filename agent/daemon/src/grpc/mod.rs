@@ -48,6 +48,7 @@ pub fn to_status(err: &Error) -> Status {
         | Error::StagedElsewhere { .. }
         | Error::StillPublished { .. }
         | Error::DeviceInUse { .. }
+        | Error::BytesInUseElsewhere { .. }
         | Error::DeviceStillBound { .. }
         | Error::StagedForOtherAccess { .. }
         | Error::SinglePublication { .. }

@@ -92,8 +92,6 @@ impl HeldDevice {
 
     /// Claims the held device exclusively, through the held fd (so the claim is on this very
     /// device). EBUSY: it is mounted, or another process (a mkfs, a device mapper) claims it.
-    /// A loop device's siblings (other loop devices over its file) must be free too: their
-    /// claims are on the same bytes (`loopdev::stacking::siblings`).
     pub fn claim_exclusive(&mut self) -> io::Result<()> {
         if self.exclusive.is_none() {
             self.exclusive = Some(Claim(Some(
@@ -102,19 +100,6 @@ impl HeldDevice {
                     .custom_flags(libc::O_EXCL)
                     .open(self.proc_path())?,
             )));
-            if let Some(busy) = crate::loopdev::stacking::siblings(self.devnum)?
-                .into_iter()
-                .find(|d| still_claimed(*d))
-            {
-                self.exclusive = None;
-                return Err(io::Error::new(
-                    io::ErrorKind::ResourceBusy,
-                    format!(
-                        "its bytes are in use through loop device {busy} over the same file \
-                         (mounted or claimed there)"
-                    ),
-                ));
-            }
         }
         Ok(())
     }

@@ -374,6 +374,7 @@ pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
 mod backing_fs;
 pub mod overlay;
 pub mod stacking;
+pub mod views;
 pub use backing_fs::{BackingFs, backing_fs, backing_fs_of_loop, fs_of_path};
 mod query;
 pub use query::{

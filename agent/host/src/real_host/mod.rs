@@ -108,6 +108,14 @@ impl HostOps for RealHost {
         crate::loopdev::stacking::built_on(devnum)
     }
 
+    fn views_of(&self, devnum: DevNum) -> io::Result<Vec<ebs_node_core::node::host::View>> {
+        crate::loopdev::views::views_of(devnum)
+    }
+
+    fn hold_views(&self, views: &[DevNum]) -> io::Result<ebs_node_core::node::host::HeldViews> {
+        crate::loopdev::views::hold(views).map(ebs_node_core::node::host::HeldViews)
+    }
+
     fn whole_disk(&self, devnum: DevNum) -> DevNum {
         let dir = Path::new("/sys/dev/block").join(devnum.to_string());
         if !dir.join("partition").exists() {

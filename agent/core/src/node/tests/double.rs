@@ -20,9 +20,9 @@ use crate::error::{Error, Result};
 use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
-use crate::node::host::ReadOnlyDevice;
 use crate::node::host::{Ancestry, Entry, LoopOrigin, PathRefusal, Place, Under};
 use crate::node::host::{DeviceHandle, HostOps};
+use crate::node::host::{HeldViews, ReadOnlyDevice, View};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
 use crate::request::{FormatOptions, FsType};
@@ -233,6 +233,38 @@ impl HostOps for DoubleHost {
             .get(&devnum)
             .cloned()
             .unwrap_or_default())
+    }
+
+    fn views_of(&self, devnum: DevNum) -> io::Result<Vec<View>> {
+        let s = self.state();
+        let bottom = s.bottom(devnum);
+        let mut views: Vec<DevNum> = (s.devices.values().copied())
+            .filter(|d| *d != devnum && s.bottom(*d) == bottom)
+            .collect();
+        views.extend(
+            (s.read_only.iter())
+                .filter(|(_, under)| s.bottom(*under) == bottom)
+                .map(|(ro, _)| *ro),
+        );
+        views.sort();
+        views.dedup();
+        Ok(views
+            .into_iter()
+            .map(|d| {
+                let mounted = s.mounts.values().flatten().any(|m| {
+                    m.dev == d || (m.node.kind == FileType::BlockDevice && m.node.rdev == d)
+                });
+                View {
+                    devnum: d,
+                    name: s.ro_tags.get(&d).cloned().unwrap_or_default(),
+                    in_use: (mounted || s.claimed.contains(&d)).then(|| "mounted".to_string()),
+                }
+            })
+            .collect())
+    }
+
+    fn hold_views(&self, _views: &[DevNum]) -> io::Result<HeldViews> {
+        Ok(HeldViews::default())
     }
 
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {

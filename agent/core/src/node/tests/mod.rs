@@ -26,6 +26,7 @@ mod stage;
 mod stats;
 mod unpublish;
 mod unstage;
+mod views;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

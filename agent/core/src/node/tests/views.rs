@@ -1,0 +1,78 @@
+//! The same bytes under another number (`node::views`): a loop device laid over the volume's
+//! device, or over the same file, mounted or bound elsewhere, refuses every door that would take
+//! or hand out the device, and nothing is done to the host; the volume's own read-only devices
+//! are its own. Root tests: `node_local::siblings`.
+
+use super::*;
+use crate::error::Error;
+use crate::ledger::Ledger;
+use crate::node::host::Under;
+
+/// A device laid over `volume`'s, mounted (as a filesystem, or its node bound) somewhere else.
+fn used_view(h: &Harness, volume: &str, bound: bool) -> crate::DevNum {
+    let view = h.host.add_device("dev-view", GIB);
+    let view = h.host.devnum(&view);
+    let under = h
+        .host
+        .devnum(&h.dir.join("dev").join(format!("dev-{volume}")));
+    let mut s = h.host.state();
+    s.lies_on.insert(view, vec![Under::Device(under)]);
+    let mut facts = double::mount_facts(view, "ext4", false);
+    if bound {
+        facts = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+        facts.node.kind = crate::seam::FileKind::BlockDevice;
+        facts.node.rdev = view;
+    }
+    s.mounts.insert(h.dir.join("elsewhere"), vec![facts]);
+    view
+}
+
+fn in_use_elsewhere(e: &Error) -> bool {
+    matches!(e, Error::BytesInUseElsewhere { .. })
+}
+
+#[test]
+fn a_stage_is_refused_while_another_view_of_the_bytes_is_used() {
+    for (bound, capability) in [
+        (false, mount(AccessMode::SingleNodeWriter)),
+        (true, mount(AccessMode::SingleNodeWriter)),
+        (false, block(AccessMode::SingleNodeWriter)),
+        (true, block(AccessMode::SingleNodeWriter)),
+    ] {
+        let h = Harness::new();
+        h.attach(VOL);
+        used_view(&h, VOL, bound);
+        let e = h
+            .stage(&h.stage_cmd(VOL, capability))
+            .expect_err("staged while its bytes are used elsewhere");
+        assert!(in_use_elsewhere(&e), "{e}");
+        assert_eq!(h.host.calls(), Vec::<String>::new());
+        assert!(h.ledger.staged(VOL).expect("read").is_none());
+    }
+}
+
+#[test]
+fn a_raw_block_publish_is_refused_once_another_view_is_used() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeWriter);
+    used_view(&h, VOL, false);
+    let cmd = h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter));
+    let e = h
+        .publish(&cmd)
+        .expect_err("published raw under a mounted view");
+    assert!(in_use_elsewhere(&e), "{e}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+#[test]
+fn the_volumes_own_read_only_device_is_no_other_use() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::MultiNodeReaderOnly);
+    let mut ro = h.publish_cmd(VOL, "pod-ro", block(AccessMode::MultiNodeReaderOnly));
+    ro.readonly = true;
+    h.publish(&ro).expect("read-only publish");
+    // Its read-only device is bound at pod-ro; a second publication is the volume's own use.
+    let mut again = h.publish_cmd(VOL, "pod-2", block(AccessMode::MultiNodeReaderOnly));
+    again.readonly = true;
+    h.publish(&again).expect("a second read-only publication");
+}
