@@ -45,6 +45,9 @@ pub struct Call {
 
 #[derive(Default)]
 pub struct State {
+    /// The simulation's crash after this many more host changes (mkfs, mount, bind, unmount,
+    /// grow), each done on the host and not yet recorded.
+    pub crash_after_acts: Option<u32>,
     /// Mounts per path, the top-most last.
     pub mounts: HashMap<PathBuf, Vec<MountFacts>>,
     /// Device files and their numbers.
@@ -393,6 +396,8 @@ impl HostOps for DoubleHost {
             s.probes.insert(d, ProbeOutcome::Found(signature(fs, uuid)));
             s.uuids.insert(d, uuid.to_string());
         }
+        drop(s);
+        self.after_act();
         Ok(())
     }
 
@@ -496,6 +501,8 @@ impl DoubleHost {
             .entry(target_path.to_path_buf())
             .or_default()
             .push(facts);
+        drop(s);
+        self.after_act();
         Ok(())
     }
 
@@ -529,6 +536,8 @@ impl DoubleHost {
             .entry(target.to_path_buf())
             .or_default()
             .push(facts);
+        drop(s);
+        self.after_act();
         Ok(())
     }
 
@@ -543,6 +552,8 @@ impl DoubleHost {
         if !still {
             s.claimed.remove(&gone.dev);
         }
+        drop(s);
+        self.after_act();
         Ok(Unmounted::Done)
     }
 
@@ -568,5 +579,22 @@ impl DoubleHost {
         let devnum = s.devices[device];
         let bytes = s.device_bytes[&devnum];
         s.fs_bytes.insert(devnum, bytes);
+        drop(s);
+        self.after_act();
+    }
+
+    /// The simulation's crash in the middle of a step: after the host did what it was asked,
+    /// before the agent recorded it (`State::crash_after_acts`).
+    fn after_act(&self) {
+        let mut s = self.state();
+        match s.crash_after_acts {
+            Some(n) if n <= 1 => {
+                s.crash_after_acts = None;
+                drop(s);
+                std::panic::panic_any(super::sim::Crash);
+            }
+            Some(n) => s.crash_after_acts = Some(n - 1),
+            None => {}
+        }
     }
 }

@@ -39,6 +39,9 @@ pub enum Action {
     Grow { id: String },
     /// The call dies at its `at`-th journaled step; the agent restarts; the orchestrator retries.
     Crash { at: i64, call: Box<Action> },
+    /// The call dies right after its `at`-th change to the host (mkfs, mount, bind, unmount,
+    /// grow), before it records it; the agent restarts; the orchestrator retries.
+    CrashMidStep { at: u32, call: Box<Action> },
     /// Mounts, read-only devices and claims gone, a new boot; the orchestrator retries.
     PowerCut,
     /// The host call `what` fails once, during `call`.
@@ -113,14 +116,14 @@ impl Sim {
         }
         let ids = self.ids.clone();
         let inspect = |rng: &mut super::Rng| Action::Inspect {
-            op: *rng.pick(&INSPECTIONS),
+            op: INSPECTIONS[rng.below(INSPECTIONS.len())],
             id: id.clone(),
             at: if rng.below(3) == 0 {
                 rng.pick(&ids).clone()
             } else {
                 id.clone()
             },
-            target: *rng.pick(&["staging", "p1", "p2"]),
+            target: ["staging", "p1", "p2"][rng.below(3)],
         };
         let call = |rng: &mut super::Rng| {
             if rng.below(5) == 0 {
@@ -143,8 +146,14 @@ impl Sim {
             "inspect" => inspect(&mut self.rng),
             "grow" => Action::Grow { id },
             "power-cut" => Action::PowerCut,
+            "crash" if self.rng.below(2) == 0 => Action::CrashMidStep {
+                at: u32::try_from(self.rng.below(3) + 1).unwrap_or(1),
+                call: Box::new(call(&mut self.rng)),
+            },
             "crash" => Action::Crash {
-                at: i64::try_from(self.rng.below(6) + 1).unwrap_or(1),
+                // A stage reaches eleven kill points (resolve, verify, probe, format and mount,
+                // each an intent and a done, then staged): every one of them, and one past.
+                at: i64::try_from(self.rng.below(12) + 1).unwrap_or(1),
                 call: Box::new(call(&mut self.rng)),
             },
             "fail" => Action::Fail {
@@ -171,7 +180,9 @@ impl Sim {
             Action::Grow { id } => (id.as_str(), "grow"),
             Action::Write { id, .. } => (id.as_str(), "write"),
             Action::Controller { id, .. } => (id.as_str(), "controller"),
-            Action::Crash { call, .. } | Action::Fail { call, .. } => match &**call {
+            Action::Crash { call, .. }
+            | Action::CrashMidStep { call, .. }
+            | Action::Fail { call, .. } => match &**call {
                 Action::Call { id, .. } | Action::Inspect { id, .. } => (id.as_str(), "fault"),
                 _ => ("", "fault"),
             },
@@ -199,17 +210,28 @@ impl Sim {
             }
             Action::Crash { at, call } => {
                 self.h.restart(Arc::new(CrashAt(AtomicI64::new(*at))));
-                let result = catch_unwind(AssertUnwindSafe(|| self.call_action(call)));
-                if let Err(payload) = result
-                    && payload.downcast_ref::<Crash>().is_none()
-                {
-                    std::panic::resume_unwind(payload);
-                }
-                self.crash();
-                self.converge();
+                self.dies_during(call);
+            }
+            Action::CrashMidStep { at, call } => {
+                self.h.host.state().crash_after_acts = Some(*at);
+                self.dies_during(call);
             }
         }
         self.check(&id, kind, &owners_before, &mounts_before, calls_before);
+    }
+
+    /// Runs `call` until the crash set up for it (or to its end), then the agent restarts and
+    /// the orchestrator retries what it believes.
+    fn dies_during(&mut self, call: &Action) {
+        let result = catch_unwind(AssertUnwindSafe(|| self.call_action(call)));
+        self.h.host.state().crash_after_acts = None;
+        if let Err(payload) = result
+            && payload.downcast_ref::<Crash>().is_none()
+        {
+            std::panic::resume_unwind(payload);
+        }
+        self.crash();
+        self.converge();
     }
 
     fn call_action(&mut self, action: &Action) -> crate::error::Result<()> {

@@ -41,7 +41,7 @@ use crate::request::AccessMode;
 use crate::steps::{Op, Step};
 
 /// The payload of a simulated crash.
-struct Crash;
+pub(super) struct Crash;
 
 /// Crashes the agent at the `n`-th journal kill point it reaches.
 struct CrashAt(AtomicI64);
@@ -246,6 +246,15 @@ impl Sim {
                         .published
                         .entry((id.to_string(), target.to_string()))
                         .or_insert(flag);
+                    // A publish succeeds only on a staged volume: a stage whose answer a crash
+                    // lost did happen, and kubelet, which publishes only what it staged, would
+                    // stage it again after a reboot.
+                    if !self.belief.staged.contains_key(id)
+                        && let Ok(Some(staged)) = self.h.ledger.staged(id)
+                    {
+                        let block = matches!(staged.access, AccessRecord::Block);
+                        self.belief.staged.insert(id.to_string(), block);
+                    }
                 }
                 "unpublish" => {
                     self.belief

@@ -79,7 +79,8 @@ fn shrunk_reproductions_stay_fixed() {
         other => other,
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
-    let runs: [(&str, Vec<Action>); 9] = [
+    let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
+    let runs: [(&str, Vec<Action>); 10] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -211,6 +212,29 @@ fn shrunk_reproductions_stay_fixed() {
                     at: 4,
                     call: Box::new(at("p2", call("unstage", handle_b, false))),
                 },
+            ],
+        ),
+        (
+            // The format intent's hold (issue 49's second finding), reached once crashes fell
+            // between a host change and its record: vol-b's mkfs ran, the agent died before its
+            // done record; a handle took the device raw and its workload wrote; then vol-b's
+            // redo formatted over those bytes. With `holds_through_node`'s intent clause off:
+            // "mkfs ran over dev-vol-b, which local-ebs://dev/dev-vol-b's workload wrote".
+            "a format intent surviving raw use under another id",
+            vec![
+                Action::CrashMidStep {
+                    at: 1,
+                    call: Box::new(call("stage", "vol-b", false)),
+                },
+                handle_b_call("stage", true),
+                handle_b_call("publish", false),
+                Action::Write {
+                    id: handle_b.into(),
+                    over_start: false,
+                },
+                handle_b_call("unpublish", false),
+                handle_b_call("unstage", false),
+                call("stage", "vol-b", false),
             ],
         ),
     ];
