@@ -102,7 +102,10 @@ impl LoopController {
         for &fs in &req.filesystems {
             ebs_node_host::fs_limits::SizeLimits::of(fs, None, None)
                 .check(fs, capacity)
-                .map_err(|why| CapacityError::FilesystemLimit { fs, why })?;
+                .map_err(|e| CapacityError::FilesystemLimit {
+                    fs,
+                    source: Box::new(e),
+                })?;
         }
         let volume = {
             let _guard = self.lock();

@@ -35,8 +35,11 @@ pub enum CapacityError {
     #[error("{size} bytes is more than CSI can express (int64)")]
     BeyondInt64 { size: u64 },
     /// A filesystem the volume may be formatted with cannot span that size (`fs_limits`).
-    #[error("{why}")]
-    FilesystemLimit { fs: FsType, why: String },
+    #[error("{source}")]
+    FilesystemLimit {
+        fs: FsType,
+        source: super::BoxedError,
+    },
     /// The file system of the volume directory cannot hold a file that large (EFBIG, EINVAL).
     #[error("{op}: {source}")]
     FileTooLarge { op: String, source: std::io::Error },

@@ -220,7 +220,7 @@ fn each_named_error_keeps_its_call_sites_code_and_words() {
         (
             cap(CapacityError::FilesystemLimit {
                 fs: FsType::Ext3,
-                why: "ext3 holds at most".into(),
+                source: "ext3 holds at most".into(),
             }),
             Code::OutOfRange,
             "ext3 holds at most",
@@ -408,6 +408,10 @@ fn named_errors_keep_their_source() {
         cap(CapacityError::FileTooLarge {
             op: "x".into(),
             source: io(),
+        }),
+        cap(CapacityError::FilesystemLimit {
+            fs: FsType::Ext4,
+            source: boxed(),
         }),
     ];
     for e in errs {

@@ -302,7 +302,7 @@ pub fn config_from_args(
     let imds = if args.imds_disabled {
         None
     } else {
-        Some(ImdsClient::new(&args.imds_endpoint, args.imds_timeout)?)
+        Some(ImdsClient::new(&args.imds_endpoint, args.imds_timeout).map_err(|e| e.to_string())?)
     };
     Ok(SourceConfig {
         node_id: args.node_id.clone(),
