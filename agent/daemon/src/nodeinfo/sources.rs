@@ -135,7 +135,7 @@ impl Resolver {
                 Ok(Ok(None)) => {
                     self.dmi_note = Some("the asset tag holds no instance id".into());
                 }
-                Ok(Err(why)) => self.dmi_note = Some(why),
+                Ok(Err(why)) => self.dmi_note = Some(why.to_string()),
                 Err(e) => self.dmi_note = Some(format!("read failed: {e}")),
             }
             if let Some(note) = self.dmi_note.clone() {
