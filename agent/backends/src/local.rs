@@ -178,7 +178,7 @@ impl WithLocalVolumes {
                 .map(|p| p.target_path),
         );
         let table = ebs_node_host::mount::at_path::read_table()
-            .map_err(|e| Error::Internal(format!("reading the mount table: {e}")))?;
+            .map_err(|e| Error::io("reading the mount table", e))?;
         let mut mounted_here = false;
         for m in table.entries() {
             if !family.contains(&DevNum::new(m.major, m.minor)) {
@@ -342,11 +342,11 @@ fn real_volume(publish_context: &HashMap<String, String>) -> Result<Option<Volum
 /// The block device node the handle names (links followed: `/dev/xvdbz` is a udev link on Nitro
 /// instances), and its numbers. NOT_FOUND when no block device is there.
 fn device_node(volume: &VolumeId, device: &Path) -> Result<(PathBuf, DevNum)> {
-    let not_here = |why: String| {
-        Error::NotFound(format!(
-            "node-local volume {volume}: {why}; the volume is not attached to this node at {}",
-            device.display()
-        ))
+    let not_here = |why: String| Error::DeviceNotAttached {
+        backend: "node-local",
+        volume: volume.to_string(),
+        device: device.to_path_buf(),
+        why,
     };
     let node = match std::fs::canonicalize(device) {
         Ok(p) => p,

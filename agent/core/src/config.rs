@@ -14,23 +14,34 @@ pub fn unix_socket_path(raw: &str) -> Option<&str> {
     path.starts_with('/').then_some(path)
 }
 
+/// A duration flag's value that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadDuration {
+    #[error("invalid duration {0:?}")]
+    NotANumber(String),
+    #[error("invalid duration {0:?}: too long")]
+    TooLong(String),
+    #[error("invalid duration {0:?}: use ms, s or m")]
+    Unit(String),
+}
+
 /// Durations such as `30s`, `500ms`, `2m` or a bare number of seconds.
-pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+pub fn parse_duration(raw: &str) -> Result<Duration, BadDuration> {
     let raw = raw.trim();
     let (num, unit) = raw
         .find(|c: char| !c.is_ascii_digit())
         .map_or((raw, "s"), |i| raw.split_at(i));
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("invalid duration {raw:?}"))?;
+        .map_err(|_| BadDuration::NotANumber(raw.into()))?;
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" => Ok(Duration::from_secs(n)),
         "m" => n
             .checked_mul(60)
             .map(Duration::from_secs)
-            .ok_or_else(|| format!("invalid duration {raw:?}: too long")),
-        _ => Err(format!("invalid duration {raw:?}: use ms, s or m")),
+            .ok_or_else(|| BadDuration::TooLong(raw.into())),
+        _ => Err(BadDuration::Unit(raw.into())),
     }
 }
 

@@ -10,6 +10,11 @@ use crate::ledger::LedgerError;
 use crate::request::ValidationError;
 use crate::seam::{CommandError, FsToolError};
 
+mod capacity;
+mod controller;
+pub use capacity::CapacityError;
+pub use controller::ControllerError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -18,16 +23,77 @@ pub enum Error {
     VolumeNotFound(String),
     #[error("nothing of volume {volume} is at {path}")]
     PathNotFound { volume: String, path: PathBuf },
-    #[error("{0}")]
-    NotFound(String),
+    /// ReclaimSpace for a volume with no completed staging on this node.
+    #[error("volume {volume} is not staged on this node")]
+    StagedVolumeNotFound { volume: String },
+    /// The device a volume's handle names is not on this node.
+    #[error(
+        "{backend} volume {volume}: {why}; the volume is not attached to this node at {}",
+        .device.display()
+    )]
+    DeviceNotAttached {
+        backend: &'static str,
+        volume: String,
+        device: PathBuf,
+        why: String,
+    },
+    #[error(
+        "{volume} is not an EBS volume id (vol-<hex>): the ebs backend cannot have it on this node"
+    )]
+    NotAnEbsVolumeId { volume: String },
+    /// No NVMe device with the volume's serial showed up before the deadline.
+    #[error(
+        "volume {volume} did not appear within {:.1}s: no NVMe device with model {model:?} and \
+         serial {serial}; seen: {seen}. Check that ControllerPublishVolume attached the volume to \
+         this instance (the volume's attachment state in EC2), that the kernel sees it (ls \
+         /sys/block; dmesg | grep nvme), and --ebs-model if this is not an EBS controller",
+        .waited.as_secs_f64()
+    )]
+    DeviceNotAppeared {
+        volume: String,
+        waited: std::time::Duration,
+        model: String,
+        serial: String,
+        seen: String,
+    },
+    #[error("{} is no disk the kernel shows", .device.display())]
+    NoSuchDisk { device: PathBuf },
     #[error("another operation on volume {0} is in progress; retry later")]
     Busy(String),
-    #[error("{0}")]
-    Aborted(String),
-    #[error("{0}")]
-    AlreadyExists(String),
-    #[error("{0}")]
-    Precondition(String),
+    /// kubelet asked for the stats of a volume path whose last call has not returned.
+    #[error(
+        "a NodeGetVolumeStats call for volume {volume} at {} is still running (the path or the \
+         device may be hanging); retry later", .path.display()
+    )]
+    StatsInFlight { volume: String, path: PathBuf },
+    /// A controller call's guard (a volume, snapshot or name) is held by another call.
+    #[error(
+        "an operation on {key} is pending (a node or controller call is using it); retry later"
+    )]
+    OperationPending { key: String },
+    /// The controller side's refusals (the loop backend's volumes, snapshots and attachments).
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
+    /// A size or range no volume, device or file can take.
+    #[error(transparent)]
+    Capacity(#[from] CapacityError),
+    /// NodePublishVolume without a staging path: this plugin always stages.
+    #[error("staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)")]
+    StagingPathRequired,
+    /// The node's identity is not known yet (the hint says how to give it).
+    #[error("{hint}")]
+    NodeIdentityUnknown { hint: String },
+    /// A read-only block publication's loop device kept its old size after an expansion.
+    #[error(
+        "volume {volume} grew to {size} bytes, but its read-only block device {} (a \
+         publication's) did not follow: {why}", .device.display()
+    )]
+    ReadOnlyDeviceDidNotFollow {
+        volume: String,
+        size: u64,
+        device: PathBuf,
+        why: String,
+    },
     // The node pipeline's refusals, each named for what it found; `grpc::to_status` chooses
     // their codes.
     /// Something other than the volume is mounted where the volume is to go.
@@ -333,14 +399,28 @@ pub enum Error {
     /// A filesystem tool failed, or is missing (the host's words).
     #[error(transparent)]
     FsTool(#[from] FsToolError),
-    #[error("{0}")]
-    OutOfRange(String),
-    #[error("{0}")]
-    ResourceExhausted(String),
-    #[error("{0}")]
-    Unimplemented(String),
-    #[error("{0}")]
-    Unavailable(String),
+    // ReclaimSpace's refusals of what it cannot do.
+    #[error(
+        "volume {volume} is staged for block access: the agent reclaims space only from a \
+         filesystem it mounted (discard a raw device from the workload itself); do not retry"
+    )]
+    ReclaimOfBlockVolume { volume: String },
+    #[error(
+        "{}: the filesystem or device does not support discard; do not retry",
+        .path.display()
+    )]
+    DiscardUnsupported { path: PathBuf },
+    #[error("{}: {fs} does not implement FITRIM; do not retry", .path.display())]
+    TrimUnimplemented { path: PathBuf, fs: String },
+    // Refusals for now: retrying later may succeed.
+    #[error("the agent is starting (start-up recovery is running); retry shortly")]
+    Starting,
+    #[error("volume {volume} is being checked; retry shortly")]
+    BeingChecked { volume: String },
+    /// The mount tables could not all be read, so no loop device number is known to be free of
+    /// binds (`device_binds`).
+    #[error("{op}: no device number can be told free of binds: {why}")]
+    BindsUnknown { op: String, why: String },
     #[error(transparent)]
     Command(#[from] CommandError),
     #[error("{context}: {source}")]
@@ -350,9 +430,34 @@ pub enum Error {
     },
     #[error(transparent)]
     Store(#[from] LedgerError),
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// A loop device call failed (the host's `LoopError`, boxed: the core cannot name it).
+    #[error("internal error: {op}: {source}")]
+    LoopDevice { op: String, source: BoxedError },
+    /// libblkid failed on the device (the host's `BlkidError`).
+    #[error("internal error: probing {}: {source}", .device.display())]
+    Probe { device: PathBuf, source: BoxedError },
+    #[error("internal error: {} changed right after it was laid over {}", .device.display(), .over.display())]
+    ReadOnlyDeviceChanged { device: PathBuf, over: PathBuf },
+    #[error(
+        "internal error: the storage allocation of volume {volume} could not be read after the \
+         trim"
+    )]
+    AllocationUnreadable { volume: String },
+    #[error("internal error: the {record} record of {volume} is damaged: {source}")]
+    DamagedRecord {
+        record: &'static str,
+        volume: String,
+        source: ValidationError,
+    },
+    /// A blocking task did not return (it panicked, or the runtime shut down).
+    #[error("internal error: blocking task failed: {source}")]
+    BlockingTaskFailed { source: BoxedError },
+    #[error("internal error: {what} panicked")]
+    Panicked { what: String },
 }
+
+/// A lower layer's error the core cannot name (the host crate's), kept as the source.
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {

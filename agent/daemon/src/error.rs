@@ -11,5 +11,7 @@ where
 {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+        .map_err(|e| Error::BlockingTaskFailed {
+            source: Box::new(e),
+        })?
 }

@@ -190,7 +190,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
                 return Err(fatal("--node-id must be at most 256 bytes"));
             }
             ebs_node_backends::loopback::stacked::check_state_dir(&args.state_dir)
-                .map_err(fatal)?;
+                .map_err(|e| fatal(e.to_string()))?;
             // The loop node's attach limit: --volume-attach-limit, none by default (loop devices
             // are allocated on demand); ControllerPublishVolume honours what NodeGetInfo says.
             let limit = u32::try_from(args.volume_attach_limit).unwrap_or(0);

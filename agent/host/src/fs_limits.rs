@@ -51,27 +51,50 @@ impl SizeLimits {
     }
 
     /// `Err` says which limit the size breaks, in words a person can act on.
-    pub fn check(&self, fs: FsType, bytes: u64) -> std::result::Result<(), String> {
+    pub fn check(&self, fs: FsType, bytes: u64) -> std::result::Result<(), SizeLimitError> {
         if bytes < self.min {
-            return Err(format!(
-                "{fs} needs at least {} ({}), and the device has {}: create a larger volume \
-                 or ask for another filesystem",
-                bytes_in_words(self.min),
-                self.source,
-                bytes_in_words(bytes)
-            ));
+            return Err(SizeLimitError::TooSmall {
+                fs,
+                min: self.min,
+                rule: self.source,
+                bytes,
+            });
         }
         match self.max {
-            Some(max) if bytes > max => Err(format!(
-                "{fs} holds at most {} ({}), and the device has {}: use ext4 or xfs, or a \
-                 larger block size",
-                bytes_in_words(max),
-                self.source,
-                bytes_in_words(bytes)
-            )),
+            Some(max) if bytes > max => Err(SizeLimitError::TooLarge {
+                fs,
+                max,
+                rule: self.source,
+                bytes,
+            }),
             _ => Ok(()),
         }
     }
+}
+
+/// A size mkfs would refuse for the filesystem, with the rule that sets the limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeLimitError {
+    #[error(
+        "{fs} needs at least {} ({rule}), and the device has {}: create a larger volume or ask \
+         for another filesystem", bytes_in_words(*.min), bytes_in_words(*.bytes)
+    )]
+    TooSmall {
+        fs: FsType,
+        min: u64,
+        rule: &'static str,
+        bytes: u64,
+    },
+    #[error(
+        "{fs} holds at most {} ({rule}), and the device has {}: use ext4 or xfs, or a larger \
+         block size", bytes_in_words(*.max), bytes_in_words(*.bytes)
+    )]
+    TooLarge {
+        fs: FsType,
+        max: u64,
+        rule: &'static str,
+        bytes: u64,
+    },
 }
 
 /// `mkfs.xfs version 6.1.0` → (6, 1).
@@ -105,7 +128,10 @@ mod tests {
     fn size_limits_name_the_rule() {
         let current = SizeLimits::of(FsType::Xfs, Some((6, 1)), None);
         assert_eq!(current.min, 300 << 20);
-        let err = current.check(FsType::Xfs, 64 << 20).unwrap_err();
+        let err = current
+            .check(FsType::Xfs, 64 << 20)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("at least 300 MiB") && err.contains("64 MiB"),
             "{err}"
@@ -119,7 +145,7 @@ mod tests {
 
         let ext3 = SizeLimits::of(FsType::Ext3, None, None);
         assert!(ext3.check(FsType::Ext3, (1 << 44) - 4096).is_ok());
-        let err = ext3.check(FsType::Ext3, 1 << 44).unwrap_err();
+        let err = ext3.check(FsType::Ext3, 1 << 44).unwrap_err().to_string();
         assert!(err.contains("at most") && err.contains("32 bits"), "{err}");
         assert!(
             SizeLimits::of(FsType::Ext3, None, Some(1024))

@@ -171,7 +171,7 @@ impl FsTools {
             .check(fs, bytes)
             .map_err(|why| FsToolError::DoesNotFit {
                 device: device.into(),
-                why,
+                why: why.to_string(),
             })
     }
 

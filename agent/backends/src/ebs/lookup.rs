@@ -16,11 +16,8 @@ use ebs_node_core::request::VolumeId;
 /// The NVMe serial EBS gives a volume (`vol-0abc` → `vol0abc`); any other id is one the ebs
 /// backend cannot have on this node.
 pub fn expected_serial(volume: &VolumeId) -> Result<String> {
-    ebs::serial_of(volume).ok_or_else(|| {
-        Error::NotFound(format!(
-            "{} is not an EBS volume id (vol-<hex>): the ebs backend cannot have it on this node",
-            volume.as_str()
-        ))
+    ebs::serial_of(volume).ok_or_else(|| Error::NotAnEbsVolumeId {
+        volume: volume.to_string(),
     })
 }
 
@@ -226,34 +223,28 @@ pub fn look(devices: &dyn BlockDevices, want: &Wanted<'_>) -> Result<Look<Resolv
 
 /// The error at the deadline: the volume, what was seen, and what to check.
 pub fn not_found(want: &Wanted<'_>, waited: std::time::Duration, seen: Seen) -> Error {
-    let disks = if seen.disks.is_empty() {
+    let mut seen_text = if seen.disks.is_empty() {
         "no block disks".to_string()
     } else {
         seen.disks.join(", ")
     };
-    let mut msg = format!(
-        "volume {} did not appear within {:.1}s: no NVMe device with model {:?} and serial {}; \
-         seen: {disks}",
-        want.volume,
-        waited.as_secs_f64(),
-        want.model,
-        want.serial
-    );
-    if let Some(d) = seen.device_path {
-        msg.push_str(&format!("; devicePath: {d}"));
+    for more in [
+        seen.device_path.map(|d| format!("devicePath: {d}")),
+        seen.partition_missing,
+        seen.unverified,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        seen_text.push_str(&format!("; {more}"));
     }
-    if let Some(p) = seen.partition_missing {
-        msg.push_str(&format!("; {p}"));
-    }
-    if let Some(u) = seen.unverified {
-        msg.push_str(&format!("; {u}"));
-    }
-    msg.push_str(
-        ". Check that ControllerPublishVolume attached the volume to this instance (the volume's \
-         attachment state in EC2), that the kernel sees it (ls /sys/block; dmesg | grep nvme), \
-         and --ebs-model if this is not an EBS controller",
-    );
     // NOT_FOUND, as the upstream EBS driver answers: the CSI spec's code for a volume that is
     // not there, which kubelet and operators read as "not attached (yet)".
-    Error::NotFound(msg)
+    Error::DeviceNotAppeared {
+        volume: want.volume.to_string(),
+        waited,
+        model: want.model.to_string(),
+        serial: want.serial.to_string(),
+        seen: seen_text,
+    }
 }

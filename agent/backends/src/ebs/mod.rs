@@ -200,10 +200,15 @@ impl Backend for EbsBackend {
     }
 
     fn refresh_size(&self, device: &Path) -> Result<()> {
-        let disks = self.disks().map_err(Error::Internal)?;
+        let disks = self.devices.disks().map_err(|e| {
+            let sys = self.devices.sys_root().display();
+            Error::io(format!("listing {sys}/block"), e)
+        })?;
         let disk =
             discovery::disk_of(&disks, self.devices.dev_root(), device).ok_or_else(|| {
-                Error::NotFound(format!("{} is no disk the kernel shows", device.display()))
+                Error::NoSuchDisk {
+                    device: device.to_path_buf(),
+                }
             })?;
         let controllers = discovery::controllers_of(disk);
         if controllers.is_empty() {

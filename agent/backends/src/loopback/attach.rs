@@ -9,7 +9,7 @@ use ebs_node_core::records::{
 };
 
 use super::LoopController;
-use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::{ControllerError, Error, Result};
 use ebs_node_core::node::device_claim;
 use ebs_node_host::mount::at_path::read_table;
 use ebs_node_host::{freeze, loopdev};
@@ -21,22 +21,27 @@ use ebs_node_host::{freeze, loopdev};
 fn attach(file: &Path, name: Option<&str>, readonly: bool) -> Result<PathBuf> {
     let uses = ebs_node_host::device_binds::Uses::scan(ebs_node_host::device_binds::WITHIN);
     if let Some(why) = uses.failed() {
-        return Err(Error::Unavailable(format!(
-            "attaching {}: no device number can be told free of binds: {why}",
-            file.display()
-        )));
+        return Err(Error::BindsUnknown {
+            op: format!("attaching {}", file.display()),
+            why: why.to_string(),
+        });
     }
-    loopdev::attach_avoiding(file, name, readonly, &|d| uses.bound(d).is_some())
-        .map_err(|e| Error::Internal(format!("attaching {}: {e}", file.display())))
+    loopdev::attach_avoiding(file, name, readonly, &|d| uses.bound(d).is_some()).map_err(|e| {
+        Error::LoopDevice {
+            op: format!("attaching {}", file.display()),
+            source: Box::new(e),
+        }
+    })
 }
 
 impl LoopController {
     fn check_node(&self, node_id: &str) -> Result<()> {
         if node_id != self.node_id {
-            return Err(Error::NotFound(format!(
-                "node {node_id:?} does not exist: the loop backend serves only node {:?}",
-                self.node_id
-            )));
+            return Err(ControllerError::UnknownNode {
+                node: node_id.to_string(),
+                serves: self.node_id.clone(),
+            }
+            .into());
         }
         Ok(())
     }
@@ -60,11 +65,13 @@ impl LoopController {
                 });
             }
             if att.readonly != readonly {
-                return Err(Error::AlreadyExists(format!(
-                    "volume {id} is already attached to node {node_id} with readonly={}; \
-                     ControllerUnpublishVolume it before attaching it with readonly={readonly}",
-                    att.readonly
-                )));
+                return Err(ControllerError::AttachedWithOtherReadonly {
+                    volume: id.to_string(),
+                    node: node_id.to_string(),
+                    readonly: att.readonly,
+                    asked: readonly,
+                }
+                .into());
             }
         } else {
             self.check_attach_limit(node_id)?;
@@ -79,14 +86,17 @@ impl LoopController {
         let node_key = claim_key(ClaimDoor::Node, &claim.identity, None);
         // Only a new attachment can race a node door: an existing one's claim is there already.
         let fresh = volume.attachment.is_none();
-        let _device_turn = match (self.device_locks.get(), &node_key) {
-            (Some(locks), Some(key)) if fresh => Some(locks.try_lock(key).ok_or_else(|| {
-                Error::Aborted(format!(
-                    "a node operation is using the device of volume {id} right now; retry later"
-                ))
-            })?),
-            _ => None,
-        };
+        let _device_turn =
+            match (self.device_locks.get(), &node_key) {
+                (Some(locks), Some(key)) if fresh => {
+                    Some(locks.try_lock(key).ok_or_else(|| {
+                        ControllerError::DeviceOfVolumeBusy {
+                            volume: id.to_string(),
+                        }
+                    })?)
+                }
+                _ => None,
+            };
         if let Err(owner) = device_claim::controller_may_take(&*self.store, id, &claim.identity) {
             return Err(Error::DeviceClaimed {
                 device: volume.file.clone(),
@@ -106,8 +116,12 @@ impl LoopController {
             .filter(|dev| whole_view(dev, (st_dev, st_ino), readonly));
         let found = match recorded {
             Some(dev) => Some(dev),
-            None => loopdev::find_by_backing_inode(st_dev, st_ino)
-                .map_err(|e| Error::Internal(format!("scanning loop devices: {e}")))?,
+            None => {
+                loopdev::find_by_backing_inode(st_dev, st_ino).map_err(|e| Error::LoopDevice {
+                    op: "scanning loop devices".into(),
+                    source: Box::new(e),
+                })?
+            }
         };
         let device = match found {
             // A device someone else made over the file is adopted only as asked: a read-only
@@ -172,11 +186,12 @@ impl LoopController {
             .filter(|v| v.attachment.as_ref().is_some_and(|a| a.node_id == node_id))
             .count();
         if attached >= self.max_attachments as usize {
-            return Err(Error::ResourceExhausted(format!(
-                "node {node_id} already has {attached} volumes attached, its limit \
-                 (--volume-attach-limit {}); detach one first",
-                self.max_attachments
-            )));
+            return Err(ControllerError::AttachLimitReached {
+                node: node_id.to_string(),
+                attached,
+                limit: self.max_attachments,
+            }
+            .into());
         }
         Ok(())
     }
@@ -201,8 +216,9 @@ impl LoopController {
             // A device someone else made over the file stays theirs: the attachment ends, the
             // device is left as it was found.
             if ours && att.made {
-                loopdev::detach(&att.device).map_err(|e| {
-                    Error::Internal(format!("detaching {}: {e}", att.device.display()))
+                loopdev::detach(&att.device).map_err(|e| Error::LoopDevice {
+                    op: format!("detaching {}", att.device.display()),
+                    source: Box::new(e),
                 })?;
             }
             volume.attachment = None;

@@ -9,7 +9,7 @@ use ebs_node_core::records::{Durability, LoopSource, LoopVolume, now_unix_ms};
 use ebs_store::Store;
 
 use super::paging::{Page, page};
-use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::{CapacityError, ControllerError, Error, Result};
 use ebs_node_host::loopdev;
 
 pub const DEFAULT_CAPACITY: u64 = 1 << 30;
@@ -102,7 +102,10 @@ impl LoopController {
         for &fs in &req.filesystems {
             ebs_node_host::fs_limits::SizeLimits::of(fs, None, None)
                 .check(fs, capacity)
-                .map_err(Error::OutOfRange)?;
+                .map_err(|e| CapacityError::FilesystemLimit {
+                    fs,
+                    source: Box::new(e),
+                })?;
         }
         let volume = {
             let _guard = self.lock();
@@ -119,11 +122,12 @@ impl LoopController {
                         || existing.parameters != parameters
                         || existing.content_source != req.source
                     {
-                        return Err(Error::AlreadyExists(format!(
-                            "volume {:?} exists as {} with {} bytes and other parameters or \
-                             another source",
-                            req.name, existing.id, existing.capacity_bytes
-                        )));
+                        return Err(ControllerError::VolumeNameTaken {
+                            name: req.name.clone(),
+                            existing: existing.id.clone(),
+                            bytes: existing.capacity_bytes,
+                        }
+                        .into());
                     }
                     existing
                 }
@@ -311,10 +315,11 @@ fn passed_parameters(given: &HashMap<String, String>) -> Result<BTreeMap<String,
 /// OUT_OF_RANGE.
 pub fn capacity_from_source(required: u64, limit: u64, source: u64) -> Result<u64> {
     if limit != 0 && limit < source {
-        return Err(Error::OutOfRange(format!(
-            "limit_bytes {limit} is smaller than the source's {source} bytes: a volume made from \
-             a snapshot or a clone is at least as large as its source"
-        )));
+        return Err(CapacityError::SmallerThanSource {
+            limit,
+            source_bytes: source,
+        }
+        .into());
     }
     if required <= source {
         return Ok(source);
@@ -325,9 +330,7 @@ pub fn capacity_from_source(required: u64, limit: u64, source: u64) -> Result<u6
 /// Rounds the request up to whole MiB, within the limit.
 pub fn capacity_for(required: u64, limit: u64) -> Result<u64> {
     if limit != 0 && required > limit {
-        return Err(Error::OutOfRange(format!(
-            "required_bytes {required} is larger than limit_bytes {limit}"
-        )));
+        return Err(CapacityError::RequiredOverLimit { required, limit }.into());
     }
     let base = if required == 0 {
         if limit != 0 {
@@ -345,15 +348,11 @@ pub fn capacity_for(required: u64, limit: u64) -> Result<u64> {
         rounded
     };
     if size < ALIGN {
-        return Err(Error::OutOfRange(format!(
-            "the loop backend's smallest volume is {ALIGN} bytes"
-        )));
+        return Err(CapacityError::BelowMinimum { min: ALIGN }.into());
     }
     // CSI sizes are int64: a volume it cannot name is none the CO could use.
     if size > i64::MAX as u64 {
-        return Err(Error::OutOfRange(format!(
-            "{size} bytes is more than CSI can express (int64)"
-        )));
+        return Err(CapacityError::BeyondInt64 { size }.into());
     }
     Ok(size)
 }
@@ -379,7 +378,7 @@ mod tests {
         assert_eq!(capacity_from_source(src + 1, 0, src).unwrap(), 17 * ALIGN);
         assert!(matches!(
             capacity_from_source(0, src - ALIGN, src),
-            Err(Error::OutOfRange(_))
+            Err(Error::Capacity(CapacityError::SmallerThanSource { .. }))
         ));
     }
 

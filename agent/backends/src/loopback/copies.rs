@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use ebs_node_core::records::{LoopSource, LoopVolume};
 
 use super::LoopController;
-use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::{CapacityError, ControllerError, Error, Result};
 use ebs_node_host::file_copy::{self, CopyKind};
 use ebs_node_host::{freeze, loopdev};
 
@@ -42,7 +42,11 @@ pub fn copy_into_place(src: &Path, dst: &Path, len: u64) -> Result<CopyKind> {
         let what = format!("copying {} to {}", src.display(), tmp.display());
         // The spec's code for a copy that does not fit: the CO may retry after freeing space.
         if e.kind() == std::io::ErrorKind::StorageFull {
-            Error::ResourceExhausted(format!("{what}: {e}"))
+            ControllerError::NoSpace {
+                op: what,
+                source: e,
+            }
+            .into()
         } else {
             Error::io(what, e)
         }
@@ -75,13 +79,21 @@ pub fn blank_into_place(dst: &Path, len: u64) -> Result<()> {
         let what = format!("making the {len}-byte file {}", dst.display());
         return Err(match e.raw_os_error() {
             // Beyond the largest file the volume directory's filesystem holds.
-            Some(libc::EFBIG) | Some(libc::EINVAL) => Error::OutOfRange(format!("{what}: {e}")),
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
-                Error::ResourceExhausted(format!("{what}: {e}"))
+            Some(libc::EFBIG) | Some(libc::EINVAL) => CapacityError::FileTooLarge {
+                op: what,
+                source: e,
             }
-            _ if e.kind() == std::io::ErrorKind::InvalidInput => {
-                Error::OutOfRange(format!("{what}: {e}"))
+            .into(),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => ControllerError::NoSpace {
+                op: what,
+                source: e,
             }
+            .into(),
+            _ if e.kind() == std::io::ErrorKind::InvalidInput => CapacityError::FileTooLarge {
+                op: what,
+                source: e,
+            }
+            .into(),
             _ => Error::io(what, e),
         });
     }
@@ -127,11 +139,11 @@ fn freeze_mounted(device: &Path) -> Result<Option<freeze::Frozen>> {
         }
     }
     match why {
-        Some(why) => Err(Error::Unavailable(format!(
-            "{} is mounted, but its filesystem cannot be frozen for a consistent copy ({why}); \
-             retry once the mount is reachable",
-            device.display()
-        ))),
+        Some(why) => Err(ControllerError::CannotFreeze {
+            device: device.to_path_buf(),
+            why,
+        }
+        .into()),
         None => Ok(None),
     }
 }
@@ -189,20 +201,27 @@ impl LoopController {
         match source {
             LoopSource::Snapshot { id } => {
                 let snap = self.store.loop_snapshot(id)?.ok_or_else(|| {
-                    Error::NotFound(format!("source snapshot {id} does not exist"))
+                    Error::from(ControllerError::SourceNotFound {
+                        kind: "snapshot",
+                        id: id.clone(),
+                    })
                 })?;
                 if !snap.ready {
-                    return Err(Error::Unavailable(format!(
-                        "source snapshot {id} is still being taken; retry shortly"
-                    )));
+                    return Err(ControllerError::SourceNotReady {
+                        snapshot: id.clone(),
+                    }
+                    .into());
                 }
                 Ok((None, snap.file, snap.size_bytes))
             }
             LoopSource::Volume { id } => {
-                let v = self
-                    .store
-                    .loop_volume(id)?
-                    .ok_or_else(|| Error::NotFound(format!("source volume {id} does not exist")))?;
+                let v =
+                    self.store
+                        .loop_volume(id)?
+                        .ok_or_else(|| ControllerError::SourceNotFound {
+                            kind: "volume",
+                            id: id.clone(),
+                        })?;
                 self.refuse_if_making(id)?;
                 let (file, size) = (v.file.clone(), v.capacity_bytes);
                 Ok((Some(v), file, size))

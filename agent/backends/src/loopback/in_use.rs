@@ -133,8 +133,10 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
     // records lost, or a workload's copy of one in a mount namespace of its own (a container's
     // runtime binds the device into the container). Only the mount tables show it, and a detach
     // would free the number under it for the next volume's loop device: every namespace's.
-    let over =
-        overlay::tagged("").map_err(|e| Error::Internal(format!("listing loop devices: {e}")))?;
+    let over = overlay::tagged("").map_err(|e| Error::LoopDevice {
+        op: "listing loop devices".into(),
+        source: Box::new(e),
+    })?;
     let uses = ebs_node_host::device_binds::Uses::scan(ebs_node_host::device_binds::WITHIN);
     for o in over.iter().filter(|o| o.backing == devnum) {
         let used =
@@ -143,8 +145,10 @@ pub fn refuse_if_in_use(store: &Store, id: &str, device: &Path) -> Result<()> {
         // none: `refuse_if_recorded`, under the volume's guard) is a stray a refused unpublish
         // kept and a rebuilt state lost: taken away as start-up recovery would.
         if used.is_none() && o.tag.starts_with(ebs_node_core::node::ro_tag::TAG_PREFIX) {
-            ebs_node_host::loopdev::detach(&o.device)
-                .map_err(|e| Error::Internal(format!("detaching {}: {e}", o.device.display())))?;
+            ebs_node_host::loopdev::detach(&o.device).map_err(|e| Error::LoopDevice {
+                op: format!("detaching {}", o.device.display()),
+                source: Box::new(e),
+            })?;
             tracing::info!(device = %o.device.display(), tag = %o.tag, volume = %id,
                 "detached a read-only device nothing uses and no record names");
             continue;

@@ -98,7 +98,10 @@ fn find_by_file(
             volume: volume.to_string(),
             file: file.to_path_buf(),
         }),
-        Err(e) => Err(Error::Internal(format!("scanning loop devices: {e}"))),
+        Err(e) => Err(Error::LoopDevice {
+            op: "scanning loop devices".into(),
+            source: Box::new(e),
+        }),
     }
 }
 
@@ -347,8 +350,10 @@ impl Backend for LoopBackend {
     }
 
     fn refresh_size(&self, device: &Path) -> Result<()> {
-        loopdev::set_capacity(device)
-            .map_err(|e| Error::Internal(format!("LOOP_SET_CAPACITY on {}: {e}", device.display())))
+        loopdev::set_capacity(device).map_err(|e| Error::LoopDevice {
+            op: format!("LOOP_SET_CAPACITY on {}", device.display()),
+            source: Box::new(e),
+        })
     }
 
     fn exists(&self, volume: &VolumeId) -> Result<Option<bool>> {

@@ -2,7 +2,7 @@
 //! id of the page before. A page starts after the token's place in the order, not at a position,
 //! so entries deleted or added between two pages neither shift nor repeat the rest.
 
-use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::{ControllerError, Result};
 
 pub struct Page<T> {
     pub entries: Vec<T>,
@@ -19,9 +19,10 @@ pub fn page<T>(
     token: &str,
 ) -> Result<Page<T>> {
     if !token.is_empty() && !token.starts_with(prefix) {
-        return Err(Error::Aborted(format!(
-            "starting_token {token:?} is not a token this plugin gave out"
-        )));
+        return Err(ControllerError::UnknownStartingToken {
+            token: token.to_string(),
+        }
+        .into());
     }
     let take = if max == 0 { usize::MAX } else { max };
     let mut rest = all
@@ -42,6 +43,7 @@ pub fn page<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ebs_node_core::error::Error;
 
     fn ids(p: &Page<String>) -> Vec<&str> {
         p.entries.iter().map(String::as_str).collect()
@@ -68,7 +70,9 @@ mod tests {
         assert_eq!(p.next_token, "");
         assert!(matches!(
             page(all, |s| s, "lv-", 0, "invalid-token"),
-            Err(Error::Aborted(_))
+            Err(Error::Controller(
+                ControllerError::UnknownStartingToken { .. }
+            ))
         ));
     }
 }

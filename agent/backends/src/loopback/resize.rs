@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::{CapacityError, Error, Result};
 use ebs_node_core::records::Durability;
 use ebs_node_host::loopdev;
 
@@ -15,25 +15,18 @@ const SECTOR: u64 = 512;
 /// exceeds is OUT_OF_RANGE, as is one that no sector-aligned size fits. 0 means "not set".
 pub fn expansion_size(required: u64, limit: u64, current: u64) -> Result<u64> {
     if limit != 0 && required > limit {
-        return Err(Error::OutOfRange(format!(
-            "required_bytes {required} is larger than limit_bytes {limit}"
-        )));
+        return Err(CapacityError::RequiredOverLimit { required, limit }.into());
     }
     if required <= current {
         if limit != 0 && current > limit {
-            return Err(Error::OutOfRange(format!(
-                "the volume already has {current} bytes, more than limit_bytes {limit}; volumes \
-                 are never shrunk"
-            )));
+            return Err(CapacityError::WouldShrink { current, limit }.into());
         }
         return Ok(current);
     }
     // A file's length is a signed 64-bit number (a twentieth fresh review's F5: INTERNAL), and
     // rounding up must not wrap.
     if required > (i64::MAX.cast_unsigned() / MIB) * MIB {
-        return Err(Error::OutOfRange(format!(
-            "required_bytes {required} is more than a volume file can hold"
-        )));
+        return Err(CapacityError::BeyondFileSize { required }.into());
     }
     // Whole MiB, like CreateVolume, unless the limit forbids it; then whole sectors.
     let mib = required.div_ceil(MIB) * MIB;
@@ -43,10 +36,12 @@ pub fn expansion_size(required: u64, limit: u64, current: u64) -> Result<u64> {
         required.div_ceil(SECTOR) * SECTOR
     };
     if limit != 0 && size > limit {
-        return Err(Error::OutOfRange(format!(
-            "no size between required_bytes {required} and limit_bytes {limit} is a whole \
-             number of {SECTOR}-byte sectors"
-        )));
+        return Err(CapacityError::NoAlignedSize {
+            required,
+            limit,
+            sector: SECTOR,
+        }
+        .into());
     }
     Ok(size)
 }
@@ -101,7 +96,7 @@ mod tests {
     use super::*;
 
     fn out_of_range(r: Result<u64>) -> bool {
-        matches!(r, Err(Error::OutOfRange(_)))
+        matches!(r, Err(Error::Capacity(_)))
     }
 
     #[test]

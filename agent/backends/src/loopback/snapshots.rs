@@ -7,7 +7,7 @@ use ebs_node_core::records::{Durability, LoopSnapshot, now_unix_ms};
 
 use super::LoopController;
 use super::paging::{Page, page};
-use ebs_node_core::error::{Error, Result};
+use ebs_node_core::error::{ControllerError, Error, Result};
 
 pub const SNAPSHOT_PREFIX: &str = "snap-";
 
@@ -34,10 +34,12 @@ impl LoopController {
             if let Some(s) = &existing
                 && s.source_volume_id != source_volume_id
             {
-                return Err(Error::AlreadyExists(format!(
-                    "snapshot {name:?} exists as {}, of volume {}",
-                    s.id, s.source_volume_id
-                )));
+                return Err(ControllerError::SnapshotNameTaken {
+                    name: name.to_string(),
+                    existing: s.id.clone(),
+                    of_volume: s.source_volume_id.clone(),
+                }
+                .into());
             }
             let volume = self
                 .store
@@ -113,7 +115,7 @@ impl LoopController {
     pub fn get_snapshot(&self, id: &str) -> Result<LoopSnapshot> {
         self.store
             .loop_snapshot(id)?
-            .ok_or_else(|| Error::NotFound(format!("snapshot {id} does not exist")))
+            .ok_or_else(|| ControllerError::SnapshotNotFound { id: id.to_string() }.into())
     }
 
     /// Snapshots in id order, filtered, one page at a time.

@@ -9,16 +9,26 @@ use ebs_node_host::loopdev::{BackingFs, backing_fs_of_loop, fs_of_path};
 /// `Err(why)` when the state directory lies on a filesystem that may show another's files (a
 /// sixteenth fresh review's F3): every volume file's loop device there would be refused as
 /// indistinct at its first stage, so the loop backend refuses to start on it instead.
-pub fn check_state_dir(state_dir: &std::path::Path) -> Result<(), String> {
+pub fn check_state_dir(state_dir: &std::path::Path) -> Result<(), StateDirOnStackedFs> {
     match fs_of_path(state_dir) {
-        Ok(BackingFs::MayShowAnothers(t)) => Err(format!(
-            "the state directory {} lies on {t}, which may show another filesystem's files \
-             under names of its own: the loop backend's volume files there cannot be told apart \
-             from others; put --state-dir on a local filesystem (ext4, xfs, btrfs, tmpfs)",
-            state_dir.display()
-        )),
+        Ok(BackingFs::MayShowAnothers(fs)) => Err(StateDirOnStackedFs {
+            dir: state_dir.to_path_buf(),
+            fs,
+        }),
         _ => Ok(()),
     }
+}
+
+/// The loop backend's refusal to start on a state directory whose files cannot be told apart.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the state directory {} lies on {fs}, which may show another filesystem's files under names \
+     of its own: the loop backend's volume files there cannot be told apart from others; put \
+     --state-dir on a local filesystem (ext4, xfs, btrfs, tmpfs)", .dir.display()
+)]
+pub struct StateDirOnStackedFs {
+    pub dir: std::path::PathBuf,
+    pub fs: String,
 }
 
 /// `Err(why)` when the backing file's pair of the loop device `loop_dev`, (`st_dev`, `st_ino`),

@@ -11,15 +11,23 @@ pub const SYS_VENDOR: &str = "devices/virtual/dmi/id/sys_vendor";
 
 /// `Ok(Some(id))` when the asset tag holds an instance id; `Ok(None)` when the file exists but
 /// holds something else (Xen instances, other clouds, bare metal); `Err` says why it is unreadable.
-pub fn instance_id(sysfs_root: &Path) -> Result<Option<String>, String> {
+pub fn instance_id(sysfs_root: &Path) -> Result<Option<String>, AssetTagUnreadable> {
     let path = sysfs_root.join(ASSET_TAG);
     match std::fs::read_to_string(&path) {
         Ok(raw) => {
             let tag = raw.trim();
             Ok(is_instance_id(tag).then(|| tag.to_string()))
         }
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(source) => Err(AssetTagUnreadable { path, source }),
     }
+}
+
+/// The board asset tag could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", .path.display())]
+pub struct AssetTagUnreadable {
+    pub path: std::path::PathBuf,
+    pub source: std::io::Error,
 }
 
 /// The instance type: Nitro instances (vendor `Amazon EC2`) name it in the product name, which
@@ -62,17 +70,22 @@ mod tests {
     fn reads_a_nitro_asset_tag() {
         let f = Fixture::new("nitro", Some("i-0123456789abcdef0\n"));
         assert_eq!(
-            instance_id(&f.0),
-            Ok(Some("i-0123456789abcdef0".to_string()))
+            instance_id(&f.0).unwrap(),
+            Some("i-0123456789abcdef0".to_string())
         );
     }
 
     #[test]
     fn ignores_other_tags_and_reports_missing_files() {
         let f = Fixture::new("xen", Some("Not Specified\n"));
-        assert_eq!(instance_id(&f.0), Ok(None));
+        assert_eq!(instance_id(&f.0).unwrap(), None);
         let f = Fixture::new("none", None);
-        assert!(instance_id(&f.0).unwrap_err().contains("board_asset_tag"));
+        assert!(
+            instance_id(&f.0)
+                .unwrap_err()
+                .to_string()
+                .contains("board_asset_tag")
+        );
     }
 
     #[test]

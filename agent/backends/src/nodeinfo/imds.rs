@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use ebs_node_core::ec2::imds::{MAX_RESPONSE, Response, parse_response};
+use ebs_node_core::ec2::imds::{MAX_RESPONSE, NotHttp, Response, parse_response};
 
 pub const DEFAULT_ENDPOINT: &str = "http://169.254.169.254";
 const TOKEN_TTL_SECONDS: u32 = 21600;
@@ -30,8 +30,16 @@ pub enum ImdsError {
     Timeout { path: String, timeout: Duration },
     #[error("instance metadata {path} answered HTTP {status}")]
     Status { path: String, status: u16 },
-    #[error("instance metadata {path} answered something that is not HTTP: {why}")]
-    Malformed { path: String, why: String },
+    #[error("instance metadata {path} answered something that is not HTTP: {source}")]
+    Malformed { path: String, source: NotHttp },
+}
+
+/// An `--imds-endpoint` the client cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("--imds-endpoint {endpoint:?} {why}")]
+pub struct BadEndpoint {
+    pub endpoint: String,
+    pub why: &'static str,
 }
 
 impl ImdsError {
@@ -70,15 +78,17 @@ pub struct ImdsClient {
 
 impl ImdsClient {
     /// `endpoint` is `http://host[:port]` (IPv6 hosts in brackets, as `http://[fd00:ec2::254]`).
-    pub fn new(endpoint: &str, timeout: Duration) -> Result<Self, String> {
-        let rest = endpoint.strip_prefix("http://").ok_or_else(|| {
-            format!("--imds-endpoint {endpoint:?} must start with http:// (IMDS is plain HTTP)")
-        })?;
+    pub fn new(endpoint: &str, timeout: Duration) -> Result<Self, BadEndpoint> {
+        let bad = |why| BadEndpoint {
+            endpoint: endpoint.to_string(),
+            why,
+        };
+        let rest = endpoint
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("must start with http:// (IMDS is plain HTTP)"))?;
         let host = rest.trim_end_matches('/');
         if host.is_empty() || host.contains('/') {
-            return Err(format!(
-                "--imds-endpoint {endpoint:?} must be http://host[:port] without a path"
-            ));
+            return Err(bad("must be http://host[:port] without a path"));
         }
         let has_port = match host.rfind(']') {
             Some(close) => host[close..].contains(':'),
@@ -236,9 +246,9 @@ impl ImdsClient {
                     path: path.to_string(),
                     timeout: self.timeout,
                 })??;
-        parse_response(&raw).map_err(|why| ImdsError::Malformed {
+        parse_response(&raw).map_err(|source| ImdsError::Malformed {
             path: path.to_string(),
-            why,
+            source,
         })
     }
 }

@@ -71,7 +71,7 @@ impl NodeInfoSource {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .map_err(Error::Precondition)?;
+            .map_err(|hint| Error::NodeIdentityUnknown { hint })?;
         if let Some(live) = live {
             info.max_volumes = live.current();
         }

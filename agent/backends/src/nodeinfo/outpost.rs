@@ -9,6 +9,14 @@ pub const REGION_KEY: &str = "topology.ebs.csi.aws.com/region";
 pub const PARTITION_KEY: &str = "topology.ebs.csi.aws.com/partition";
 pub const ACCOUNT_ID_KEY: &str = "topology.ebs.csi.aws.com/account-id";
 
+/// An `outpost-arn` that is not one, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("outpost-arn {arn:?} is not an Outpost ARN: {why}")]
+pub struct NotAnOutpostArn {
+    pub arn: String,
+    pub why: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outpost {
     pub partition: String,
@@ -21,8 +29,11 @@ pub struct Outpost {
 impl Outpost {
     /// `arn:<partition>:outposts:<region>:<account>:outpost/<id>`. Every part becomes a label
     /// value, so each must be one (at most 63 letters, digits, `-`, `_`, `.`).
-    pub fn parse(arn: &str) -> Result<Outpost, String> {
-        let bad = |why: &str| format!("outpost-arn {arn:?} is not an Outpost ARN: {why}");
+    pub fn parse(arn: &str) -> Result<Outpost, NotAnOutpostArn> {
+        let bad = |why: &str| NotAnOutpostArn {
+            arn: arn.to_string(),
+            why: why.to_string(),
+        };
         let parts: Vec<&str> = arn.trim().splitn(6, ':').collect();
         let [scheme, partition, service, region, account_id, resource] = parts[..] else {
             return Err(bad("expected six ':'-separated parts"));

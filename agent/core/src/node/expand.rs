@@ -19,7 +19,7 @@ use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::volume_device::VolumeDevice;
 use super::{path_handles, path_string};
-use crate::error::{Error, Result};
+use crate::error::{CapacityError, Error, Result};
 use crate::request::{Capability, FsType, RequestPath, ValidationError, VolumeId};
 use crate::seam::FsToolError;
 use crate::steps::{Op, Step};
@@ -40,9 +40,7 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
     let vol = &cmd.volume;
     let (required, limit) = (cmd.required_bytes, cmd.limit_bytes);
     if limit != 0 && required > limit {
-        return Err(Error::OutOfRange(format!(
-            "required_bytes {required} is larger than limit_bytes {limit}"
-        )));
+        return Err(CapacityError::RequiredOverLimit { required, limit }.into());
     }
     // A volume that exists but is not staged here is not at the path (see `stats`).
     let staged = ctx
@@ -84,18 +82,22 @@ pub fn expand(ctx: &NodeCtx, cmd: &ExpandCommand) -> Result<u64> {
         .device_bytes(device)
         .map_err(|e| Error::io(format!("sizing {}", device.display()), e))?;
     if size < required {
-        return Err(Error::OutOfRange(format!(
-            "the device {} of volume {vol} has {size} bytes, fewer than the required {required}: \
-             the volume was not grown by ControllerExpandVolume yet, or the device does not show \
-             its new size yet; retry after the controller expansion",
-            device.display()
-        )));
+        return Err(CapacityError::DeviceNotGrown {
+            volume: vol.to_string(),
+            device: device.to_path_buf(),
+            size,
+            required,
+        }
+        .into());
     }
     if limit != 0 && size > limit {
-        return Err(Error::OutOfRange(format!(
-            "the device {} of volume {vol} has {size} bytes, more than limit_bytes {limit}",
-            device.display()
-        )));
+        return Err(CapacityError::DeviceOverLimit {
+            volume: vol.to_string(),
+            device: device.to_path_buf(),
+            size,
+            limit,
+        }
+        .into());
     }
     // A read-only block publication binds a loop device laid over the volume's: it keeps the
     // old size until told, and the answer must be what the workload sees.
@@ -198,8 +200,11 @@ fn check_mounts(
     let AccessRecord::Mount { fs_type, .. } = &staged.access else {
         return Ok(None);
     };
-    let fs = FsType::parse(fs_type)
-        .map_err(|e| Error::Internal(format!("the staged record of {vol} is damaged: {e}")))?;
+    let fs = FsType::parse(fs_type).map_err(|source| Error::DamagedRecord {
+        record: "staged",
+        volume: vol.to_string(),
+        source,
+    })?;
     let not_mounted = || Error::StagingNotMounted {
         volume: vol.to_string(),
         at: staged.staging_path.clone(),
@@ -241,12 +246,11 @@ fn follow_resize(ctx: &NodeCtx, volume: &str, devnum: DevNum, size: u64) -> Resu
         .resize_read_only(&tags, devnum)
         .map_err(|e| Error::io("listing loop devices".to_string(), e))?;
     for (device, now) in &resized {
-        let refused = |why: String| {
-            Error::Precondition(format!(
-                "volume {volume} grew to {size} bytes, but its read-only block device {} (a \
-                 publication's) did not follow: {why}",
-                device.display()
-            ))
+        let refused = |why: String| Error::ReadOnlyDeviceDidNotFollow {
+            volume: volume.to_string(),
+            size,
+            device: device.clone(),
+            why,
         };
         match now {
             Ok(now) if *now == size => {}

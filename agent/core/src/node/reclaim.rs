@@ -65,7 +65,9 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         .ledger
         .staged(vol.as_str())?
         .filter(|s| s.progress == Progress::Complete)
-        .ok_or_else(|| Error::NotFound(format!("volume {vol} is not staged on this node")))?;
+        .ok_or_else(|| Error::StagedVolumeNotFound {
+            volume: vol.to_string(),
+        })?;
     let given = known_path(ctx, &staged, &cmd.path)?;
     let path = given.as_path();
     let not_here = || Error::PathNotFound {
@@ -73,10 +75,9 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         path: path.to_path_buf(),
     };
     if staged.access == AccessRecord::Block {
-        return Err(Error::Unimplemented(format!(
-            "volume {vol} is staged for block access: the agent reclaims space only from a \
-             filesystem it mounted (discard a raw device from the workload itself); do not retry"
-        )));
+        return Err(Error::ReclaimOfBlockVolume {
+            volume: vol.to_string(),
+        });
     }
     // The descriptor, not the path, is what gets trimmed: it is proven to be the volume's
     // filesystem root (its device asked for its identity right now).
@@ -119,17 +120,16 @@ pub fn reclaim(ctx: &NodeCtx, cmd: &ReclaimCommand) -> Result<Reclaimed> {
         dir.trim_free_space()
             .map_err(|e| trim_error(e, path, &mount.fs_type))
     })?;
-    let post_bytes =
-        match measure {
-            Measure::StorageAllocated => ctx.backend.allocated_bytes(&staged.identity).ok_or_else(
-                || {
-                    Error::Internal(format!(
-                        "the storage allocation of volume {vol} could not be read after the trim"
-                    ))
-                },
-            )?,
-            Measure::FilesystemUsed => filesystem_used(&*dir, path)?,
-        };
+    let post_bytes = match measure {
+        Measure::StorageAllocated => {
+            ctx.backend
+                .allocated_bytes(&staged.identity)
+                .ok_or_else(|| Error::AllocationUnreadable {
+                    volume: vol.to_string(),
+                })?
+        }
+        Measure::FilesystemUsed => filesystem_used(&*dir, path)?,
+    };
     let mut done = facts;
     done.extend(detail([
         ("pre_bytes", pre_bytes.to_string()),
@@ -187,14 +187,13 @@ fn filesystem_used(dir: &dyn OpenEntry, path: &Path) -> Result<u64> {
 
 fn trim_error(e: TrimError, path: &Path, fs_type: &str) -> Error {
     match e {
-        TrimError::Unsupported => Error::Unimplemented(format!(
-            "{}: the filesystem or device does not support discard; do not retry",
-            path.display()
-        )),
-        TrimError::NotImplemented => Error::Unimplemented(format!(
-            "{}: {fs_type} does not implement FITRIM; do not retry",
-            path.display()
-        )),
+        TrimError::Unsupported => Error::DiscardUnsupported {
+            path: path.to_path_buf(),
+        },
+        TrimError::NotImplemented => Error::TrimUnimplemented {
+            path: path.to_path_buf(),
+            fs: fs_type.to_string(),
+        },
         TrimError::ReadOnly => Error::ReadOnlyNoDiscard {
             path: path.to_path_buf(),
         },
@@ -211,11 +210,12 @@ mod tests {
         let p = Path::new("/x");
         assert!(matches!(
             trim_error(TrimError::Unsupported, p, "ext4"),
-            Error::Unimplemented(m) if m.contains("does not support discard; do not retry")
+            e @ Error::DiscardUnsupported { .. }
+                if e.to_string().contains("does not support discard; do not retry")
         ));
         assert!(matches!(
             trim_error(TrimError::NotImplemented, p, "vfat"),
-            Error::Unimplemented(_)
+            Error::TrimUnimplemented { .. }
         ));
         assert!(matches!(
             trim_error(TrimError::ReadOnly, p, "ext4"),

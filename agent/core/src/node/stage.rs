@@ -374,9 +374,11 @@ fn alongside(
         let spawned = std::thread::Builder::new().spawn_scoped(s, &side);
         let main = main();
         let side = match spawned {
-            Ok(handle) => handle
-                .join()
-                .unwrap_or_else(|_| Err(Error::Internal("the journal writer panicked".into()))),
+            Ok(handle) => handle.join().unwrap_or_else(|_| {
+                Err(Error::Panicked {
+                    what: "the journal writer".into(),
+                })
+            }),
             Err(e) => {
                 tracing::debug!(error = %e, "no thread for the journal writer; writing in turn");
                 side()

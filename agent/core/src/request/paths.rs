@@ -211,8 +211,8 @@ fn normalise(field: &'static str, raw: &str) -> Result<PathBuf, ValidationError>
 }
 
 /// Parses the operator's `--allowed-path-prefix` values (absolute, normalised).
-pub fn parse_prefix(raw: &str) -> Result<PathBuf, String> {
-    normalise("allowed-path-prefix", raw).map_err(|e| e.to_string())
+pub fn parse_prefix(raw: &str) -> Result<PathBuf, ValidationError> {
+    normalise("allowed-path-prefix", raw)
 }
 
 #[cfg(test)]

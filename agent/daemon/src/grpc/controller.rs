@@ -63,12 +63,9 @@ impl LoopControllerService {
     pub(super) fn guard(&self, keys: &[String]) -> Result<Vec<VolumeGuard>> {
         keys.iter()
             .map(|k| {
-                self.locks.try_lock(k).ok_or_else(|| {
-                    Error::Aborted(format!(
-                        "an operation on {k} is pending (a node or controller call is using it); \
-                         retry later"
-                    ))
-                })
+                self.locks
+                    .try_lock(k)
+                    .ok_or_else(|| Error::OperationPending { key: k.clone() })
             })
             .collect()
     }

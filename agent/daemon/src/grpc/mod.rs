@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
-use ebs_node_core::error::Error;
+use ebs_node_core::error::{CapacityError, ControllerError, Error};
 use ebs_node_core::format::FormatError;
 use ebs_node_core::request::ValidationError;
 use ebs_node_core::seam::FsToolError;
@@ -30,18 +30,25 @@ pub fn to_status(err: &Error) -> Status {
     let code = match err {
         Error::Invalid(ValidationError::Unsupported(_)) => Code::FailedPrecondition,
         Error::Invalid(_) => Code::InvalidArgument,
-        Error::VolumeNotFound(_) | Error::PathNotFound { .. } | Error::NotFound(_) => {
-            Code::NotFound
-        }
-        Error::Busy(_) | Error::Aborted(_) | Error::PathBusy { .. } | Error::DeviceBusy { .. } => {
-            Code::Aborted
-        }
-        Error::AlreadyExists(_)
-        | Error::AlreadyStagedAt { .. }
+        Error::VolumeNotFound(_)
+        | Error::PathNotFound { .. }
+        | Error::StagedVolumeNotFound { .. }
+        | Error::DeviceNotAttached { .. }
+        | Error::NotAnEbsVolumeId { .. }
+        | Error::DeviceNotAppeared { .. }
+        | Error::NoSuchDisk { .. } => Code::NotFound,
+        Error::Busy(_)
+        | Error::StatsInFlight { .. }
+        | Error::OperationPending { .. }
+        | Error::PathBusy { .. }
+        | Error::DeviceBusy { .. } => Code::Aborted,
+        Error::AlreadyStagedAt { .. }
         | Error::StagedWithOtherCapability { .. }
         | Error::PublishedWithOtherArguments { .. }
         | Error::PublishedWithOtherReadonly { .. } => Code::AlreadyExists,
-        Error::Precondition(_)
+        Error::StagingPathRequired
+        | Error::NodeIdentityUnknown { .. }
+        | Error::ReadOnlyDeviceDidNotFollow { .. }
         | Error::ForeignMount { .. }
         | Error::ForeignStaging { .. }
         | Error::NotStaged { .. }
@@ -100,17 +107,59 @@ pub fn to_status(err: &Error) -> Status {
             | FsToolError::NonUtf8Path(_)
             | FsToolError::Command(_) => Code::Internal,
         },
-        Error::OutOfRange(_) => Code::OutOfRange,
-        Error::ResourceExhausted(_) => Code::ResourceExhausted,
-        Error::Unimplemented(_) => Code::Unimplemented,
-        Error::Unavailable(_) => Code::Unavailable,
+        Error::Controller(e) => controller_code(e),
+        Error::Capacity(e) => match e {
+            CapacityError::RequiredOverLimit { .. }
+            | CapacityError::WouldShrink { .. }
+            | CapacityError::BeyondFileSize { .. }
+            | CapacityError::NoAlignedSize { .. }
+            | CapacityError::SmallerThanSource { .. }
+            | CapacityError::BelowMinimum { .. }
+            | CapacityError::BeyondInt64 { .. }
+            | CapacityError::FilesystemLimit { .. }
+            | CapacityError::FileTooLarge { .. }
+            | CapacityError::DeviceNotGrown { .. }
+            | CapacityError::DeviceOverLimit { .. } => Code::OutOfRange,
+        },
+        Error::ReclaimOfBlockVolume { .. }
+        | Error::DiscardUnsupported { .. }
+        | Error::TrimUnimplemented { .. } => Code::Unimplemented,
+        Error::Starting | Error::BeingChecked { .. } | Error::BindsUnknown { .. } => {
+            Code::Unavailable
+        }
         Error::StillMounted { .. }
         | Error::Command(_)
         | Error::Io { .. }
         | Error::Store(_)
-        | Error::Internal(_) => Code::Internal,
+        | Error::LoopDevice { .. }
+        | Error::Probe { .. }
+        | Error::ReadOnlyDeviceChanged { .. }
+        | Error::AllocationUnreadable { .. }
+        | Error::DamagedRecord { .. }
+        | Error::BlockingTaskFailed { .. }
+        | Error::Panicked { .. } => Code::Internal,
     };
     Status::new(code, err.to_string())
+}
+
+/// The controller side's codes, as the CSI spec gives them.
+fn controller_code(err: &ControllerError) -> Code {
+    match err {
+        ControllerError::SnapshotNotFound { .. }
+        | ControllerError::SourceNotFound { .. }
+        | ControllerError::UnknownNode { .. } => Code::NotFound,
+        ControllerError::UnknownStartingToken { .. }
+        | ControllerError::DeviceOfVolumeBusy { .. } => Code::Aborted,
+        ControllerError::SnapshotNameTaken { .. }
+        | ControllerError::VolumeNameTaken { .. }
+        | ControllerError::AttachedWithOtherReadonly { .. } => Code::AlreadyExists,
+        ControllerError::AttachLimitReached { .. } | ControllerError::NoSpace { .. } => {
+            Code::ResourceExhausted
+        }
+        ControllerError::SourceNotReady { .. } | ControllerError::CannotFreeze { .. } => {
+            Code::Unavailable
+        }
+    }
 }
 
 /// A request that failed validation, as its status (the core's error type is not ours to give a
@@ -147,3 +196,6 @@ pub fn grpc_timeout<T>(req: &tonic::Request<T>) -> Option<Duration> {
 
 #[cfg(test)]
 mod code_table_tests;
+
+#[cfg(test)]
+mod error_codes_tests;

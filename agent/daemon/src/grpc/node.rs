@@ -62,14 +62,12 @@ impl NodeService {
     /// blocking thread until the kernel lets go, and kubelet asks again every minute: unbounded,
     /// one hung volume would take a thread a minute until the pool ran dry for every volume.
     fn stats_slot(&self, volume: &VolumeId, path: &RequestPath) -> Result<VolumeGuard> {
-        let path = path.as_path().display();
+        let path = path.as_path();
         self.stats_in_flight
-            .try_lock(&format!("{volume}\0{path}"))
-            .ok_or_else(|| {
-                Error::Aborted(format!(
-                    "a NodeGetVolumeStats call for volume {volume} at {path} is still running \
-                     (the path or the device may be hanging); retry later"
-                ))
+            .try_lock(&format!("{volume}\0{}", path.display()))
+            .ok_or_else(|| Error::StatsInFlight {
+                volume: volume.to_string(),
+                path: path.to_path_buf(),
             })
     }
 
@@ -113,11 +111,7 @@ impl NodeService {
     ) -> Result<(VolumeId, CheckedPublish)> {
         let volume = self.admit(r, &r.volume_id).await?;
         if r.staging_target_path.is_empty() {
-            return Err(Error::Precondition(
-                "staging_target_path is required: this plugin stages volumes \
-                 (STAGE_UNSTAGE_VOLUME)"
-                    .into(),
-            ));
+            return Err(Error::StagingPathRequired);
         }
         let staging = self.path("staging_target_path", &r.staging_target_path)?;
         let target = self.path("target_path", &r.target_path)?;

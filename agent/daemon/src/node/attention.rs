@@ -225,9 +225,13 @@ pub async fn check(
     wait: Duration,
 ) -> Checked {
     let refused = |ctx: &AgentCtx| {
-        Checked::Refused(ctx.attention.refusal(volume).unwrap_or_else(|| {
-            Error::Unavailable(format!("volume {volume} is being checked; retry shortly"))
-        }))
+        Checked::Refused(
+            ctx.attention
+                .refusal(volume)
+                .unwrap_or_else(|| Error::BeingChecked {
+                    volume: volume.to_string(),
+                }),
+        )
     };
     if !ctx.attention.begin(volume) {
         return refused(ctx);
@@ -239,7 +243,11 @@ pub async fn check(
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             recover_volume(&worker, &vol)
         }))
-        .unwrap_or_else(|_| Err(Error::Internal("the check panicked".into())))
+        .unwrap_or_else(|_| {
+            Err(Error::Panicked {
+                what: format!("the check of volume {vol}"),
+            })
+        })
         .map_err(|e| e.to_string());
         worker.attention.end(&vol, &outcome);
         let _ = tx.send((outcome, guard));

@@ -79,9 +79,7 @@ impl AgentCtx {
     /// Node calls wait for start-up recovery: before it, the records may not match the host.
     pub fn ready(&self) -> Result<()> {
         if !self.health.is_ready() {
-            return Err(Error::Unavailable(
-                "the agent is starting (start-up recovery is running); retry shortly".into(),
-            ));
+            return Err(Error::Starting);
         }
         Ok(())
     }

@@ -135,7 +135,7 @@ impl Resolver {
                 Ok(Ok(None)) => {
                     self.dmi_note = Some("the asset tag holds no instance id".into());
                 }
-                Ok(Err(why)) => self.dmi_note = Some(why),
+                Ok(Err(why)) => self.dmi_note = Some(why.to_string()),
                 Err(e) => self.dmi_note = Some(format!("read failed: {e}")),
             }
             if let Some(note) = self.dmi_note.clone() {
@@ -302,7 +302,7 @@ pub fn config_from_args(
     let imds = if args.imds_disabled {
         None
     } else {
-        Some(ImdsClient::new(&args.imds_endpoint, args.imds_timeout)?)
+        Some(ImdsClient::new(&args.imds_endpoint, args.imds_timeout).map_err(|e| e.to_string())?)
     };
     Ok(SourceConfig {
         node_id: args.node_id.clone(),

@@ -257,8 +257,10 @@ impl HostOps for RealHost {
 pub fn probe_with_size(device: &Path, fs: FsType) -> Result<Probed> {
     let held = std::fs::File::open(device)
         .map_err(|e| Error::io(format!("opening {}", device.display()), e))?;
-    let outcome = blkid::probe(device)
-        .map_err(|e| Error::Internal(format!("probing {}: {e}", device.display())))?;
+    let outcome = blkid::probe(device).map_err(|e| Error::Probe {
+        device: device.to_path_buf(),
+        source: Box::new(e),
+    })?;
     let fs_bytes = match &outcome {
         ProbeOutcome::Found(sig) if is_requested(sig, fs) => {
             // Best effort: without it the grow check reads the superblock itself.

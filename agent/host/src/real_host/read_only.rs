@@ -26,8 +26,11 @@ use ebs_node_core::node::volume_device::VolumeDevice;
 /// Every agent's tags start so; the loop controller refuses to detach a volume under one.
 pub const PREFIX: &str = ebs_node_core::node::ro_tag::TAG_PREFIX;
 
-pub fn loop_error(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Internal(format!("{what}: {e}"))
+pub fn loop_error(what: &str, e: crate::loopdev::LoopError) -> Error {
+    Error::LoopDevice {
+        op: what.to_string(),
+        source: Box::new(e),
+    }
 }
 
 /// Lays the read-only device of tag `tag` over the held, proven `device`. With `retry` (the
@@ -65,10 +68,10 @@ pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevi
     // Never on a number a bind still holds (`loopdev::Avoid`).
     let uses = Uses::scan(device_binds::WITHIN);
     if let Some(why) = uses.failed() {
-        return Err(Error::Unavailable(format!(
-            "laying a read-only device over {}: no device number can be told free of binds: {why}",
-            device.path().display()
-        )));
+        return Err(Error::BindsUnknown {
+            op: format!("laying a read-only device over {}", device.path().display()),
+            why: why.to_string(),
+        });
     }
     let avoid = |d| uses.bound(d).is_some();
     let path = overlay::attach_read_only_over_avoiding(backing, tag, &avoid).map_err(|e| {
@@ -84,11 +87,10 @@ pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevi
         File::open(&path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
     // The device is held from here; it must be the one just laid (not detached and reused).
     if !still_tagged(&file, &path, tag, device.devnum())? {
-        return Err(Error::Internal(format!(
-            "{} changed right after it was laid over {}",
-            path.display(),
-            device.path().display()
-        )));
+        return Err(Error::ReadOnlyDeviceChanged {
+            device: path,
+            over: device.path().to_path_buf(),
+        });
     }
     Ok(ReadOnlyDevice { file, path })
 }

@@ -278,7 +278,7 @@ fn a_device_that_never_appears_gives_a_clean_error_at_the_deadline() {
     )
     .unwrap_err();
     assert!(started.elapsed() >= Duration::from_secs(1));
-    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    assert!(matches!(err, Error::DeviceNotAppeared { .. }), "{err:?}");
     let text = err.to_string();
     for part in [
         VOL,
@@ -317,6 +317,6 @@ fn volume_ids_that_are_not_ebs_ids_are_not_found() {
     assert_eq!(lookup::expected_serial(&vol(VOL)).unwrap(), SERIAL);
     for bad in ["pvc-123", "vol-", "vol-xyz"] {
         let err = lookup::expected_serial(&vol(bad)).unwrap_err();
-        assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+        assert!(matches!(err, Error::NotAnEbsVolumeId { .. }), "{err:?}");
     }
 }

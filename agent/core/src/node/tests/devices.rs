@@ -159,17 +159,24 @@ impl Backend for DoubleBackend {
             None => self.device_of(volume.as_str()),
         };
         let Some(devnum) = self.host.state().devices.get(&path).copied() else {
-            return Err(Error::NotFound(format!(
-                "volume {} is not attached",
-                volume.as_str()
-            )));
+            return Err(Error::DeviceNotAttached {
+                backend: "the double's",
+                volume: volume.to_string(),
+                device: path,
+                why: "no such device".into(),
+            });
         };
         let unverified = self.host.state().unverified.contains(&devnum);
         let identity = match volume.local_device() {
             _ if unverified => DeviceIdentity::Unverified,
             Some(_) => self
                 .identify(devnum)
-                .map_err(|e| Error::NotFound(e.to_string()))?,
+                .map_err(|e| Error::DeviceNotAttached {
+                    backend: "the double's",
+                    volume: volume.to_string(),
+                    device: path.clone(),
+                    why: e.to_string(),
+                })?,
             None => serial(volume.as_str()),
         };
         Ok(ResolvedDevice { path, identity })

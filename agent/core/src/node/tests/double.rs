@@ -297,7 +297,10 @@ impl HostOps for DoubleHost {
             format!("lay read-only over {}", Self::name(device.path())),
             "lay",
         )
-        .map_err(|e| Error::Internal(e.to_string()))?;
+        .map_err(|e| Error::LoopDevice {
+            op: "laying a read-only loop device".into(),
+            source: Box::new(e),
+        })?;
         let n = self.state().read_only.len();
         let path = self.add_device(&format!("ro-{n}"), 0);
         let ro = self.devnum(&path);
@@ -311,7 +314,10 @@ impl HostOps for DoubleHost {
 
     fn remove_read_only(&self, tag: &str) -> Result<usize> {
         self.act("remove read-only".into(), "remove_ro")
-            .map_err(|e| Error::Internal(e.to_string()))?;
+            .map_err(|e| Error::LoopDevice {
+                op: "removing read-only loop devices".into(),
+                source: Box::new(e),
+            })?;
         let mut s = self.state();
         let State {
             read_only, ro_tags, ..

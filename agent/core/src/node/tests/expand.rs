@@ -2,7 +2,7 @@
 //! it grows, and what it answers. Root tests: `expand_stats`.
 
 use super::*;
-use crate::error::Error;
+use crate::error::{CapacityError, Error};
 use crate::node::expand::{ExpandCommand, expand};
 
 fn cmd(h: &Harness, volume: &str, path: RequestPath, required: u64) -> ExpandCommand {
@@ -76,12 +76,15 @@ fn refusals_change_nothing() {
                 c.limit_bytes = GIB;
                 c
             }),
-            |e| matches!(e, Error::OutOfRange(_)),
+            |e| matches!(e, Error::Capacity(CapacityError::RequiredOverLimit { .. })),
         ),
         (
             "the device has not grown yet",
             Box::new(|h| cmd(h, VOL, h.staging(VOL), 2 * GIB)),
-            |e| matches!(e, Error::OutOfRange(m) if m.contains("fewer than the required")),
+            |e| {
+                matches!(e, Error::Capacity(CapacityError::DeviceNotGrown { .. }))
+                    && e.to_string().contains("fewer than the required")
+            },
         ),
         (
             "the device is above the limit",
@@ -90,7 +93,10 @@ fn refusals_change_nothing() {
                 c.limit_bytes = GIB / 2;
                 c
             }),
-            |e| matches!(e, Error::OutOfRange(m) if m.contains("more than limit_bytes")),
+            |e| {
+                matches!(e, Error::Capacity(CapacityError::DeviceOverLimit { .. }))
+                    && e.to_string().contains("more than limit_bytes")
+            },
         ),
         (
             "a volume never staged",
@@ -181,7 +187,8 @@ fn a_read_only_block_publication_follows_the_resize_or_the_answer_says_why_not()
     h.host.state().fail.insert("set_capacity", "EBUSY".into());
     let e = expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect_err("did not follow");
     assert!(
-        matches!(&e, Error::Precondition(m) if m.contains("did not follow")),
+        matches!(&e, Error::ReadOnlyDeviceDidNotFollow { .. })
+            && e.to_string().contains("did not follow"),
         "{e:?}"
     );
     h.host.state().fail.remove("set_capacity");

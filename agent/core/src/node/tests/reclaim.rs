@@ -80,13 +80,13 @@ fn refusals_trim_nothing() {
             "a volume not staged here",
             "vol-x",
             |h| ReclaimPath::Staging(h.staging(VOL)),
-            |e| matches!(e, Error::NotFound(_)),
+            |e| matches!(e, Error::StagedVolumeNotFound { .. }),
         ),
         (
             "a block volume",
             "vol-c",
             |h| ReclaimPath::Staging(h.staging("vol-c")),
-            |e| matches!(e, Error::Unimplemented(_)),
+            |e| matches!(e, Error::ReclaimOfBlockVolume { .. }),
         ),
         (
             "a path nothing is mounted on",
@@ -140,9 +140,9 @@ fn a_filesystem_that_cannot_discard_is_unimplemented_after_the_sync() {
     for (errno, fits) in [
         (
             "EOPNOTSUPP",
-            (|e: &Error| matches!(e, Error::Unimplemented(_))) as fn(&Error) -> bool,
+            (|e: &Error| matches!(e, Error::DiscardUnsupported { .. })) as fn(&Error) -> bool,
         ),
-        ("ENOTTY", |e| matches!(e, Error::Unimplemented(_))),
+        ("ENOTTY", |e| matches!(e, Error::TrimUnimplemented { .. })),
         ("EIO", |e| matches!(e, Error::Io { .. })),
     ] {
         let h = Harness::new();

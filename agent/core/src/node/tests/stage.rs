@@ -214,7 +214,7 @@ fn refusals_before_the_device_is_touched() {
         (
             "not attached",
             |h| h.stage_cmd(VOL, mount(RWO)),
-            |e| matches!(e, Error::NotFound(_)),
+            |e| matches!(e, Error::DeviceNotAttached { .. }),
         ),
         (
             "tools missing",
@@ -432,7 +432,10 @@ fn a_stage_whose_device_cannot_be_found_changes_nothing() {
     let e = h
         .stage(&h.stage_cmd("vol-x", mount(RWO)))
         .expect_err("no device");
-    assert!(!matches!(e, crate::error::Error::Internal(_)), "{e:?}");
+    assert!(
+        matches!(e, crate::error::Error::DeviceNotAttached { .. }),
+        "{e:?}"
+    );
     assert_eq!(h.host.calls(), Vec::<String>::new());
     assert!(h.ctx.ledger.staged("vol-x").expect("read").is_none());
 }

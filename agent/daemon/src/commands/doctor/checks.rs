@@ -174,7 +174,7 @@ async fn imds(args: &DoctorArgs) -> Check {
             c.attempts = 1;
             c
         }
-        Err(e) => return Check::lacking(NAME, false, e, "fix --imds-endpoint"),
+        Err(e) => return Check::lacking(NAME, false, e.to_string(), "fix --imds-endpoint"),
     };
     match tokio::time::timeout(args.imds_timeout * 3, client.identity()).await {
         Ok(Ok(id)) => Check::ok(
