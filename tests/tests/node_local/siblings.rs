@@ -170,3 +170,90 @@ async fn a_loop_volume_whose_bytes_are_used_through_another_device_is_not_handed
         drop(used);
     }
 }
+
+/// A partition table in the volume file's boot block whose first partition is the whole file:
+/// a second loop device over the file, scanned for partitions, shows the volume's ext4 again as
+/// its partition, and a loop device laid over that partition, mounted, or the partition's node
+/// bound, uses the volume's bytes (a twenty-sixth fresh review's F1: the views stopped at whole
+/// devices, and the same ext4 was mounted twice read-write).
+#[tokio::test]
+async fn a_partition_of_another_view_in_use_refuses_the_volume() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_partition_of_another_view_in_use_refuses_the_volume") {
+        return;
+    }
+    let scratch = Scratch::new("views-partitions");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    for (n, bound) in [false, true].into_iter().enumerate() {
+        let x = create_attached(&agent, &format!("p{n}"), SIZE).await;
+        let file = agent.state_dir.join(format!("volumes/{}.img", x.id));
+        sh(&format!("mkfs.ext4 -q {}", file.display()));
+        // One primary partition, type 0x83, from sector 0 over the whole file, in the boot
+        // block ext4 leaves alone.
+        let sectors = u32::try_from(SIZE / 512).expect("sectors");
+        let mut table = vec![0u8, 0, 0, 0, 0x83, 0, 0, 0];
+        table.extend_from_slice(&0u32.to_le_bytes());
+        table.extend_from_slice(&sectors.to_le_bytes());
+        table.resize(64, 0);
+        table.extend_from_slice(&[0x55, 0xaa]);
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .expect("volume file");
+            f.seek(SeekFrom::Start(446)).expect("seek");
+            f.write_all(&table).expect("partition table");
+        }
+        let scanned = DetachOnDrop(super::losetup("-P", file.display()));
+        let part = format!("{}p1", scanned.0);
+        let _ = std::process::Command::new("partx")
+            .args(["-a", &scanned.0])
+            .status();
+        for _ in 0..200 {
+            if std::path::Path::new(&part).exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(std::path::Path::new(&part).exists(), "no {part}");
+        let at = scratch.join(&format!("part-use-{n}"));
+        let (over, used) = if bound {
+            std::fs::write(&at, "").expect("bind target");
+            sh(&format!("mount --bind {part} {}", at.display()));
+            (None, Unmount(at))
+        } else {
+            let over = DetachOnDrop(super::losetup("", &part));
+            std::fs::create_dir_all(&at).expect("mount point");
+            sh(&format!("mount {} {}", over.0, at.display()));
+            (Some(over), Unmount(at))
+        };
+        let cap = if bound {
+            block_cap(Mode::SingleNodeWriter)
+        } else {
+            mount_cap("ext4", Mode::SingleNodeWriter)
+        };
+        let staging = agent.work.join(format!("p{n}/staging"));
+        let e = agent
+            .node()
+            .await
+            .node_stage_volume(stage_req(&x, &staging, cap))
+            .await
+            .expect_err("staged while a partition of another view of its bytes is in use");
+        assert_eq!(e.code(), Code::FailedPrecondition, "bound={bound}: {e:?}");
+        assert!(
+            e.message().contains("in use through"),
+            "bound={bound}: {e:?}"
+        );
+        assert!(!super::is_mounted(&staging), "bound={bound}: staged anyway");
+        drop(used);
+        if let Some(over) = over {
+            let name = over.0.clone();
+            drop(over);
+            wait_unbound(&name);
+        }
+        let name = scanned.0.clone();
+        drop(scanned);
+        wait_unbound(&name);
+    }
+}

@@ -69,8 +69,21 @@ impl super::LoopController {
         let current = volume.capacity_bytes.max(real);
         let wanted = super::resize::expansion_size(required, limit, current)?;
         if wanted > real {
-            f.set_len(wanted)
-                .map_err(|e| Error::io(format!("growing {}", volume.file.display()), e))?;
+            f.set_len(wanted).map_err(|e| {
+                let op = format!("growing {} to {wanted} bytes", volume.file.display());
+                match e.raw_os_error() {
+                    // Beyond the largest file the volume directory's filesystem holds (a
+                    // twenty-sixth fresh review's low: it was INTERNAL, CreateVolume's
+                    // OUT_OF_RANGE).
+                    Some(libc::EFBIG) | Some(libc::EINVAL) => {
+                        ebs_node_core::error::CapacityError::FileTooLarge { op, source: e }.into()
+                    }
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+                        ebs_node_core::error::ControllerError::NoSpace { op, source: e }.into()
+                    }
+                    _ => Error::io(op, e),
+                }
+            })?;
         }
         if wanted != volume.capacity_bytes {
             volume.capacity_bytes = wanted;

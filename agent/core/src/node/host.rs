@@ -217,8 +217,10 @@ pub trait HostOps: Send + Sync {
     fn built_on(&self, devnum: DevNum) -> io::Result<Vec<DevNum>>;
     /// The other devices that show some of `devnum`'s bytes, and what uses each.
     fn views_of(&self, devnum: DevNum) -> io::Result<Vec<View>>;
-    /// Claims `views` exclusively until the answer drops; an error when one is in use.
-    fn hold_views(&self, views: &[DevNum]) -> io::Result<HeldViews>;
+    /// Claims `device`'s `views` exclusively until the answer drops (all but the whole disk of
+    /// a partition: its claim would keep `device` itself from being claimed); an error when one
+    /// is in use.
+    fn hold_views(&self, device: DevNum, views: &[DevNum]) -> io::Result<HeldViews>;
     /// The device's size in bytes, by path (right after it was proven).
     fn device_bytes(&self, device: &Path) -> io::Result<u64>;
     /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.

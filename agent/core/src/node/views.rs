@@ -48,7 +48,7 @@ pub fn refuse_used_and_hold(
         }
     }
     ctx.host
-        .hold_views(&idle)
+        .hold_views(devnum, &idle)
         .map_err(|e| Error::BytesInUseElsewhere {
             volume: volume.to_string(),
             device: device.to_path_buf(),

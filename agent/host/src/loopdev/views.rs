@@ -12,6 +12,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use ebs_node_core::DevNum;
 use ebs_node_core::node::host::View;
@@ -31,7 +33,43 @@ struct Loop {
     name: String,
 }
 
-fn scan() -> io::Result<Vec<Loop>> {
+/// Loop devices whose status did not come within `WITHIN` once (LOOP_GET_STATUS64 stats the
+/// backing file: one on a stopped FUSE daemon or a dead NFS server hangs, and every stage with
+/// it, a twenty-sixth fresh review's F2). Skipped from then on: a file on such a filesystem has
+/// another st_dev than any volume's file, so it is no view by inode, and it lies over no device.
+static HUNG: Mutex<BTreeSet<DevNum>> = Mutex::new(BTreeSet::new());
+const WITHIN: Duration = Duration::from_secs(2);
+
+/// `scan` on a thread of its own, waited for `WITHIN` at most; a device that keeps it past
+/// that joins `HUNG` and the scan starts again without it.
+fn scan_bounded() -> io::Result<Vec<Loop>> {
+    for _ in 0..4 {
+        let skip = HUNG.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let current = Arc::new(Mutex::new(None));
+        let (tx, rx) = mpsc::channel();
+        let at = Arc::clone(&current);
+        std::thread::Builder::new()
+            .name("loop-views".into())
+            .spawn(move || {
+                let _ = tx.send(scan(&skip, &at));
+            })?;
+        match rx.recv_timeout(WITHIN) {
+            Ok(found) => return found,
+            Err(_) => {
+                let stuck = *current.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(stuck) = stuck else { break };
+                tracing::warn!(device = %stuck, "a loop device's status did not come within 2 s (its backing file hangs?); it is left out of the search for other devices showing a volume's bytes");
+                HUNG.lock().unwrap_or_else(|p| p.into_inner()).insert(stuck);
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the loop devices' status could not be read within the time allowed",
+    ))
+}
+
+fn scan(skip: &BTreeSet<DevNum>, current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
     let sys_block = Path::new("/sys/block");
     let mut found = Vec::new();
     for entry in std::fs::read_dir(sys_block)?.flatten() {
@@ -45,6 +83,10 @@ fn scan() -> io::Result<Vec<Loop>> {
         else {
             continue;
         };
+        if skip.contains(&devnum) {
+            continue;
+        }
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(devnum);
         // Detached in between: not a view.
         let Ok(dev) = crate::device::open_devnum(devnum) else {
             continue;
@@ -71,7 +113,7 @@ fn scan() -> io::Result<Vec<Loop>> {
 /// The other views of `devnum`, each with its loop name and what uses it (`None`: nothing the
 /// host shows).
 pub fn views_of(devnum: DevNum) -> io::Result<Vec<View>> {
-    let loops = scan()?;
+    let loops = scan_bounded()?;
     let mut seen = BTreeSet::from([devnum]);
     let mut queue = vec![devnum];
     while let Some(d) = queue.pop() {
@@ -80,6 +122,11 @@ pub fn views_of(devnum: DevNum) -> io::Result<Vec<View>> {
             .filter(|l| l.over_device == d)
             .map(|l| l.devnum)
             .collect();
+        // A partition shows part of its disk's bytes, a disk all of its partitions': a loop
+        // device laid over a partition of a view, or a bind of its node, uses the same bytes (a
+        // twenty-sixth fresh review's F1). The disk's other partitions come along (as the
+        // node-local door's disk family does): never the same bytes, but never taken apart.
+        next.extend(disk_relatives(d));
         if let Some(l) = loops.iter().find(|l| l.devnum == d) {
             if l.over_device != DevNum::new(0, 0) {
                 next.push(l.over_device);
@@ -120,7 +167,7 @@ fn use_of(d: DevNum, binds: &crate::device_binds::Uses) -> Option<String> {
         return Some("mounted or claimed exclusively".into());
     }
     if let Some(at) = binds.bound(d) {
-        return Some(format!("its device node is bound at {at}"));
+        return Some(format!("its device node is {at}"));
     }
     let holders = format!("/sys/dev/block/{d}/holders");
     std::fs::read_dir(holders)
@@ -130,11 +177,38 @@ fn use_of(d: DevNum, binds: &crate::device_binds::Uses) -> Option<String> {
         .map(|h| format!("held by {}", h.file_name().to_string_lossy()))
 }
 
-/// Claims each of `views` exclusively, so nothing mounts them while the call runs; EBUSY names
-/// the one in use.
-pub fn hold(views: &[DevNum]) -> io::Result<Vec<File>> {
+/// The whole disk of a partition, or the partitions of a whole disk, from sysfs.
+fn disk_relatives(d: DevNum) -> Vec<DevNum> {
+    let Ok(dir) = std::fs::canonicalize(format!("/sys/dev/block/{d}")) else {
+        return Vec::new();
+    };
+    let read_dev = |p: &Path| {
+        std::fs::read_to_string(p.join("dev"))
+            .ok()
+            .and_then(|s| DevNum::parse(s.trim()))
+    };
+    if dir.join("partition").exists() {
+        return dir.parent().and_then(read_dev).into_iter().collect();
+    }
+    std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("partition").exists())
+        .filter_map(|e| read_dev(&e.path()))
+        .collect()
+}
+
+/// Claims each of `device`'s `views` exclusively, so nothing mounts them while the call runs;
+/// EBUSY names the one in use.
+pub fn hold(device: DevNum, views: &[DevNum]) -> io::Result<Vec<File>> {
+    let whole = disk_relatives(device);
+    let is_partition =
+        std::fs::exists(format!("/sys/dev/block/{device}/partition")).unwrap_or(false);
     views
         .iter()
+        // The whole disk of a partition: held, it keeps the partition from being claimed.
+        .filter(|d| !(is_partition && whole.contains(d)))
         .map(|d| {
             let dev = crate::device::open_devnum(*d)?;
             std::fs::OpenOptions::new()

@@ -112,8 +112,12 @@ impl HostOps for RealHost {
         crate::loopdev::views::views_of(devnum)
     }
 
-    fn hold_views(&self, views: &[DevNum]) -> io::Result<ebs_node_core::node::host::HeldViews> {
-        crate::loopdev::views::hold(views).map(ebs_node_core::node::host::HeldViews)
+    fn hold_views(
+        &self,
+        device: DevNum,
+        views: &[DevNum],
+    ) -> io::Result<ebs_node_core::node::host::HeldViews> {
+        crate::loopdev::views::hold(device, views).map(ebs_node_core::node::host::HeldViews)
     }
 
     fn whole_disk(&self, devnum: DevNum) -> DevNum {

@@ -266,7 +266,7 @@ impl HostOps for DoubleHost {
             .collect())
     }
 
-    fn hold_views(&self, _views: &[DevNum]) -> io::Result<HeldViews> {
+    fn hold_views(&self, _device: DevNum, _views: &[DevNum]) -> io::Result<HeldViews> {
         Ok(HeldViews::default())
     }
 
