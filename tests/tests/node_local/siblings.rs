@@ -257,3 +257,46 @@ async fn a_partition_of_another_view_in_use_refuses_the_volume() {
         wait_unbound(&name);
     }
 }
+
+/// A loop device over the volume's file seen through overlayfs reports the overlay's device
+/// number, so no inode matches it: it cannot be told apart from the volume's file, and mounted
+/// elsewhere it refuses the stage (a twenty-seventh fresh review's F1: the same ext4 mounted
+/// twice read-write, its bitmaps then wrong).
+#[tokio::test]
+async fn a_loop_device_over_the_volumes_file_through_an_overlay_refuses_the_stage() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_loop_device_over_the_volumes_file_through_an_overlay_refuses_the_stage") {
+        return;
+    }
+    let scratch = Scratch::new("views-overlay");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let x = create_attached(&agent, "o", SIZE).await;
+    let file = agent.state_dir.join(format!("volumes/{}.img", x.id));
+    sh(&format!("mkfs.ext4 -q {}", file.display()));
+    let overlay = super::stacked::OverlayView::new(&scratch, &agent.state_dir.join("volumes"));
+    let seen = overlay.merged.join(format!("{}.img", x.id));
+    let view = DetachOnDrop(super::losetup("", seen.display()));
+    let at = scratch.join("through-overlay");
+    std::fs::create_dir_all(&at).expect("mount point");
+    sh(&format!("mount {} {}", view.0, at.display()));
+    let used = Unmount(at);
+    let staging = agent.work.join("o/staging");
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &x,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .expect_err("staged while a loop device through an overlay shows its file mounted");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("in use through"), "{e:?}");
+    assert!(!super::is_mounted(&staging), "staged anyway");
+    drop(used);
+    let name = view.0.clone();
+    drop(view);
+    wait_unbound(&name);
+    drop(overlay);
+}

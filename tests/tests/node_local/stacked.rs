@@ -13,12 +13,12 @@ use tonic::Code;
 use super::owners::{DetachOnDrop, SIZE, rwx_block, rwx_mount};
 
 /// An overlay whose upper layer is the agent's volumes directory, unmounted on drop.
-struct OverlayView {
-    merged: std::path::PathBuf,
+pub(super) struct OverlayView {
+    pub(super) merged: std::path::PathBuf,
 }
 
 impl OverlayView {
-    fn new(scratch: &Scratch, upper: &std::path::Path) -> OverlayView {
+    pub(super) fn new(scratch: &Scratch, upper: &std::path::Path) -> OverlayView {
         let [lower, work, merged] = ["ovl/lower", "ovl/work", "ovl/merged"].map(|d| {
             let p = scratch.join(d);
             std::fs::create_dir_all(&p).expect("overlay directory");

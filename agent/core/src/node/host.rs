@@ -147,6 +147,10 @@ pub struct View {
     pub devnum: DevNum,
     /// Its loop name (`lo_file_name`): an agent's read-only devices carry their tag there.
     pub name: String,
+    /// A read-only loop device.
+    pub read_only: bool,
+    /// The block device it is laid over, when it is a loop device laid over one.
+    pub lies_over: Option<DevNum>,
     /// What uses it, as the host shows it (mounted or claimed, a device-node bind, a holder).
     pub in_use: Option<String>,
 }
@@ -154,7 +158,11 @@ pub struct View {
 /// Views claimed exclusively for the length of a call (`HostOps::hold_views`): nothing mounts
 /// them meanwhile. Dropped, they are free again.
 #[derive(Debug, Default)]
-pub struct HeldViews(pub Vec<File>);
+pub struct HeldViews {
+    pub files: Vec<File>,
+    /// The views held: their claim is the call's own, no other use.
+    pub devnums: Vec<DevNum>,
+}
 
 /// What start-up did with this agent's read-only devices that no publication record names.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -314,6 +314,16 @@ impl MountSteps<'_> {
                     )
                 })
         });
+        // A view of the bytes attached since the first scan and used before this mount: the
+        // mount comes down again (it is this call's own, just made) and the stage is refused.
+        let mounted = mounted.and_then(|()| {
+            device.recheck_views(ctx).inspect_err(|_| {
+                if let Err(undo) = staging.unmount() {
+                    tracing::warn!(volume = %vol, error = %undo,
+                        "the mount of a refused stage could not be taken down; the next unstage does");
+                }
+            })
+        });
         if let Err(e) = mounted {
             // Nothing was mounted: the record goes, so that a corrected retry (other options,
             // another path) is not held to this one.

@@ -23,38 +23,79 @@ pub fn refuse_used_and_hold(
     devnum: DevNum,
     device: &Path,
 ) -> Result<HeldViews> {
+    let idle = idle_views(ctx, volume, devnum, device, &[])?;
+    if idle.is_empty() {
+        return Ok(HeldViews::default());
+    }
+    ctx.host.hold_views(devnum, &idle).map_err(|e| {
+        refusal(
+            volume,
+            device,
+            DevNum::new(0, 0),
+            format!("it could not be held while the call runs ({e})"),
+        )
+    })
+}
+
+/// The same question again once the device is in use (right after the stage's mount): a view
+/// attached since the first scan, and used before this call's mount, is caught here (a
+/// twenty-seventh fresh review's F5). The views this call holds are its own.
+pub fn recheck(
+    ctx: &NodeCtx,
+    volume: &str,
+    devnum: DevNum,
+    device: &Path,
+    held: &HeldViews,
+) -> Result<()> {
+    idle_views(ctx, volume, devnum, device, &held.devnums).map(drop)
+}
+
+/// The views of `devnum` that nothing uses, or the refusal naming the one in use. A view is the
+/// volume's own only when it is one of its read-only devices: its tag, read-only, and laid over
+/// this very device (the name alone can be given to any loop device: a twenty-seventh fresh
+/// review's F4).
+fn idle_views(
+    ctx: &NodeCtx,
+    volume: &str,
+    devnum: DevNum,
+    device: &Path,
+    held: &[DevNum],
+) -> Result<Vec<DevNum>> {
     let views = ctx.host.views_of(devnum).map_err(|e| {
-        Error::io(
-            format!("finding the other devices that show {}", device.display()),
-            e,
+        refusal(
+            volume,
+            device,
+            DevNum::new(0, 0),
+            format!("what else shows its bytes cannot be told ({e})"),
         )
     })?;
     if views.is_empty() {
-        return Ok(HeldViews::default());
+        return Ok(Vec::new());
     }
-    let own = own_read_only_tags(ctx, volume)?;
+    let tags = own_read_only_tags(ctx, volume)?;
+    let own = |v: &super::host::View| {
+        tags.contains(&v.name) && v.read_only && v.lies_over == Some(devnum)
+    };
     let mut idle = Vec::new();
-    for view in views.into_iter().filter(|v| !own.contains(&v.name)) {
+    for view in views
+        .into_iter()
+        .filter(|v| !own(v) && !held.contains(&v.devnum))
+    {
         match view.in_use {
-            Some(what) => {
-                return Err(Error::BytesInUseElsewhere {
-                    volume: volume.to_string(),
-                    device: device.to_path_buf(),
-                    view: view.devnum,
-                    what,
-                });
-            }
+            Some(what) => return Err(refusal(volume, device, view.devnum, what)),
             None => idle.push(view.devnum),
         }
     }
-    ctx.host
-        .hold_views(devnum, &idle)
-        .map_err(|e| Error::BytesInUseElsewhere {
-            volume: volume.to_string(),
-            device: device.to_path_buf(),
-            view: DevNum::new(0, 0),
-            what: format!("it could not be held while the call runs ({e})"),
-        })
+    Ok(idle)
+}
+
+fn refusal(volume: &str, device: &Path, view: DevNum, what: String) -> Error {
+    Error::BytesInUseElsewhere {
+        volume: volume.to_string(),
+        device: device.to_path_buf(),
+        view,
+        what,
+    }
 }
 
 /// The tags of `volume`'s read-only devices, by its read-only raw block publications.

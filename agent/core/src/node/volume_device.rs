@@ -128,6 +128,11 @@ impl VolumeDevice {
         Ok(())
     }
 
+    /// The other views checked again while the device is in use (after the stage's mount).
+    pub fn recheck_views(&self, ctx: &NodeCtx) -> Result<()> {
+        super::views::recheck(ctx, &self.volume, self.devnum(), self.path(), &self._views)
+    }
+
     /// A held device's other views checked and held, as a take does: for a door that hands out a
     /// device it took before (a raw block publish).
     pub fn hold_views(&mut self, ctx: &NodeCtx) -> Result<()> {

@@ -201,6 +201,11 @@ fn by_magic(magic: u64) -> BackingFs {
     BackingFs::MayShowAnothers(name)
 }
 
+/// Whether a filesystem of this type shows only its own inodes.
+pub(super) fn owns_its_inodes(fs_type: &str) -> bool {
+    OWN_THEIR_INODES.contains(&fs_type)
+}
+
 fn classify(dev: DevNum, fs_type: Option<&str>) -> BackingFs {
     match fs_type {
         None => BackingFs::NotMountedHere(dev),

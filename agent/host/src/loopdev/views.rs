@@ -1,12 +1,17 @@
 //! Every other device that shows some of a device's bytes (the core's `HostOps::views_of`): the
 //! loop devices over the same file (at any offset), the loop devices laid over it or over any of
-//! those, and the device a loop device is laid over; closed under the same steps. A mount, a
-//! claim, a device-node bind or a holder of any of them is a use of the same bytes, which no check
-//! of the device itself sees (a twenty-fourth and a twenty-fifth fresh review's F1 to F4: the
-//! same filesystem mounted twice read-write, a writable raw device under a mounted filesystem).
-//! One scan of the loop devices; nothing more when the device has no other view.
+//! those, the device a loop device is laid over, and the partitions and whole disks of each;
+//! closed under the same steps. A mount, a claim, a device-node bind or a holder of any of them
+//! is a use of the same bytes, which no check of the device itself sees (fresh reviews 24 to 27:
+//! the same filesystem mounted twice read-write, a writable raw device under a mounted one).
+//!
+//! A loop device over a file that a stacking or remote filesystem shows (overlayfs, FUSE, NFS),
+//! or whose status does not come (its backing file hangs), cannot be told apart from any file:
+//! when the device is a file's, each such loop device is a view too (a twenty-seventh fresh
+//! review's F1 and F2). One scan of the loop devices, bounded in time; nothing more when the
+//! device has no other view.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -18,47 +23,57 @@ use std::time::Duration;
 use ebs_node_core::DevNum;
 use ebs_node_core::node::host::View;
 
+use super::backing_fs::{BackingFs, backing_fs_of_loop};
 use super::overlay::decode_dev;
 use super::query;
 
-/// At most this many views are followed (a loop device over a loop device over ... ).
-const MOST: usize = 64;
+/// More views than this are not followed: the call is refused instead (a twenty-seventh fresh
+/// review's F3: the walk stopped there and let the call through).
+const MOST: usize = 256;
+/// Set by the kernel on a loop device whose backing file is not writable.
+const LO_FLAGS_READ_ONLY: u32 = 1;
 
+#[derive(Clone)]
 struct Loop {
     devnum: DevNum,
-    /// The block device it is laid over ((0, 0): a file).
+    /// The block device it is laid over ((0, 0): a file, or not known).
     over_device: DevNum,
-    /// Its backing file (st_dev, st_ino) when that is a file.
+    /// Its backing file (st_dev, st_ino) when that is a file on a filesystem that shows only its
+    /// own inodes.
     over_file: Option<(u64, u64)>,
+    /// A file on a filesystem that may show another's files, or a status that did not come:
+    /// what it shows cannot be told.
+    indistinct: bool,
+    read_only: bool,
     name: String,
 }
 
-/// Loop devices whose status did not come within `WITHIN` once (LOOP_GET_STATUS64 stats the
-/// backing file: one on a stopped FUSE daemon or a dead NFS server hangs, and every stage with
-/// it, a twenty-sixth fresh review's F2). Skipped from then on: a file on such a filesystem has
-/// another st_dev than any volume's file, so it is no view by inode, and it lies over no device.
-static HUNG: Mutex<BTreeSet<DevNum>> = Mutex::new(BTreeSet::new());
+/// Loop device attachments (device, disk sequence number) whose status did not come within
+/// `WITHIN` once (LOOP_GET_STATUS64 stats the backing file: on a stopped FUSE daemon or a dead
+/// NFS server it hangs, and every stage with it: a twenty-sixth fresh review's F2). Not asked
+/// again while that attachment lasts; counted as indistinct. A new attachment under the same
+/// number has another sequence number and is asked afresh (a twenty-seventh review's F2).
+static HUNG: Mutex<BTreeSet<(DevNum, String)>> = Mutex::new(BTreeSet::new());
 const WITHIN: Duration = Duration::from_secs(2);
 
-/// `scan` on a thread of its own, waited for `WITHIN` at most; a device that keeps it past
-/// that joins `HUNG` and the scan starts again without it.
+/// `scan` on a thread of its own, waited for `WITHIN` at most; the attachment that keeps it past
+/// that joins `HUNG` and the scan starts again.
 fn scan_bounded() -> io::Result<Vec<Loop>> {
     for _ in 0..4 {
-        let skip = HUNG.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let current = Arc::new(Mutex::new(None));
         let (tx, rx) = mpsc::channel();
         let at = Arc::clone(&current);
         std::thread::Builder::new()
             .name("loop-views".into())
             .spawn(move || {
-                let _ = tx.send(scan(&skip, &at));
+                let _ = tx.send(scan(&at));
             })?;
         match rx.recv_timeout(WITHIN) {
             Ok(found) => return found,
             Err(_) => {
-                let stuck = *current.lock().unwrap_or_else(|p| p.into_inner());
+                let stuck = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let Some(stuck) = stuck else { break };
-                tracing::warn!(device = %stuck, "a loop device's status did not come within 2 s (its backing file hangs?); it is left out of the search for other devices showing a volume's bytes");
+                tracing::warn!(device = %stuck.0, "a loop device's status did not come within 2 s (its backing file hangs?); it counts as a device that may show any file's bytes");
                 HUNG.lock().unwrap_or_else(|p| p.into_inner()).insert(stuck);
             }
         }
@@ -69,24 +84,36 @@ fn scan_bounded() -> io::Result<Vec<Loop>> {
     ))
 }
 
-fn scan(skip: &BTreeSet<DevNum>, current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
-    let sys_block = Path::new("/sys/block");
+fn scan(current: &Mutex<Option<(DevNum, String)>>) -> io::Result<Vec<Loop>> {
+    let table = crate::mount::table::MountTable::read().map_err(io::Error::other)?;
+    let mut trusted_fs: HashMap<(u32, u32), bool> = HashMap::new();
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(sys_block)?.flatten() {
+    for entry in std::fs::read_dir("/sys/block")?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if !name.starts_with("loop") || !entry.path().join("loop").exists() {
             continue;
         }
-        let Some(devnum) = std::fs::read_to_string(entry.path().join("dev"))
-            .ok()
-            .and_then(|s| DevNum::parse(s.trim()))
-        else {
+        let Some(devnum) = read_dev(&entry.path()) else {
             continue;
         };
-        if skip.contains(&devnum) {
+        let seq = std::fs::read_to_string(entry.path().join("diskseq")).unwrap_or_default();
+        let attachment = (devnum, seq);
+        if HUNG
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&attachment)
+        {
+            found.push(Loop {
+                devnum,
+                over_device: DevNum::new(0, 0),
+                over_file: None,
+                indistinct: true,
+                read_only: false,
+                name: String::new(),
+            });
             continue;
         }
-        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(devnum);
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(attachment);
         // Detached in between: not a view.
         let Ok(dev) = crate::device::open_devnum(devnum) else {
             continue;
@@ -94,54 +121,66 @@ fn scan(skip: &BTreeSet<DevNum>, current: &Mutex<Option<DevNum>>) -> io::Result<
         let Ok(Some(info)) = query::status(&dev) else {
             continue;
         };
-        let over_device = decode_dev(info.lo_rdevice);
-        let name = info
+        let lo_name = info
             .lo_file_name
             .split(|b| *b == 0)
             .next()
             .unwrap_or_default();
+        let file = (info.lo_rdevice == 0).then_some((info.lo_device, info.lo_inode));
+        let trusted = file.is_some_and(|(d, i)| {
+            let fs = DevNum::new(
+                u32::try_from(nix::sys::stat::major(d)).unwrap_or(u32::MAX),
+                u32::try_from(nix::sys::stat::minor(d)).unwrap_or(u32::MAX),
+            );
+            *trusted_fs.entry((fs.major, fs.minor)).or_insert_with(|| {
+                let known = table.mounts_of_device(fs.major, fs.minor).next();
+                known.is_some_and(|m| super::backing_fs::owns_its_inodes(&m.fs_type))
+            }) || matches!(
+                backing_fs_of_loop(devnum, d, i),
+                Ok(BackingFs::OwnsItsInodes)
+            )
+        });
         found.push(Loop {
             devnum,
-            over_device,
-            over_file: (info.lo_rdevice == 0).then_some((info.lo_device, info.lo_inode)),
-            name: String::from_utf8_lossy(name).into_owned(),
+            over_device: decode_dev(info.lo_rdevice),
+            over_file: file.filter(|_| trusted),
+            indistinct: file.is_some() && !trusted,
+            read_only: info.lo_flags & LO_FLAGS_READ_ONLY != 0,
+            name: String::from_utf8_lossy(lo_name).into_owned(),
         });
     }
     Ok(found)
 }
 
 /// The other views of `devnum`, each with its loop name and what uses it (`None`: nothing the
-/// host shows).
+/// host shows). An error when there are more than can be checked.
 pub fn views_of(devnum: DevNum) -> io::Result<Vec<View>> {
     let loops = scan_bounded()?;
     let mut seen = BTreeSet::from([devnum]);
     let mut queue = vec![devnum];
-    while let Some(d) = queue.pop() {
-        let mut next: Vec<DevNum> = loops
-            .iter()
-            .filter(|l| l.over_device == d)
-            .map(|l| l.devnum)
-            .collect();
-        // A partition shows part of its disk's bytes, a disk all of its partitions': a loop
-        // device laid over a partition of a view, or a bind of its node, uses the same bytes (a
-        // twenty-sixth fresh review's F1). The disk's other partitions come along (as the
-        // node-local door's disk family does): never the same bytes, but never taken apart.
-        next.extend(disk_relatives(d));
-        if let Some(l) = loops.iter().find(|l| l.devnum == d) {
-            if l.over_device != DevNum::new(0, 0) {
-                next.push(l.over_device);
+    let mut files_seen = false;
+    let mut indistinct_added = false;
+    loop {
+        while let Some(d) = queue.pop() {
+            for n in next_of(d, &loops, &mut files_seen) {
+                if seen.insert(n) {
+                    queue.push(n);
+                }
             }
-            if let Some(file) = l.over_file {
-                next.extend(
-                    (loops.iter())
-                        .filter(|m| m.over_file == Some(file))
-                        .map(|m| m.devnum),
-                );
+            if seen.len() > MOST {
+                return Err(io::Error::other(format!(
+                    "more than {MOST} devices show its bytes; too many to check"
+                )));
             }
         }
-        for n in next {
-            if seen.len() < MOST && seen.insert(n) {
-                queue.push(n);
+        // A file's bytes may be shown by any loop device over a file that cannot be told apart.
+        if !files_seen || indistinct_added {
+            break;
+        }
+        indistinct_added = true;
+        for l in loops.iter().filter(|l| l.indistinct) {
+            if seen.insert(l.devnum) {
+                queue.push(l.devnum);
             }
         }
     }
@@ -152,14 +191,47 @@ pub fn views_of(devnum: DevNum) -> io::Result<Vec<View>> {
     let binds = crate::device_binds::Uses::scan(crate::device_binds::WITHIN);
     Ok(seen
         .into_iter()
-        .map(|d| View {
-            devnum: d,
-            name: (loops.iter().find(|l| l.devnum == d))
-                .map(|l| l.name.clone())
-                .unwrap_or_default(),
-            in_use: use_of(d, &binds),
+        .map(|d| {
+            let l = loops.iter().find(|l| l.devnum == d);
+            View {
+                devnum: d,
+                name: l.map(|l| l.name.clone()).unwrap_or_default(),
+                read_only: l.is_some_and(|l| l.read_only),
+                lies_over: l.map(|l| l.over_device).filter(|o| *o != DevNum::new(0, 0)),
+                in_use: use_of(d, &binds),
+            }
         })
         .collect())
+}
+
+/// The devices one step from `d`; notes whether `d` is a loop device over a file.
+fn next_of(d: DevNum, loops: &[Loop], files_seen: &mut bool) -> Vec<DevNum> {
+    let mut next: Vec<DevNum> = loops
+        .iter()
+        .filter(|l| l.over_device == d)
+        .map(|l| l.devnum)
+        .collect();
+    // A partition shows part of its disk's bytes, a disk all of its partitions': a loop
+    // device laid over a partition of a view, or a bind of its node, uses the same bytes (a
+    // twenty-sixth fresh review's F1). The disk's other partitions come along (as the
+    // node-local door's disk family does): never the same bytes, but never taken apart.
+    next.extend(disk_relatives(d));
+    if let Some(l) = loops.iter().find(|l| l.devnum == d) {
+        if l.over_device != DevNum::new(0, 0) {
+            next.push(l.over_device);
+        }
+        if l.over_file.is_some() || l.indistinct {
+            *files_seen = true;
+        }
+        if let Some(file) = l.over_file {
+            next.extend(
+                (loops.iter())
+                    .filter(|m| m.over_file == Some(file))
+                    .map(|m| m.devnum),
+            );
+        }
+    }
+    next
 }
 
 fn use_of(d: DevNum, binds: &crate::device_binds::Uses) -> Option<String> {
@@ -177,15 +249,16 @@ fn use_of(d: DevNum, binds: &crate::device_binds::Uses) -> Option<String> {
         .map(|h| format!("held by {}", h.file_name().to_string_lossy()))
 }
 
+fn read_dev(dir: &Path) -> Option<DevNum> {
+    std::fs::read_to_string(dir.join("dev"))
+        .ok()
+        .and_then(|s| DevNum::parse(s.trim()))
+}
+
 /// The whole disk of a partition, or the partitions of a whole disk, from sysfs.
 fn disk_relatives(d: DevNum) -> Vec<DevNum> {
     let Ok(dir) = std::fs::canonicalize(format!("/sys/dev/block/{d}")) else {
         return Vec::new();
-    };
-    let read_dev = |p: &Path| {
-        std::fs::read_to_string(p.join("dev"))
-            .ok()
-            .and_then(|s| DevNum::parse(s.trim()))
     };
     if dir.join("partition").exists() {
         return dir.parent().and_then(read_dev).into_iter().collect();

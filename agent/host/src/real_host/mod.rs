@@ -117,7 +117,11 @@ impl HostOps for RealHost {
         device: DevNum,
         views: &[DevNum],
     ) -> io::Result<ebs_node_core::node::host::HeldViews> {
-        crate::loopdev::views::hold(device, views).map(ebs_node_core::node::host::HeldViews)
+        let files = crate::loopdev::views::hold(device, views)?;
+        Ok(ebs_node_core::node::host::HeldViews {
+            files,
+            devnums: views.to_vec(),
+        })
     }
 
     fn whole_disk(&self, devnum: DevNum) -> DevNum {

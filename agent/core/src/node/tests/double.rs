@@ -257,9 +257,12 @@ impl HostOps for DoubleHost {
                 let mounted = s.mounts.values().flatten().any(|m| {
                     m.dev == d || (m.node.kind == FileType::BlockDevice && m.node.rdev == d)
                 });
+                let over = s.read_only.iter().find(|(ro, _)| *ro == d).map(|(_, u)| *u);
                 View {
                     devnum: d,
                     name: s.ro_tags.get(&d).cloned().unwrap_or_default(),
+                    read_only: over.is_some(),
+                    lies_over: over,
                     in_use: (mounted || s.claimed.contains(&d)).then(|| "mounted".to_string()),
                 }
             })

@@ -76,3 +76,20 @@ fn the_volumes_own_read_only_device_is_no_other_use() {
     again.readonly = true;
     h.publish(&again).expect("a second read-only publication");
 }
+
+#[test]
+fn a_device_named_like_the_volumes_read_only_device_is_not_its_own() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::MultiNodeReaderOnly);
+    let mut ro = h.publish_cmd(VOL, "pod-ro", block(AccessMode::MultiNodeReaderOnly));
+    ro.readonly = true;
+    h.publish(&ro).expect("read-only publish");
+    // A writable device over the same bytes, given the read-only device's name, bound elsewhere.
+    let view = used_view(&h, VOL, true);
+    let tag = h.ctx.agent_tag.tag(VOL, h.target("pod-ro").as_path());
+    h.host.state().ro_tags.insert(view, tag);
+    let e = h
+        .publish(&h.publish_cmd(VOL, "pod-rw", block(AccessMode::MultiNodeReaderOnly)))
+        .expect_err("a name made a foreign writable device the volume's own");
+    assert!(in_use_elsewhere(&e), "{e}");
+}
