@@ -132,13 +132,17 @@ fn scan(current: &Mutex<Option<(DevNum, String)>>) -> io::Result<Vec<Loop>> {
                 u32::try_from(nix::sys::stat::major(d)).unwrap_or(u32::MAX),
                 u32::try_from(nix::sys::stat::minor(d)).unwrap_or(u32::MAX),
             );
+            // Once per filesystem: by the mount table, or (a btrfs subvolume's number, which
+            // the table never shows) by the backing file itself.
             *trusted_fs.entry((fs.major, fs.minor)).or_insert_with(|| {
-                let known = table.mounts_of_device(fs.major, fs.minor).next();
-                known.is_some_and(|m| super::backing_fs::owns_its_inodes(&m.fs_type))
-            }) || matches!(
-                backing_fs_of_loop(devnum, d, i),
-                Ok(BackingFs::OwnsItsInodes)
-            )
+                match table.mounts_of_device(fs.major, fs.minor).next() {
+                    Some(m) => super::backing_fs::owns_its_inodes(&m.fs_type),
+                    None => matches!(
+                        backing_fs_of_loop(devnum, d, i),
+                        Ok(BackingFs::OwnsItsInodes)
+                    ),
+                }
+            })
         });
         found.push(Loop {
             devnum,
