@@ -60,7 +60,7 @@ const WITHIN: Duration = Duration::from_secs(2);
 /// that joins `HUNG` and the scan starts again.
 fn scan_bounded() -> io::Result<Vec<Loop>> {
     for _ in 0..4 {
-        let current = Arc::new(Mutex::new(None));
+        let current: Arc<Mutex<Option<DevNum>>> = Arc::new(Mutex::new(None));
         let (tx, rx) = mpsc::channel();
         let at = Arc::clone(&current);
         std::thread::Builder::new()
@@ -71,10 +71,13 @@ fn scan_bounded() -> io::Result<Vec<Loop>> {
         match rx.recv_timeout(WITHIN) {
             Ok(found) => return found,
             Err(_) => {
-                let stuck = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let stuck = *current.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(stuck) = stuck else { break };
-                tracing::warn!(device = %stuck.0, "a loop device's status did not come within 2 s (its backing file hangs?); it counts as a device that may show any file's bytes");
-                HUNG.lock().unwrap_or_else(|p| p.into_inner()).insert(stuck);
+                tracing::warn!(device = %stuck, "a loop device's status did not come within 2 s (its backing file hangs?); it counts as a device that may show any file's bytes");
+                let attachment = (stuck, disk_seq(stuck));
+                HUNG.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(attachment);
             }
         }
     }
@@ -84,25 +87,15 @@ fn scan_bounded() -> io::Result<Vec<Loop>> {
     ))
 }
 
-fn scan(current: &Mutex<Option<(DevNum, String)>>) -> io::Result<Vec<Loop>> {
+fn scan(current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
     let table = crate::mount::table::MountTable::read().map_err(io::Error::other)?;
     let mut trusted_fs: HashMap<(u32, u32), bool> = HashMap::new();
+    let hung = HUNG.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/sys/block")?.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("loop") || !entry.path().join("loop").exists() {
-            continue;
-        }
-        let Some(devnum) = read_dev(&entry.path()) else {
-            continue;
-        };
-        let seq = std::fs::read_to_string(entry.path().join("diskseq")).unwrap_or_default();
-        let attachment = (devnum, seq);
-        if HUNG
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&attachment)
-        {
+    // One read for every loop device with bytes to show (a device of no size is not listed):
+    // reading sysfs per device cost 20 to 40 µs each here.
+    for devnum in bound_loops()? {
+        if !hung.is_empty() && hung.contains(&(devnum, disk_seq(devnum))) {
             found.push(Loop {
                 devnum,
                 over_device: DevNum::new(0, 0),
@@ -113,7 +106,7 @@ fn scan(current: &Mutex<Option<(DevNum, String)>>) -> io::Result<Vec<Loop>> {
             });
             continue;
         }
-        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(attachment);
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(devnum);
         // Detached in between: not a view.
         let Ok(dev) = crate::device::open_devnum(devnum) else {
             continue;
@@ -154,6 +147,26 @@ fn scan(current: &Mutex<Option<(DevNum, String)>>) -> io::Result<Vec<Loop>> {
         });
     }
     Ok(found)
+}
+
+/// The loop devices /proc/partitions lists (whole devices, not their partitions).
+fn bound_loops() -> io::Result<Vec<DevNum>> {
+    let text = std::fs::read_to_string("/proc/partitions")?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (major, minor, _, name) = (f.next()?, f.next()?, f.next()?, f.next()?);
+            let index = name.strip_prefix("loop")?;
+            (!index.is_empty() && index.bytes().all(|b| b.is_ascii_digit())).then_some(())?;
+            Some(DevNum::new(major.parse().ok()?, minor.parse().ok()?))
+        })
+        .collect())
+}
+
+/// A device's disk sequence number (a new one at every loop attach), "" where there is none.
+fn disk_seq(devnum: DevNum) -> String {
+    std::fs::read_to_string(format!("/sys/dev/block/{devnum}/diskseq")).unwrap_or_default()
 }
 
 /// The other views of `devnum`, each with its loop name and what uses it (`None`: nothing the
