@@ -164,3 +164,53 @@ async fn a_device_over_a_hard_link_of_another_agents_file_is_refused() {
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(!super::is_mounted(&staging), "staged anyway");
 }
+
+/// A bind mount gives agent A's volume file a second path outside A's state directory, and no
+/// second link; a loop device over that path shows A's bytes. Agent B's handle on it is refused,
+/// because A's own loop device over the same file, idle, carries A's name (a twenty-eighth fresh
+/// review's F2: B staged it, read A's data and wrote to it).
+#[tokio::test]
+async fn a_device_over_a_bind_mounted_name_of_another_agents_file_is_refused() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_device_over_a_bind_mounted_name_of_another_agents_file_is_refused") {
+        return;
+    }
+    let (sa, sb) = (
+        Scratch::new("two-agents-bind-a"),
+        Scratch::new("two-agents-bind-b"),
+    );
+    let a = Agent::start(&sa, AgentOpts::default()).await;
+    let b = Agent::start(&sb, AgentOpts::default()).await;
+    let id = create_volume(&a, "v", SIZE, &[]).await;
+    let _v = attach(&a, &id).await;
+    let file = a.state_dir.join(format!("volumes/{id}.img"));
+    let name = sb.join("elsewhere.img");
+    std::fs::write(&name, "").expect("bind target");
+    sh(&format!(
+        "mount --bind {} {}",
+        file.display(),
+        name.display()
+    ));
+    let bound = Unmount(name.clone());
+    let over = super::owners::DetachOnDrop(super::losetup("", name.display()));
+    let h = Vol {
+        id: format!("local-ebs://{}", over.0.trim_start_matches('/')),
+        device: over.0.clone(),
+    };
+    let mut node = b.node().await;
+    for (cap, what) in [(rwx_mount(), "mount"), (rwx_block(), "block")] {
+        let staging = b.work.join(format!("{what}/staging"));
+        let e = node
+            .node_stage_volume(stage_req(&h, &staging, cap))
+            .await
+            .expect_err(&format!(
+                "{what}: agent b's handle took agent a's file through a bind mount"
+            ));
+        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
+        assert!(!super::is_mounted(&staging), "{what}: mounted anyway");
+    }
+    let loop_name = over.0.clone();
+    drop(over);
+    wait_unbound(&loop_name);
+    drop(bound);
+}

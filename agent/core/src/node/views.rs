@@ -81,6 +81,20 @@ fn idle_views(
         .into_iter()
         .filter(|v| !own(v) && !held.contains(&v.devnum))
     {
+        // A view another agent made shows that agent's bytes, whatever name the device itself
+        // reaches them by (a twenty-eighth fresh review's F2: a bind mount of another agent's
+        // volume file gave it a path outside that agent's state directory and no second link).
+        if ctx.agent_tag.made_by_another(&view.name) {
+            return Err(Error::AnotherAgentsDevice {
+                device: device.to_path_buf(),
+                volume: volume.to_string(),
+                level: std::path::PathBuf::from(format!("/dev/block/{}", view.devnum)),
+                evidence: format!(
+                    "a device showing the same bytes carries another agent's name {:?}",
+                    view.name
+                ),
+            });
+        }
         match view.in_use {
             Some(what) => return Err(refusal(volume, device, view.devnum, what)),
             None => idle.push(view.devnum),
