@@ -143,3 +143,66 @@ impl Drop for Detach {
         detach_loop(std::path::Path::new(&self.0));
     }
 }
+
+/// The same, with the operator's second device over the file mounted too (read-only, outside
+/// every allowed prefix) and listed first: the device the agent attached carries the agent's
+/// name, and that is the attachment (a twenty-eighth fresh review's F1: the operator's mount
+/// became the volume's staging, the real one was dropped, and DeleteVolume stayed refused).
+#[tokio::test]
+async fn a_rebuilt_attachment_is_the_agents_own_device_when_a_view_is_mounted_too() {
+    let _alone = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_rebuilt_attachment_is_the_agents_own_device_when_a_view_is_mounted_too") {
+        return;
+    }
+    let scratch = Scratch::new("g-rebuild-named");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let dummy_file = scratch.join("dummy.img");
+    sh(&format!("truncate -s 1M {}", dummy_file.display()));
+    let dummy =
+        String::from_utf8_lossy(&sh(&format!("losetup -f --show {}", dummy_file.display())).stdout)
+            .trim()
+            .to_string();
+    let vol = create_attached(&agent, "n", 64 * MIB).await;
+    let staging = agent.work.join("staging/n");
+    agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &vol,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .expect("stage");
+    detach_loop(std::path::Path::new(&dummy));
+    let file = agent.state_dir.join(format!("volumes/{}.img", vol.id));
+    sh(&format!("losetup -r {dummy} {}", file.display()));
+    let _operators = Detach(dummy.clone());
+    let at = scratch.join("operators-view");
+    std::fs::create_dir_all(&at).expect("mount point");
+    sh(&format!("mount -o ro,noload {dummy} {}", at.display()));
+    let _viewed = Unmount(at);
+    agent.terminate().await;
+    agent.recover("--from-mounts");
+    agent.spawn().await;
+    agent
+        .node()
+        .await
+        .node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+    assert!(
+        !super::is_mounted(&staging),
+        "the staging was not the volume's any more"
+    );
+    agent
+        .controller()
+        .await
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: vol.id.clone(),
+            node_id: node_id(&agent).await,
+            ..Default::default()
+        })
+        .await
+        .expect("controller unpublish after the rebuild");
+}

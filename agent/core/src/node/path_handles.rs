@@ -157,6 +157,18 @@ pub fn refused(field: &'static str, path: &Path, e: PathRefusal) -> Error {
             why: "a component of it is not a directory (or is a symbolic link)",
         }
         .into(),
+        // ENAMETOOLONG: a component longer than the filesystem allows is the caller's error (a
+        // twenty-eighth fresh review's low: it read as a dead mount, FAILED_PRECONDITION).
+        PathRefusal::Unexaminable(source)
+            if source.kind() == std::io::ErrorKind::InvalidFilename =>
+        {
+            ValidationError::BadPath {
+                field,
+                path: path.to_path_buf(),
+                why: "a component of it is longer than the filesystem allows",
+            }
+            .into()
+        }
         PathRefusal::Unexaminable(source) => Error::PathUnexaminable {
             field,
             path: path.to_path_buf(),

@@ -255,3 +255,17 @@ fn a_reclaim_below_a_symlink_is_refused_and_trims_nothing() {
     );
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+#[test]
+fn a_path_component_longer_than_the_filesystem_allows_is_invalid_and_nothing_changes() {
+    let h = Harness::new();
+    h.attach(VOL);
+    let mut cmd = h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter));
+    cmd.staging = h.path(
+        "staging_target_path",
+        &format!("staging/{}/x", "y".repeat(300)),
+    );
+    let e = h.stage(&cmd).expect_err("refused");
+    assert!(is_bad_path(&e), "{e:?}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}

@@ -74,14 +74,14 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
     if !from_mounts {
         return Ok("started an empty state file".into());
     }
-    let known = rebuild_loop_volumes(&store, state_dir)?
+    // Kept beside the state file, so the devices this agent attached and laid are still its.
+    let agent_tag = ebs_node_host::instance::agent_tag(state_dir, path)
+        .map_err(|e| format!("this agent's instance id: {e}"))?;
+    let known = rebuild_loop_volumes(&store, state_dir, &agent_tag)?
         .into_iter()
         .chain(nvme_volumes())
         .collect::<Vec<_>>();
     let table = MountTable::read().map_err(|e| e.to_string())?;
-    // Kept beside the state file, so the read-only block devices this agent laid are still its.
-    let agent_tag = ebs_node_host::instance::agent_tag(state_dir, path)
-        .map_err(|e| format!("this agent's instance id: {e}"))?;
     let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag)?;
     Ok(format!(
         "rebuilt {} staged volume(s) and {} publication(s) from the mount table",
@@ -90,7 +90,11 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
 }
 
 /// The loop backend's volumes are the files under `<state>/volumes/`.
-fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, String> {
+fn rebuild_loop_volumes(
+    store: &Store,
+    state_dir: &Path,
+    agent_tag: &AgentTag,
+) -> Result<Vec<Known>, String> {
     let dir = state_dir.join("volumes");
     let mut known = Vec::new();
     let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -125,7 +129,8 @@ fn rebuild_loop_volumes(store: &Store, state_dir: &Path) -> Result<Vec<Known>, S
             st_ino,
         };
         let candidates = loopdev::all_over_inode(st_dev, st_ino).unwrap_or_default();
-        let (device, made) = attachment_of(&id, candidates, &mounted);
+        let named = agent_tag.attached_tag(&id);
+        let (device, made) = attachment_of(&id, candidates, &mounted, &named);
         let volume = LoopVolume {
             id: id.clone(),
             name: id.clone(),
@@ -169,13 +174,39 @@ fn attachment_of(
     id: &str,
     candidates: Vec<PathBuf>,
     mounted: &std::collections::HashSet<DevNum>,
+    named: &str,
 ) -> (Option<PathBuf>, bool) {
-    let several = candidates.len() > 1;
-    let in_use = candidates
+    // The device this agent's controller attached carries its name: that one, whatever else an
+    // operator laid over the file and mounted (a twenty-eighth fresh review's F1: the first
+    // mounted device was taken, an operator's, and the volume's own was left unrecorded).
+    let name_of = |d: &PathBuf| {
+        let n = ebs_node_host::device::block_devnum(d).ok()?;
+        ebs_node_host::loopdev::overlay::status_by_devnum(n)
+            .ok()?
+            .map(|o| o.tag)
+    };
+    let own: Vec<&PathBuf> = candidates
         .iter()
-        .find(|d| ebs_node_host::device::block_devnum(d).is_ok_and(|n| mounted.contains(&n)));
-    match (in_use, candidates.as_slice()) {
-        (Some(d), _) => (Some(d.clone()), !several),
+        .filter(|d| name_of(d).as_deref() == Some(named))
+        .collect();
+    if let [d] = own.as_slice() {
+        return (Some((*d).clone()), true);
+    }
+    let several = candidates.len() > 1;
+    let in_use: Vec<&PathBuf> = candidates
+        .iter()
+        .filter(|d| ebs_node_host::device::block_devnum(d).is_ok_and(|n| mounted.contains(&n)))
+        .collect();
+    if in_use.len() > 1 {
+        println!(
+            "volume {id}: {} loop devices over its file are mounted and none carries this \
+             agent's name: no attachment recorded (whose is which cannot be told)",
+            in_use.len()
+        );
+        return (None, false);
+    }
+    match (in_use.first(), candidates.as_slice()) {
+        (Some(d), _) => ((*d).clone().into(), !several),
         (None, [only]) => (Some(only.clone()), true),
         (None, []) => (None, false),
         (None, _) => {
