@@ -35,6 +35,43 @@ async fn a_snapshot_freezes_only_the_volumes_own_filesystem() {
     unmount(&agent, &va, &sa, &ta).await;
 }
 
+/// The volume's filesystem mounted through a second loop device over its file (an operator's,
+/// with the controller's own device idle) is frozen for the snapshot: every device that shows
+/// the file's bytes is asked (a twenty-ninth fresh review's F1: only the first device over the
+/// file was, the idle one, and the volume was copied live while written).
+#[tokio::test]
+async fn a_snapshot_freezes_the_filesystem_whichever_device_shows_it() {
+    if !require_root("a_snapshot_freezes_the_filesystem_whichever_device_shows_it") {
+        return;
+    }
+    let scratch = Scratch::new("freeze-views");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let a = create_volume(&agent, "fv", 64 * MIB, &[]).await;
+    let (va, sa, ta) = mount(&agent, &a, "fv").await;
+    unmount(&agent, &va, &sa, &ta).await;
+    // Attached again and idle: the first device over the file is the controller's.
+    let _idle = attach(&agent, &a).await;
+    let file = agent.state_dir.join(format!("volumes/{a}.img"));
+    let second =
+        String::from_utf8_lossy(&sh(&format!("losetup -f --show {}", file.display())).stdout)
+            .trim()
+            .to_string();
+    let at = scratch.join("operators");
+    std::fs::create_dir_all(&at).expect("mount point");
+    sh(&format!("mount {second} {}", at.display()));
+    let snap = snapshot(&agent, "fv-snap", &a).await;
+    assert!(snap.ready_to_use);
+    let log = agent.log_text();
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("copied a volume file") && l.contains(&a))
+        .expect("the copy's line");
+    sh(&format!("umount {}", at.display()));
+    detach_loop(Path::new(&second));
+    assert!(line.contains("frozen=true"), "copied live: {line}");
+    assert!(line.contains(&at.display().to_string()), "{line}");
+}
+
 /// A freeze the agent did not make (an operator's backup) is not broken by a restart: start-up
 /// thaws only a volume a copy was interrupted from.
 #[tokio::test]

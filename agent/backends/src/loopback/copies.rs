@@ -16,6 +16,8 @@
 
 use std::path::{Path, PathBuf};
 
+use ebs_node_core::DevNum;
+
 use ebs_node_core::records::{LoopSource, LoopVolume};
 
 use super::LoopController;
@@ -119,14 +121,11 @@ fn sync_dir(file: &Path) -> Result<()> {
         .map_err(|e| Error::io(format!("syncing {}", dir.display()), e))
 }
 
-/// The filesystem on the device that holds `volume`'s file frozen, if the device is attached
-/// and mounted: through the first of its mount points whose directory is on the device (a
-/// twenty-second fresh review's F1: a mount laid over the first one was frozen instead, and the
-/// volume copied live). `Err` when it is mounted and no mount point can be held.
-fn freeze_mounted(device: &Path) -> Result<Option<freeze::Frozen>> {
-    let Ok(dev) = ebs_node_host::device::block_devnum(device) else {
-        return Ok(None);
-    };
+/// The filesystem on `dev` frozen, if it is mounted: through the first of its mount points whose
+/// directory is on the device (a twenty-second fresh review's F1: a mount laid over the first one
+/// was frozen instead, and the volume copied live). `Err` when it is mounted and no mount point
+/// can be held.
+fn freeze_mounted(dev: DevNum) -> Result<Option<freeze::Frozen>> {
     let table = ebs_node_host::mount::at_path::read_table()
         .map_err(|e| Error::io("reading the mount table", e))?;
     let mut why = None;
@@ -140,7 +139,7 @@ fn freeze_mounted(device: &Path) -> Result<Option<freeze::Frozen>> {
     }
     match why {
         Some(why) => Err(ControllerError::CannotFreeze {
-            device: device.to_path_buf(),
+            device: PathBuf::from(format!("/dev/block/{dev}")),
             why,
         }
         .into()),
@@ -148,15 +147,46 @@ fn freeze_mounted(device: &Path) -> Result<Option<freeze::Frozen>> {
     }
 }
 
-impl LoopController {
-    /// The loop device backed by `volume`'s file now, if any.
-    fn attached_device(&self, volume: &LoopVolume) -> Option<PathBuf> {
-        let (st_dev, st_ino) = super::file_inode(&volume.file).ok()?;
-        loopdev::find_by_backing_inode(st_dev, st_ino)
-            .ok()
-            .flatten()
+/// Every loop device that shows the file's bytes: over the file (at any offset), or laid over
+/// one of those. Each one's filesystem is frozen for a copy (a twenty-ninth fresh review's F1:
+/// only the first device over the file was asked; a second one mounted and written, an
+/// operator's or a node-local handle's acting for the volume, was copied live).
+fn devices_showing(file: &Path) -> Result<Vec<DevNum>> {
+    let (st_dev, st_ino) = super::file_inode(file)
+        .map_err(|e| Error::io(format!("volume file {}", file.display()), e))?;
+    let scan = |e: &dyn std::fmt::Display| {
+        Error::io(
+            "listing the loop devices",
+            std::io::Error::other(e.to_string()),
+        )
+    };
+    let mut devs: Vec<DevNum> = loopdev::every_view_of_inode(st_dev, st_ino)
+        .map_err(|e| scan(&e))?
+        .iter()
+        .filter_map(|p| ebs_node_host::device::block_devnum(p).ok())
+        .collect();
+    if devs.is_empty() {
+        return Ok(devs);
     }
+    let loops = loopdev::overlay::tagged("").map_err(|e| scan(&e))?;
+    loop {
+        let before = devs.len();
+        let over: Vec<DevNum> = (loops.iter())
+            .filter(|o| devs.contains(&o.backing))
+            .filter_map(|o| ebs_node_host::device::block_devnum(&o.device).ok())
+            .collect();
+        for n in over {
+            if !devs.contains(&n) {
+                devs.push(n);
+            }
+        }
+        if devs.len() == before {
+            return Ok(devs);
+        }
+    }
+}
 
+impl LoopController {
     /// A consistent copy of `volume`'s file at `dst` (see the module comment). The caller holds
     /// the volume's node guard, so no stage or unstage runs meanwhile.
     pub(super) fn copy_volume(
@@ -165,25 +195,28 @@ impl LoopController {
         dst: &Path,
         len: u64,
     ) -> Result<CopyKind> {
-        let device = self.attached_device(volume);
-        let frozen = match device.as_deref().map(freeze_mounted).transpose()?.flatten() {
-            Some(frozen) => Some(frozen),
-            None => {
-                if let Some(dev) = &device {
-                    std::fs::File::open(dev)
-                        .and_then(|f| f.sync_all())
-                        .map_err(|e| Error::io(format!("flushing {}", dev.display()), e))?;
-                }
-                None
+        let devices = devices_showing(&volume.file)?;
+        let mut frozen = Vec::new();
+        for dev in &devices {
+            // A failure thaws what was frozen so far (dropping a `Frozen` thaws it).
+            if let Some(f) = freeze_mounted(*dev)? {
+                frozen.push(f);
             }
-        };
-        let was_frozen = frozen.is_some();
-        let frozen_at = frozen
-            .as_ref()
+        }
+        if frozen.is_empty() {
+            for dev in &devices {
+                ebs_node_host::device::open_devnum(*dev)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| Error::io(format!("flushing {dev}"), e))?;
+            }
+        }
+        let was_frozen = !frozen.is_empty();
+        let frozen_at = (frozen.iter())
             .map(|f| f.path().display().to_string())
-            .unwrap_or_default();
+            .collect::<Vec<_>>()
+            .join(",");
         let copied = copy_into_place(&volume.file, dst, len);
-        if let Some(f) = frozen {
+        for f in frozen.into_iter().rev() {
             f.thaw()
                 .map_err(|e| Error::io("thawing the filesystem after a snapshot", e))?;
         }

@@ -379,7 +379,7 @@ pub use backing_fs::{BackingFs, backing_fs, backing_fs_of_loop, fs_of_path};
 mod query;
 pub use query::{
     all_over_inode, backing_file, backing_file_by_devnum, backing_inode, backing_inode_of,
-    backing_of, find_by_backing_inode, read_only, size_limit_of,
+    backing_of, every_view_of_inode, find_by_backing_inode, read_only, size_limit_of,
 };
 
 /// Helpers shared by the root-only tests of this module and `blkid`.
