@@ -348,33 +348,32 @@ impl LoopController {
             if !copied_from.contains(&volume.id) {
                 continue;
             }
-            let Some(att) = &volume.attachment else {
-                continue;
+            // Every device the copy froze: those that show the file's bytes (over the file, or
+            // laid over one), the kernel's answer by inode, not a recorded number (a twenty-first
+            // fresh review's F2: a foreign freeze was broken through a stale one).
+            let devices = match super::copies::devices_showing(&volume.file) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(volume = %volume.id, error = %e,
+                        "recovery: the devices over the volume's file cannot be listed; a filesystem a snapshot left frozen stays so");
+                    continue;
+                }
             };
-            let Ok(dev) = ebs_node_host::device::block_devnum(&att.device) else {
-                continue;
-            };
-            // Only the volume's own device: a record that start-up could not correct names a
-            // number another filesystem may have now (a twenty-first fresh review's F2: a
-            // foreign freeze was broken).
-            let proven = super::file_inode(&volume.file)
-                .is_ok_and(|inode| whole_view(&att.device, inode, att.readonly));
-            if !proven {
-                continue;
-            }
-            // Through the first mount point whose directory is on the device (a mount laid over
-            // one is never thawed: the twenty-second review's F1).
-            for m in table.mounts_of_device(dev.major, dev.minor) {
-                match freeze::thaw_if_frozen(&m.mount_point, dev) {
-                    Ok(true) => {
-                        tracing::warn!(volume = %volume.id, path = %m.mount_point.display(),
-                            "recovery: thawed a filesystem a snapshot had left frozen");
-                        thawed += 1;
-                        break;
+            for dev in devices {
+                // Through the first mount point whose directory is on the device (a mount laid
+                // over one is never thawed: the twenty-second review's F1).
+                for m in table.mounts_of_device(dev.major, dev.minor) {
+                    match freeze::thaw_if_frozen(&m.mount_point, dev) {
+                        Ok(true) => {
+                            tracing::warn!(volume = %volume.id, path = %m.mount_point.display(),
+                                "recovery: thawed a filesystem a snapshot had left frozen");
+                            thawed += 1;
+                            break;
+                        }
+                        Ok(false) => break,
+                        Err(e) => tracing::warn!(volume = %volume.id, error = %e,
+                            "recovery: could not check whether the filesystem is frozen"),
                     }
-                    Ok(false) => break,
-                    Err(e) => tracing::warn!(volume = %volume.id, error = %e,
-                        "recovery: could not check whether the filesystem is frozen"),
                 }
             }
         }

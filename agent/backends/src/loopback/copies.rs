@@ -151,7 +151,7 @@ fn freeze_mounted(dev: DevNum) -> Result<Option<freeze::Frozen>> {
 /// one of those. Each one's filesystem is frozen for a copy (a twenty-ninth fresh review's F1:
 /// only the first device over the file was asked; a second one mounted and written, an
 /// operator's or a node-local handle's acting for the volume, was copied live).
-fn devices_showing(file: &Path) -> Result<Vec<DevNum>> {
+pub(super) fn devices_showing(file: &Path) -> Result<Vec<DevNum>> {
     let (st_dev, st_ino) = super::file_inode(file)
         .map_err(|e| Error::io(format!("volume file {}", file.display()), e))?;
     let scan = |e: &dyn std::fmt::Display| {
