@@ -114,3 +114,45 @@ impl Drop for Thaw {
             .output();
     }
 }
+
+/// A snapshot refused because the filesystem could not be frozen (an operator's backup freeze)
+/// leaves no unready record: a later restart takes no copy for one a crash cut, and leaves the
+/// operator's next freeze alone (a thirtieth fresh review's F3).
+#[tokio::test]
+async fn a_snapshot_that_froze_nothing_leaves_no_record_for_start_up_to_thaw() {
+    if !require_root("a_snapshot_that_froze_nothing_leaves_no_record_for_start_up_to_thaw") {
+        return;
+    }
+    let scratch = Scratch::new("freeze-refused");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let a = create_volume(&agent, "fr", 64 * MIB, &[]).await;
+    let (va, sa, ta) = mount(&agent, &a, "fr").await;
+    sh(&format!("fsfreeze -f {}", sa.display()));
+    let thaw = Thaw(sa.clone());
+    let e = agent
+        .controller()
+        .await
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: a.clone(),
+            name: "fr-snap".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a snapshot of a filesystem frozen by someone else");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    agent.restart(None).await;
+    let _ = agent.identity().await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let out = std::process::Command::new("fsfreeze")
+        .arg("-u")
+        .arg(&sa)
+        .output()
+        .expect("fsfreeze");
+    std::mem::forget(thaw);
+    assert!(
+        out.status.success(),
+        "the operator's freeze was broken by the restart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    unmount(&agent, &va, &sa, &ta).await;
+}

@@ -300,3 +300,56 @@ async fn a_loop_device_over_the_volumes_file_through_an_overlay_refuses_the_stag
     wait_unbound(&name);
     drop(overlay);
 }
+
+/// An operator's loop device over a detached volume's file, mounted read-write: the controller
+/// does not adopt it as the volume's attachment, and no raw block stage or publish hands it out
+/// (a thirtieth fresh review's F1: ControllerPublish adopted it, and the workload's first write
+/// wiped the mounted filesystem's superblock).
+#[tokio::test]
+async fn an_operators_mounted_device_over_the_file_is_neither_adopted_nor_handed_out_raw() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root(
+        "an_operators_mounted_device_over_the_file_is_neither_adopted_nor_handed_out_raw",
+    ) {
+        return;
+    }
+    let scratch = Scratch::new("adopt-mounted");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let id = create_volume(&agent, "m", SIZE, &[]).await;
+    let file = agent.state_dir.join(format!("volumes/{id}.img"));
+    sh(&format!("mkfs.ext4 -q {}", file.display()));
+    let operators = DetachOnDrop(super::losetup("", file.display()));
+    let at = scratch.join("operators");
+    std::fs::create_dir_all(&at).expect("mount point");
+    sh(&format!("mount {} {}", operators.0, at.display()));
+    let mounted = Unmount(at);
+    let e = agent
+        .controller()
+        .await
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node_id(&agent).await,
+            volume_capability: Some(block_cap(Mode::SingleNodeWriter)),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the controller adopted a device mounted elsewhere");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // Named directly, as a CO that kept an old devicePath would.
+    let v = Vol {
+        id: id.clone(),
+        device: operators.0.clone(),
+    };
+    let staging = agent.work.join("m/staging");
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(&v, &staging, block_cap(Mode::SingleNodeWriter)))
+        .await
+        .expect_err("a device mounted elsewhere was staged raw");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    drop(mounted);
+    let name = operators.0.clone();
+    drop(operators);
+    wait_unbound(&name);
+}

@@ -227,7 +227,9 @@ impl Run<'_> {
             ));
         }
         let staged = !vol["staged"].is_null();
-        let in_stage = acked("staged") && !acked("unstaged") || acked("restaged");
+        // From the unpublish's answer on, the unstage is on its way, and its durable commit
+        // (NodeUnstageVolume is durable before it answers) may land before its answer.
+        let in_stage = acked("staged") && !acked("unpublished") || acked("restaged");
         if in_stage && !staged {
             c.problems
                 .push("stage was acknowledged, no staged record is left".into());

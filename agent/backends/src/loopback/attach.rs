@@ -142,6 +142,24 @@ impl LoopController {
             // so unpublish detaches it and DeleteVolume is not refused for good.
             Some(dev) => {
                 let ours = self.named_ours(id, &dev, (st_dev, st_ino), readonly);
+                // Someone else's device in use (mounted, claimed) is not handed out as the
+                // volume's attachment: a raw block workload would write under that filesystem
+                // (a thirtieth fresh review's F1).
+                let in_use = || {
+                    ebs_node_host::device::block_devnum(&dev)
+                        .is_ok_and(ebs_node_host::device::still_claimed)
+                };
+                let recorded = matches!(&volume.attachment, Some(att) if att.device == dev);
+                if !ours && !recorded && in_use() {
+                    return Err(Error::VolumeInUse {
+                        volume: id.to_string(),
+                        why: format!(
+                            "{} already holds its file and is mounted or claimed; it is not \
+                             handed out as the volume's device",
+                            dev.display()
+                        ),
+                    });
+                }
                 (dev, ours)
             }
             None => (

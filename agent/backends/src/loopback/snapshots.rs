@@ -74,7 +74,17 @@ impl LoopController {
         };
         ebs_node_host::private::ensure_dir(&self.snapshots_dir)
             .map_err(|e| Error::io(format!("creating {}", self.snapshots_dir.display()), e))?;
-        self.copy_volume(&volume, &snapshot.file, volume.capacity_bytes)?;
+        if let Err(e) = self.copy_volume(&volume, &snapshot.file, volume.capacity_bytes) {
+            // Nothing was copied (a freeze refused, a copy failed): the record goes, so that no
+            // restart takes it for a copy a crash cut and thaws a freeze that is someone else's
+            // (a thirtieth fresh review's F3). A crash keeps it, for start-up's thaw.
+            let _guard = self.lock();
+            super::copies::remove_partial(&snapshot.file)?;
+            self.store.write(Durability::Immediate, |w| {
+                w.delete_loop_snapshot(&snapshot.id)
+            })?;
+            return Err(e);
+        }
         let _guard = self.lock();
         let snapshot = LoopSnapshot {
             size_bytes: volume.capacity_bytes,

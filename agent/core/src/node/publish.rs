@@ -278,8 +278,23 @@ fn source(
             },
             other => other,
         })?;
-        // A workload gets the device raw: no other view of its bytes may be in use.
+        // A workload gets the device raw: no other view of its bytes may be in use, nor the
+        // device itself, unless the volume's own publications use it (a workload may mount its
+        // raw device inside its own namespace).
         device.hold_views(ctx)?;
+        let first = ctx.ledger.publications(&staged.volume_id)?.is_empty();
+        if first
+            && ctx
+                .host
+                .still_claimed(device.devnum(), Some(device.held.file()))
+        {
+            return Err(Error::DeviceInUse {
+                path: device.path().to_path_buf(),
+                why: "mounted or claimed elsewhere; a raw block volume is handed out only while \
+                      nothing else uses its device"
+                    .into(),
+            });
+        }
         return Ok(Source::Device(Box::new(device)));
     }
     let staging = path_handles::lookup_recorded(ctx, &staged.staging_path)?;

@@ -107,6 +107,22 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let AccessType::Mount { fs, flags } = &cmd.capability.access else {
         // Block access: the device is verified and recorded; nothing is mounted. It is handed
         // out raw from here on, so a format intent stops licensing anything in the same commit.
+        // A first stage hands out only a device nothing else uses: a filesystem mounted from it
+        // elsewhere would be written under (a thirtieth fresh review's F1: the controller had
+        // adopted an operator's mounted device, and only the filesystem stage's exclusive claim
+        // refused it).
+        if ctx.ledger.staged(vol.as_str())?.is_none()
+            && ctx
+                .host
+                .still_claimed(device.devnum(), Some(device.held.file()))
+        {
+            return Err(Error::DeviceInUse {
+                path: device.path().to_path_buf(),
+                why: "mounted or claimed elsewhere; a raw block volume is handed out only while \
+                      nothing else uses its device"
+                    .into(),
+            });
+        }
         record.progress = Progress::Complete;
         journal.record(
             Step::Staged,

@@ -83,6 +83,7 @@ pub fn siblings(devnum: DevNum) -> io::Result<Vec<DevNum>> {
         return Ok(Vec::new());
     };
     let views = query::every_view_of_inode(dev, ino).map_err(io::Error::other)?;
+    let own = range_of(devnum);
     Ok(views
         .iter()
         .filter_map(|p| {
@@ -92,7 +93,27 @@ pub fn siblings(devnum: DevNum) -> io::Result<Vec<DevNum>> {
                 .map(|m| crate::device::devnum_of(m.rdev()))
         })
         .filter(|d| *d != devnum)
+        // Over disjoint ranges of one file (an image holding two filesystems), no byte is shared.
+        .filter(|d| {
+            let other = range_of(*d);
+            other.0 < own.1 && own.0 < other.1
+        })
         .collect())
+}
+
+/// The bytes of its file a loop device shows, from sysfs: [offset, end), `u64::MAX` for "to the
+/// end" (and where sysfs cannot say: the whole file, the safe side).
+fn range_of(devnum: DevNum) -> (u64, u64) {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/sys/dev/block/{devnum}/loop/{what}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let offset = read("offset").unwrap_or(0);
+    match read("sizelimit") {
+        Some(0) | None => (offset, u64::MAX),
+        Some(n) => (offset, offset.saturating_add(n)),
+    }
 }
 
 /// A bound loop device's block backing and its backing file's filesystem; `None`: not a loop

@@ -46,6 +46,14 @@ struct Loop {
     indistinct: bool,
     read_only: bool,
     name: String,
+    /// The bytes of its backing it shows: [offset, end), `u64::MAX` for "to the end".
+    range: (u64, u64),
+}
+
+/// Whether two loop devices over one file show some of the same bytes (two over disjoint ranges
+/// of one image, a state file's and a volume's, share none).
+fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
 }
 
 /// Loop device attachments (device, disk sequence number) whose status did not come within
@@ -103,6 +111,7 @@ fn scan(current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
                 indistinct: true,
                 read_only: false,
                 name: String::new(),
+                range: (0, u64::MAX),
             });
             continue;
         }
@@ -144,6 +153,13 @@ fn scan(current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
             indistinct: file.is_some() && !trusted,
             read_only: info.lo_flags & LO_FLAGS_READ_ONLY != 0,
             name: String::from_utf8_lossy(lo_name).into_owned(),
+            range: (
+                info.lo_offset,
+                match info.lo_sizelimit {
+                    0 => u64::MAX,
+                    n => info.lo_offset.saturating_add(n),
+                },
+            ),
         });
     }
     Ok(found)
@@ -243,7 +259,7 @@ fn next_of(d: DevNum, loops: &[Loop], files_seen: &mut bool) -> Vec<DevNum> {
         if let Some(file) = l.over_file {
             next.extend(
                 (loops.iter())
-                    .filter(|m| m.over_file == Some(file))
+                    .filter(|m| m.over_file == Some(file) && overlap(m.range, l.range))
                     .map(|m| m.devnum),
             );
         }
