@@ -43,13 +43,34 @@ impl Sim {
     /// identity (a loop device laid over its volume's file has the file's backing inode); the
     /// simulated stack has none, so the model asks the bytes.
     fn bytes_held_by_another(&self, id: &str) -> Option<String> {
-        let s = self.h.host.state();
-        let devnum = s.devices.get(&self.h.backend.device_of(id)).copied()?;
-        let bottom = s.bottom(devnum);
-        // The device itself is the identity's case (`controller_may_take`).
-        self.h.ledger.all_staged().into_iter().find_map(|st| {
+        let (devnum, others) = {
+            let s = self.h.host.state();
+            let devnum = s.devices.get(&self.h.backend.device_of(id)).copied()?;
+            let bottom = s.bottom(devnum);
+            // The device itself is the identity's case (`controller_may_take`).
+            let others: Vec<(DevNum, bool)> = (s.devices.values().copied())
+                .filter(|d| *d != devnum && s.bottom(*d) == bottom)
+                .map(|d| (d, s.unverified.contains(&d)))
+                .collect();
+            (devnum, others)
+        };
+        let staged = self.h.ledger.all_staged().into_iter().find_map(|st| {
             let d = DevNum::from(st.devnum?);
-            (st.volume_id != id && d != devnum && s.bottom(d) == bottom).then_some(st.volume_id)
+            (st.volume_id != id && others.iter().any(|(o, _)| *o == d)).then_some(st.volume_id)
+        });
+        // ... or holds them through the node without a staged record (an interrupted stage's
+        // format intent): its claim, keyed as a node door keys it.
+        staged.or_else(|| {
+            others.iter().find_map(|(d, unverified)| {
+                let identity = if *unverified {
+                    crate::records::DeviceIdentity::Unverified
+                } else {
+                    crate::node::backend::Backend::identify(&*self.h.backend, *d).ok()?
+                };
+                let key = crate::node::device_claim::node_key(&self.h.ctx, &identity, *d)?;
+                let claim = crate::node::device_claim::live_claim(&*self.h.ledger, &key).ok()??;
+                (claim.volume_id != id && *d != devnum).then_some(claim.volume_id)
+            })
         })
     }
 

@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 10] = [
+    let runs: [(&str, Vec<Action>); 11] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -235,6 +235,32 @@ fn shrunk_reproductions_stay_fixed() {
                 handle_b_call("unpublish", false),
                 handle_b_call("unstage", false),
                 call("stage", "vol-b", false),
+            ],
+        ),
+        (
+            // Seed 5008132 of the long run, once crashes fell mid-step: the handle's stage on the
+            // stacked device died after its mkfs (its format intent holding the device, no staged
+            // record), and the model of the controller let vol-c's attach through, the bytes under
+            // the handle's device (the real controller sees such a holder by identity): the
+            // handle's retry was refused. The model asks the node claims too now.
+            "the controller's attach under a handle's interrupted stage on a stacked device",
+            vec![
+                Action::CrashMidStep {
+                    at: 1,
+                    call: Box::new(call("stage", stack, false)),
+                },
+                Action::Controller {
+                    id: "vol-c".into(),
+                    attach: true,
+                },
+                Action::CrashMidStep {
+                    at: 1,
+                    call: Box::new(at("p2", call("unstage", "vol-c", false))),
+                },
+                Action::CrashMidStep {
+                    at: 3,
+                    call: Box::new(at("p2", call("stage", stack, true))),
+                },
             ],
         ),
     ];
