@@ -308,13 +308,13 @@ fn disk_relatives(d: DevNum) -> Vec<DevNum> {
 /// Claims each of `device`'s `views` exclusively, so nothing mounts them while the call runs;
 /// EBUSY names the one in use.
 pub fn hold(device: DevNum, views: &[DevNum]) -> io::Result<Vec<File>> {
-    let whole = disk_relatives(device);
-    let is_partition =
-        std::fs::exists(format!("/sys/dev/block/{device}/partition")).unwrap_or(false);
+    let relatives = disk_relatives(device);
     views
         .iter()
-        // The whole disk of a partition: held, it keeps the partition from being claimed.
-        .filter(|d| !(is_partition && whole.contains(d)))
+        // The device's own whole disk or partitions: held, they would keep the device itself
+        // from being claimed (by the call's own mkfs or mount, or its check that nothing else
+        // claims it). They are checked for use all the same.
+        .filter(|d| !relatives.contains(d))
         .map(|d| {
             let dev = crate::device::open_devnum(*d)?;
             std::fs::OpenOptions::new()

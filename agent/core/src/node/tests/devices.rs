@@ -119,8 +119,16 @@ impl DeviceEvidence for DoubleEvidence<'_> {
             },
         })
     }
+    /// A new one at every call, as the host's random ones are (one for every call made the
+    /// simulation's long run find two volumes' mkfs intents naming one UUID: seed 5026660).
     fn fresh_uuid(&self) -> std::result::Result<String, FormatError> {
-        Ok("11111111-2222-4333-8444-555555555555".into())
+        static NEXT: std::sync::atomic::AtomicU64 =
+            std::sync::atomic::AtomicU64::new(0x5555_5555_5555);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(format!(
+            "11111111-2222-4333-8444-{:012x}",
+            n & 0xffff_ffff_ffff
+        ))
     }
 }
 
