@@ -400,14 +400,17 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         ms = started.elapsed().as_millis() as u64,
         "start-up recovery done; ready"
     );
+    // Before READY=1: a SIGTERM that follows it at once (systemd stopping a unit that just
+    // started) must find the handler, not the default action that kills without draining
+    // (seen once in a test run: READY and a watchdog ping, then SIGTERM, and no STOPPING=1).
+    let mut term = signal(SignalKind::terminate()).map_err(|e| fatal(e.to_string()))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| fatal(e.to_string()))?;
     node::attention::spawn_retries(Arc::clone(&ctx), wait);
     health.set_ready();
     crate::notify::ready();
     crate::notify::spawn_watchdog();
     ebs_node_host::malloc::spawn_periodic_release(std::time::Duration::from_secs(10));
 
-    let mut term = signal(SignalKind::terminate()).map_err(|e| fatal(e.to_string()))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| fatal(e.to_string()))?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: draining"),
         _ = int.recv() => tracing::info!("SIGINT: draining"),
