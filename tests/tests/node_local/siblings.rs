@@ -264,7 +264,9 @@ async fn a_partition_of_another_view_in_use_refuses_the_volume() {
 /// twice read-write, its bitmaps then wrong).
 #[tokio::test]
 async fn a_loop_device_over_the_volumes_file_through_an_overlay_refuses_the_stage() {
-    let _shared = crate::NAMESPACE_COPY.read().await;
+    // Alone: a mounted loop device over an overlay's file may show any file's bytes, so every
+    // other test's stage of a loop device would be refused while it is mounted.
+    let _alone = crate::NAMESPACE_COPY.write().await;
     if !require_root("a_loop_device_over_the_volumes_file_through_an_overlay_refuses_the_stage") {
         return;
     }
