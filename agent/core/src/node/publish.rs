@@ -283,17 +283,8 @@ fn source(
         // raw device inside its own namespace).
         device.hold_views(ctx)?;
         let first = ctx.ledger.publications(&staged.volume_id)?.is_empty();
-        if first
-            && ctx
-                .host
-                .still_claimed(device.devnum(), Some(device.held.file()))
-        {
-            return Err(Error::DeviceInUse {
-                path: device.path().to_path_buf(),
-                why: "mounted or claimed elsewhere; a raw block volume is handed out only while \
-                      nothing else uses its device"
-                    .into(),
-            });
+        if first {
+            device.refuse_if_used_raw(ctx)?;
         }
         return Ok(Source::Device(Box::new(device)));
     }

@@ -111,17 +111,8 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         // elsewhere would be written under (a thirtieth fresh review's F1: the controller had
         // adopted an operator's mounted device, and only the filesystem stage's exclusive claim
         // refused it).
-        if ctx.ledger.staged(vol.as_str())?.is_none()
-            && ctx
-                .host
-                .still_claimed(device.devnum(), Some(device.held.file()))
-        {
-            return Err(Error::DeviceInUse {
-                path: device.path().to_path_buf(),
-                why: "mounted or claimed elsewhere; a raw block volume is handed out only while \
-                      nothing else uses its device"
-                    .into(),
-            });
+        if ctx.ledger.staged(vol.as_str())?.is_none() {
+            device.refuse_if_used_raw(ctx)?;
         }
         record.progress = Progress::Complete;
         journal.record(

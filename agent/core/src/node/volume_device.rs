@@ -128,6 +128,23 @@ impl VolumeDevice {
         Ok(())
     }
 
+    /// Refuses to hand the device out raw while something mounts or claims it (a filesystem
+    /// mounted from it elsewhere would be written under: a thirtieth fresh review's F1).
+    pub fn refuse_if_used_raw(&self, ctx: &NodeCtx) -> Result<()> {
+        if ctx
+            .host
+            .still_claimed(self.devnum(), Some(self.held.file()))
+        {
+            return Err(Error::DeviceInUse {
+                path: self.path().to_path_buf(),
+                why: "mounted or claimed elsewhere; a raw block volume is handed out only while \
+                      nothing else uses its device"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
     /// The other views checked again while the device is in use (after the stage's mount).
     pub fn recheck_views(&self, ctx: &NodeCtx) -> Result<()> {
         super::views::recheck(ctx, &self.volume, self.devnum(), self.path(), &self._views)
