@@ -172,6 +172,14 @@ pub struct Swept {
     pub adopted: usize,
 }
 
+/// One of this agent's read-only devices, as the host lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadOnlyFound {
+    pub device: PathBuf,
+    /// Its name (`ro_tag`): the agent instance's and the publication's.
+    pub tag: String,
+}
+
 /// A read-only device laid over the volume's, held open until the bind is done.
 #[derive(Debug)]
 pub struct ReadOnlyDevice {
@@ -250,9 +258,14 @@ pub trait HostOps: Send + Sync {
     fn remove_read_only(&self, tag: &str) -> Result<usize>;
     /// When the device is one of the agents' read-only devices: the device it lies over.
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum>;
-    /// Detaches this agent's read-only devices (tags starting with one of `prefixes`) that `keep`
-    /// does not name, but only those the host shows nothing uses.
-    fn sweep_read_only(&self, prefixes: &[&str], keep: &HashSet<String>) -> Result<Swept>;
+    /// This agent's read-only devices: those whose tag starts with one of `prefixes`.
+    fn read_only_devices(&self, prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>>;
+    /// For each of `found`, in order: what the host shows uses it (a bind of its node in any
+    /// visible mount namespace, a holder, an O_EXCL claim, or that this could not be read),
+    /// None when nothing does. One scan of the host for them all.
+    fn read_only_uses(&self, found: &[ReadOnlyFound]) -> Vec<Option<String>>;
+    /// Detaches one read-only device (the core's sweep decided it may go).
+    fn detach_read_only(&self, found: &ReadOnlyFound) -> Result<()>;
     /// Every read-only device named with one of `tags` and laid over `over` is told to take the
     /// new size of what it lies over (LOOP_SET_CAPACITY): each, with the size it then shows.
     fn resize_read_only(

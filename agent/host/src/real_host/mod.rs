@@ -22,7 +22,8 @@ use ebs_node_core::error::{Error, Result};
 use ebs_node_core::format::{DeviceEvidence, Probed, is_requested};
 use ebs_node_core::node::backend::Backend;
 use ebs_node_core::node::host::{
-    DeviceHandle, Entry, HostOps, LoopOrigin, PathRefusal, Place, ReadOnlyDevice, Under,
+    DeviceHandle, Entry, HostOps, LoopOrigin, PathRefusal, Place, ReadOnlyDevice, ReadOnlyFound,
+    Under,
 };
 use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
@@ -173,12 +174,16 @@ impl HostOps for RealHost {
         read_only::lies_over(devnum)
     }
 
-    fn sweep_read_only(
-        &self,
-        prefixes: &[&str],
-        keep: &HashSet<String>,
-    ) -> Result<ebs_node_core::node::host::Swept> {
-        read_only::sweep(prefixes, keep)
+    fn read_only_devices(&self, prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>> {
+        read_only::list(prefixes)
+    }
+
+    fn read_only_uses(&self, found: &[ReadOnlyFound]) -> Vec<Option<String>> {
+        read_only::uses(found)
+    }
+
+    fn detach_read_only(&self, found: &ReadOnlyFound) -> Result<()> {
+        read_only::detach(&found.device)
     }
 
     fn resize_read_only(

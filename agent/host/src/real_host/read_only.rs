@@ -19,7 +19,7 @@ use crate::device::block_devnum;
 use crate::device_binds::{self, Uses};
 use crate::loopdev::{self, overlay};
 use ebs_node_core::error::{Error, Result};
-use ebs_node_core::node::host::{ReadOnlyDevice, Swept};
+use ebs_node_core::node::host::{ReadOnlyDevice, ReadOnlyFound};
 use ebs_node_core::node::ro_tag;
 use ebs_node_core::node::volume_device::VolumeDevice;
 
@@ -138,12 +138,12 @@ pub fn remove(tag: &str) -> Result<usize> {
                 at: format!("the read-only device of this publication: {what}"),
             });
         }
-        detach(&found)?;
+        detach(&found.device)?;
         n += 1;
     }
     for found in legacy {
         if unused(&uses, &found).is_none() {
-            detach(&found)?;
+            detach(&found.device)?;
             n += 1;
         }
     }
@@ -156,10 +156,10 @@ fn is_legacy(tag: &str) -> bool {
         .is_some_and(|(agent, _)| agent.len() == 8)
 }
 
-fn detach(found: &overlay::Overlay) -> Result<()> {
-    loopdev::detach(&found.device).map_err(|e| {
+pub fn detach(device: &Path) -> Result<()> {
+    loopdev::detach(device).map_err(|e| {
         loop_error(
-            &format!("detaching read-only device {}", found.device.display()),
+            &format!("detaching read-only device {}", device.display()),
             e,
         )
     })
@@ -202,39 +202,32 @@ pub fn resize(
         .collect())
 }
 
-/// Start-up's sweep (the core's `node::read_only::sweep` decides `keep`): this agent's
-/// read-only devices (tags starting with one of `prefixes`) that `keep` does not name are
-/// detached, but only those the host shows nothing uses (`device_binds`); a used one is kept.
-pub fn sweep(prefixes: &[&str], keep: &std::collections::HashSet<String>) -> Result<Swept> {
-    let mut strays = Vec::new();
+/// This agent's read-only devices (tags starting with one of `prefixes`), for the core's
+/// start-up sweep (`node::read_only::sweep`, which decides what goes).
+pub fn list(prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>> {
+    let mut found = Vec::new();
     for prefix in prefixes {
-        for found in overlay::tagged(prefix).map_err(|e| loop_error("listing loop devices", e))? {
-            if !keep.contains(&found.tag) {
-                strays.push(found);
-            }
+        for o in overlay::tagged(prefix).map_err(|e| loop_error("listing loop devices", e))? {
+            found.push(ReadOnlyFound {
+                device: o.device,
+                tag: o.tag,
+            });
         }
     }
-    let mut swept = Swept::default();
-    if strays.is_empty() {
-        return Ok(swept);
+    Ok(found)
+}
+
+/// What the host shows uses each of `found` (`device_binds`: one scan for them all).
+pub fn uses(found: &[ReadOnlyFound]) -> Vec<Option<String>> {
+    if found.is_empty() {
+        return Vec::new();
     }
     let uses = Uses::scan(device_binds::WITHIN);
-    for found in strays {
-        if let Some(what) = unused(&uses, &found) {
-            tracing::warn!(device = %found.device.display(), tag = %found.tag, used = %what,
-                "recovery: a read-only block device no publication record names is still in use; kept (adopted): `recover --from-mounts` rebuilds its record");
-            swept.adopted += 1;
-            continue;
-        }
-        match loopdev::detach(&found.device) {
-            Ok(()) => {
-                tracing::info!(device = %found.device.display(), tag = %found.tag,
-                    "recovery: detached a read-only device nothing uses and no publication binds");
-                swept.detached += 1;
-            }
-            Err(e) => tracing::warn!(device = %found.device.display(), error = %e,
-                "recovery: could not detach a read-only device no publication binds"),
-        }
-    }
-    Ok(swept)
+    found
+        .iter()
+        .map(|f| match block_devnum(&f.device) {
+            Ok(devnum) => uses.of(&f.device, devnum),
+            Err(e) => Some(format!("its numbers could not be read: {e}")),
+        })
+        .collect()
 }

@@ -22,7 +22,7 @@ use crate::format::Probed;
 use crate::node::backend::Backend;
 use crate::node::host::{Ancestry, Entry, LoopOrigin, PathRefusal, Place, Under};
 use crate::node::host::{DeviceHandle, HostOps};
-use crate::node::host::{HeldViews, ReadOnlyDevice, View};
+use crate::node::host::{HeldViews, ReadOnlyDevice, ReadOnlyFound, View};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
 use crate::request::{FormatOptions, FsType};
@@ -346,12 +346,16 @@ impl HostOps for DoubleHost {
         self.resize_read_only_over(tags, over)
     }
 
-    fn sweep_read_only(
-        &self,
-        prefixes: &[&str],
-        keep: &HashSet<String>,
-    ) -> Result<crate::node::host::Swept> {
-        Ok(self.sweep_read_only_of(prefixes, keep))
+    fn read_only_devices(&self, prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>> {
+        Ok(self.read_only_devices_of(prefixes))
+    }
+
+    fn read_only_uses(&self, found: &[ReadOnlyFound]) -> Vec<Option<String>> {
+        self.read_only_uses_of(found)
+    }
+
+    fn detach_read_only(&self, found: &ReadOnlyFound) -> Result<()> {
+        self.detach_read_only_of(found)
     }
 
     fn read_first_block(&self, device: &Path) -> ReadOutcome {

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use super::double::DoubleHost;
 use crate::DevNum;
+use crate::error::Result;
+use crate::node::host::ReadOnlyFound;
 use crate::seam::{FsUsage, ReadOutcome, TrimError};
 
 /// What a test scripts of the volumes' health and usage.
@@ -121,36 +123,52 @@ impl DoubleHost {
 }
 
 impl DoubleHost {
-    /// Start-up's sweep: a read-only device of ours no record keeps is detached unless a mount
-    /// (a bind of its node) uses it.
-    pub(super) fn sweep_read_only_of(
-        &self,
-        prefixes: &[&str],
-        keep: &HashSet<String>,
-    ) -> crate::node::host::Swept {
-        let mut swept = crate::node::host::Swept::default();
-        let mut s = self.state();
-        let strays: Vec<DevNum> = (s.read_only.iter())
-            .map(|(ro, _)| *ro)
-            .filter(|ro| {
-                let tag = s.ro_tags.get(ro).map_or("", String::as_str);
-                prefixes.iter().any(|p| tag.starts_with(p)) && !keep.contains(tag)
+    /// The read-only devices whose tag starts with one of `prefixes`.
+    pub(super) fn read_only_devices_of(&self, prefixes: &[&str]) -> Vec<ReadOnlyFound> {
+        let s = self.state();
+        (s.read_only.iter())
+            .filter_map(|(ro, _)| {
+                let tag = s.ro_tags.get(ro)?;
+                prefixes
+                    .iter()
+                    .any(|p| tag.starts_with(p))
+                    .then(|| ReadOnlyFound {
+                        device: (s.devices.iter()).find(|(_, d)| **d == *ro).map_or_else(
+                            || PathBuf::from(format!("/dev/block/{ro}")),
+                            |(p, _)| p.clone(),
+                        ),
+                        tag: tag.clone(),
+                    })
             })
-            .collect();
-        for ro in strays {
-            let bound = s.mounts.values().flatten().any(|m| m.node.rdev == ro);
-            if bound {
-                swept.adopted += 1;
-                continue;
-            }
-            s.read_only.retain(|(d, _)| *d != ro);
-            s.calls.push(super::double::Call {
-                what: format!("detach read-only {ro}"),
-                after: None,
-                durable: true,
-            });
-            swept.detached += 1;
-        }
-        swept
+            .collect()
+    }
+
+    /// A read-only device is used while a mount binds its node or someone claims it.
+    pub(super) fn read_only_uses_of(&self, found: &[ReadOnlyFound]) -> Vec<Option<String>> {
+        let s = self.state();
+        found
+            .iter()
+            .map(|f| {
+                let ro = *s.devices.get(&f.device)?;
+                let bound = s.mounts.iter().find_map(|(at, stack)| {
+                    stack.iter().any(|m| m.node.rdev == ro).then(|| at.clone())
+                });
+                bound.map(|at| format!("its node is bound at {}", at.display()))
+            })
+            .collect()
+    }
+
+    pub(super) fn detach_read_only_of(&self, found: &ReadOnlyFound) -> Result<()> {
+        let mut s = self.state();
+        let Some(ro) = s.devices.get(&found.device).copied() else {
+            return Ok(());
+        };
+        s.read_only.retain(|(d, _)| *d != ro);
+        s.calls.push(super::double::Call {
+            what: format!("detach read-only {ro}"),
+            after: None,
+            durable: true,
+        });
+        Ok(())
     }
 }

@@ -179,6 +179,13 @@ impl MemLedger {
         *self.records() = durable.0.clone();
     }
 
+    /// `recover --reset`: the state file is set aside and the agent starts on an empty one.
+    pub fn reset(&self) {
+        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
+        *durable = Default::default();
+        *self.records() = Records::default();
+    }
+
     /// Every staged record.
     pub fn all_staged(&self) -> Vec<StagedVolume> {
         self.records().staged.values().cloned().collect()

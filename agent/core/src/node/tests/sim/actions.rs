@@ -44,6 +44,9 @@ pub enum Action {
     CrashMidStep { at: u32, call: Box<Action> },
     /// Mounts, read-only devices and claims gone, a new boot; the orchestrator retries.
     PowerCut,
+    /// `recover --reset` (or a lost state file): the agent restarts on an empty ledger, the host
+    /// as it was; the orchestrator goes on believing what it did.
+    Reset,
     /// The host call `what` fails once, during `call`.
     Fail {
         what: &'static str,
@@ -57,7 +60,7 @@ const FAULTS: [&str; 9] = [
 ];
 
 /// The kinds of action, with the weights the first seeds of every run use.
-const KINDS: [(&str, usize); 11] = [
+const KINDS: [(&str, usize); 12] = [
     ("stage", 22),
     ("publish", 18),
     ("unpublish", 14),
@@ -69,6 +72,7 @@ const KINDS: [(&str, usize); 11] = [
     ("fail", 5),
     ("inspect", 10),
     ("grow", 3),
+    ("reset", 1),
 ];
 
 /// A seed's own weights and ids: seeds divisible by 4 keep the defaults and every id; the
@@ -146,6 +150,7 @@ impl Sim {
             "inspect" => inspect(&mut self.rng),
             "grow" => Action::Grow { id },
             "power-cut" => Action::PowerCut,
+            "reset" => Action::Reset,
             "crash" if self.rng.below(2) == 0 => Action::CrashMidStep {
                 at: u32::try_from(self.rng.below(3) + 1).unwrap_or(1),
                 call: Box::new(call(&mut self.rng)),
@@ -187,6 +192,7 @@ impl Sim {
                 _ => ("", "fault"),
             },
             Action::PowerCut => ("", "power-cut"),
+            Action::Reset => ("", "reset"),
         };
         let id = id.to_string();
         match action {
@@ -203,6 +209,7 @@ impl Sim {
                 self.power_cut();
                 self.converge();
             }
+            Action::Reset => self.reset(),
             Action::Fail { what, call } => {
                 self.h.host.fail(what, "simulated failure");
                 let _ = self.call_action(call);

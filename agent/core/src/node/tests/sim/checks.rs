@@ -77,6 +77,24 @@ impl Sim {
                 }
             }
         }
+        // ... nor took away a read-only device a bind still shows (records or none: after a
+        // state reset no record names it, and the workload's device would read empty).
+        for (at, stack) in &s.mounts {
+            let gone = stack.iter().find(|m| {
+                m.node.kind == crate::seam::FileKind::BlockDevice
+                    && s.ro_tags.contains_key(&m.node.rdev)
+                    && !s.read_only.iter().any(|(ro, _)| *ro == m.node.rdev)
+            });
+            if let Some(m) = gone {
+                let what = format!(
+                    "the read-only device {} bound at {} was detached under it",
+                    m.node.rdev,
+                    at.display()
+                );
+                drop(s);
+                self.fail(what);
+            }
+        }
         // 3. A read-only publication is never writable.
         for p in self.h.ledger.all_publications() {
             if !p.readonly || p.progress != crate::records::Progress::Complete {

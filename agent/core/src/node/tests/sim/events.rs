@@ -144,8 +144,28 @@ impl Sim {
         self.crash();
     }
 
+    /// `recover --reset`: the records are gone, the host is not. Start-up must take nothing
+    /// away that the host shows in use (a live read-only block publication's device: issue 49's
+    /// third medium); what the agent no longer knows is not promised back, so from here on the
+    /// orchestrator's retries are made but not held to their answers.
+    pub(super) fn reset(&mut self) {
+        self.h.ledger.reset();
+        self.reset_seen = true;
+        self.crash();
+    }
+
     /// After a crash or a power cut: the orchestrator's retries of what it believes converge.
     pub(super) fn converge(&mut self) {
+        if self.reset_seen {
+            let belief = self.belief.clone();
+            for (id, block_access) in &belief.staged {
+                let _ = self.call("stage", id, "", *block_access);
+            }
+            for ((id, target), ro) in &belief.published {
+                let _ = self.call("publish", id, target, *ro);
+            }
+            return;
+        }
         let belief = self.belief.clone();
         for (id, block_access) in &belief.staged {
             if let Err(e) = self.call("stage", id, "", *block_access) {

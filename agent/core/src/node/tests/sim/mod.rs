@@ -3,12 +3,13 @@
 //! unpublish and unstage by three volumes and two node-local handles naming their devices, the
 //! loop controller's attach and detach, workloads writing to what they were given, scripted host
 //! failures, agent crashes at any journaled step (a panic at the step's kill point: everything in
-//! memory lost, the lazy writes with it) and power cuts (mounts, read-only devices and the
-//! non-durable writes gone, a new boot). After every call it checks, against what the
-//! orchestrator believes:
+//! memory lost, the lazy writes with it), power cuts (mounts, read-only devices and the
+//! non-durable writes gone, a new boot) and state resets (`recover --reset`: the ledger empty,
+//! the host as it was). After every call it checks, against what the orchestrator believes:
 //!
 //! 1. mkfs never runs on a device a workload wrote to;
-//! 2. no device has two owners, and no call takes away a mount another id's records placed;
+//! 2. no device has two owners, no call takes away a mount another id's records placed, and no
+//!    read-only device a bind shows is detached;
 //! 3. a read-only publication is never writable;
 //! 4. after a crash or a power cut, the orchestrator's retries of what it believes (every stage,
 //!    then every publication) all succeed, and the records then say what it believes.
@@ -109,6 +110,9 @@ struct Sim {
     calls: u64,
     /// This seed's weight for each kind of action (`actions::swarm`).
     weights: Vec<usize>,
+    /// A state reset happened (`events::reset`): the agent's answers to retries of what it
+    /// no longer records are not held to the belief.
+    reset_seen: bool,
 }
 
 impl Sim {
@@ -144,6 +148,7 @@ impl Sim {
             history: Vec::new(),
             calls: 0,
             weights: Vec::new(),
+            reset_seen: false,
         }
     }
 
