@@ -159,10 +159,16 @@ pub struct View {
 /// them meanwhile. Dropped, they are free again.
 #[derive(Debug, Default)]
 pub struct HeldViews {
-    pub files: Vec<File>,
+    /// Each view's exclusive claim (the real host: the view opened with O_EXCL).
+    pub claims: Vec<Box<dyn ViewClaim>>,
     /// The views held: their claim is the call's own, no other use.
     pub devnums: Vec<DevNum>,
 }
+
+/// One held view's exclusive claim, given up when dropped.
+pub trait ViewClaim: Send + Sync + std::fmt::Debug {}
+
+impl ViewClaim for File {}
 
 /// What start-up did with this agent's read-only devices that no publication record names.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -120,7 +120,9 @@ impl HostOps for RealHost {
     ) -> io::Result<ebs_node_core::node::host::HeldViews> {
         let files = crate::loopdev::views::hold(device, views)?;
         Ok(ebs_node_core::node::host::HeldViews {
-            files,
+            claims: (files.into_iter())
+                .map(|f| Box::new(f) as Box<dyn ebs_node_core::node::host::ViewClaim>)
+                .collect(),
             devnums: views.to_vec(),
         })
     }

@@ -17,7 +17,7 @@ use crate::node::host::{DeviceHandle, HostOps};
 use crate::node::volume_device::VolumeDevice;
 
 /// EBUSY, as the kernel refuses an exclusive open of a claimed device.
-const EBUSY: i32 = 16;
+pub(super) const EBUSY: i32 = 16;
 use crate::blank::{Coverage, NonBlank, Proof};
 use crate::format::{DeviceEvidence, FormatError};
 use crate::probe::Signature;
@@ -218,5 +218,33 @@ impl Backend for DoubleBackend {
 
     fn refresh_size(&self, _device: &Path) -> Result<()> {
         Ok(())
+    }
+}
+
+/// A call's hold of other views (`HostOps::hold_views`), given up when the call drops it.
+pub struct ViewHold {
+    pub host: std::sync::Arc<super::double::DoubleHost>,
+    pub devnums: Vec<DevNum>,
+}
+
+impl crate::node::host::ViewClaim for ViewHold {}
+
+impl std::fmt::Debug for ViewHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ViewHold({:?})", self.devnums)
+    }
+}
+
+impl Drop for ViewHold {
+    fn drop(&mut self) {
+        let mut s = self.host.state();
+        for d in &self.devnums {
+            if let Some(n) = s.view_holds.get_mut(d) {
+                *n -= 1;
+                if *n == 0 {
+                    s.view_holds.remove(d);
+                }
+            }
+        }
     }
 }

@@ -61,6 +61,8 @@ pub struct State {
     pub not_blank: HashSet<DevNum>,
     /// Devices something else claims (mounted elsewhere, a mapper).
     pub claimed: HashSet<DevNum>,
+    /// Views another call holds claimed exclusively (`hold_views`), how many times.
+    pub view_holds: HashMap<DevNum, usize>,
     /// Read-only devices laid over a volume's: (ro, under).
     pub read_only: Vec<(DevNum, DevNum)>,
     /// Each read-only device's tag: a removal takes only its own.
@@ -188,7 +190,10 @@ impl HostOps for DoubleHost {
             file: File::open(path)?,
             devnum,
             exclusive: false,
-            claimed: self.state().claimed.contains(&devnum),
+            claimed: {
+                let s = self.state();
+                s.claimed.contains(&devnum) || s.view_holds.contains_key(&devnum)
+            },
         }))
     }
 
@@ -201,7 +206,8 @@ impl HostOps for DoubleHost {
     }
 
     fn still_claimed(&self, devnum: DevNum, _held: Option<&File>) -> bool {
-        self.state().claimed.contains(&devnum)
+        let s = self.state();
+        s.claimed.contains(&devnum) || s.view_holds.contains_key(&devnum)
     }
 
     fn device_exists(&self, devnum: DevNum) -> bool {
@@ -263,14 +269,35 @@ impl HostOps for DoubleHost {
                     name: s.ro_tags.get(&d).cloned().unwrap_or_default(),
                     read_only: over.is_some(),
                     lies_over: over,
-                    in_use: (mounted || s.claimed.contains(&d)).then(|| "mounted".to_string()),
+                    in_use: (mounted || s.claimed.contains(&d) || s.view_holds.contains_key(&d))
+                        .then(|| "mounted or claimed exclusively".to_string()),
                 }
             })
             .collect())
     }
 
-    fn hold_views(&self, _device: DevNum, _views: &[DevNum]) -> io::Result<HeldViews> {
-        Ok(HeldViews::default())
+    /// Each view claimed as O_EXCL claims it: refused while mounted or claimed, and claimed
+    /// (`still_claimed`, in use to `views_of`, a mount of it refused) until the hold drops.
+    fn hold_views(&self, _device: DevNum, views: &[DevNum]) -> io::Result<HeldViews> {
+        let mut s = self.state();
+        if views
+            .iter()
+            .any(|v| s.claimed.contains(v) || s.view_holds.contains_key(v))
+        {
+            return Err(io::Error::from_raw_os_error(super::devices::EBUSY));
+        }
+        for v in views {
+            *s.view_holds.entry(*v).or_default() += 1;
+        }
+        drop(s);
+        let host = self.me.upgrade().expect("the double outlives its calls");
+        Ok(HeldViews {
+            claims: vec![Box::new(super::devices::ViewHold {
+                host,
+                devnums: views.to_vec(),
+            })],
+            devnums: views.to_vec(),
+        })
     }
 
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {
@@ -501,9 +528,13 @@ impl DoubleHost {
                 format!(" -o {}", data.join(","))
             }
         );
+        let dev = self.state().devices[device];
+        if self.state().view_holds.contains_key(&dev) {
+            // Another call holds it exclusively: the kernel's mount is refused, EBUSY.
+            return Err(io::Error::from_raw_os_error(super::devices::EBUSY));
+        }
         self.act(what, "mount")?;
         let mut s = self.state();
-        let dev = s.devices[device];
         s.claimed.insert(dev);
         let facts = match s.fail.get("mount_lands_foreign") {
             // Something else ends up on top (another mount raced in over ours).

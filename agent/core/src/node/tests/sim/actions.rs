@@ -44,6 +44,12 @@ pub enum Action {
     CrashMidStep { at: u32, call: Box<Action> },
     /// Mounts, read-only devices and claims gone, a new boot; the orchestrator retries.
     PowerCut,
+    /// `first` waits inside the agent at its `at`-th journaled step while `second` runs.
+    Concurrent {
+        at: i64,
+        first: Box<Action>,
+        second: Box<Action>,
+    },
     /// `recover --reset` (or a lost state file): the agent restarts on an empty ledger, the host
     /// as it was; the orchestrator goes on believing what it did.
     Reset,
@@ -60,7 +66,7 @@ const FAULTS: [&str; 9] = [
 ];
 
 /// The kinds of action, with the weights the first seeds of every run use.
-const KINDS: [(&str, usize); 12] = [
+const KINDS: [(&str, usize); 13] = [
     ("stage", 22),
     ("publish", 18),
     ("unpublish", 14),
@@ -73,6 +79,7 @@ const KINDS: [(&str, usize); 12] = [
     ("inspect", 10),
     ("grow", 3),
     ("reset", 1),
+    ("concurrent", 8),
 ];
 
 /// A seed's own weights and ids: seeds divisible by 4 keep the defaults and every id; the
@@ -151,6 +158,40 @@ impl Sim {
             "grow" => Action::Grow { id },
             "power-cut" => Action::PowerCut,
             "reset" => Action::Reset,
+            "concurrent" => {
+                // Most calls journal only a few steps: the first waits early most of the time,
+                // and is a stage (the longest) half the time.
+                let first = Action::Call {
+                    op: if self.rng.below(2) == 0 {
+                        "stage"
+                    } else {
+                        CALLS[self.rng.below(CALLS.len())]
+                    },
+                    id,
+                    target,
+                    flag,
+                };
+                let other = self.rng.pick(&self.ids).clone();
+                let (op, target) = (
+                    CALLS[self.rng.below(CALLS.len())],
+                    *self.rng.pick(&["p1", "p2"]),
+                );
+                Action::Concurrent {
+                    at: i64::try_from(if self.rng.below(4) == 0 {
+                        self.rng.below(11) + 1
+                    } else {
+                        self.rng.below(3) + 1
+                    })
+                    .unwrap_or(1),
+                    first: Box::new(first),
+                    second: Box::new(Action::Call {
+                        op,
+                        id: other,
+                        target,
+                        flag: self.rng.below(4) == 0,
+                    }),
+                }
+            }
             "crash" if self.rng.below(2) == 0 => Action::CrashMidStep {
                 at: u32::try_from(self.rng.below(3) + 1).unwrap_or(1),
                 call: Box::new(call(&mut self.rng)),
@@ -193,6 +234,10 @@ impl Sim {
             },
             Action::PowerCut => ("", "power-cut"),
             Action::Reset => ("", "reset"),
+            Action::Concurrent { first, .. } => match &**first {
+                Action::Call { id, .. } => (id.as_str(), "concurrent"),
+                _ => ("", "concurrent"),
+            },
         };
         let id = id.to_string();
         match action {
@@ -210,6 +255,7 @@ impl Sim {
                 self.converge();
             }
             Action::Reset => self.reset(),
+            Action::Concurrent { at, first, second } => self.concurrently(*at, first, second),
             Action::Fail { what, call } => {
                 self.h.host.fail(what, "simulated failure");
                 let _ = self.call_action(call);
@@ -224,7 +270,21 @@ impl Sim {
                 self.dies_during(call);
             }
         }
-        self.check(&id, kind, &owners_before, &mounts_before, calls_before);
+        // A mount either of two calls at once took away was taken by its owner's own call.
+        let second = match action {
+            Action::Concurrent { second, .. } => match &**second {
+                Action::Call { id, .. } => id.clone(),
+                _ => id.clone(),
+            },
+            _ => id.clone(),
+        };
+        self.check(
+            &[&id, &second],
+            kind,
+            &owners_before,
+            &mounts_before,
+            calls_before,
+        );
     }
 
     /// Runs `call` until the crash set up for it (or to its end), then the agent restarts and
@@ -241,7 +301,7 @@ impl Sim {
         self.converge();
     }
 
-    fn call_action(&mut self, action: &Action) -> crate::error::Result<()> {
+    pub(super) fn call_action(&mut self, action: &Action) -> crate::error::Result<()> {
         match action {
             Action::Call {
                 op,

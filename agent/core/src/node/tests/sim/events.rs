@@ -128,7 +128,7 @@ impl Sim {
     /// The agent dies: what is in memory is gone, the lazy writes with it; the host stays.
     pub(super) fn crash(&mut self) {
         self.h.ledger.power_cut();
-        self.h.restart(Arc::new(super::super::Unobserved));
+        self.h.restart(Arc::clone(&self.parker) as _);
         self.start_up();
     }
 

@@ -5,7 +5,9 @@
 //! failures, agent crashes at any journaled step (a panic at the step's kill point: everything in
 //! memory lost, the lazy writes with it), power cuts (mounts, read-only devices and the
 //! non-durable writes gone, a new boot) and state resets (`recover --reset`: the ledger empty,
-//! the host as it was). After every call it checks, against what the orchestrator believes:
+//! the host as it was), and two calls at once (`concurrent`: the first waits inside the agent at
+//! one of its journaled steps while the second runs). After every call it checks, against what
+//! the orchestrator believes:
 //!
 //! 1. mkfs never runs on a device a workload wrote to;
 //! 2. no device has two owners, no call takes away a mount another id's records placed, and no
@@ -26,7 +28,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 mod actions;
+mod calls;
 mod checks;
+mod concurrent;
 mod events;
 mod inspect;
 mod replay;
@@ -110,6 +114,8 @@ struct Sim {
     calls: u64,
     /// This seed's weight for each kind of action (`actions::swarm`).
     weights: Vec<usize>,
+    /// The observer every agent start gets (`concurrent`).
+    parker: Arc<concurrent::Parker>,
     /// A state reset happened (`events::reset`): the agent's answers to retries of what it
     /// no longer records are not held to the belief.
     reset_seen: bool,
@@ -117,7 +123,9 @@ struct Sim {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let h = Harness::new();
+        let mut h = Harness::new();
+        let parker = Arc::new(concurrent::Parker::default());
+        h.restart(Arc::clone(&parker) as _);
         for v in VOLUMES {
             h.host.add_device(&format!("dev-{v}"), GIB);
         }
@@ -149,6 +157,7 @@ impl Sim {
             calls: 0,
             weights: Vec::new(),
             reset_seen: false,
+            parker,
         }
     }
 
@@ -204,79 +213,6 @@ impl Sim {
             capability: stage.capability,
             readonly,
         }
-    }
-
-    /// One call of the orchestrator's, by `id`; updates the belief on success.
-    fn call(&mut self, op: &str, id: &str, target: &str, flag: bool) -> Result<()> {
-        self.calls += 1;
-        // Any call of the id's (at that target) since the release may record it again.
-        self.belief
-            .released
-            .remove(&(id.to_string(), String::new()));
-        self.belief
-            .released
-            .remove(&(id.to_string(), target.to_string()));
-        let ctx = Arc::clone(&self.h.ctx);
-        let vid = VolumeId::parse(id).expect("id");
-        let r = match op {
-            "stage" => crate::node::stage(&ctx, &self.stage_cmd(id, flag)),
-            "publish" => crate::node::publish(&ctx, &self.publish_cmd(id, target, flag)),
-            "unpublish" => crate::node::unpublish(
-                &ctx,
-                &UnpublishCommand {
-                    volume: vid,
-                    target: self.h.target(&format!("{}-{target}", dir_of(id))),
-                },
-            ),
-            "unstage" => {
-                let staging = self.stage_cmd(id, false).staging;
-                crate::node::unstage(
-                    &ctx,
-                    &UnstageCommand {
-                        volume: vid,
-                        staging,
-                    },
-                )
-            }
-            _ => Ok(()),
-        };
-        if r.is_ok() {
-            match op {
-                "stage" => {
-                    // A second stage with another access type is refused, so the first stays.
-                    self.belief.staged.entry(id.to_string()).or_insert(flag);
-                }
-                "publish" => {
-                    self.belief
-                        .published
-                        .entry((id.to_string(), target.to_string()))
-                        .or_insert(flag);
-                    // A publish succeeds only on a staged volume: a stage whose answer a crash
-                    // lost did happen, and kubelet, which publishes only what it staged, would
-                    // stage it again after a reboot.
-                    if !self.belief.staged.contains_key(id)
-                        && let Ok(Some(staged)) = self.h.ledger.staged(id)
-                    {
-                        let block = matches!(staged.access, AccessRecord::Block);
-                        self.belief.staged.insert(id.to_string(), block);
-                    }
-                }
-                "unpublish" => {
-                    self.belief
-                        .published
-                        .remove(&(id.to_string(), target.to_string()));
-                    self.belief
-                        .released
-                        .insert((id.to_string(), target.to_string()));
-                }
-                "unstage" => {
-                    self.belief.staged.remove(id);
-                    self.belief.released.insert((id.to_string(), String::new()));
-                }
-                _ => {}
-            }
-        }
-        r
     }
 
     fn step(&mut self) {

@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 12] = [
+    let runs: [(&str, Vec<Action>); 15] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -273,6 +273,44 @@ fn shrunk_reproductions_stay_fixed() {
                 call("stage", stack, true),
                 at("p2", call("publish", stack, true)),
                 Action::Reset,
+            ],
+        ),
+        (
+            // Two calls at once (the simulation's first concurrent runs, with the device locks
+            // keyed per volume, that is off: seed 546 of 1,000, "NvmeSerial { serial: \"vol-b\" }
+            // has owners {local-ebs://dev/dev-vol-b, vol-b}"): vol-b's stage waits after its
+            // device is verified and taken, its claim not yet written; the handle naming that
+            // device stages meanwhile.
+            "two ids staging one device at once",
+            vec![Action::Concurrent {
+                at: 5,
+                first: Box::new(call("stage", "vol-b", false)),
+                second: Box::new(call("stage", handle_b, false)),
+            }],
+        ),
+        (
+            // ... and the other way round, the handle first, caught at its verified device.
+            "a handle and the volume its device is, staging at once",
+            vec![Action::Concurrent {
+                at: 4,
+                first: Box::new(call("stage", handle_b, true)),
+                second: Box::new(call("stage", "vol-b", true)),
+            }],
+        ),
+        (
+            // Seed 682 of the first concurrent runs, a hole in the double: vol-c's raw stage
+            // waits with its device's other views held (the real host opens them O_EXCL; the
+            // double's hold was a no-op), and the stacked device's handle staged over vol-c's
+            // bytes: "the bytes of 259:3 has owners {local-ebs://dev/dev-stack, vol-c}". The
+            // double's holds claim the views now, as O_EXCL does.
+            "a stacked device staged while the volume under it holds its views",
+            vec![
+                call("unstage", "vol-c", false),
+                Action::Concurrent {
+                    at: 4,
+                    first: Box::new(call("stage", "vol-c", true)),
+                    second: Box::new(at("p2", call("stage", stack, true))),
+                },
             ],
         ),
     ];
