@@ -37,8 +37,21 @@ pub enum StoreError {
     Decode(serde_json::Error),
     #[error("a record cannot be encoded: {0}")]
     Encode(serde_json::Error),
-    #[error("state store error: {0}")]
-    Internal(String),
+    #[error("state store: {op}: {source}")]
+    Redb {
+        op: &'static str,
+        #[source]
+        source: redb::Error,
+    },
+    /// The batch this write was committed in failed (one error, every waiter of the batch).
+    #[error("{0}")]
+    BatchFailed(#[source] std::sync::Arc<StoreError>),
+    #[error("the state-file writer panicked; the batch was abandoned")]
+    WriterPanicked,
+    #[error("cannot start the state flusher: {0}")]
+    Flusher(#[source] std::io::Error),
+    #[error("the state file {path} could not be reopened after a failed commit: {detail}")]
+    NotReopened { path: PathBuf, detail: String },
 }
 
 impl StoreError {
@@ -55,19 +68,21 @@ impl StoreError {
     }
 }
 
-macro_rules! internal_from {
-    ($($t:ty),*) => {
+/// redb's errors, each named by what the store was doing, the source kept.
+macro_rules! redb_from {
+    ($($t:ty => $op:literal),*) => {
         $(impl From<$t> for StoreError {
             fn from(e: $t) -> Self {
-                StoreError::Internal(e.to_string())
+                StoreError::Redb { op: $op, source: e.into() }
             }
         })*
     };
 }
 
-internal_from!(
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
+redb_from!(
+    redb::TransactionError => "beginning a transaction",
+    redb::TableError => "opening a table",
+    redb::StorageError => "reading or writing the file",
+    redb::CommitError => "committing",
+    redb::SetDurabilityError => "setting a commit's durability"
 );

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 #[cfg(feature = "test-hooks")]
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::overlay::{self, APPLIED_TICKET, Overlay, VolumeOverlay};
@@ -67,7 +67,7 @@ struct Queue {
     /// Someone is applying a batch; the others wait for their outcome.
     leading: bool,
     /// Outcomes not yet collected by their callers, by ticket.
-    outcomes: BTreeMap<u64, Result<(), String>>,
+    outcomes: BTreeMap<u64, Outcome>,
     /// The batch being applied: its waited-for tickets (which fail if the leader panics) and
     /// its last ticket.
     in_flight: Vec<u64>,
@@ -115,7 +115,9 @@ struct Request {
 }
 
 /// What one batch came to, for the live file's failure state.
-pub(crate) type BatchOutcome = Option<Result<(), String>>;
+/// A batch's outcome, one for all its waiters.
+pub(crate) type Outcome = Result<(), Arc<StoreError>>;
+pub(crate) type BatchOutcome = Option<Outcome>;
 
 impl GroupCommit {
     /// Tickets continue after the last one a committed batch recorded in the file, so that an
@@ -183,7 +185,7 @@ impl GroupCommit {
         });
         loop {
             if let Some(outcome) = q.outcomes.remove(&ticket) {
-                return outcome.map_err(StoreError::Internal);
+                return outcome.map_err(StoreError::BatchFailed);
             }
             if !q.leading {
                 q = self.lead(db, q).0;
@@ -220,7 +222,7 @@ impl GroupCommit {
     pub(crate) fn flush_unattended<G: std::ops::Deref<Target = redb::Database>>(
         &self,
         db: impl Fn() -> Result<G, StoreError>,
-        committed: impl Fn(&Result<(), String>),
+        committed: impl Fn(&Outcome),
     ) {
         let mut q = self.lock();
         loop {
@@ -346,11 +348,11 @@ impl GroupCommit {
         };
         match applied {
             Err(e) => {
-                let msg = message(&e);
+                let e = Arc::new(e);
                 for (t, _) in tickets {
-                    q.outcomes.insert(t, Err(msg.clone()));
+                    q.outcomes.insert(t, Err(Arc::clone(&e)));
                 }
-                return (q, Some(Err(msg)));
+                return (q, Some(Err(e)));
             }
             Ok(()) if all_durable || !any_durable => {
                 for (t, _) in tickets {
@@ -367,7 +369,7 @@ impl GroupCommit {
         }
         self.changed.notify_all();
         drop(q);
-        let synced = sync(db).map_err(|e| message(&e));
+        let synced = sync(db).map_err(Arc::new);
         q = self.lock();
         q.in_flight.clear();
         for (t, durable) in tickets {
@@ -394,7 +396,7 @@ impl Drop for AbandonOnPanic<'_> {
         let mut q = self.0.lock();
         for t in std::mem::take(&mut q.in_flight) {
             q.outcomes
-                .insert(t, Err("the state-file writer panicked".into()));
+                .insert(t, Err(Arc::new(StoreError::WriterPanicked)));
         }
         // The batch's unattended writes are lost with it, as in a crash.
         let last = q.in_flight_last;
@@ -404,14 +406,6 @@ impl Drop for AbandonOnPanic<'_> {
         q.leading = false;
         self.0.changed.notify_all();
         self.0.unattended_queued.notify_one();
-    }
-}
-
-/// An error's text without the "state store error" prefix, which the caller's error adds again.
-fn message(e: &StoreError) -> String {
-    match e {
-        StoreError::Internal(m) => m.clone(),
-        other => other.to_string(),
     }
 }
 
@@ -434,8 +428,7 @@ fn apply_batch(
         redb::Durability::Immediate
     } else {
         redb::Durability::None
-    })
-    .map_err(|e| StoreError::Internal(e.to_string()))?;
+    })?;
     tx.commit()?;
     Ok(())
 }

@@ -99,7 +99,7 @@ impl Store {
             .spawn(move || {
                 group.flush_unattended(|| live.get(), |outcome| live.committed(outcome));
             })
-            .map_err(|e| StoreError::Internal(format!("cannot start the state flusher: {e}")))?;
+            .map_err(StoreError::Flusher)?;
         store.flusher = Some(flusher);
         Ok(store)
     }

@@ -90,11 +90,10 @@ impl LiveDb {
         }
         let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            return Err(StoreError::Internal(format!(
-                "the state file {} could not be reopened after a failed commit: {}",
-                self.path.display(),
-                self.failure().unwrap_or_default()
-            )));
+            return Err(StoreError::NotReopened {
+                path: self.path.clone(),
+                detail: self.failure().unwrap_or_default(),
+            });
         }
         Ok(DbGuard(guard))
     }
@@ -120,7 +119,7 @@ impl LiveDb {
     }
 
     /// Called with every commit's outcome.
-    pub(crate) fn committed(&self, outcome: &Result<(), String>) {
+    pub(crate) fn committed<E: std::fmt::Display>(&self, outcome: &Result<(), E>) {
         let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         match outcome {
             Ok(()) => {
@@ -129,7 +128,7 @@ impl LiveDb {
                 }
             }
             Err(e) => {
-                *failure = Some(e.clone());
+                *failure = Some(e.to_string());
                 self.needs_reopen.store(true, Ordering::Release);
             }
         }
@@ -168,7 +167,7 @@ impl crate::Store {
         };
         let db = live.get()?;
         let outcome = self.group.commit(&db, ops, durable);
-        live.committed(&outcome.as_ref().map(drop).map_err(|e| e.to_string()));
+        live.committed(&outcome);
         outcome
     }
 

@@ -138,6 +138,14 @@ pub enum CommandError {
     Killed { program: String, signal: i32 },
 }
 
+/// The programs a filesystem needs that this host lacks, and the package that brings them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("missing {} (install {package})", tools.join(", "))]
+pub struct MissingTools {
+    pub tools: Vec<&'static str>,
+    pub package: &'static str,
+}
+
 /// What went wrong with a filesystem tool, in the host's words; the daemon chooses the code.
 #[derive(Debug, thiserror::Error)]
 pub enum FsToolError {

@@ -15,7 +15,7 @@ pub const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
 pub const FSCK_TIMEOUT: Duration = Duration::from_secs(600);
 pub const GROW_TIMEOUT: Duration = Duration::from_secs(300);
 
-use ebs_node_core::seam::FsToolError;
+use ebs_node_core::seam::{FsToolError, MissingTools};
 
 pub type Result<T, E = FsToolError> = std::result::Result<T, E>;
 
@@ -78,25 +78,25 @@ impl FsTools {
     }
 
     /// `Err` names the missing tools and the package that brings them.
-    pub fn supports(&self, fs: FsType) -> std::result::Result<(), String> {
-        let missing: Vec<&str> = required_tools(fs)
+    pub fn supports(&self, fs: FsType) -> std::result::Result<(), MissingTools> {
+        let tools: Vec<&'static str> = required_tools(fs)
             .iter()
             .filter(|t| !self.tools.contains_key(*t))
             .copied()
             .collect();
-        if missing.is_empty() {
+        if tools.is_empty() {
             return Ok(());
         }
         let package = if fs.is_ext() { "e2fsprogs" } else { "xfsprogs" };
-        Err(format!(
-            "missing {} (install {package})",
-            missing.join(", ")
-        ))
+        Err(MissingTools { tools, package })
     }
 
     fn tool(&self, fs: FsType, name: &'static str) -> Result<&Path> {
         self.supports(fs)
-            .map_err(|why| FsToolError::Unavailable { fs, why })?;
+            .map_err(|missing| FsToolError::Unavailable {
+                fs,
+                why: missing.to_string(),
+            })?;
         self.tools
             .get(name)
             .map(PathBuf::as_path)

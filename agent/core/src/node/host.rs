@@ -290,7 +290,7 @@ pub trait HostOps: Send + Sync {
 
     // Filesystem tools.
     /// Why this host cannot format, check or grow `fs`, if it cannot.
-    fn fs_supported(&self, fs: FsType) -> std::result::Result<(), String>;
+    fn fs_supported(&self, fs: FsType) -> std::result::Result<(), crate::seam::MissingTools>;
     /// Probes the device, and reads the filesystem's size in the same visit when it is `fs`.
     fn probe(&self, device: &Path, fs: FsType) -> Result<Probed>;
     /// Refuses options that cannot make a filesystem on a device this size.

@@ -42,9 +42,12 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     let journal = Journal::new(ctx, vol, Op::Stage);
     check_compatible(ctx, &cmd.volume, &cmd.staging, &cmd.capability)?;
     if let Some(fs) = cmd.capability.fs() {
-        ctx.host
-            .fs_supported(fs)
-            .map_err(|why| Error::FsTool(FsToolError::Unavailable { fs, why }))?;
+        ctx.host.fs_supported(fs).map_err(|missing| {
+            Error::FsTool(FsToolError::Unavailable {
+                fs,
+                why: missing.to_string(),
+            })
+        })?;
     }
     let staging_path = cmd.staging.as_path();
     let _turn = ctx

@@ -29,7 +29,7 @@ use ebs_node_core::node::path_handles;
 use ebs_node_core::node::volume_device::VolumeDevice;
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_core::request::{FormatOptions, FsType, RequestPath};
-use ebs_node_core::seam::{FsToolError, FsckOutcome, ReadOutcome};
+use ebs_node_core::seam::{FsToolError, FsckOutcome, MissingTools, ReadOutcome};
 use evidence::HeldEvidence;
 use handles::path_refusal;
 
@@ -209,7 +209,7 @@ impl HostOps for RealHost {
         .unwrap_or(true)
     }
 
-    fn fs_supported(&self, fs: FsType) -> std::result::Result<(), String> {
+    fn fs_supported(&self, fs: FsType) -> std::result::Result<(), MissingTools> {
         self.fstools.supports(fs)
     }
 

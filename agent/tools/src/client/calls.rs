@@ -66,7 +66,7 @@ fn volume_json(v: &csi::Volume) -> Value {
 pub async fn run(args: &ClientArgs) -> Result<Value, ClientError> {
     let channel: Channel = super::connect::channel(&args.endpoint)
         .await
-        .map_err(ClientError::Other)?;
+        .map_err(|e| ClientError::Other(e.to_string()))?;
     match &args.call {
         Call::Identity(call) => identity(channel, call, args).await,
         Call::Controller(call) => controller(channel, call, args).await,

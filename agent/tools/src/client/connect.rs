@@ -5,17 +5,28 @@ use std::path::PathBuf;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
 
+/// Why no channel could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("endpoint {0:?}: use unix:///absolute/path.sock")]
+    NotAbsolute(String),
+    #[error("cannot connect to {endpoint}: {source}")]
+    Connect {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
 /// Connects to `unix:///path.sock`, `unix:/path.sock` or a bare absolute path. The channel
 /// reconnects lazily.
-pub async fn channel(endpoint: &str) -> Result<Channel, String> {
+pub async fn channel(endpoint: &str) -> Result<Channel, ConnectError> {
     let path = PathBuf::from(ebs_node_core::config::unix_socket_path(endpoint).unwrap_or(endpoint));
     if !path.is_absolute() {
-        return Err(format!(
-            "endpoint {endpoint:?}: use unix:///absolute/path.sock"
-        ));
+        return Err(ConnectError::NotAbsolute(endpoint.to_string()));
     }
-    // The URI is a placeholder: the connector below decides where bytes go.
-    let ep = TonicEndpoint::try_from("http://localhost").map_err(|e| e.to_string())?;
+    // The URI is a placeholder (a constant, always valid): the connector decides where bytes go.
+    let ep = TonicEndpoint::from_static("http://localhost");
     ep.connect_with_connector(tower::service_fn(move |_: Uri| {
         let path = path.clone();
         async move {
@@ -24,5 +35,8 @@ pub async fn channel(endpoint: &str) -> Result<Channel, String> {
         }
     }))
     .await
-    .map_err(|e| format!("cannot connect to {endpoint}: {e}"))
+    .map_err(|source| ConnectError::Connect {
+        endpoint: endpoint.to_string(),
+        source,
+    })
 }

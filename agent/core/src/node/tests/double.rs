@@ -393,9 +393,12 @@ impl HostOps for DoubleHost {
         !self.state().health.no_resource_cap
     }
 
-    fn fs_supported(&self, _fs: FsType) -> std::result::Result<(), String> {
+    fn fs_supported(&self, _fs: FsType) -> std::result::Result<(), crate::seam::MissingTools> {
         match self.state().fail.get("supported") {
-            Some(why) => Err(why.clone()),
+            Some(_) => Err(crate::seam::MissingTools {
+                tools: vec!["mkfs.ext4"],
+                package: "e2fsprogs",
+            }),
             None => Ok(()),
         }
     }

@@ -120,7 +120,9 @@ async fn run(b: &BenchArgs, args: &ClientArgs, interrupts: Interrupts) -> Result
         return Err("--volumes and --concurrency must be at least 1".into());
     }
     let fs = FsType::parse(&b.fs_type).map_err(|e| e.to_string())?;
-    let channel = super::connect::channel(&args.endpoint).await?;
+    let channel = super::connect::channel(&args.endpoint)
+        .await
+        .map_err(|e| e.to_string())?;
     let agent_paths = workdir::ask(channel.clone()).await?;
     // Before anything is created: a work dir the agent would refuse fails here, not at the
     // first NodeStage after every volume was created and attached.

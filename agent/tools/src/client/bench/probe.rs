@@ -50,7 +50,12 @@ async fn probe_until(
     timeout: Duration,
     stop: Arc<AtomicBool>,
 ) -> Result<Series, String> {
-    let c = Csi::new(crate::client::connect::channel(&endpoint).await?, timeout);
+    let c = Csi::new(
+        crate::client::connect::channel(&endpoint)
+            .await
+            .map_err(|e| e.to_string())?,
+        timeout,
+    );
     let mut series = Series::default();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -124,7 +124,9 @@ impl Scratch {
     }
 
     async fn csi(&self, timeout: Duration) -> Result<Csi, String> {
-        let ch = crate::client::connect::channel(&self.socket().display().to_string()).await?;
+        let ch = crate::client::connect::channel(&self.socket().display().to_string())
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(Csi::new(ch, timeout))
     }
 }
