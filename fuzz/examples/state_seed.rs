@@ -43,6 +43,7 @@ fn main() -> Result<(), StoreError> {
             readonly: false,
             progress: Progress::Complete,
             at_unix_ms: 3,
+            attachment: None,
         })?;
         w.put_publication(&Publication {
             volume_id: "v1".into(),

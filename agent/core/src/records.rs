@@ -151,6 +151,11 @@ pub struct StagedVolume {
     pub readonly: bool,
     pub progress: Progress,
     pub at_unix_ms: u64,
+    /// For a device with no identity to prove (`DeviceIdentity::Unverified`): which attachment
+    /// it was staged on (`boot:diskseq`, as `FormatRecord::attachment`). Recovery keeps a raw
+    /// block staging of such a device only while the same attachment is at its numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

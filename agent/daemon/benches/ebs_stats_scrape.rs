@@ -84,6 +84,7 @@ fn sources(f: &Fixture, state_dir: &Path, volumes: u32, delay: Duration) -> Sour
                     readonly: false,
                     progress: Progress::Complete,
                     at_unix_ms: 0,
+                    attachment: None,
                 })?;
             }
             Ok(())

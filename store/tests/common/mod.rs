@@ -41,6 +41,7 @@ pub fn staged(id: &str, n: u64) -> StagedVolume {
         readonly: false,
         progress: Progress::Complete,
         at_unix_ms: n,
+        attachment: None,
     }
 }
 

@@ -6,8 +6,9 @@
 //! finding. The daemon runs it for every recorded volume at start-up, under the volume's guard,
 //! and again for a volume that needs attention (`node::recovery`, `node::attention`).
 
+use crate::DevNum;
 use crate::ledger::{LedgerResult, LedgerWriter};
-use crate::records::{AccessRecord, Durability, Progress};
+use crate::records::{AccessRecord, DeviceIdentity, Durability, Progress, StagedVolume};
 
 use super::NodeCtx;
 use super::backend::Shown;
@@ -24,6 +25,19 @@ pub struct VolumeReport {
     pub completed: usize,
 }
 
+/// A device with no identity to prove is still the one staged while its recorded path shows
+/// its recorded numbers and the attachment it was staged on (a plain restart); a reboot or a
+/// detach and new attach in between is another attachment, whatever it shows.
+fn same_attachment(ctx: &NodeCtx, staged: &StagedVolume) -> bool {
+    let Some(recorded) = staged.attachment.as_deref() else {
+        return false;
+    };
+    ctx.host.block_devnum(&staged.device).is_ok_and(|devnum| {
+        staged.devnum.map(DevNum::from) == Some(devnum)
+            && ctx.host.attachment(devnum).as_deref() == Some(recorded)
+    })
+}
+
 /// Checks one volume's records against the host and completes or drops them. Runs under the
 /// volume's guard, on a blocking thread (it walks recorded paths).
 pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
@@ -34,6 +48,9 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
     if let Some(staged) = store.staged(vol)? {
         let present = match staged.access {
             AccessRecord::Mount { .. } => staged_mount_present(ctx, &staged)?,
+            AccessRecord::Block if staged.identity == DeviceIdentity::Unverified => {
+                same_attachment(ctx, &staged)
+            }
             AccessRecord::Block => ctx
                 .backend
                 .prove(

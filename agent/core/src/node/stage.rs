@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::records::{
-    DeviceClaim, Durability, FormatRecord, FormatState, Phase, Progress, StagedVolume, now_unix_ms,
+    DeviceClaim, DeviceIdentity, Durability, FormatRecord, FormatState, Phase, Progress,
+    StagedVolume, now_unix_ms,
 };
 
 use super::claims::Use;
@@ -106,6 +107,9 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         readonly,
         progress: Progress::InProgress,
         at_unix_ms: now_unix_ms(),
+        attachment: (resolved.identity == DeviceIdentity::Unverified)
+            .then(|| ctx.host.attachment(device.devnum()))
+            .flatten(),
     };
     let AccessType::Mount { fs, flags } = &cmd.capability.access else {
         // Block access: the device is verified and recorded; nothing is mounted. It is handed

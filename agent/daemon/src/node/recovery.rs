@@ -222,6 +222,7 @@ mod tests {
             readonly: false,
             progress: Progress::Complete,
             at_unix_ms: 1,
+            attachment: None,
         };
         ctx.store
             .write(Durability::Immediate, |w| w.put_staged(&record))

@@ -115,6 +115,26 @@ impl State {
     }
 }
 
+impl DoubleHost {
+    /// What uses `devnum`'s bytes raw: a bind of the node of a device showing them, or a
+    /// read-only device laid over one (the daemon's node-local backend's `raw_use`).
+    pub fn raw_use(&self, devnum: DevNum) -> Option<String> {
+        let s = self.state();
+        let family = s.same_bytes(devnum);
+        let bound = s.mounts.iter().find_map(|(at, stack)| {
+            stack
+                .iter()
+                .any(|m| m.node.kind == FileType::BlockDevice && family.contains(&m.node.rdev))
+                .then(|| format!("bound at {}", at.display()))
+        });
+        bound.or_else(|| {
+            (s.read_only.iter())
+                .find(|(_, under)| family.contains(under))
+                .map(|(ro, _)| format!("read-only device {ro} laid over it"))
+        })
+    }
+}
+
 pub struct DoubleHost {
     pub(super) ledger: Arc<MemLedger>,
     /// Whose journal the recorded calls are set against.

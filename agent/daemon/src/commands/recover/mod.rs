@@ -354,6 +354,7 @@ fn rebuild_mounts(
                 readonly: m.is_read_only(),
                 progress: Progress::Complete,
                 at_unix_ms: now_unix_ms(),
+                attachment: None,
             };
             let format = match blkid::probe(&k.device) {
                 Ok(ProbeOutcome::Found(sig)) if !block_bind && !sig.is_partition_table => {

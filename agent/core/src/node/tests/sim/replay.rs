@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 15] = [
+    let runs: [(&str, Vec<Action>); 17] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -310,6 +310,46 @@ fn shrunk_reproductions_stay_fixed() {
                     at: 4,
                     first: Box::new(call("stage", "vol-c", true)),
                     second: Box::new(at("p2", call("stage", stack, true))),
+                },
+            ],
+        ),
+        (
+            // The long run's seed 8007346 (a hole in the double): after a reset no record said
+            // vol-b's raw block publication was live, and a handle naming vol-b's device formatted
+            // it under that publication (its workload's bytes then overwritten by the redo of the
+            // interrupted mkfs). The daemon's node-local backend refuses a device the host shows
+            // in raw use on a handle's first stage; the double's backend does too now.
+            "a handle on a device a live raw publication binds, after a reset",
+            vec![
+                call("stage", "vol-b", true),
+                at("p2", call("publish", "vol-b", false)),
+                Action::Reset,
+                Action::CrashMidStep {
+                    at: 1,
+                    call: Box::new(call("stage", handle_b, false)),
+                },
+                Action::Write {
+                    id: "vol-b".into(),
+                    over_start: false,
+                },
+                Action::Crash {
+                    at: 12,
+                    call: Box::new(call("stage", handle_b, false)),
+                },
+            ],
+        ),
+        (
+            // Found once the double refused raw use: a raw block staging of a device with no
+            // identity to prove (the stacked device; on a host, a disk without a serial) was
+            // dropped by every restart's recovery ("the staging mount is gone"), and the retried
+            // stage was then refused by its own publication's bind. Recovery keeps it while the
+            // attachment it was staged on is at its numbers (`StagedVolume::attachment`).
+            "an unverified raw block staging across a restart",
+            vec![
+                call("stage", stack, true),
+                Action::Crash {
+                    at: 4,
+                    call: Box::new(call("publish", stack, false)),
                 },
             ],
         ),

@@ -162,6 +162,7 @@ impl Env {
             readonly: false,
             progress: Progress::Complete,
             at_unix_ms: 0,
+            attachment: None,
         };
         self.store
             .write(Durability::Lazy, |w| w.put_staged(&record))
