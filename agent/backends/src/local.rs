@@ -53,7 +53,7 @@ impl WithLocalVolumes {
         let devnum = node.1;
         // A loop device whose detach the kernel deferred (autoclear) is going away: nothing to
         // stage, whatever it still shows.
-        if kernel_name(devnum).is_some_and(|name| {
+        if ebs_node_host::raw_use::kernel_name(devnum).is_some_and(|name| {
             std::fs::read_to_string(format!("/sys/block/{name}/loop/autoclear"))
                 .is_ok_and(|a| a.trim() == "1")
         }) {
@@ -148,7 +148,7 @@ impl WithLocalVolumes {
                 door: "a read-only device laid over a volume's",
             });
         }
-        let (whole, mut family) = disk_family(devnum);
+        let (whole, mut family) = ebs_node_host::raw_use::disk_family(devnum);
         // Other loop devices over the same file show the same bytes: their mounts, binds and
         // claims are this device's too (a twenty-fourth fresh review's F1).
         let siblings = ebs_node_host::loopdev::stacking::siblings(devnum).map_err(|e| {
@@ -200,21 +200,9 @@ impl WithLocalVolumes {
                 what,
             });
         }
-        // Raw use the kernel's claim does not show: a device node bound onto a file (every raw
-        // block publication, this agent's or anyone's), a loop device laid over it (a read-only
-        // publication's), a holder (device-mapper, RAID). The handle's own first stage checked
-        // this already; its re-stages find its own binds.
-        if self.store.staged(volume.as_str())?.is_none()
-            && let Some(what) = raw_use(node, &family, table.entries())
-        {
-            return Err(Error::DeviceStillBound {
-                device: node.to_path_buf(),
-                at: what
-                    .trim_start_matches('(')
-                    .trim_end_matches(')')
-                    .to_string(),
-            });
-        }
+        // Raw use the kernel's claim does not show (a bound device node, a holder) is the
+        // core's to refuse, for every door (`HostOps::raw_use`); a loop device laid over it is a
+        // view (`node::views`).
         if let Some(&busy) = siblings.iter().find(|d| still_claimed(**d)) {
             return Err(Error::DiskClaimed {
                 volume: volume.to_string(),
@@ -233,76 +221,6 @@ impl WithLocalVolumes {
     }
 }
 
-/// What uses the device (or its disk's family) raw, as the host shows it: a bind of its device
-/// node (a devtmpfs mount whose root is the node's name; or any bound node of it, in any mount
-/// namespace), a loop device backed by it, a holder.
-fn raw_use(
-    node: &Path,
-    family: &[DevNum],
-    mounts: &[ebs_node_host::mount::table::MountEntry],
-) -> Option<String> {
-    let names: Vec<PathBuf> = family
-        .iter()
-        .filter_map(|d| kernel_name(*d))
-        .chain(node.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .map(|n| Path::new("/").join(n))
-        .collect();
-    if let Some(m) = mounts
-        .iter()
-        .find(|m| m.fs_type == "devtmpfs" && names.contains(&m.root))
-    {
-        return Some(format!(
-            "(a bind of its device node at {})",
-            m.mount_point.display()
-        ));
-    }
-    // A node made elsewhere (mknod in a container's /dev, a tmpfs) and bound: only the bound
-    // file itself tells its device numbers. A device-node bind is never of a filesystem's root,
-    // and network filesystems are left out (a stat there may hang; this call alone would).
-    let network = |t: &str| {
-        ["nfs", "cifs", "smb", "fuse", "ceph", "9p"]
-            .iter()
-            .any(|n| t.starts_with(n))
-    };
-    if let Some(m) = mounts.iter().find(|m| {
-        m.root != Path::new("/")
-            && m.fs_type != "devtmpfs"
-            && !network(&m.fs_type)
-            && std::fs::symlink_metadata(&m.mount_point).is_ok_and(|meta| {
-                meta.file_type().is_block_device() && family.contains(&devnum_of(meta.rdev()))
-            })
-    }) {
-        return Some(format!(
-            "(a bind of a node of it at {})",
-            m.mount_point.display()
-        ));
-    }
-    // A bind of a node of it that only another mount namespace shows (a container's copy of
-    // a raw block volume, another driver's): every namespace's table, by the bound node's
-    // numbers. Unreadable tables within the bound time count as a use.
-    let uses = ebs_node_host::device_binds::Uses::scan(ebs_node_host::device_binds::WITHIN);
-    if let Some(at) = family.iter().find_map(|d| uses.bound(*d)) {
-        return Some(format!("(its device node is {at})"));
-    }
-    // Every loop device, by the device the kernel says it lies over (`lo_rdevice`).
-    if let Ok(loops) = ebs_node_host::loopdev::overlay::tagged("")
-        && let Some(o) = loops.iter().find(|o| family.contains(&o.backing))
-    {
-        return Some(format!("(loop device {} laid over it)", o.device.display()));
-    }
-    for d in family {
-        let holders = PathBuf::from(format!("/sys/dev/block/{d}/holders"));
-        if let Some(h) = std::fs::read_dir(holders)
-            .ok()
-            .and_then(|mut it| it.next())
-            .and_then(|e| e.ok())
-        {
-            return Some(format!("(held by {})", h.file_name().to_string_lossy()));
-        }
-    }
-    None
-}
-
 /// The block device a loop device is laid over, when it is laid over one: as the kernel keeps
 /// it (`lo_rdevice`), not as the path it recorded, which may be deleted or of another mount
 /// namespace.
@@ -311,12 +229,6 @@ fn laid_over(devnum: DevNum) -> Option<String> {
         .ok()
         .flatten()?;
     (o.backing != DevNum::new(0, 0)).then(|| o.backing.to_string())
-}
-
-/// The kernel's name of a block device (`loop2`, `nvme1n1p1`), from sysfs.
-fn kernel_name(devnum: DevNum) -> Option<String> {
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{devnum}")).ok()?;
-    Some(dir.file_name()?.to_string_lossy().into_owned())
 }
 
 /// The `volumeID` upstream's controller puts in the publish context, parsed; a node-local handle
@@ -364,37 +276,6 @@ fn device_node(volume: &VolumeId, device: &Path) -> Result<(PathBuf, DevNum)> {
         )));
     }
     Ok((node, devnum_of(meta.rdev())))
-}
-
-/// The whole disk a device belongs to (itself unless it is a partition), and the numbers of the
-/// disk and all its partitions, from sysfs. A device sysfs does not describe is its own family.
-fn disk_family(devnum: DevNum) -> (DevNum, Vec<DevNum>) {
-    let sys = PathBuf::from(format!("/sys/dev/block/{}", devnum));
-    let Ok(dir) = std::fs::canonicalize(&sys) else {
-        return (devnum, vec![devnum]);
-    };
-    let whole_dir = if dir.join("partition").exists() {
-        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
-    } else {
-        dir
-    };
-    let whole = read_dev(&whole_dir).unwrap_or(devnum);
-    let mut family = vec![whole, devnum];
-    if let Ok(entries) = std::fs::read_dir(&whole_dir) {
-        for e in entries.flatten() {
-            if e.path().join("partition").exists()
-                && let Some(n) = read_dev(&e.path())
-            {
-                family.push(n);
-            }
-        }
-    }
-    (whole, family)
-}
-
-/// A sysfs block directory's `dev` attribute (`maj:min`).
-fn read_dev(dir: &Path) -> Option<DevNum> {
-    DevNum::parse(&std::fs::read_to_string(dir.join("dev")).ok()?)
 }
 
 impl Backend for WithLocalVolumes {

@@ -39,6 +39,7 @@ pub mod mount;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod nvme;
 pub mod private;
+pub mod raw_use;
 pub mod read_probe;
 pub mod ready;
 pub mod real_host;

@@ -13,6 +13,7 @@ mod ebs_partitions;
 mod elsewhere;
 mod lifecycle;
 mod owners;
+mod raw_use;
 mod rebuild;
 mod refusals;
 mod retries;

@@ -264,6 +264,11 @@ pub trait HostOps: Send + Sync {
     fn remove_read_only(&self, tag: &str) -> Result<usize>;
     /// When the device is one of the agents' read-only devices: the device it lies over.
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum>;
+    /// What uses the device raw, as the host shows it (a bind of its node, or of a node of its
+    /// disk's family or of another loop device over its file, in any mount namespace; a
+    /// holder): the kernel's exclusive claim shows none of these. `Err`
+    /// when the host cannot be read.
+    fn raw_use(&self, devnum: DevNum, device: &Path) -> io::Result<Option<String>>;
     /// This agent's read-only devices: those whose tag starts with one of `prefixes`.
     fn read_only_devices(&self, prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>>;
     /// For each of `found`, in order: what the host shows uses it (a bind of its node in any

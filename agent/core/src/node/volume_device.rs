@@ -119,6 +119,22 @@ impl VolumeDevice {
             devnum,
             self.path(),
         )?;
+        // Raw use the kernel's claim does not show (a bound node: a raw block publication,
+        // this agent's after a reset or anyone's; a holder) makes the device someone's. A volume's own re-stage finds its own binds, and is let be.
+        if ctx.ledger.staged(volume.as_str())?.is_none() {
+            let used = ctx.host.raw_use(devnum, self.path()).map_err(|e| {
+                Error::io(
+                    format!("finding what uses {} raw", self.path().display()),
+                    e,
+                )
+            })?;
+            if let Some(at) = used {
+                return Err(Error::DeviceStillBound {
+                    device: self.path().to_path_buf(),
+                    at: at.trim_start_matches('(').trim_end_matches(')').to_string(),
+                });
+            }
+        }
         self._views =
             super::views::refuse_used_and_hold(ctx, volume.as_str(), devnum, self.path())?;
         self.claim = Some(Claim {

@@ -176,6 +176,10 @@ impl HostOps for RealHost {
         read_only::lies_over(devnum)
     }
 
+    fn raw_use(&self, devnum: DevNum, device: &Path) -> io::Result<Option<String>> {
+        crate::raw_use::raw_use(device, devnum)
+    }
+
     fn read_only_devices(&self, prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>> {
         read_only::list(prefixes)
     }

@@ -174,19 +174,6 @@ impl Backend for DoubleBackend {
                 why: "no such device".into(),
             });
         };
-        // As the daemon's node-local backend: a handle's first stage refuses a device the host
-        // shows in raw use (its node bound somewhere, a read-only device laid over it), which
-        // no record may explain after `recover --reset` (the long run's seed 8007346: after a
-        // reset, a handle formatted the device under vol-b's live raw block publication).
-        if volume.is_local()
-            && !matches!(
-                crate::ledger::Ledger::staged(&*self.host.ledger, volume.as_str()),
-                Ok(Some(_))
-            )
-            && let Some(at) = self.host.raw_use(devnum)
-        {
-            return Err(Error::DeviceStillBound { device: path, at });
-        }
         let unverified = self.host.state().unverified.contains(&devnum);
         let identity = match volume.local_device() {
             _ if unverified => DeviceIdentity::Unverified,

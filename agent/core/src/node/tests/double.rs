@@ -116,21 +116,16 @@ impl State {
 }
 
 impl DoubleHost {
-    /// What uses `devnum`'s bytes raw: a bind of the node of a device showing them, or a
-    /// read-only device laid over one (the daemon's node-local backend's `raw_use`).
-    pub fn raw_use(&self, devnum: DevNum) -> Option<String> {
+    /// What uses `devnum`'s bytes raw: a bind of the node of a device showing them (the real
+    /// host's `raw_use`; a device laid over it is a view, `views_of`).
+    pub fn raw_use_of(&self, devnum: DevNum) -> Option<String> {
         let s = self.state();
         let family = s.same_bytes(devnum);
-        let bound = s.mounts.iter().find_map(|(at, stack)| {
+        s.mounts.iter().find_map(|(at, stack)| {
             stack
                 .iter()
                 .any(|m| m.node.kind == FileType::BlockDevice && family.contains(&m.node.rdev))
                 .then(|| format!("bound at {}", at.display()))
-        });
-        bound.or_else(|| {
-            (s.read_only.iter())
-                .find(|(_, under)| family.contains(under))
-                .map(|(ro, _)| format!("read-only device {ro} laid over it"))
         })
     }
 }
@@ -391,6 +386,10 @@ impl HostOps for DoubleHost {
         over: DevNum,
     ) -> io::Result<Vec<(PathBuf, io::Result<u64>)>> {
         self.resize_read_only_over(tags, over)
+    }
+
+    fn raw_use(&self, devnum: DevNum, _device: &Path) -> io::Result<Option<String>> {
+        Ok(self.raw_use_of(devnum))
     }
 
     fn read_only_devices(&self, prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>> {

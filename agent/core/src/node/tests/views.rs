@@ -27,8 +27,13 @@ fn used_view(h: &Harness, volume: &str, bound: bool) -> crate::DevNum {
     view
 }
 
+/// The views' refusal; or, for a view bound raw or laid over the device, the raw-use one a
+/// first take asks before the views (`HostOps::raw_use`).
 fn in_use_elsewhere(e: &Error) -> bool {
-    matches!(e, Error::BytesInUseElsewhere { .. })
+    matches!(
+        e,
+        Error::BytesInUseElsewhere { .. } | Error::DeviceStillBound { .. }
+    )
 }
 
 #[test]
@@ -92,4 +97,32 @@ fn a_device_named_like_the_volumes_read_only_device_is_not_its_own() {
         .publish(&h.publish_cmd(VOL, "pod-rw", block(AccessMode::MultiNodeReaderOnly)))
         .expect_err("a name made a foreign writable device the volume's own");
     assert!(in_use_elsewhere(&e), "{e}");
+}
+
+/// The device itself bound raw elsewhere (an operator's bind of its node, or a raw block
+/// publication a `recover --reset` forgot): the kernel's exclusive claim shows nothing, and a
+/// first stage of any volume, filesystem or raw, is refused with nothing done.
+#[test]
+fn a_first_stage_refuses_a_device_bound_raw_elsewhere() {
+    for capability in [
+        mount(AccessMode::SingleNodeWriter),
+        block(AccessMode::SingleNodeWriter),
+    ] {
+        let h = Harness::new();
+        let dev = h.attach(VOL);
+        let devnum = h.host.devnum(&dev);
+        let mut bind = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+        bind.node.kind = crate::seam::FileKind::BlockDevice;
+        bind.node.rdev = devnum;
+        h.host
+            .state()
+            .mounts
+            .insert(h.dir.join("elsewhere"), vec![bind]);
+        let e = h
+            .stage(&h.stage_cmd(VOL, capability))
+            .expect_err("staged a device bound raw elsewhere");
+        assert!(matches!(e, Error::DeviceStillBound { .. }), "{e}");
+        assert_eq!(h.host.calls(), Vec::<String>::new());
+        assert!(h.ledger.staged(VOL).expect("read").is_none());
+    }
 }

@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 17] = [
+    let runs: [(&str, Vec<Action>); 18] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -350,6 +350,25 @@ fn shrunk_reproductions_stay_fixed() {
                 Action::Crash {
                     at: 4,
                     call: Box::new(call("publish", stack, false)),
+                },
+            ],
+        ),
+        (
+            // The long run's seed 9044383 (and 9036274, 9007xxx), once the double's backend
+            // refused raw use for handles only: after a reset, vol-b's own stage took the device
+            // a handle had published raw (the raw-use check lived in the node-local backend, so
+            // no other door asked it). The core asks it on every first take now.
+            "a volume staged on its device a handle publishes raw, after a reset",
+            vec![
+                at("p2", call("stage", handle_b, true)),
+                at("p2", call("publish", handle_b, false)),
+                Action::Reset,
+                call("stage", "vol-b", true),
+                Action::Inspect {
+                    op: "stats",
+                    id: "vol-b".into(),
+                    at: handle_b.into(),
+                    target: "p2",
                 },
             ],
         ),
