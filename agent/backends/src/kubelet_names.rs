@@ -33,21 +33,33 @@ pub fn named_for(volume: &VolumeId, staging: &Path) -> bool {
 /// through a handle is told from one made through the volume's own id, which the device alone
 /// cannot tell. The handle is one of the device's names in /dev (its own, or a link to it).
 pub fn handle_named_by(volume_id: &str, device: &Path, staging: &Path) -> Option<String> {
+    let said = kubelet_volume_handle(staging).is_some() || v01_staging_id(staging).is_some();
+    // A staging directory named after the volume's own id is the volume's, not a handle's.
+    if !said && staging.parent()?.file_name()?.to_str()? == sha256_hex(volume_id) {
+        return None;
+    }
+    handle_at(device, staging)
+}
+
+/// The node-local handle kubelet's layout (or the agent's v0.1 staging directory) at `at` says
+/// a mount of `device` was made through: its `vol_data.json` naming a handle of this very
+/// device, or a staging directory named after the SHA-256 of one of the device's /dev names.
+pub fn handle_at(device: &Path, at: &Path) -> Option<String> {
     let node = std::fs::canonicalize(device).ok()?;
     // kubelet's own record of the volume beside the mount says which handle it used; the
     // agent's v0.1 staging directory is named after the id itself.
-    if let Some(handle) = kubelet_volume_handle(staging).or_else(|| v01_staging_id(staging)) {
+    if let Some(handle) = kubelet_volume_handle(at).or_else(|| v01_staging_id(at)) {
         let named = VolumeId::parse(&handle).ok()?;
         let device = named.local_device()?;
         return std::fs::canonicalize(device)
             .is_ok_and(|d| d == node)
             .then_some(handle);
     }
-    if staging.file_name()? != "globalmount" {
+    if at.file_name()? != "globalmount" {
         return None;
     }
-    let hash = staging.parent()?.file_name()?.to_str()?;
-    if hash.len() != 64 || sha256_hex(volume_id) == hash {
+    let hash = at.parent()?.file_name()?.to_str()?;
+    if hash.len() != 64 {
         return None;
     }
     device_names(&node)

@@ -11,7 +11,7 @@ use super::owners::{SIZE, handle_of, rwx_block, rwx_mount};
 /// handle's own unpublish and unstage must leave nothing mounted.
 async fn rebuilt_then_taken_down(
     agent: &mut Agent,
-    v: &Vol,
+    v: Option<&Vol>,
     h: &Vol,
     staging: &std::path::Path,
     target: &std::path::Path,
@@ -19,10 +19,12 @@ async fn rebuilt_then_taken_down(
 ) {
     let mut node = agent.node().await;
     let mut stage = stage_req(h, staging, cap.clone());
-    stage
-        .publish_context
-        .insert("volumeID".into(), v.id.clone());
-    node.node_stage_volume(stage)
+    if let Some(v) = v {
+        stage
+            .publish_context
+            .insert("volumeID".into(), v.id.clone());
+    }
+    node.node_stage_volume(stage.clone())
         .await
         .expect("stage the handle");
     node.node_publish_volume(publish_req(h, staging, target, cap, false))
@@ -44,6 +46,25 @@ async fn rebuilt_then_taken_down(
         Vec::<std::path::PathBuf>::new(),
         "the handle's mounts were left: {said}"
     );
+    node.node_stage_volume(stage)
+        .await
+        .expect("the handle staged again");
+    node.node_unstage_volume(unstage_req(h, staging))
+        .await
+        .expect("the handle's second unstage");
+}
+
+/// kubelet's staging directory for `handle`: named after its SHA-256.
+fn kubelet_staging(agent: &Agent, handle: &str) -> std::path::PathBuf {
+    let sha = sh(&format!("printf %s '{handle}' | sha256sum"));
+    let sha = String::from_utf8_lossy(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    agent.work.join(format!(
+        "plugins/kubernetes.io/csi/ebs.csi.aws.com/{sha}/globalmount"
+    ))
 }
 
 /// `recover --from-mounts` gives a node-local handle's mounts back to the handle, not to the
@@ -59,17 +80,28 @@ async fn recover_from_mounts_gives_a_handles_mounts_back_to_the_handle() {
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let v = create_attached(&agent, "v", SIZE).await;
     let h = handle_of(&v);
-    let sha = sh(&format!("printf %s '{}' | sha256sum", h.id));
-    let sha = String::from_utf8_lossy(&sha.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let staging = agent.work.join(format!(
-        "plugins/kubernetes.io/csi/ebs.csi.aws.com/{sha}/globalmount"
-    ));
+    let staging = kubelet_staging(&agent, &h.id);
     let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
-    rebuilt_then_taken_down(&mut agent, &v, &h, &staging, &target, rwx_mount()).await;
+    rebuilt_then_taken_down(&mut agent, Some(&v), &h, &staging, &target, rwx_mount()).await;
+}
+
+/// The same for a handle naming a device that is none of the agent's volumes (an operator's
+/// disk): `recover --from-mounts` looked only at its volumes' devices, so the handle's mounts
+/// were left with no record, its unpublish and unstage answered OK and left them, and every
+/// later stage of it was refused (a thirty-first fresh review's F1).
+#[tokio::test]
+async fn recover_from_mounts_gives_a_handle_on_an_operators_disk_its_mounts_back() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("recover_from_mounts_gives_a_handle_on_an_operators_disk_its_mounts_back") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-rebuild-disk");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let disk = crate::Disk::new(&scratch, "operators", SIZE as u64);
+    let h = handle_of(&disk.vol());
+    let staging = kubelet_staging(&agent, &h.id);
+    let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
+    rebuilt_then_taken_down(&mut agent, None, &h, &staging, &target, rwx_mount()).await;
 }
 
 /// The same for a raw block handle, whose mounts carry no handle in their names: kubelet's own
@@ -96,7 +128,7 @@ async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle(
         ),
     )
     .expect("vol_data.json");
-    rebuilt_then_taken_down(&mut agent, &v, &h, &staging, &target, rwx_block()).await;
+    rebuilt_then_taken_down(&mut agent, Some(&v), &h, &staging, &target, rwx_block()).await;
 }
 
 /// After `recover --reset` the loop volumes' records are gone, but their files are still the

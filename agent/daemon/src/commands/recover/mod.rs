@@ -21,6 +21,8 @@ use ebs_node_core::records::{
 };
 use ebs_store::Store;
 
+mod known;
+
 use crate::cli::RecoverArgs;
 use crate::settings::STATE_FILE;
 use ebs_node_backends::loopback::file_inode;
@@ -28,11 +30,12 @@ use ebs_node_core::node::ro_tag::AgentTag;
 use ebs_node_core::probe::ProbeOutcome;
 use ebs_node_host::blkid;
 use ebs_node_host::device::block_devnum;
-use ebs_node_host::loopdev::{self, overlay};
+use ebs_node_host::loopdev;
 use ebs_node_host::mount::table::MountTable;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use known::{block_bound, handle_device, nvme_volumes};
 
 /// A device the agent can tell is one of its volumes.
+#[derive(Clone)]
 pub(super) struct Known {
     pub(super) volume_id: String,
     pub(super) device: PathBuf,
@@ -82,7 +85,9 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
         .chain(nvme_volumes())
         .collect::<Vec<_>>();
     let table = MountTable::read().map_err(|e| e.to_string())?;
-    let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag)?;
+    // The loop backend keeps its volume files there; the EBS backend has none.
+    let loop_mode = state_dir.join("volumes").is_dir();
+    let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag, loop_mode)?;
     Ok(format!(
         "rebuilt {} staged volume(s) and {} publication(s) from the mount table",
         staged, published
@@ -220,73 +225,12 @@ fn attachment_of(
     }
 }
 
-/// EBS volumes: NVMe namespaces whose controller serial is a volume id.
-fn nvme_volumes() -> Vec<Known> {
-    let mut known = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/sys/block") else {
-        return known;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("nvme") {
-            continue;
-        }
-        let serial =
-            std::fs::read_to_string(entry.path().join("device/serial")).unwrap_or_default();
-        let serial = serial.trim();
-        if let Some(rest) = serial.strip_prefix("vol") {
-            known.push(Known {
-                volume_id: format!("vol-{rest}"),
-                device: PathBuf::from("/dev").join(&name),
-                identity: DeviceIdentity::NvmeSerial {
-                    serial: serial.to_string(),
-                },
-            });
-        }
-    }
-    known
-}
-
-/// The volume a block bind at `at` hands out, and whether through one of this agent's
-/// read-only devices laid over it (a read-only raw block publication): by the device numbers of
-/// the node bound there, not by names.
-fn block_bound<'k>(
-    at: &Path,
-    by_numbers: &HashMap<DevNum, &'k Known>,
-    agent_tag: &AgentTag,
-) -> Option<(&'k Known, bool)> {
-    let meta = std::fs::symlink_metadata(at).ok()?;
-    if !meta.file_type().is_block_device() {
-        return None;
-    }
-    let devnum = ebs_node_host::device::devnum_of(meta.rdev());
-    if let Some(k) = by_numbers.get(&devnum) {
-        return Some((k, false));
-    }
-    let ro = overlay::status_by_devnum(devnum).ok().flatten()?;
-    let k = by_numbers.get(&ro.backing)?;
-    let laid_here = [
-        agent_tag.tag(&k.volume_id, at),
-        agent_tag.legacy_tag(&k.volume_id, at),
-    ];
-    if !ro.read_only || !laid_here.contains(&ro.tag) {
-        println!(
-            "volume {}: {} binds a read-only device ({}) this agent did not lay there; left alone, \
-             no record made",
-            k.volume_id,
-            at.display(),
-            ro.tag
-        );
-        return None;
-    }
-    Some((k, true))
-}
-
 fn rebuild_mounts(
     store: &Store,
     known: &[Known],
     table: &MountTable,
     agent_tag: &AgentTag,
+    loop_mode: bool,
 ) -> Result<(usize, usize), String> {
     let mut by_numbers: HashMap<DevNum, &Known> = HashMap::new();
     for k in known {
@@ -296,6 +240,7 @@ fn rebuild_mounts(
     }
     let mut staging_of: HashMap<String, PathBuf> = HashMap::new();
     let mut owner_of: HashMap<String, Option<String>> = HashMap::new();
+    let mut handles: HashMap<DevNum, Known> = HashMap::new();
     let (mut staged, mut published) = (0, 0);
     // mountinfo lists mounts in the order they were made: a volume's first mount is its staging.
     for m in table.entries() {
@@ -312,11 +257,26 @@ fn rebuild_mounts(
         } else {
             by_numbers.get(&DevNum::new(m.major, m.minor)).copied()
         };
-        let Some(k) = k else { continue };
+        // A device that is none of the agent's volumes: a node-local handle's where kubelet's
+        // layout names that handle (a thirty-first fresh review's F1: its mounts were left with
+        // no record, its unpublish and unstage answered OK, and the device was refused for good).
+        let k = match k {
+            Some(k) => k.clone(),
+            None => match handle_device(m, block_bind, loop_mode, &mut handles) {
+                Some(k) => k,
+                None => continue,
+            },
+        };
+        let k = &k;
         // Whose the mounts are: the first (staging) mount's name says it where kubelet made it.
         let chosen = owner_of
             .entry(k.volume_id.clone())
-            .or_insert_with(|| handle_named_by(&k.volume_id, &k.device, &m.mount_point))
+            .or_insert_with(|| {
+                if k.volume_id.starts_with("local-") {
+                    return None;
+                }
+                handle_named_by(&k.volume_id, &k.device, &m.mount_point)
+            })
             .clone();
         let (vol, acts_for) = match &chosen {
             Some(handle) => (handle.as_str(), Some(k.volume_id.clone())),
