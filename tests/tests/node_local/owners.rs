@@ -309,7 +309,7 @@ async fn a_node_local_handle_never_takes_a_device_in_raw_use_the_records_do_not_
 
 /// Detaches, on drop, the loop devices laid over a device (a read-only block publication's that
 /// no record names any more).
-struct OverlaysOver(String);
+pub(super) struct OverlaysOver(pub(super) String);
 
 impl Drop for OverlaysOver {
     fn drop(&mut self) {

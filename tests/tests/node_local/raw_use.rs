@@ -58,3 +58,41 @@ async fn a_volume_whose_device_is_bound_raw_elsewhere_is_not_staged() {
         .await
         .expect("unstage");
 }
+
+/// A filesystem staging has no binds of its own: with its record there and its mount gone (an
+/// operator's umount), a re-stage fsck'd and mounted a device whose node was bound elsewhere (a
+/// thirty-second fresh review's F1).
+#[tokio::test]
+async fn a_re_stage_whose_mount_went_refuses_a_device_bound_raw_elsewhere() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_re_stage_whose_mount_went_refuses_a_device_bound_raw_elsewhere") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-raw-restage");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "v", SIZE).await;
+    let staging = agent.work.join("v/staging");
+    let cap = || mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, cap()))
+        .await
+        .expect("the first stage");
+    sh(&format!("umount {}", staging.display()));
+    let bound = scratch.join("operators-bind");
+    std::fs::write(&bound, b"").expect("bind target");
+    sh(&format!("mount --bind {} {}", v.device, bound.display()));
+    let unbind = Unmount(bound.clone());
+    let e = node
+        .node_stage_volume(stage_req(&v, &staging, cap()))
+        .await
+        .expect_err("re-staged a device bound raw elsewhere");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(!super::is_mounted(&staging), "the staging is mounted again");
+    drop(unbind);
+    node.node_stage_volume(stage_req(&v, &staging, cap()))
+        .await
+        .expect("the re-stage once nothing binds the device");
+    node.node_unstage_volume(unstage_req(&v, &staging))
+        .await
+        .expect("unstage");
+}

@@ -16,6 +16,7 @@ async fn rebuilt_then_taken_down(
     staging: &std::path::Path,
     target: &std::path::Path,
     cap: csi::VolumeCapability,
+    readonly: bool,
 ) {
     let mut node = agent.node().await;
     let mut stage = stage_req(h, staging, cap.clone());
@@ -27,7 +28,7 @@ async fn rebuilt_then_taken_down(
     node.node_stage_volume(stage.clone())
         .await
         .expect("stage the handle");
-    node.node_publish_volume(publish_req(h, staging, target, cap, false))
+    node.node_publish_volume(publish_req(h, staging, target, cap, readonly))
         .await
         .expect("publish the handle");
     drop(node);
@@ -82,7 +83,16 @@ async fn recover_from_mounts_gives_a_handles_mounts_back_to_the_handle() {
     let h = handle_of(&v);
     let staging = kubelet_staging(&agent, &h.id);
     let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
-    rebuilt_then_taken_down(&mut agent, Some(&v), &h, &staging, &target, rwx_mount()).await;
+    rebuilt_then_taken_down(
+        &mut agent,
+        Some(&v),
+        &h,
+        &staging,
+        &target,
+        rwx_mount(),
+        false,
+    )
+    .await;
 }
 
 /// The same for a handle naming a device that is none of the agent's volumes (an operator's
@@ -101,7 +111,7 @@ async fn recover_from_mounts_gives_a_handle_on_an_operators_disk_its_mounts_back
     let h = handle_of(&disk.vol());
     let staging = kubelet_staging(&agent, &h.id);
     let target = agent.work.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
-    rebuilt_then_taken_down(&mut agent, None, &h, &staging, &target, rwx_mount()).await;
+    rebuilt_then_taken_down(&mut agent, None, &h, &staging, &target, rwx_mount(), false).await;
 }
 
 /// The same for a raw block handle, whose mounts carry no handle in their names: kubelet's own
@@ -128,7 +138,16 @@ async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle(
         ),
     )
     .expect("vol_data.json");
-    rebuilt_then_taken_down(&mut agent, Some(&v), &h, &staging, &target, rwx_block()).await;
+    rebuilt_then_taken_down(
+        &mut agent,
+        Some(&v),
+        &h,
+        &staging,
+        &target,
+        rwx_block(),
+        false,
+    )
+    .await;
 }
 
 /// After `recover --reset` the loop volumes' records are gone, but their files are still the
@@ -165,4 +184,36 @@ async fn a_hard_link_of_a_volumes_file_is_the_agents_after_a_reset() {
         .await
         .expect_err("a handle took a volume's file through a hard link");
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+}
+
+/// A read-only raw block publication of such a handle binds this agent's read-only device laid
+/// over the handle's disk: rebuilt under the handle, read-only (a thirty-second fresh review's
+/// F3: no record was made, the unpublish answered OK and left the bind, the handle was refused
+/// for good).
+#[tokio::test]
+async fn recover_from_mounts_gives_a_handles_read_only_raw_publication_back() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("recover_from_mounts_gives_a_handles_read_only_raw_publication_back") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-rebuild-ro");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let disk = crate::Disk::new(&scratch, "operators", SIZE as u64);
+    let h = handle_of(&disk.vol());
+    let devices = agent.work.join("plugins/kubernetes.io/csi/volumeDevices");
+    let staging = devices.join("staging/pv-h");
+    let target = devices.join("publish/pv-h/pod-1");
+    // On a failure: the bind first, then the read-only device over the disk, then the disk.
+    let _overlays = super::owners::OverlaysOver(disk.dev.display().to_string());
+    let _unbind = Unmount(target.clone());
+    std::fs::create_dir_all(devices.join("pv-h/data")).expect("kubelet's data dir");
+    std::fs::write(
+        devices.join("pv-h/data/vol_data.json"),
+        format!(
+            r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{}"}}"#,
+            h.id
+        ),
+    )
+    .expect("vol_data.json");
+    rebuilt_then_taken_down(&mut agent, None, &h, &staging, &target, rwx_block(), true).await;
 }

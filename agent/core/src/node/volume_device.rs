@@ -6,7 +6,7 @@ use crate::DevNum;
 use std::path::Path;
 
 use crate::ledger::{LedgerResult, LedgerWriter};
-use crate::records::{ClaimDoor, DeviceClaim, DeviceIdentity, StagedVolume};
+use crate::records::{AccessRecord, ClaimDoor, DeviceClaim, DeviceIdentity, StagedVolume};
 
 use super::backend::{ResolvedDevice, Shown};
 use super::host::DeviceHandle;
@@ -119,22 +119,7 @@ impl VolumeDevice {
             devnum,
             self.path(),
         )?;
-        // Raw use the kernel's claim does not show (a bound node: a raw block publication,
-        // this agent's after a reset or anyone's; a holder) makes the device someone's. A volume's own re-stage finds its own binds, and is let be.
-        if ctx.ledger.staged(volume.as_str())?.is_none() {
-            let used = ctx.host.raw_use(devnum, self.path()).map_err(|e| {
-                Error::io(
-                    format!("finding what uses {} raw", self.path().display()),
-                    e,
-                )
-            })?;
-            if let Some(at) = used {
-                return Err(Error::DeviceStillBound {
-                    device: self.path().to_path_buf(),
-                    at: at.trim_start_matches('(').trim_end_matches(')').to_string(),
-                });
-            }
-        }
+        self.refuse_raw_use(ctx)?;
         self._views =
             super::views::refuse_used_and_hold(ctx, volume.as_str(), devnum, self.path())?;
         self.claim = Some(Claim {
@@ -161,9 +146,39 @@ impl VolumeDevice {
         Ok(())
     }
 
-    /// The other views checked again while the device is in use (after the stage's mount).
+    /// Raw use the kernel's claim does not show (a bound node: a raw block publication, this
+    /// agent's after a reset or anyone's; a holder) makes the device someone's. Only a volume
+    /// staged for raw block access has binds of its own (its publications, and kubelet's copies
+    /// of them in its pods' namespaces), so only its staging is let be; a filesystem staging has
+    /// none, whether its record is there or not (a thirty-second fresh review's F1: a re-stage
+    /// whose mount was gone, with a record, fsck'd and mounted a device bound elsewhere).
+    fn refuse_raw_use(&self, ctx: &NodeCtx) -> Result<()> {
+        let staged = ctx.ledger.staged(&self.volume)?;
+        if staged.is_some_and(|s| matches!(s.access, AccessRecord::Block)) {
+            return Ok(());
+        }
+        let used = ctx.host.raw_use(self.devnum(), self.path()).map_err(|e| {
+            Error::io(
+                format!("finding what uses {} raw", self.path().display()),
+                e,
+            )
+        })?;
+        match used {
+            Some(at) => Err(Error::DeviceStillBound {
+                device: self.path().to_path_buf(),
+                at: at.trim_start_matches('(').trim_end_matches(')').to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The other views, and raw use of the device itself, checked again while the device is in
+    /// use (after the stage's mount): a view used, or a bind of the node made, since the first
+    /// scan (the twenty-seventh fresh review's F5; the thirty-second's F2 for a bind made during
+    /// mkfs).
     pub fn recheck_views(&self, ctx: &NodeCtx) -> Result<()> {
-        super::views::recheck(ctx, &self.volume, self.devnum(), self.path(), &self._views)
+        super::views::recheck(ctx, &self.volume, self.devnum(), self.path(), &self._views)?;
+        self.refuse_raw_use(ctx)
     }
 
     /// A held device's other views checked and held, as a take does: for a door that hands out a

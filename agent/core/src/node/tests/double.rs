@@ -458,6 +458,13 @@ impl HostOps for DoubleHost {
             s.probes.insert(d, ProbeOutcome::Found(signature(fs, uuid)));
             s.uuids.insert(d, uuid.to_string());
         }
+        // Someone binds the device's node while mkfs runs (after the stage's first checks).
+        if let Some(at) = s.fail.get("bind_during_mkfs").cloned() {
+            let mut bind = mount_facts(DEVTMPFS, "devtmpfs", false);
+            bind.node.kind = FileType::BlockDevice;
+            bind.node.rdev = devnum;
+            s.mounts.insert(PathBuf::from(at), vec![bind]);
+        }
         drop(s);
         self.after_act();
         Ok(())

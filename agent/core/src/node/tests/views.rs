@@ -126,3 +126,47 @@ fn a_first_stage_refuses_a_device_bound_raw_elsewhere() {
         assert!(h.ledger.staged(VOL).expect("read").is_none());
     }
 }
+
+/// A filesystem staging has no binds of its own: its re-stage, with the record there and its
+/// mount gone, fsck'd and mounted a device bound elsewhere (a thirty-second fresh review's F1).
+#[test]
+fn a_filesystem_re_stage_refuses_a_device_bound_raw_elsewhere() {
+    let h = Harness::new();
+    let dev = h.attach(VOL);
+    let cmd = h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter));
+    h.stage(&cmd).expect("the first stage");
+    h.host.state().mounts.clear();
+    let mut bind = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    bind.node.kind = crate::seam::FileKind::BlockDevice;
+    bind.node.rdev = h.host.devnum(&dev);
+    h.host
+        .state()
+        .mounts
+        .insert(h.dir.join("elsewhere"), vec![bind]);
+    h.host.state().calls.clear();
+    let e = h.stage(&cmd).expect_err("re-staged under a raw bind");
+    assert!(matches!(e, Error::DeviceStillBound { .. }), "{e}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
+
+/// A bind of the device's node made while the stage runs (during mkfs, after its first checks):
+/// the stage's own mount comes down again and the stage is refused (the thirty-second review's
+/// F2).
+#[test]
+fn a_bind_made_during_the_stage_takes_its_mount_down() {
+    let h = Harness::new();
+    h.attach(VOL);
+    let elsewhere = h.dir.join("elsewhere");
+    h.host
+        .fail("bind_during_mkfs", &elsewhere.display().to_string());
+    let cmd = h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter));
+    let e = h
+        .stage(&cmd)
+        .expect_err("staged with a bind made during mkfs");
+    assert!(matches!(e, Error::DeviceStillBound { .. }), "{e}");
+    let mounts: Vec<_> = (h.host.state().mounts.iter())
+        .filter(|(_, stack)| !stack.is_empty())
+        .map(|(at, _)| at.clone())
+        .collect();
+    assert_eq!(mounts, vec![elsewhere], "the stage's mount stayed");
+}

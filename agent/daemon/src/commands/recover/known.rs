@@ -7,7 +7,7 @@ use ebs_node_backends::kubelet_names::handle_at;
 use ebs_node_core::DevNum;
 use ebs_node_core::node::ro_tag::AgentTag;
 use ebs_node_core::records::DeviceIdentity;
-use ebs_node_host::loopdev::{self, overlay};
+use ebs_node_host::loopdev::overlay;
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -78,42 +78,58 @@ pub(super) fn block_bound<'k>(
 
 /// The node-local handle a mount (or a bind of a device node) of a device that is none of the
 /// agent's volumes was made through, when kubelet's layout says so (`kubelet_names::handle_at`),
-/// with the identity its stage recorded: the loop backend's backing file for a loop device,
-/// otherwise none to prove (the EBS backend's disks without a serial); remembered per device,
-/// so its later mounts follow its first.
+/// with no identity to prove (the record rests on the device's numbers and the attachment they
+/// name); remembered per device, so its later mounts follow its first.
 pub(super) fn handle_device(
     m: &ebs_node_host::mount::table::MountEntry,
     block_bind: bool,
-    loop_mode: bool,
+    agent_tag: &AgentTag,
     handles: &mut HashMap<DevNum, Known>,
-) -> Option<Known> {
-    let devnum = if block_bind {
+) -> Option<(Known, bool)> {
+    let (devnum, read_only) = if block_bind {
         let meta = std::fs::symlink_metadata(&m.mount_point).ok()?;
         if !meta.file_type().is_block_device() {
             return None;
         }
-        ebs_node_host::device::devnum_of(meta.rdev())
+        let bound = ebs_node_host::device::devnum_of(meta.rdev());
+        // A read-only raw block publication binds this agent's read-only device laid over the
+        // handle's: the handle is the device under it, when this agent laid it here for that
+        // handle (a thirty-second fresh review's F3: no record was made).
+        match overlay::status_by_devnum(bound).ok().flatten() {
+            Some(ro)
+                if ro.read_only && agent_tag.prefixes().iter().any(|p| ro.tag.starts_with(p)) =>
+            {
+                (ro.backing, Some(ro.tag))
+            }
+            _ => (bound, None),
+        }
     } else {
-        DevNum::new(m.major, m.minor)
+        (DevNum::new(m.major, m.minor), None)
     };
-    if let Some(k) = handles.get(&devnum) {
-        return Some(k.clone());
+    let k = match handles.get(&devnum) {
+        Some(k) => k.clone(),
+        None => {
+            let device = PathBuf::from("/dev").join(ebs_node_host::raw_use::kernel_name(devnum)?);
+            let handle = handle_at(&device, &m.mount_point)?;
+            // Which backend staged it (and so which identity it recorded) is not known here:
+            // the record rests on the device's numbers and attachment, as a serial-less disk's.
+            let k = Known {
+                volume_id: handle,
+                device,
+                identity: DeviceIdentity::Unverified,
+            };
+            handles.insert(devnum, k.clone());
+            k
+        }
+    };
+    match read_only {
+        Some(tag) => {
+            let laid_here = [
+                agent_tag.tag(&k.volume_id, &m.mount_point),
+                agent_tag.legacy_tag(&k.volume_id, &m.mount_point),
+            ];
+            laid_here.contains(&tag).then_some((k, true))
+        }
+        None => Some((k, false)),
     }
-    let device = PathBuf::from("/dev").join(ebs_node_host::raw_use::kernel_name(devnum)?);
-    let handle = handle_at(&device, &m.mount_point)?;
-    let identity = match loopdev::stacking::loop_backing(devnum) {
-        Some((st_dev, st_ino)) if loop_mode => DeviceIdentity::LoopFile {
-            file: loopdev::backing_file_by_devnum(devnum).unwrap_or_default(),
-            st_dev,
-            st_ino,
-        },
-        _ => DeviceIdentity::Unverified,
-    };
-    let k = Known {
-        volume_id: handle,
-        device,
-        identity,
-    };
-    handles.insert(devnum, k.clone());
-    Some(k)
 }

@@ -85,9 +85,7 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
         .chain(nvme_volumes())
         .collect::<Vec<_>>();
     let table = MountTable::read().map_err(|e| e.to_string())?;
-    // The loop backend keeps its volume files there; the EBS backend has none.
-    let loop_mode = state_dir.join("volumes").is_dir();
-    let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag, loop_mode)?;
+    let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag)?;
     Ok(format!(
         "rebuilt {} staged volume(s) and {} publication(s) from the mount table",
         staged, published
@@ -230,7 +228,6 @@ fn rebuild_mounts(
     known: &[Known],
     table: &MountTable,
     agent_tag: &AgentTag,
-    loop_mode: bool,
 ) -> Result<(usize, usize), String> {
     let mut by_numbers: HashMap<DevNum, &Known> = HashMap::new();
     for k in known {
@@ -262,8 +259,11 @@ fn rebuild_mounts(
         // no record, its unpublish and unstage answered OK, and the device was refused for good).
         let k = match k {
             Some(k) => k.clone(),
-            None => match handle_device(m, block_bind, loop_mode, &mut handles) {
-                Some(k) => k,
+            None => match handle_device(m, block_bind, agent_tag, &mut handles) {
+                Some((k, ro)) => {
+                    read_only_device = ro;
+                    k
+                }
                 None => continue,
             },
         };
@@ -314,7 +314,11 @@ fn rebuild_mounts(
                 readonly: m.is_read_only(),
                 progress: Progress::Complete,
                 at_unix_ms: now_unix_ms(),
-                attachment: None,
+                // A device with no identity to prove is kept across restarts by its attachment.
+                attachment: (k.identity == DeviceIdentity::Unverified)
+                    .then(|| block_devnum(&k.device).ok())
+                    .flatten()
+                    .and_then(ebs_node_host::attachment::of),
             };
             let format = match blkid::probe(&k.device) {
                 Ok(ProbeOutcome::Found(sig)) if !block_bind && !sig.is_partition_table => {

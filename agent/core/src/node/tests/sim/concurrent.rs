@@ -85,6 +85,9 @@ impl Sim {
         let (parked_tx, parked_rx) = mpsc::channel();
         let (resume_tx, resume_rx) = mpsc::channel();
         std::thread::scope(|scope| {
+            // Owned here, so a panic of the second call drops it before the scope joins the
+            // first, which then stops waiting (else the run would hang instead of failing).
+            let resume_tx = resume_tx;
             let running = scope.spawn(move || {
                 let _armed = parker.arm(at, parked_tx, resume_rx);
                 run(&ctx)
