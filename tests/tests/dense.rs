@@ -1,6 +1,9 @@
 //! Issue 20: on a dense node the cost of a call does not grow with the host's mount count. The
 //! node calls ask the kernel about their own paths only (statx, statmount) and never read the
-//! whole mount table, whose size grows with every pod's secret and token mounts.
+//! whole mount table, whose size grows with every pod's secret and token mounts; but for one
+//! question, asked by a stage only: whether anything binds the device raw (issue 49: a device
+//! bound raw elsewhere was formatted or mounted under its writer), which only the mount tables
+//! can answer.
 
 use ebs_tests::csi_req::*;
 use ebs_tests::http::{free_port, http_get, sample};
@@ -62,6 +65,17 @@ async fn node_calls_never_read_the_mount_table() {
         node.node_stage_volume(stage_req(&vol, &staging, cap.clone()))
             .await
             .unwrap();
+        // A stage asks whether anything binds the device raw (binds show in the mount tables
+        // and nowhere else): once when it takes the device, once more after a filesystem's
+        // mount. Every other call reads no table.
+        let staged = table_reads(port);
+        let asked = if name == "fs" { 2.0 } else { 1.0 };
+        assert!(
+            staged - before <= asked,
+            "{name}: the stage read the mount table {} times",
+            staged - before
+        );
+        let before = staged;
         node.node_publish_volume(publish_req(&vol, &staging, &target, cap.clone(), false))
             .await
             .unwrap();
