@@ -33,6 +33,25 @@ struct Found {
     bound: HashMap<DevNum, String>,
 }
 
+/// The tables, looked at again (a few times, briefly) while a namespace another process holds
+/// open could not be entered: another agent's own scan holds the namespaces it looks into for
+/// the moment it looks, and one may be gone before this scan enters it (seen as EINVAL from
+/// setns when agents scanned side by side: the loop controller's attach was refused
+/// UNAVAILABLE). One held longer still counts as a use.
+fn scan_settled() -> Result<Found, String> {
+    let mut last = namespaces::scan();
+    for _ in 0..3 {
+        match &last {
+            Err(why) if why.contains("(held open)") => {
+                std::thread::sleep(Duration::from_millis(25));
+                last = namespaces::scan();
+            }
+            _ => break,
+        }
+    }
+    last
+}
+
 impl Uses {
     /// Reads the mount tables, waiting `within` at most.
     pub fn scan(within: Duration) -> Uses {
@@ -41,7 +60,7 @@ impl Uses {
         let spawned = std::thread::Builder::new()
             .name("ro-binds".into())
             .spawn(move || {
-                let _ = tx.send(namespaces::scan());
+                let _ = tx.send(scan_settled());
             });
         let found = match spawned {
             Err(e) => Err(format!("the mount tables could not be examined: {e}")),
