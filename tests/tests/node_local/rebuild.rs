@@ -55,6 +55,25 @@ async fn rebuilt_then_taken_down(
         .expect("the handle's second unstage");
 }
 
+/// kubelet's raw block layout for the handle `h` (staging and publication paths), with the
+/// `vol_data.json` that names it (`…/volumeDevices/<pv>/data/`).
+fn kubelet_block_layout(agent: &Agent, h: &Vol) -> (std::path::PathBuf, std::path::PathBuf) {
+    let devices = agent.work.join("plugins/kubernetes.io/csi/volumeDevices");
+    std::fs::create_dir_all(devices.join("pv-h/data")).expect("kubelet's data dir");
+    std::fs::write(
+        devices.join("pv-h/data/vol_data.json"),
+        format!(
+            r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{}"}}"#,
+            h.id
+        ),
+    )
+    .expect("vol_data.json");
+    (
+        devices.join("staging/pv-h"),
+        devices.join("publish/pv-h/pod-1"),
+    )
+}
+
 /// kubelet's staging directory for `handle`: named after its SHA-256.
 fn kubelet_staging(agent: &Agent, handle: &str) -> std::path::PathBuf {
     let sha = sh(&format!("printf %s '{handle}' | sha256sum"));
@@ -126,18 +145,7 @@ async fn recover_from_mounts_gives_a_raw_block_handles_binds_back_to_the_handle(
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let v = create_attached(&agent, "v", SIZE).await;
     let h = handle_of(&v);
-    let devices = agent.work.join("plugins/kubernetes.io/csi/volumeDevices");
-    let staging = devices.join("staging/pv-h");
-    let target = devices.join("publish/pv-h/pod-1");
-    std::fs::create_dir_all(devices.join("pv-h/data")).expect("kubelet's data dir");
-    std::fs::write(
-        devices.join("pv-h/data/vol_data.json"),
-        format!(
-            r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{}"}}"#,
-            h.id
-        ),
-    )
-    .expect("vol_data.json");
+    let (staging, target) = kubelet_block_layout(&agent, &h);
     rebuilt_then_taken_down(
         &mut agent,
         Some(&v),
@@ -200,20 +208,9 @@ async fn recover_from_mounts_gives_a_handles_read_only_raw_publication_back() {
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let disk = crate::Disk::new(&scratch, "operators", SIZE as u64);
     let h = handle_of(&disk.vol());
-    let devices = agent.work.join("plugins/kubernetes.io/csi/volumeDevices");
-    let staging = devices.join("staging/pv-h");
-    let target = devices.join("publish/pv-h/pod-1");
+    let (staging, target) = kubelet_block_layout(&agent, &h);
     // On a failure: the bind first, then the read-only device over the disk, then the disk.
     let _overlays = super::owners::OverlaysOver(disk.dev.display().to_string());
     let _unbind = Unmount(target.clone());
-    std::fs::create_dir_all(devices.join("pv-h/data")).expect("kubelet's data dir");
-    std::fs::write(
-        devices.join("pv-h/data/vol_data.json"),
-        format!(
-            r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{}"}}"#,
-            h.id
-        ),
-    )
-    .expect("vol_data.json");
     rebuilt_then_taken_down(&mut agent, None, &h, &staging, &target, rwx_block(), true).await;
 }
