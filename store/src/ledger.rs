@@ -91,4 +91,7 @@ impl Ledger for Store {
     fn write(&self, durability: Durability, changes: Changes<'_>) -> LedgerResult<()> {
         self.write_with(durability, |w: &mut Writer| changes(w))
     }
+    fn sync(&self) -> LedgerResult<()> {
+        Ok(Store::sync(self)?)
+    }
 }

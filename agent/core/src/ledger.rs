@@ -64,4 +64,6 @@ pub trait Ledger: Send + Sync {
     fn knows_volume(&self, volume_id: &str) -> LedgerResult<bool>;
     /// Commits what `changes` writes as one unit; on disk when it returns if `Immediate`.
     fn write(&self, durability: Durability, changes: Changes<'_>) -> LedgerResult<()>;
+    /// Makes every write so far durable, the lazy ones included.
+    fn sync(&self) -> LedgerResult<()>;
 }

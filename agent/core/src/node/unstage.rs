@@ -84,6 +84,12 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         if staged.is_none() && ctx.ledger.publications(vol.as_str())?.is_empty() {
             void_intent(ctx, vol)?;
         }
+        // With no record in view the OK must still outlive a crash: a record a failed stage
+        // dropped lazily came back at the restart, its unstage already answered (the long
+        // simulation's seed 10116203). One durable commit carries every lazy write before it.
+        if staged.is_none() && ctx.ledger.knows_volume(vol.as_str())? {
+            ctx.ledger.sync()?;
+        }
         return Ok(());
     }
     // Durable before the answer: a release the CO was told of must survive a crash. Lazy, a

@@ -288,4 +288,12 @@ impl Ledger for MemLedger {
             .store(durability == Durability::Immediate, Ordering::Relaxed);
         Ok(())
     }
+    fn sync(&self) -> LedgerResult<()> {
+        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
+        let (kept, pending) = &mut *durable;
+        for change in pending.drain(..) {
+            kept.apply(change);
+        }
+        Ok(())
+    }
 }

@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 18] = [
+    let runs: [(&str, Vec<Action>); 19] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -369,6 +369,37 @@ fn shrunk_reproductions_stay_fixed() {
                     id: "vol-b".into(),
                     at: handle_b.into(),
                     target: "p2",
+                },
+            ],
+        ),
+        (
+            // The long run's seed 10116203 on the final core, shrunk from 139 actions: a failed
+            // raw publish and a failed filesystem stage each dropped their record lazily; the
+            // unstage after them found no record and answered OK without a durable write, and a
+            // crash brought the stage's record back (held by the publication's intent).
+            "an unstage answered with no record in view, then a crash",
+            vec![
+                Action::Concurrent {
+                    at: 3,
+                    first: Box::new(call("stage", handle_a, true)),
+                    second: Box::new(at("p2", call("stage", "vol-c", false))),
+                },
+                Action::Fail {
+                    what: "lay",
+                    call: Box::new(call("unpublish", handle_a, true)),
+                },
+                Action::Fail {
+                    what: "bind",
+                    call: Box::new(at("p2", call("publish", handle_a, false))),
+                },
+                call("unstage", handle_a, false),
+                Action::Fail {
+                    what: "mount",
+                    call: Box::new(at("p2", call("stage", handle_a, false))),
+                },
+                Action::Crash {
+                    at: 6,
+                    call: Box::new(at("p2", call("unstage", handle_a, false))),
                 },
             ],
         ),
