@@ -22,6 +22,7 @@ pub mod device;
 pub mod device_binds;
 pub mod direct_read;
 pub mod file_copy;
+pub mod flight;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod freeze;
 pub mod fs_limits;

@@ -10,8 +10,10 @@
 use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::flight::{Flight, Lead};
 
 use ebs_node_core::DevNum;
 
@@ -23,7 +25,7 @@ pub const WITHIN: Duration = Duration::from_secs(5);
 
 /// Where each device is bound or mounted, as the mount tables of every namespace show.
 pub struct Uses {
-    found: Result<Found, String>,
+    found: Arc<Result<Found, String>>,
 }
 
 /// Where each device is mounted or bound (`any`), and where its node is bound (`bound`).
@@ -52,34 +54,34 @@ fn scan_settled() -> Result<Found, String> {
     last
 }
 
+/// The scans of this agent, one at a time, shared by the callers that asked while one ran
+/// (`flight`): sixteen stages at once each scanned every process's open files and every
+/// namespace's table, several times a stage.
+static SCANS: Flight<Result<Found, String>> = Flight::new();
+
 impl Uses {
-    /// Reads the mount tables, waiting `within` at most.
+    /// Reads the mount tables (or takes a read that started after this call), waiting
+    /// `within` at most.
     pub fn scan(within: Duration) -> Uses {
-        let (tx, rx) = mpsc::channel();
-        // A hung stat keeps this thread; nobody waits for it past `within`.
-        let spawned = std::thread::Builder::new()
-            .name("ro-binds".into())
-            .spawn(move || {
-                let _ = tx.send(scan_settled());
-            });
-        let found = match spawned {
-            Err(e) => Err(format!("the mount tables could not be examined: {e}")),
-            Ok(_) => rx
-                .recv_timeout(within)
-                .map_err(|_| {
-                    format!(
-                        "the mount tables could not be examined within {} s",
-                        within.as_secs()
-                    )
-                })
-                .and_then(|r| r),
-        };
-        Uses { found }
+        let failed = || Err("the mount tables could not be examined".to_string());
+        match SCANS.look(Lead::Detached(within), scan_settled, failed) {
+            Some(found) => Uses { found },
+            None => Uses::failed_with(format!(
+                "the mount tables could not be examined within {} s",
+                within.as_secs()
+            )),
+        }
+    }
+
+    fn failed_with(why: String) -> Uses {
+        Uses {
+            found: Arc::new(Err(why)),
+        }
     }
 
     /// What uses the device `device` (numbers `devnum`), or None when the host shows nothing.
     pub fn of(&self, device: &Path, devnum: DevNum) -> Option<String> {
-        match &self.found {
+        match &*self.found {
             Err(why) => return Some(why.clone()),
             Ok(found) => {
                 if let Some(at) = found.any.get(&devnum) {
@@ -96,13 +98,13 @@ impl Uses {
     /// Why the mount tables could not be examined, when they could not (then every device
     /// counts as used).
     pub fn failed(&self) -> Option<&str> {
-        self.found.as_ref().err().map(String::as_str)
+        self.found.as_ref().as_ref().err().map(String::as_str)
     }
 
     /// Where a node of the device is bound (a raw use no claim shows), in any namespace; what
     /// went wrong when the tables could not be read (then every device counts as bound).
     pub fn bound(&self, devnum: DevNum) -> Option<String> {
-        match &self.found {
+        match &*self.found {
             Err(why) => Some(why.clone()),
             Ok(found) => found.bound.get(&devnum).cloned(),
         }
