@@ -17,8 +17,10 @@ pub struct Flight<T> {
 struct State<T> {
     /// How many looks were started.
     started: u64,
-    running: bool,
-    /// The last look to end: its number and what it saw.
+    /// The newest look started, while it runs: its number, and when it is overdue
+    /// (`Lead::Detached`'s time after it started).
+    running: Option<(u64, Option<Instant>)>,
+    /// The newest look that ended: its number and what it saw.
     last: Option<(u64, Arc<T>)>,
 }
 
@@ -27,7 +29,8 @@ pub enum Lead {
     /// In its own thread (a walk that cannot hang).
     Inline,
     /// In a thread of its own, that nobody waits for past the time given (a stat below a dead
-    /// NFS mount hangs): a caller then gets `None`, and the next look starts once that one ends.
+    /// NFS mount hangs): a caller then gets `None`. A look running longer than that no longer
+    /// holds the next caller back: it starts a look of its own beside it.
     Detached(Duration),
 }
 
@@ -36,7 +39,7 @@ impl<T: Send + Sync + 'static> Flight<T> {
         Flight {
             state: Mutex::new(State {
                 started: 0,
-                running: false,
+                running: None,
                 last: None,
             }),
             landed: Condvar::new(),
@@ -58,9 +61,19 @@ impl<T: Send + Sync + 'static> Flight<T> {
             {
                 return Some(Arc::clone(seen));
             }
-            if !state.running {
-                state.running = true;
+            if deadline.is_some_and(|at| Instant::now() >= at) {
+                return None;
+            }
+            let held_back = state
+                .running
+                .is_some_and(|(_, due)| due.is_none_or(|due| Instant::now() < due));
+            if !held_back {
                 state.started += 1;
+                let due = match lead {
+                    Lead::Inline => None,
+                    Lead::Detached(within) => Some(Instant::now() + within),
+                };
+                state.running = Some((state.started, due));
                 let landing = Landing {
                     flight: self,
                     number: state.started,
@@ -82,6 +95,9 @@ impl<T: Send + Sync + 'static> Flight<T> {
                 state = self.lock();
                 continue;
             }
+            // Woken by a landing, at the caller's deadline, or when the running look is
+            // overdue (then this caller starts one beside it).
+            let due = state.running.and_then(|(_, due)| due);
             state = match deadline {
                 None => self
                     .landed
@@ -89,11 +105,11 @@ impl<T: Send + Sync + 'static> Flight<T> {
                     .unwrap_or_else(PoisonError::into_inner),
                 Some(at) => {
                     let left = at.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
+                    let until = due.map_or(left, |due| {
+                        left.min(due.saturating_duration_since(Instant::now()))
+                    });
                     self.landed
-                        .wait_timeout(state, left)
+                        .wait_timeout(state, until)
                         .unwrap_or_else(PoisonError::into_inner)
                         .0
                 }
@@ -130,8 +146,20 @@ impl<T: Send + Sync + 'static> Drop for Landing<T> {
     fn drop(&mut self) {
         let seen = self.seen.take().unwrap_or_else(self.failed);
         let mut state = self.flight.lock();
-        state.running = false;
-        state.last = Some((self.number, Arc::new(seen)));
+        if state
+            .running
+            .is_some_and(|(number, _)| number == self.number)
+        {
+            state.running = None;
+        }
+        // An overdue look that ends after a newer one tells nothing new.
+        if state
+            .last
+            .as_ref()
+            .is_none_or(|(last, _)| *last < self.number)
+        {
+            state.last = Some((self.number, Arc::new(seen)));
+        }
         self.flight.landed.notify_all();
     }
 }
@@ -176,20 +204,30 @@ mod tests {
     }
 
     static HUNG: Flight<u64> = Flight::new();
+    static HUNG_RUNNING: AtomicU64 = AtomicU64::new(0);
+    static HUNG_MOST: AtomicU64 = AtomicU64::new(0);
 
     fn hung_look() -> u64 {
+        let now = HUNG_RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+        HUNG_MOST.fetch_max(now, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(300));
+        HUNG_RUNNING.fetch_sub(1, Ordering::SeqCst);
         7
     }
 
-    /// A look that takes too long leaves its callers with nothing, and the next caller gets a
-    /// look of its own once it ends.
+    /// A look that takes too long leaves its callers with nothing, and holds no later caller
+    /// back: that one starts a look of its own beside it.
     #[test]
-    fn a_detached_look_past_its_time_gives_nothing() {
+    fn a_detached_look_past_its_time_gives_nothing_and_holds_nobody_back() {
         let lead = || Lead::Detached(Duration::from_millis(30));
         assert!(HUNG.look(lead(), hung_look, || 0).is_none());
         let later = HUNG.look(Lead::Detached(Duration::from_secs(5)), hung_look, || 0);
         assert_eq!(later.as_deref(), Some(&7));
+        assert_eq!(
+            HUNG_MOST.load(Ordering::SeqCst),
+            2,
+            "the later caller waited for the overdue look to end"
+        );
     }
 
     static PANICKY: Flight<u64> = Flight::new();

@@ -102,16 +102,30 @@ pub fn disk_family(devnum: DevNum) -> (DevNum, Vec<DevNum>) {
     };
     let whole = read_dev(&whole_dir).unwrap_or(devnum);
     let mut family = vec![whole, devnum];
-    if let Ok(entries) = std::fs::read_dir(&whole_dir) {
-        for e in entries.flatten() {
-            if e.path().join("partition").exists()
-                && let Some(n) = read_dev(&e.path())
-            {
-                family.push(n);
-            }
-        }
-    }
+    family.extend(partitions_in(&whole_dir));
     (whole, family)
+}
+
+/// The partitions of the whole disk whose sysfs directory is `whole_dir`. The kernel names a
+/// partition after its disk (`sda1`, `nvme0n1p1`, `loop0p1`), so only the entries named so are
+/// asked whether they are one: a loop device's directory has twenty others, and each was
+/// stat'ed on every stage.
+pub fn partitions_in(whole_dir: &Path) -> Vec<DevNum> {
+    let Some(disk) = whole_dir.file_name() else {
+        return Vec::new();
+    };
+    let disk = disk.as_encoded_bytes();
+    std::fs::read_dir(whole_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            name.as_encoded_bytes().starts_with(disk) && name.as_encoded_bytes() != disk
+        })
+        .filter(|e| e.path().join("partition").exists())
+        .filter_map(|e| read_dev(&e.path()))
+        .collect()
 }
 
 /// A sysfs block directory's `dev` attribute (`maj:min`).

@@ -91,7 +91,15 @@ pub(super) fn scan() -> Result<Found, String> {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
-    for pid in pids {
+    // This agent's own threads are in its namespace (it never makes one) or, for a moment,
+    // in one a scan entered, and the namespace files it holds are its scans': the namespaces
+    // of other processes. Its own hundred files and threads are not looked at on every scan.
+    // Its number as this /proc shows it (not its own PID namespace's).
+    let own = std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok());
+
+    for pid in pids.filter(|p| Some(*p) != own) {
         let proc_dir = Path::new("/proc").join(pid.to_string());
         held_open(&proc_dir, &mut spaces)?;
         for task in std::fs::read_dir(proc_dir.join("task"))
@@ -194,9 +202,12 @@ fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
         Err(e) => return Err(format!("the open files of {}: {e}", proc_dir.display())),
     };
     for e in fds.flatten() {
-        // An fd closed meanwhile is not a namespace held open.
-        let Ok(link) = std::fs::read_link(e.path()) else {
-            continue;
+        // An fd closed meanwhile is not a namespace held open. A process whose links are closed
+        // to this agent (one of a user namespace above it) shows none of them.
+        let link = match std::fs::read_link(e.path()) {
+            Ok(link) => link,
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
+            Err(_) => continue,
         };
         let Some(ino) = nsfs_inode(&link.to_string_lossy()) else {
             continue;

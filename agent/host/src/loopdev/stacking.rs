@@ -77,43 +77,14 @@ pub fn loop_backing(devnum: DevNum) -> Option<(u64, u64)> {
 /// another agent's attachment): the same bytes under other numbers, whose mounts and claims no
 /// check of `devnum` itself sees (a twenty-fourth fresh review's F1: a handle staged a loop
 /// device while its sibling was mounted read-write, and the filesystem was mounted twice).
-/// Empty for anything but a file-backed loop device. A scan of the loop devices.
+/// Empty for anything but a file-backed loop device. From the walk of the loop devices the
+/// views check takes (`views::siblings_of`), shared with the calls asking at once; one whose
+/// status does not come counts as a sibling.
 pub fn siblings(devnum: DevNum) -> io::Result<Vec<DevNum>> {
-    let Some((dev, ino)) = loop_backing(devnum) else {
+    if devnum.major != LOOP_MAJOR {
         return Ok(Vec::new());
-    };
-    let views = query::every_view_of_inode(dev, ino).map_err(io::Error::other)?;
-    let own = range_of(devnum);
-    Ok(views
-        .iter()
-        .filter_map(|p| {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| crate::device::devnum_of(m.rdev()))
-        })
-        .filter(|d| *d != devnum)
-        // Over disjoint ranges of one file (an image holding two filesystems), no byte is shared.
-        .filter(|d| {
-            let other = range_of(*d);
-            other.0 < own.1 && own.0 < other.1
-        })
-        .collect())
-}
-
-/// The bytes of its file a loop device shows, from sysfs: [offset, end), `u64::MAX` for "to the
-/// end" (and where sysfs cannot say: the whole file, the safe side).
-fn range_of(devnum: DevNum) -> (u64, u64) {
-    let read = |what: &str| {
-        std::fs::read_to_string(format!("/sys/dev/block/{devnum}/loop/{what}"))
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-    };
-    let offset = read("offset").unwrap_or(0);
-    match read("sizelimit") {
-        Some(0) | None => (offset, u64::MAX),
-        Some(n) => (offset, offset.saturating_add(n)),
     }
+    super::views::siblings_of(devnum)
 }
 
 /// A bound loop device's block backing and its backing file's filesystem; `None`: not a loop

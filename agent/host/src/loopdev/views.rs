@@ -26,6 +26,7 @@ use ebs_node_core::node::host::View;
 use super::backing_fs::{BackingFs, backing_fs_of_loop};
 use super::overlay::decode_dev;
 use super::query;
+use crate::flight::{Flight, Lead};
 
 /// More views than this are not followed: the call is refused instead (a twenty-seventh fresh
 /// review's F3: the walk stopped there and let the call through).
@@ -44,10 +45,32 @@ struct Loop {
     /// A file on a filesystem that may show another's files, or a status that did not come:
     /// what it shows cannot be told.
     indistinct: bool,
+    /// Its backing file (st_dev, st_ino) as the kernel says, trusted or not; `None` over a
+    /// device or when its status did not come.
+    file: Option<(u64, u64)>,
+    /// Its status did not come (`HUNG`) or could not be asked.
+    hung: bool,
     read_only: bool,
     name: String,
     /// The bytes of its backing it shows: [offset, end), `u64::MAX` for "to the end".
     range: (u64, u64),
+}
+
+impl Loop {
+    /// A loop device whose status did not come or cannot be asked: it may show any file's bytes.
+    fn unknown(devnum: DevNum) -> Loop {
+        Loop {
+            devnum,
+            over_device: DevNum::new(0, 0),
+            over_file: None,
+            indistinct: true,
+            file: None,
+            hung: true,
+            read_only: false,
+            name: String::new(),
+            range: (0, u64::MAX),
+        }
+    }
 }
 
 /// Whether two loop devices over one file show some of the same bytes (two over disjoint ranges
@@ -63,6 +86,64 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
 /// number has another sequence number and is asked afresh (a twenty-seventh review's F2).
 static HUNG: Mutex<BTreeSet<(DevNum, String)>> = Mutex::new(BTreeSet::new());
 const WITHIN: Duration = Duration::from_secs(2);
+
+/// A walk of the loop devices (`scan_bounded`), or why it failed.
+type Walk = Result<Vec<Loop>, (io::ErrorKind, String)>;
+
+static WALKS: Flight<Walk> = Flight::new();
+
+/// The loop devices as a walk started after this call saw them, shared with the callers asking
+/// at once (`flight`): every filesystem stage walks them three times (its views, and its raw
+/// use before and after the mount), and sixteen stages at once walked 128 devices each time.
+fn walked() -> Arc<Walk> {
+    let failed = || {
+        Err((
+            io::ErrorKind::Other,
+            "the loop devices could not be walked".into(),
+        ))
+    };
+    let walk = || scan_bounded().map_err(|e| (e.kind(), e.to_string()));
+    WALKS
+        .look(Lead::Inline, walk, failed)
+        .unwrap_or_else(|| Arc::new(failed()))
+}
+
+fn loops_in(walk: &Walk) -> io::Result<&[Loop]> {
+    walk.as_ref()
+        .map(Vec::as_slice)
+        .map_err(|(kind, why)| io::Error::new(*kind, why.clone()))
+}
+
+/// The other loop devices over the same file as `devnum` whose bytes overlap its own (an
+/// operator's second `losetup` of it, another agent's attachment), and every loop device whose
+/// status did not come (it may be over that file); empty when `devnum` is a loop device over
+/// another device. An error when `devnum`'s own status did not come, or it is no attached loop
+/// device (nor a partition of one).
+pub fn siblings_of(devnum: DevNum) -> io::Result<Vec<DevNum>> {
+    let walk = walked();
+    let loops = loops_in(&walk)?;
+    // A partition of a loop device (`max_part`) shows its disk's file: the disk is looked up.
+    let whole = crate::raw_use::disk_family(devnum).0;
+    let Some(own) = loops.iter().find(|l| l.devnum == whole) else {
+        return Err(io::Error::other(format!(
+            "{devnum} is no loop device the walk of the loop devices found"
+        )));
+    };
+    if own.hung {
+        return Err(io::Error::other(format!(
+            "the status of {devnum} did not come (its backing file hangs?)"
+        )));
+    }
+    let Some(file) = own.file else {
+        return Ok(Vec::new());
+    };
+    Ok(loops
+        .iter()
+        .filter(|l| l.devnum != devnum && l.devnum != whole)
+        .filter(|l| l.hung || (l.file == Some(file) && overlap(l.range, own.range)))
+        .map(|l| l.devnum)
+        .collect())
+}
 
 /// `scan` on a thread of its own, waited for `WITHIN` at most; the attachment that keeps it past
 /// that joins `HUNG` and the scan starts again.
@@ -104,24 +185,26 @@ fn scan(current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
     // reading sysfs per device cost 20 to 40 µs each here.
     for devnum in bound_loops()? {
         if !hung.is_empty() && hung.contains(&(devnum, disk_seq(devnum))) {
-            found.push(Loop {
-                devnum,
-                over_device: DevNum::new(0, 0),
-                over_file: None,
-                indistinct: true,
-                read_only: false,
-                name: String::new(),
-                range: (0, u64::MAX),
-            });
+            found.push(Loop::unknown(devnum));
             continue;
         }
         *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(devnum);
-        // Detached in between: not a view.
-        let Ok(dev) = crate::device::open_devnum(devnum) else {
-            continue;
+        // Removed in between: not a view. One that cannot be opened (no node in this /dev) or
+        // asked may show any file's bytes (a fresh review: an operator's loop device that a
+        // container's /dev has no node of was no sibling, and was mounted twice).
+        let status = match crate::device::open_devnum(devnum) {
+            Ok(dev) => query::status(&dev),
+            Err(_) if !Path::new(&format!("/sys/dev/block/{devnum}")).exists() => continue,
+            Err(_) => Err(nix::errno::Errno::ENODEV),
         };
-        let Ok(Some(info)) = query::status(&dev) else {
-            continue;
+        let info = match status {
+            Ok(Some(info)) => info,
+            // Detached in between: not a view.
+            Ok(None) => continue,
+            Err(_) => {
+                found.push(Loop::unknown(devnum));
+                continue;
+            }
         };
         let lo_name = info
             .lo_file_name
@@ -151,6 +234,8 @@ fn scan(current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
             over_device: decode_dev(info.lo_rdevice),
             over_file: file.filter(|_| trusted),
             indistinct: file.is_some() && !trusted,
+            file,
+            hung: false,
             read_only: info.lo_flags & LO_FLAGS_READ_ONLY != 0,
             name: String::from_utf8_lossy(lo_name).into_owned(),
             range: (
@@ -188,14 +273,15 @@ fn disk_seq(devnum: DevNum) -> String {
 /// The other views of `devnum`, each with its loop name and what uses it (`None`: nothing the
 /// host shows). An error when there are more than can be checked.
 pub fn views_of(devnum: DevNum) -> io::Result<Vec<View>> {
-    let loops = scan_bounded()?;
+    let walk = walked();
+    let loops = loops_in(&walk)?;
     let mut seen = BTreeSet::from([devnum]);
     let mut queue = vec![devnum];
     let mut files_seen = false;
     let mut indistinct_added = false;
     loop {
         while let Some(d) = queue.pop() {
-            for n in next_of(d, &loops, &mut files_seen) {
+            for n in next_of(d, loops, &mut files_seen) {
                 if seen.insert(n) {
                     queue.push(n);
                 }
@@ -296,13 +382,7 @@ fn disk_relatives(d: DevNum) -> Vec<DevNum> {
     if dir.join("partition").exists() {
         return dir.parent().and_then(read_dev).into_iter().collect();
     }
-    std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().join("partition").exists())
-        .filter_map(|e| read_dev(&e.path()))
-        .collect()
+    crate::raw_use::partitions_in(&dir)
 }
 
 /// Claims each of `device`'s `views` exclusively, so nothing mounts them while the call runs;
