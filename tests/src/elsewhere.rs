@@ -42,9 +42,12 @@ pub enum How {
     /// Its only process is chrooted below the bind (its `/proc/<pid>/mountinfo` leaves the
     /// mounts outside its root out).
     Chrooted,
+    /// No process is in it, and no bind pins it: a process holds open its nsfs file, opened
+    /// through a bind of it that is gone since (the fd's link reads as a path, not `mnt:[N]`).
+    HeldThroughGonePin,
 }
 
-pub const EVERY_WAY: [How; 7] = [
+pub const EVERY_WAY: [How; 8] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -52,6 +55,7 @@ pub const EVERY_WAY: [How; 7] = [
     How::Thread,
     How::LeaderGone,
     How::Chrooted,
+    How::HeldThroughGonePin,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -140,6 +144,34 @@ impl BoundElsewhere {
                 }
                 BoundElsewhere {
                     holder: Holder::HeldOpen(child),
+                    at: at.to_path_buf(),
+                }
+            }
+            How::HeldThroughGonePin => {
+                let pinned = Self::pinned(keep, source, at, &at.with_extension("pin"));
+                let Holder::Pinned { file, .. } = &pinned.holder else {
+                    unreachable!("pinned pins")
+                };
+                let holder = Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("exec 3<'{}'; exec sleep 600", file.display()))
+                    .spawn()
+                    .expect("the holder");
+                let fd3 = format!("/proc/{}/fd/3", holder.id());
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while std::fs::read_link(&fd3).is_err() {
+                    assert!(Instant::now() < deadline, "the holder never opened the pin");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                // The pin goes (unmounted lazily); the open file alone keeps the namespace.
+                drop(pinned);
+                let link = std::fs::read_link(&fd3).expect("the holder's fd");
+                assert!(
+                    !link.to_string_lossy().starts_with("mnt:"),
+                    "the held file reads as a namespace link: {link:?}"
+                );
+                BoundElsewhere {
+                    holder: Holder::HeldOpen(holder),
                     at: at.to_path_buf(),
                 }
             }

@@ -38,6 +38,8 @@ pub mod malloc;
 pub mod mkfs_args;
 pub mod mount;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod nsfs;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod nvme;
 pub mod private;
 pub mod raw_use;

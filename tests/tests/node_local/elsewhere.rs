@@ -8,7 +8,7 @@ use ebs_tests::*;
 
 use tonic::Code;
 
-use super::owners::rwx_block;
+use super::owners::{DetachOnDrop, rwx_block, rwx_mount};
 
 #[tokio::test]
 async fn a_device_bound_only_in_another_namespace_is_never_a_handles() {
@@ -82,4 +82,51 @@ async fn an_agent_that_cannot_see_every_process_frees_and_takes_nothing() {
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("hostPID"), "{e:?}");
     assert!(mounts_below(&agent.work).is_empty(), "the host changed");
+}
+
+/// A loop device over the handle's file at an offset past its end has no size, and
+/// /proc/partitions leaves it out; bound in another namespace, it is a view of the file all the
+/// same: whoever may open it for writing moves its offset back (LOOP_SET_STATUS64 needs no
+/// privilege) and reads and writes the staged filesystem through the bind (a thirty-fourth fresh
+/// review's F2: the views walk listed only devices with a size).
+#[tokio::test]
+async fn a_sizeless_loop_device_over_the_file_bound_elsewhere_refuses_the_stage() {
+    // Makes a mount namespace, which copies every test's mounts: alone (see main.rs).
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_sizeless_loop_device_over_the_file_bound_elsewhere_refuses_the_stage") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-sizeless");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let img = scratch.join("v.img");
+    sh(&format!("truncate -s {} {}", 32 << 20, img.display()));
+    let dev = DetachOnDrop(super::losetup("", img.display()));
+    let past = DetachOnDrop(super::losetup(&format!("-o {}", 32 << 20), img.display()));
+    let theirs = BoundElsewhere::new(
+        &scratch.path,
+        std::path::Path::new(&past.0),
+        &scratch.join("ctr-past"),
+    );
+    let h = Vol {
+        id: format!("local-ebs://{}", dev.0.trim_start_matches('/')),
+        device: dev.0.clone(),
+    };
+    let before = checksum(std::path::Path::new(&dev.0));
+    for (cap, what) in [(rwx_mount(), "mount"), (rwx_block(), "block")] {
+        let staging = agent.work.join(format!("h-{what}/staging"));
+        let e = agent
+            .node()
+            .await
+            .node_stage_volume(stage_req(&h, &staging, cap))
+            .await
+            .expect_err("a handle was staged under a sizeless view of its file bound elsewhere");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
+        assert!(!super::is_mounted(&staging), "{what}: staged anyway");
+    }
+    assert_eq!(
+        before,
+        checksum(std::path::Path::new(&dev.0)),
+        "the bytes changed"
+    );
+    drop(theirs);
 }

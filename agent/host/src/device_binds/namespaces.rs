@@ -40,6 +40,10 @@ struct Pinned {
 struct Namespaces {
     read: HashSet<u64>,
     opened: HashSet<u64>,
+    /// nsfs files of other kinds of namespace (network, PID, …) that processes hold open.
+    other_kinds: HashSet<u64>,
+    /// The device of nsfs, where every namespace file is.
+    nsfs_dev: u64,
     pinned: Vec<Pinned>,
 }
 
@@ -81,9 +85,15 @@ pub(super) fn scan() -> Result<Found, String> {
         return Err(why);
     }
     let mut found = Found::default();
-    let mut spaces = Namespaces::default();
+    let own_ns = Path::new("/proc/thread-self/ns/mnt");
+    let (nsfs_dev, _) = crate::nsfs::cached_file_id(own_ns)
+        .map_err(|e| format!("this agent's mount namespace: {e}"))?;
+    let mut spaces = Namespaces {
+        nsfs_dev,
+        ..Namespaces::default()
+    };
     // This agent's own namespace first, then every thread's.
-    if let Ok(f) = File::open("/proc/thread-self/ns/mnt") {
+    if let Ok(f) = File::open(own_ns) {
         spaces.pin(f, "this agent's".into())?;
     }
     let pids = std::fs::read_dir("/proc")
@@ -193,8 +203,12 @@ fn gone(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
-/// The mount namespaces a process holds open (an fd of a `/proc/<pid>/ns/mnt` it is not in),
-/// those not known yet.
+/// The mount namespaces a process holds open (an fd of a namespace file it is not in), those not
+/// known yet. Each fd is asked which file it is open on, not what its link reads: a file opened
+/// through a bind of a namespace file reads as the bind's path ("/" once the bind is gone), not
+/// `mnt:[N]` (a thirty-fourth fresh review's F1: a device bound in a namespace only such a file
+/// kept alive was formatted, handed out raw and detached under its bind). A file on nsfs is
+/// asked its kind of namespace once a scan.
 fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
     let fds = match std::fs::read_dir(proc_dir.join("fd")) {
         Ok(fds) => fds,
@@ -202,21 +216,27 @@ fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
         Err(e) => return Err(format!("the open files of {}: {e}", proc_dir.display())),
     };
     for e in fds.flatten() {
-        // An fd closed meanwhile is not a namespace held open. A process whose links are closed
-        // to this agent (one of a user namespace above it) shows none of them.
-        let link = match std::fs::read_link(e.path()) {
-            Ok(link) => link,
+        // An fd closed meanwhile is not a namespace held open. A process whose fds are closed to
+        // this agent (one of a user namespace above it) shows none of them.
+        let (dev, ino) = match crate::nsfs::cached_file_id(&e.path()) {
+            Ok(id) => id,
             Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
             Err(_) => continue,
         };
-        let Some(ino) = nsfs_inode(&link.to_string_lossy()) else {
-            continue;
-        };
-        if spaces.read.contains(&ino) || spaces.opened.contains(&ino) {
+        if dev != spaces.nsfs_dev
+            || spaces.read.contains(&ino)
+            || spaces.opened.contains(&ino)
+            || spaces.other_kinds.contains(&ino)
+        {
             continue;
         }
-        if let Ok(f) = File::open(e.path()) {
+        let Ok(f) = File::open(e.path()) else {
+            continue;
+        };
+        if crate::nsfs::is_mount_namespace(f.as_fd()) {
             spaces.pin(f, format!("{} (held open)", e.path().display()))?;
+        } else {
+            spaces.other_kinds.insert(ino);
         }
     }
     Ok(())

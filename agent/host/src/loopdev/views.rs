@@ -250,19 +250,39 @@ fn scan(current: &Mutex<Option<DevNum>>) -> io::Result<Vec<Loop>> {
     Ok(found)
 }
 
-/// The loop devices /proc/partitions lists (whole devices, not their partitions).
+/// The bound loop devices: those /proc/partitions lists (whole devices with bytes to show: one
+/// read for all), and those it leaves out for having no size yet bound (sysfs shows their `loop`
+/// directory): a device over a file at an offset past its end shows nothing until someone who
+/// may open it for writing moves its offset back (LOOP_SET_STATUS64 needs no privilege), and it
+/// then shows the file's bytes (a thirty-fourth fresh review's F2).
 fn bound_loops() -> io::Result<Vec<DevNum>> {
     let text = std::fs::read_to_string("/proc/partitions")?;
-    Ok(text
+    let mut listed = BTreeSet::new();
+    let mut found: Vec<DevNum> = text
         .lines()
         .filter_map(|line| {
             let mut f = line.split_whitespace();
             let (major, minor, _, name) = (f.next()?, f.next()?, f.next()?, f.next()?);
             let index = name.strip_prefix("loop")?;
             (!index.is_empty() && index.bytes().all(|b| b.is_ascii_digit())).then_some(())?;
+            listed.insert(name.to_string());
             Some(DevNum::new(major.parse().ok()?, minor.parse().ok()?))
         })
-        .collect())
+        .collect();
+    let sys_block = Path::new("/sys/block");
+    for entry in std::fs::read_dir(sys_block)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") || listed.contains(&name) {
+            continue;
+        }
+        let dir = sys_block.join(&name);
+        if dir.join("loop").exists()
+            && let Some(devnum) = read_dev(&dir)
+        {
+            found.push(devnum);
+        }
+    }
+    Ok(found)
 }
 
 /// A device's disk sequence number (a new one at every loop attach), "" where there is none.
