@@ -8,7 +8,7 @@ use ebs_tests::*;
 
 use tonic::Code;
 
-use super::owners::{DetachOnDrop, rwx_block, rwx_mount};
+use super::owners::{DetachOnDrop, rwx_block};
 
 #[tokio::test]
 async fn a_device_bound_only_in_another_namespace_is_never_a_handles() {
@@ -112,17 +112,12 @@ async fn a_sizeless_loop_device_over_the_file_bound_elsewhere_refuses_the_stage(
         device: dev.0.clone(),
     };
     let before = checksum(std::path::Path::new(&dev.0));
-    for (cap, what) in [(rwx_mount(), "mount"), (rwx_block(), "block")] {
-        let staging = agent.work.join(format!("h-{what}/staging"));
-        let e = agent
-            .node()
-            .await
-            .node_stage_volume(stage_req(&h, &staging, cap))
-            .await
-            .expect_err("a handle was staged under a sizeless view of its file bound elsewhere");
-        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
-        assert!(!super::is_mounted(&staging), "{what}: staged anyway");
-    }
+    super::siblings::both_stages_refused(
+        &agent,
+        &h,
+        "a handle was staged under a sizeless view of its file bound elsewhere",
+    )
+    .await;
     assert_eq!(
         before,
         checksum(std::path::Path::new(&dev.0)),

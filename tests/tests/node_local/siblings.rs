@@ -27,6 +27,22 @@ fn twice_looped(scratch: &Scratch) -> (DetachOnDrop, DetachOnDrop, Unmount) {
     (first, second, Unmount(at))
 }
 
+/// Stages the handle `h` as a filesystem and as a raw block device, each at a staging path of
+/// its own: both are refused FAILED_PRECONDITION, and nothing is mounted.
+pub(super) async fn both_stages_refused(agent: &Agent, h: &Vol, why: &str) {
+    for (cap, what) in [(rwx_mount(), "mount"), (rwx_block(), "block")] {
+        let staging = agent.work.join(format!("h-{what}/staging"));
+        let e = agent
+            .node()
+            .await
+            .node_stage_volume(stage_req(h, &staging, cap))
+            .await
+            .expect_err(&format!("{what}: {why}"));
+        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
+        assert!(!super::is_mounted(&staging), "{what}: staged anyway");
+    }
+}
+
 #[tokio::test]
 async fn a_handle_on_a_loop_device_whose_sibling_is_mounted_is_refused() {
     let _shared = crate::NAMESPACE_COPY.read().await;
@@ -40,17 +56,12 @@ async fn a_handle_on_a_loop_device_whose_sibling_is_mounted_is_refused() {
         id: format!("local-ebs://{}", second.0.trim_start_matches('/')),
         device: second.0.clone(),
     };
-    for (cap, what) in [(rwx_mount(), "mount"), (rwx_block(), "block")] {
-        let staging = agent.work.join(format!("h-{what}/staging"));
-        let e = agent
-            .node()
-            .await
-            .node_stage_volume(stage_req(&h, &staging, cap))
-            .await
-            .expect_err("a handle took a loop device whose sibling is mounted read-write");
-        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
-        assert!(!super::is_mounted(&staging), "{what}: staged anyway");
-    }
+    both_stages_refused(
+        &agent,
+        &h,
+        "a handle took a loop device whose sibling is mounted read-write",
+    )
+    .await;
     drop(mounted);
     let (a, b) = (first.0.clone(), second.0.clone());
     drop((first, second));
