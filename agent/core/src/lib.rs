@@ -18,6 +18,10 @@ pub mod blank;
 pub mod config;
 pub mod deadline;
 mod devnum;
+// The recording double of the host: the core's tests, and with the `double` feature the daemon's
+// table tests (a dev-dependency's feature: never in a release build).
+#[cfg(any(test, feature = "double"))]
+pub mod double;
 pub mod ec2;
 pub mod error;
 pub mod format;

@@ -199,3 +199,5 @@ mod code_table_tests;
 
 #[cfg(test)]
 mod error_codes_tests;
+#[cfg(test)]
+mod node_tables;

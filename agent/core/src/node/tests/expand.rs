@@ -148,7 +148,7 @@ fn a_staging_mount_gone_or_foreign_is_refused_before_any_tool() {
     h.host.state().mounts.remove(&staging);
     let e = expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect_err("not mounted");
     assert!(matches!(e, Error::StagingNotMounted { .. }), "{e:?}");
-    let foreign = double::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+    let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
     h.host.state().mounts.insert(staging, vec![foreign]);
     let e = expand(&h.ctx, &cmd(&h, VOL, h.staging(VOL), 0)).expect_err("foreign");
     assert!(matches!(e, Error::StagingNotMounted { .. }), "{e:?}");

@@ -2,8 +2,8 @@
 //! touches nothing; the claim rides with the first intent; a format intent holds the device for
 //! its volume alone (the property test over random calls is `owners_random`).
 
-use super::devices::serial;
 use super::*;
+use crate::double::devices::serial;
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::records::{ClaimDoor, DeviceClaim, claim_key};

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::devices::serial;
-use super::double::GIB;
 use super::rng::Rng;
 use super::*;
+use crate::double::devices::serial;
+use crate::double::host::GIB;
 use crate::ledger::Ledger;
 use crate::records::{ClaimDoor, DeviceClaim, claim_key};
 use crate::request::AccessMode;

@@ -39,7 +39,7 @@ fn a_stray_is_detached_a_used_one_kept_and_a_recorded_one_or_anothers_left() {
         devices.insert(*what, d);
     }
     // A workload's bind of the "used" device's node.
-    let mut bind = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", true);
+    let mut bind = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", true);
     bind.node.rdev = devices["used"];
     h.host
         .state()

@@ -181,7 +181,7 @@ fn a_publication_holding_something_else_is_not_the_volumes_path() {
     let h = Harness::new();
     h.staged(VOL);
     h.published(VOL, "pod");
-    let foreign = double::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+    let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
     let at = h.target("pod").as_path().to_path_buf();
     h.host.state().mounts.entry(at).or_default().push(foreign);
     h.host.state().calls.clear();

@@ -42,7 +42,7 @@ fn unmount(h: &Harness, path: RequestPath) {
 }
 
 fn cover(h: &Harness, path: RequestPath) {
-    let foreign = double::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+    let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
     let at = path.as_path().to_path_buf();
     h.host.state().mounts.insert(at, vec![foreign]);
 }
@@ -237,7 +237,7 @@ fn a_recovered_volume_holds_its_device_against_another_id() {
     let mut h = Harness::new();
     h.staged(VOL);
     // A restart: every claim in memory is gone; recovery takes the volume's device again.
-    h.restart(Arc::new(crate::node::Unobserved));
+    h.restart(std::sync::Arc::new(crate::node::Unobserved));
     recover_volume(&h.ctx, VOL).expect("recover");
     let e = stage_at(
         &h,

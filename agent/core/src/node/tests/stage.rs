@@ -1,9 +1,9 @@
 //! NodeStageVolume against the double: the steps of a first stage, of a retry, of a stage that
 //! finds a filesystem, and every refusal, each leaving the host as it was.
 
-use super::devices::signature;
-use super::double::GIB;
 use super::*;
+use crate::double::devices::signature;
+use crate::double::host::GIB;
 use crate::error::Error;
 use crate::format::FormatError;
 use crate::probe::ProbeOutcome;

@@ -60,7 +60,8 @@ fn each_problem_is_named_in_the_condition_and_nothing_is_measured_wrongly() {
         (
             "covered",
             |h| {
-                let foreign = double::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+                let foreign =
+                    crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
                 let at = h.staging(VOL).as_path().to_path_buf();
                 h.host.state().mounts.entry(at).or_default().push(foreign);
             },
@@ -186,7 +187,7 @@ fn a_block_publication_bound_over_is_abnormal() {
     h.publish(&h.publish_cmd(VOL, "pod", block(AccessMode::SingleNodeWriter)))
         .expect("publish");
     // Another device's node bound over the target behind the agent's back.
-    let mut other = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    let mut other = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
     other.node.kind = crate::seam::FileKind::BlockDevice;
     other.node.rdev = crate::DevNum::new(259, 77);
     let at = h.target("pod").as_path().to_path_buf();
@@ -296,7 +297,7 @@ fn a_block_volume_is_measured_at_a_bind_of_its_device_no_record_names() {
     let s = stats(&h, VOL, h.target("kubelet-bind")).expect("stats at kubelet's bind");
     assert_eq!(s.usage, Some(Usage::Block { total_bytes: GIB }));
     // Another device's bind there is not the volume.
-    let mut other = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    let mut other = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
     other.node.kind = crate::seam::FileKind::BlockDevice;
     other.node.rdev = crate::DevNum::new(259, 99);
     let at = h.target("kubelet-bind").as_path().to_path_buf();

@@ -17,9 +17,9 @@ fn used_view(h: &Harness, volume: &str, bound: bool) -> crate::DevNum {
         .devnum(&h.dir.join("dev").join(format!("dev-{volume}")));
     let mut s = h.host.state();
     s.lies_on.insert(view, vec![Under::Device(under)]);
-    let mut facts = double::mount_facts(view, "ext4", false);
+    let mut facts = crate::double::host::mount_facts(view, "ext4", false);
     if bound {
-        facts = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+        facts = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
         facts.node.kind = crate::seam::FileKind::BlockDevice;
         facts.node.rdev = view;
     }
@@ -111,7 +111,8 @@ fn a_first_stage_refuses_a_device_bound_raw_elsewhere() {
         let h = Harness::new();
         let dev = h.attach(VOL);
         let devnum = h.host.devnum(&dev);
-        let mut bind = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+        let mut bind =
+            crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
         bind.node.kind = crate::seam::FileKind::BlockDevice;
         bind.node.rdev = devnum;
         h.host
@@ -136,7 +137,7 @@ fn a_filesystem_re_stage_refuses_a_device_bound_raw_elsewhere() {
     let cmd = h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter));
     h.stage(&cmd).expect("the first stage");
     h.host.state().mounts.clear();
-    let mut bind = double::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    let mut bind = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
     bind.node.kind = crate::seam::FileKind::BlockDevice;
     bind.node.rdev = h.host.devnum(&dev);
     h.host

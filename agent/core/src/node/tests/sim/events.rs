@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use super::super::devices::serial;
 use super::{Sim, dir_of};
 use crate::DevNum;
+use crate::double::devices::serial;
 use crate::ledger::Ledger;
 use crate::records::{ClaimDoor, DeviceClaim, Durability, claim_key};
 

@@ -35,18 +35,15 @@ mod events;
 mod inspect;
 mod replay;
 
-use super::double::GIB;
 use super::rng::Rng;
 use super::*;
 use crate::DevNum;
+use crate::double::host::{Crash, GIB};
 use crate::ledger::Ledger;
 use crate::node::Observer;
 use crate::records::AccessRecord;
 use crate::request::AccessMode;
 use crate::steps::{Op, Step};
-
-/// The payload of a simulated crash.
-pub(super) struct Crash;
 
 /// Crashes the agent at the `n`-th journal kill point it reaches.
 struct CrashAt(AtomicI64);

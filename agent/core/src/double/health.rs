@@ -8,7 +8,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::double::DoubleHost;
+use super::host::DoubleHost;
 use crate::DevNum;
 use crate::error::Result;
 use crate::node::host::ReadOnlyFound;
@@ -164,7 +164,7 @@ impl DoubleHost {
             return Ok(());
         };
         s.read_only.retain(|(d, _)| *d != ro);
-        s.calls.push(super::double::Call {
+        s.calls.push(super::host::Call {
             what: format!("detach read-only {ro}"),
             after: None,
             durable: true,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::records::DeviceIdentity;
 
-use super::double::DoubleHost;
+use super::host::DoubleHost;
 use crate::error::{Error, Result};
 use crate::node::backend::{Backend, NotProven, ResolvedDevice};
 use crate::node::host::{DeviceHandle, HostOps};
@@ -223,7 +223,7 @@ impl Backend for DoubleBackend {
 
 /// A call's hold of other views (`HostOps::hold_views`), given up when the call drops it.
 pub struct ViewHold {
-    pub host: std::sync::Arc<super::double::DoubleHost>,
+    pub host: std::sync::Arc<super::host::DoubleHost>,
     pub devnums: Vec<DevNum>,
 }
 

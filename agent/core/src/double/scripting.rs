@@ -10,7 +10,7 @@ use crate::DevNum;
 use crate::probe::ProbeOutcome;
 use crate::seam::MountFacts;
 
-use super::double::{Call, DoubleHost, State, mount_facts};
+use super::host::{Call, DoubleHost, State, mount_facts};
 
 impl DoubleHost {
     pub fn new(ledger: Arc<MemLedger>, watched: &str, dir: &Path) -> Arc<Self> {

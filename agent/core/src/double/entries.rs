@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use super::double::DoubleHost;
+use super::host::DoubleHost;
 use crate::DevNum;
 use crate::node::host::{Ancestry, Entry, OpenEntry, PathRefusal};
 use crate::request::FsType;

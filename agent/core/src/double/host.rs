@@ -664,10 +664,13 @@ impl DoubleHost {
             Some(n) if n <= 1 => {
                 s.crash_after_acts = None;
                 drop(s);
-                std::panic::panic_any(super::sim::Crash);
+                std::panic::panic_any(Crash);
             }
             Some(n) => s.crash_after_acts = Some(n - 1),
             None => {}
         }
     }
 }
+
+/// The payload of a simulated crash (the panic the simulation catches).
+pub struct Crash;
