@@ -311,7 +311,8 @@ mod tests {
     /// fork until exec. Without the wait, 16 stages at once failed with "apparently in use".
     #[test]
     fn a_released_claim_is_gone_while_other_threads_spawn_tools() {
-        use nix::mount::{MntFlags, MsFlags, mount, umount2};
+        use rustix::io::Errno;
+        use rustix::mount::{MountFlags, UnmountFlags, mount, unmount};
         if !crate::loopdev::test_support::root_or_skip(
             "a_released_claim_is_gone_while_other_threads_spawn_tools",
         ) {
@@ -330,7 +331,7 @@ mod tests {
         struct Unmount<'a>(&'a Path);
         impl Drop for Unmount<'_> {
             fn drop(&mut self) {
-                let _ = umount2(self.0, MntFlags::MNT_DETACH);
+                let _ = unmount(self.0, UnmountFlags::DETACH);
             }
         }
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -357,14 +358,14 @@ mod tests {
             held.release_exclusive();
             // What a stage does next: mount(2), which claims the device in the kernel.
             match mount(
-                Some(lo.0.as_path()),
+                lo.0.as_path(),
                 dir.0.as_path(),
-                Some("ext4"),
-                MsFlags::MS_RDONLY,
-                None::<&str>,
+                "ext4",
+                MountFlags::RDONLY,
+                None,
             ) {
                 Ok(()) => drop(Unmount(&dir.0)),
-                Err(nix::errno::Errno::EBUSY) => busy += 1,
+                Err(Errno::BUSY) => busy += 1,
                 Err(e) => panic!("mount: {e}"),
             }
         }

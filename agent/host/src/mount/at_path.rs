@@ -144,16 +144,16 @@ mod tests {
         let dir = TempDir::new("mounts-tmpfs");
         let entry = Anchored::prepare(&dir.0, &dir.0.join("m")).unwrap();
         entry.mkdir().unwrap();
-        nix::mount::mount(
-            Some("facts"),
-            &dir.0.join("m"),
-            Some("tmpfs"),
-            nix::mount::MsFlags::MS_RDONLY,
-            None::<&str>,
+        rustix::mount::mount(
+            "facts",
+            dir.0.join("m"),
+            "tmpfs",
+            rustix::mount::MountFlags::RDONLY,
+            None,
         )
         .unwrap();
         let facts = mounted_at(&entry);
-        let _ = nix::mount::umount2(&dir.0.join("m"), nix::mount::MntFlags::MNT_DETACH);
+        let _ = rustix::mount::unmount(dir.0.join("m"), rustix::mount::UnmountFlags::DETACH);
         let facts = facts.unwrap().expect("a mount");
         assert_eq!(facts.fs_type, "tmpfs");
         assert_eq!(facts.root, std::path::PathBuf::from("/"));

@@ -1,6 +1,7 @@
-//! mount(2) and umount(2), through sys-mount and nix; binds through the new mount API
-//! (open_tree, mount_setattr, move_mount) where the kernel and any seccomp filter allow it. No `mount` binary: its helpers and fstab
-//! lookups are exactly the surprises a node plugin must not have.
+//! mount(2) and umount(2), and binds through the new mount API (open_tree, mount_setattr,
+//! move_mount) where the kernel and any seccomp filter allow it: every mount call through one
+//! crate, rustix. No `mount` binary: its helpers and fstab lookups are exactly the surprises a
+//! node plugin must not have.
 //!
 //! Targets are never paths the kernel resolves anew: a mount goes onto the entry fd that was
 //! checked (/proc/self/fd/N), and an unmount names the entry through its held parent directory
@@ -9,10 +10,10 @@
 use std::io;
 use std::path::Path;
 
-use nix::mount::{MntFlags, umount2};
 use rustix::fs::CWD;
+use rustix::io::Errno;
+use rustix::mount::{MountFlags as MsFlags, UnmountFlags, mount_bind, unmount as umount2};
 use rustix::mount::{MoveMountFlags, OpenTreeFlags, move_mount, open_tree};
-use sys_mount::{Mount, MountFlags as MsFlags};
 
 use super::private_bind;
 use super::setattr;
@@ -29,16 +30,27 @@ pub fn mount_device(
     data: &[String],
     read_only: bool,
 ) -> io::Result<()> {
-    let mut flags = MsFlags::from_bits_retain(vfs_bits);
+    let mut flags = ms_flags(vfs_bits)?;
     if read_only {
         flags |= MsFlags::RDONLY;
     }
-    let data = data.join(",");
-    let mut builder = Mount::builder().fstype(fs_type).flags(flags);
-    if !data.is_empty() {
-        builder = builder.data(&data);
-    }
-    builder.mount(device, target.proc_path()).map(drop)
+    let data = std::ffi::CString::new(data.join(","))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in mount options"))?;
+    let data = (!data.is_empty()).then_some(data.as_c_str());
+    Ok(rustix::mount::mount(
+        device,
+        target.proc_path(),
+        fs_type,
+        flags,
+        data,
+    )?)
+}
+
+/// Validated `MS_*` bits as mount(2)'s flags word (they all fit its 32 bits).
+pub(super) fn ms_flags(vfs_bits: u64) -> io::Result<MsFlags> {
+    u32::try_from(vfs_bits)
+        .map(MsFlags::from_bits_retain)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mount flags beyond 32 bits"))
 }
 
 /// Bind-mounts `source` (a /proc/self/fd path of a checked mount root or device node) onto the
@@ -72,7 +84,7 @@ fn bind_detached(
     read_only: bool,
     vfs_bits: u64,
 ) -> Result<(), Attach> {
-    let fail = |call: Newer, e: rustix::io::Errno| {
+    let fail = |call: Newer, e: Errno| {
         if sandbox::unavailable(call, Some(e.raw_os_error())) {
             Attach::Unavailable
         } else {
@@ -91,7 +103,7 @@ fn bind_detached(
     if attr != setattr::MountAttr::default()
         && let Err(e) = setattr::set_attr(&tree, &attr)
     {
-        let errno = rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::INVAL);
+        let errno = Errno::from_io_error(&e).unwrap_or(Errno::INVAL);
         return Err(fail(Newer::MountSetattr, errno));
     }
     // Onto the checked entry through its fd, as mount(2) onto its /proc/self/fd path did.
@@ -115,13 +127,9 @@ fn bind_without_mount_api(
     read_only: bool,
     vfs_bits: u64,
 ) -> io::Result<()> {
-    let mut flags = MsFlags::from_bits_retain(vfs_bits) & !MsFlags::RDONLY;
+    let mut flags = ms_flags(vfs_bits)? & !MsFlags::RDONLY;
     if !read_only && flags.is_empty() {
-        return Mount::builder()
-            .fstype("none")
-            .flags(MsFlags::BIND)
-            .mount(source, target.proc_path())
-            .map(drop);
+        return Ok(mount_bind(source, target.proc_path())?);
     }
     if read_only {
         flags |= MsFlags::RDONLY;
@@ -140,19 +148,17 @@ use ebs_node_core::seam::Unmounted;
 /// waited for); one that outlasts them is a real user, and is returned.
 pub fn unmount(entry: &Anchored) -> io::Result<Unmounted> {
     let path = entry.unmount_path();
-    let unmount = || umount2(&path, MntFlags::UMOUNT_NOFOLLOW);
+    let unmount = || umount2(&path, UnmountFlags::NOFOLLOW);
     let first = match unmount() {
-        Err(nix::errno::Errno::EBUSY) => {
-            crate::command::past_spawns(unmount, |r| *r == Err(nix::errno::Errno::EBUSY))
-        }
+        Err(Errno::BUSY) => crate::command::past_spawns(unmount, |r| *r == Err(Errno::BUSY)),
         other => other,
     };
     match first {
         Ok(()) => Ok(Unmounted::Done),
         Err(e) => match e {
-            nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT => Ok(Unmounted::NotMounted),
-            nix::errno::Errno::ENOTCONN | nix::errno::Errno::ESTALE | nix::errno::Errno::EIO => {
-                umount2(&path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)?;
+            Errno::INVAL | Errno::NOENT => Ok(Unmounted::NotMounted),
+            Errno::NOTCONN | Errno::STALE | Errno::IO => {
+                umount2(&path, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW)?;
                 Ok(Unmounted::Detached)
             }
             other => Err(other.into()),

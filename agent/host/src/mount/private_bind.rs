@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use nix::mount::{MntFlags, umount2};
-use sys_mount::{Mount, MountFlags as MsFlags};
+use rustix::mount::{MountFlags as MsFlags, MountPropagationFlags, UnmountFlags};
+use rustix::mount::{mount_bind, mount_change, mount_remount, unmount};
 
 use super::table::MountTable;
 use crate::anchor::EntryFd;
@@ -47,23 +47,13 @@ pub fn bind_with(source: &Path, target: &EntryFd, flags: MsFlags) -> io::Result<
     } else {
         std::fs::File::create_new(&place)?;
     }
-    let made = (|| {
-        Mount::builder()
-            .fstype("none")
-            .flags(MsFlags::BIND)
-            .mount(source, &place)?;
-        Mount::builder()
-            .fstype("none")
-            .flags(MsFlags::BIND | MsFlags::REMOUNT | flags)
-            .mount("none", &place)?;
-        Mount::builder()
-            .fstype("none")
-            .flags(MsFlags::BIND)
-            .mount(&place, target.proc_path())
-            .map(drop)
+    let made = (|| -> io::Result<()> {
+        mount_bind(source, &place)?;
+        mount_remount(&place, MsFlags::BIND | flags, "")?;
+        Ok(mount_bind(&place, target.proc_path())?)
     })();
     // The private copy goes in every case; the target's stays.
-    let _ = umount2(&place, MntFlags::MNT_DETACH);
+    let _ = unmount(&place, UnmountFlags::DETACH);
     let _ = std::fs::remove_file(&place).or_else(|_| std::fs::remove_dir(&place));
     made
 }
@@ -90,26 +80,22 @@ fn prepared() -> io::Result<PathBuf> {
         // A crash between a private bind and its detach left it: nothing needs it.
         for m in table.entries().iter().rev() {
             if m.mount_point.parent() == Some(dir.as_path()) {
-                let _ = umount2(&m.mount_point, MntFlags::MNT_DETACH);
+                let _ = unmount(&m.mount_point, UnmountFlags::DETACH);
                 let _ = std::fs::remove_file(&m.mount_point)
                     .or_else(|_| std::fs::remove_dir(&m.mount_point));
             }
         }
     } else {
-        Mount::builder()
-            .fstype("tmpfs")
-            .flags(MsFlags::NOSUID | MsFlags::NODEV | MsFlags::NOEXEC)
-            .data("mode=0700,size=64k")
-            .mount(SOURCE, dir)?;
+        rustix::mount::mount(
+            SOURCE,
+            dir,
+            "tmpfs",
+            MsFlags::NOSUID | MsFlags::NODEV | MsFlags::NOEXEC,
+            c"mode=0700,size=64k",
+        )?;
     }
     // Private every time (also a tmpfs taken over): nothing below it may propagate.
-    nix::mount::mount(
-        None::<&str>,
-        dir,
-        None::<&str>,
-        nix::mount::MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )?;
+    mount_change(dir, MountPropagationFlags::PRIVATE)?;
     *ready = true;
     Ok(dir.clone())
 }

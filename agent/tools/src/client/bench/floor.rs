@@ -2,6 +2,7 @@
 //! the agent's own host modules: no agent, no gRPC, no journal. Every agent figure is quoted
 //! against it, measured on the same devices in the same run.
 
+use rustix::mount::{MountFlags, UnmountFlags};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -153,22 +154,14 @@ pub fn check(tools: &FsTools, fs: FsType, dev: &Path) -> Result<(), String> {
 
 /// NodeStageVolume's mount.
 pub fn mount(fs: FsType, dev: &Path, staging: &Path) -> Result<(), String> {
-    sys_mount::Mount::builder()
-        .fstype(fs.name())
-        .mount(dev, staging)
-        .map(drop)
+    rustix::mount::mount(dev, staging, fs.name(), MountFlags::empty(), None)
         .map_err(|e| format!("mount: {e}"))
 }
 
 /// NodePublishVolume: mkdir + bind.
 pub fn publish(staging: &Path, target: &Path) -> Result<(), String> {
     std::fs::create_dir_all(target).map_err(|e| format!("mkdir: {e}"))?;
-    sys_mount::Mount::builder()
-        .fstype("none")
-        .flags(sys_mount::MountFlags::BIND)
-        .mount(staging, target)
-        .map(drop)
-        .map_err(|e| format!("bind: {e}"))
+    rustix::mount::mount_bind(staging, target).map_err(|e| format!("bind: {e}"))
 }
 
 /// NodeGetVolumeStats: statvfs.
@@ -204,7 +197,7 @@ fn record(series: &mut Series, outcome: Result<Duration, String>) -> Result<(), 
 
 /// The bare host work: umount(2) by path, as a script would.
 fn unmount(path: &Path) -> std::io::Result<()> {
-    sys_mount::unmount(path, sys_mount::UnmountFlags::empty())
+    Ok(rustix::mount::unmount(path, UnmountFlags::empty())?)
 }
 
 /// Best-effort: leave nothing mounted after a failed floor cycle.

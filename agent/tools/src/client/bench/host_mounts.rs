@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use rustix::mount::{MountFlags, UnmountFlags, mount, unmount};
 
 pub struct HostMounts {
     dir: PathBuf,
@@ -24,11 +24,11 @@ impl HostMounts {
             std::fs::create_dir_all(&point)
                 .map_err(|e| format!("--host-mounts: creating {}: {e}", point.display()))?;
             mount(
-                Some("bench-host-mount"),
+                "bench-host-mount",
                 &point,
-                Some("tmpfs"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some("size=64k,mode=0700"),
+                "tmpfs",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                c"size=64k,mode=0700",
             )
             .map_err(|e| format!("--host-mounts: mounting tmpfs {}: {e}", point.display()))?;
             mounts.mounted.push(point);
@@ -40,7 +40,7 @@ impl HostMounts {
 impl Drop for HostMounts {
     fn drop(&mut self) {
         for point in self.mounted.drain(..).rev() {
-            let _ = umount2(&point, MntFlags::MNT_DETACH);
+            let _ = unmount(&point, UnmountFlags::DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

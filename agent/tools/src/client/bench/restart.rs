@@ -143,7 +143,7 @@ fn scrub(dir: &Path) {
     if let Ok(table) = ebs_node_host::mount::table::MountTable::read() {
         for m in table.entries().iter().rev() {
             if m.mount_point.starts_with(dir) {
-                let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
+                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
             }
         }
     }
