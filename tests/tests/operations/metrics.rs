@@ -45,21 +45,21 @@ async fn metrics_after_a_stage_publish_cycle() {
         assert_eq!(
             sample(
                 &body,
-                &format!("ebs_agent_rpc_requests_total{{rpc=\"{rpc}\",code=\"OK\"}}")
+                &format!("ebs_agent_rpc_requests_total{{code=\"OK\",rpc=\"{rpc}\"}}")
             ),
             1.0
         );
         let h = format!(
-            "ebs_agent_rpc_duration_seconds_bucket{{rpc=\"{rpc}\",code=\"OK\",le=\"+Inf\"}}"
+            "ebs_agent_rpc_duration_seconds_bucket{{code=\"OK\",rpc=\"{rpc}\",le=\"+Inf\"}}"
         );
         assert_eq!(sample(&body, &h), 1.0);
-        let sum = format!("ebs_agent_rpc_duration_seconds_sum{{rpc=\"{rpc}\",code=\"OK\"}}");
+        let sum = format!("ebs_agent_rpc_duration_seconds_sum{{code=\"OK\",rpc=\"{rpc}\"}}");
         assert!(sample(&body, &sum) > 0.0);
     }
     assert_eq!(
         sample(
             &body,
-            "ebs_agent_rpc_requests_total{rpc=\"NodePublishVolume\",code=\"InvalidArgument\"}"
+            "ebs_agent_rpc_requests_total{code=\"InvalidArgument\",rpc=\"NodePublishVolume\"}"
         ),
         1.0
     );
@@ -71,7 +71,7 @@ async fn metrics_after_a_stage_publish_cycle() {
         ("publish", "bind"),
     ] {
         let count = format!(
-            "ebs_agent_step_duration_seconds_count{{op=\"{op}\",step=\"{step}\",result=\"ok\"}}"
+            "ebs_agent_step_duration_seconds_count{{op=\"{op}\",result=\"ok\",step=\"{step}\"}}"
         );
         assert_eq!(sample(&body, &count), 1.0, "{op}.{step}");
     }
@@ -80,7 +80,7 @@ async fn metrics_after_a_stage_publish_cycle() {
         .lines()
         .filter(|l| {
             l.starts_with(
-                "ebs_agent_step_duration_seconds_bucket{op=\"stage\",step=\"format\",result=\"ok\"",
+                "ebs_agent_step_duration_seconds_bucket{op=\"stage\",result=\"ok\",step=\"format\"",
             )
         })
         .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())

@@ -12,13 +12,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
-
-/// Connections closed, while still waiting for their request head, to make room for a new one.
-pub(super) static EVICTED: AtomicU64 = AtomicU64::new(0);
 
 pub(super) struct Admission {
     max_total: usize,
@@ -106,7 +102,7 @@ impl Inner {
         match oldest {
             Some(id) => {
                 self.remove(id);
-                EVICTED.fetch_add(1, Ordering::Relaxed);
+                super::families::EVICTED.inc();
                 true
             }
             None => false,
@@ -172,7 +168,7 @@ mod tests {
                 .try_recv()
                 .is_err_and(|e| e == oneshot::error::TryRecvError::Empty)
         );
-        assert!(EVICTED.load(Ordering::Relaxed) >= 1);
+        assert!(super::super::families::EVICTED.get() >= 1);
         held.remove(0);
         assert!(a.admit(REMOTE).is_some());
     }

@@ -7,10 +7,8 @@
 //! 5 s to take the answer. A flood or a slowloris client costs a few descriptors for a few
 //! seconds, never the ones host work needs (see `fd_budget`), and never a scrape.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,7 +16,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use super::Sources;
-use super::admission::{Admission, EVICTED, Ticket};
+use super::admission::{Admission, Ticket};
+use super::families::{REFUSED, TIMED_OUT};
 
 /// Prometheus sends a few hundred bytes of headers.
 const MAX_REQUEST: usize = 2 * 1024;
@@ -27,9 +26,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// For writing the answer to a client that reads it slowly.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-static REFUSED: AtomicU64 = AtomicU64::new(0);
-static TIMED_OUT: AtomicU64 = AtomicU64::new(0);
 
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
@@ -43,7 +39,7 @@ pub fn spawn(listener: TcpListener, sources: Arc<Sources>, max_connections: usiz
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let Some((ticket, evicted)) = admission.admit(peer.ip()) else {
-                        REFUSED.fetch_add(1, Ordering::Relaxed);
+                        REFUSED.inc();
                         drop(stream);
                         continue;
                     };
@@ -80,7 +76,7 @@ async fn serve_one(
         Ok(Ok(Some(head))) => head,
         Ok(Ok(None)) | Ok(Err(_)) => return,
         Err(_) => {
-            TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+            TIMED_OUT.inc();
             return;
         }
     };
@@ -95,8 +91,7 @@ async fn serve_one(
                     let gauges = tokio::task::spawn_blocking(move || sources.gauges())
                         .await
                         .map_err(std::io::Error::other)?;
-                    let mut body = super::render(&gauges);
-                    render_listener(&mut body);
+                    let body = super::render(&gauges);
                     ("200 OK", body)
                 }
                 ("GET", _) => ("404 Not Found", "try /metrics\n".to_string()),
@@ -109,7 +104,7 @@ async fn serve_one(
         .await
         .is_err()
     {
-        TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+        TIMED_OUT.inc();
     }
 }
 
@@ -143,28 +138,6 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Head>> {
     let target = request_line.next().unwrap_or("");
     let path = target.split('?').next().unwrap_or("").to_string();
     Ok(Some(Head::Request { method, path }))
-}
-
-/// The listener's own counters, appended to the exposition.
-fn render_listener(out: &mut String) {
-    let _ = write!(
-        out,
-        "# HELP ebs_agent_metrics_connections_refused_total Metrics connections closed on \
-         accept because the connection cap was reached and every slot was answering.\n\
-         # TYPE ebs_agent_metrics_connections_refused_total counter\n\
-         ebs_agent_metrics_connections_refused_total {}\n\
-         # HELP ebs_agent_metrics_connections_evicted_total Metrics connections closed while \
-         still sending their request, to make room for a new one at the connection cap.\n\
-         # TYPE ebs_agent_metrics_connections_evicted_total counter\n\
-         ebs_agent_metrics_connections_evicted_total {}\n\
-         # HELP ebs_agent_metrics_connections_timed_out_total Metrics connections dropped for \
-         sending a request or taking the answer too slowly.\n\
-         # TYPE ebs_agent_metrics_connections_timed_out_total counter\n\
-         ebs_agent_metrics_connections_timed_out_total {}\n",
-        REFUSED.load(Ordering::Relaxed),
-        EVICTED.load(Ordering::Relaxed),
-        TIMED_OUT.load(Ordering::Relaxed),
-    );
 }
 
 async fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {

@@ -5,10 +5,10 @@
 
 mod admission;
 pub mod ebs;
-mod histogram;
+mod families;
 mod http;
+mod text;
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,38 +18,22 @@ use tonic::Code;
 
 use crate::health::Health;
 use ebs_node_core::node::VolumeLocks;
-use histogram::{COMMIT_BUCKETS, Family, OPERATION_BUCKETS, gauge};
+use families::{COMMITS, RPCS, STEPS};
 
 pub use http::{bind, spawn};
 
-static RPCS: Family = Family::new(
-    "ebs_agent_rpc_duration_seconds",
-    "CSI calls by method and gRPC status code.",
-    &["rpc", "code"],
-    OPERATION_BUCKETS,
-);
-static STEPS: Family = Family::new(
-    "ebs_agent_step_duration_seconds",
-    "Journaled host steps (probe, format, check, mount, grow, bind, unmount) by operation and result.",
-    &["op", "step", "result"],
-    OPERATION_BUCKETS,
-);
-static COMMITS: Family = Family::new(
-    "ebs_agent_journal_commit_seconds",
-    "State-file commits of journal records, by durability (immediate = fsync'd).",
-    &["durability"],
-    COMMIT_BUCKETS,
-);
-
 /// One finished RPC; `code` is `None` for success.
 pub fn observe_rpc(rpc: &'static str, code: Option<Code>, ms: f64) {
-    RPCS.observe(&[rpc, &code_label(code)], ms / 1000.0);
+    RPCS.with_label_values(&[rpc, code_label(code)])
+        .observe(ms / 1000.0);
 }
 
 /// One journaled step, from its intent to its done (or failed) record.
 pub fn observe_step(op: &str, step: &str, ok: bool, elapsed: Duration) {
     let result = if ok { "ok" } else { "failed" };
-    STEPS.observe(&[op, step, result], elapsed.as_secs_f64());
+    STEPS
+        .with_label_values(&[op, step, result])
+        .observe(elapsed.as_secs_f64());
 }
 
 pub fn observe_journal_commit(durability: Durability, elapsed: Duration) {
@@ -57,14 +41,31 @@ pub fn observe_journal_commit(durability: Durability, elapsed: Duration) {
         Durability::Immediate => "immediate",
         Durability::Lazy => "lazy",
     };
-    COMMITS.observe(&[label], elapsed.as_secs_f64());
+    COMMITS
+        .with_label_values(&[label])
+        .observe(elapsed.as_secs_f64());
 }
 
 /// gRPC's own spelling of status codes, as grpc-go's interceptors label them.
-fn code_label(code: Option<Code>) -> String {
-    match code {
-        None | Some(Code::Ok) => "OK".to_string(),
-        Some(c) => format!("{c:?}"),
+fn code_label(code: Option<Code>) -> &'static str {
+    match code.unwrap_or(Code::Ok) {
+        Code::Ok => "OK",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 
@@ -101,69 +102,47 @@ impl Sources {
     }
 }
 
-/// The whole exposition, text format 0.0.4.
+/// The whole exposition, text format 0.0.4: the agent's own families (`families`), then the EBS
+/// statistics (`ebs::render`, upstream's formatting).
 pub fn render(g: &Gauges) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# HELP ebs_agent_build_info The running agent's version.\n\
-         # TYPE ebs_agent_build_info gauge\n\
-         ebs_agent_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    let _ = writeln!(
-        out,
-        "# HELP ebs_agent_mount_table_reads_total Reads of the whole mount table \
-         (/proc/self/mountinfo): start-up recovery and the fallbacks only; node calls ask the \
-         kernel about one path.\n\
-         # TYPE ebs_agent_mount_table_reads_total counter\n\
-         ebs_agent_mount_table_reads_total {}",
-        ebs_node_host::mount::at_path::mount_table_reads()
-    );
-    gauge(
-        &mut out,
-        "ebs_agent_ready",
-        "1 once start-up recovery is done and Probe answers ready.",
-        if g.ready { 1.0 } else { 0.0 },
-    );
-    gauge(
-        &mut out,
-        "ebs_agent_operations_in_flight",
-        "Volume operations running now (each holds its volume's guard).",
-        g.in_flight as f64,
-    );
-    gauge(
-        &mut out,
-        "ebs_agent_volumes_needing_attention",
-        "Volumes whose records could not be checked against the host; their calls are refused \
-         until a re-check succeeds (see ebs-node-agent status).",
-        g.needing_attention as f64,
-    );
+    let reads = ebs_node_host::mount::at_path::mount_table_reads();
+    let mut gauges = vec![
+        (
+            "ebs_agent_ready",
+            "1 once start-up recovery is done and Probe answers ready.",
+            if g.ready { 1.0 } else { 0.0 },
+        ),
+        (
+            "ebs_agent_operations_in_flight",
+            "Volume operations running now (each holds its volume's guard).",
+            g.in_flight as f64,
+        ),
+        (
+            "ebs_agent_volumes_needing_attention",
+            "Volumes whose records could not be checked against the host; their calls are \
+             refused until a re-check succeeds (see ebs-node-agent status).",
+            g.needing_attention as f64,
+        ),
+    ];
     // A state file that cannot be read leaves the gauge out rather than reporting a false zero.
     if let Some(n) = g.staged {
-        gauge(
-            &mut out,
+        gauges.push((
             "ebs_agent_volumes_staged",
             "Volumes staged on this node.",
             n as f64,
-        );
+        ));
     }
     if let Some(n) = g.published {
-        gauge(
-            &mut out,
+        gauges.push((
             "ebs_agent_volumes_published",
             "Publications (target paths) on this node.",
             n as f64,
-        );
+        ));
     }
-    RPCS.render_count_as_counter(
-        "ebs_agent_rpc_requests_total",
-        "CSI calls by method and gRPC status code.",
-        &mut out,
-    );
-    RPCS.render_histogram(&mut out);
-    STEPS.render_histogram(&mut out);
-    COMMITS.render_histogram(&mut out);
+    let families = families::gather(&gauges, reads, env!("CARGO_PKG_VERSION"));
+    let mut out = String::new();
+    // Text encoding into a String fails only on a family the crate itself would not make.
+    let _ = prometheus::TextEncoder::new().encode_utf8(&families, &mut out);
     if let Some(e) = &g.ebs {
         ebs::render::render(&mut out, e);
     }
@@ -189,11 +168,11 @@ mod tests {
             ebs: None,
         });
         assert!(
-            text.contains("ebs_agent_rpc_requests_total{rpc=\"NodeStageVolume\",code=\"OK\"} ")
+            text.contains("ebs_agent_rpc_requests_total{code=\"OK\",rpc=\"NodeStageVolume\"} ")
         );
         assert!(text.contains("code=\"InvalidArgument\""));
         assert!(text.contains(
-            "ebs_agent_step_duration_seconds_count{op=\"stage\",step=\"mount\",result=\"ok\"} "
+            "ebs_agent_step_duration_seconds_count{op=\"stage\",result=\"ok\",step=\"mount\"} "
         ));
         assert!(text.contains(
             "ebs_agent_journal_commit_seconds_bucket{durability=\"immediate\",le=\"0.001\"} "

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::{DURATION_BUCKETS, EbsScrape};
-use crate::metrics::histogram::{escape, header};
+use crate::metrics::text::{escape, header};
 use ebs_node_host::nvme::ebs_page::{EbsStats, Histogram};
 
 const US_PER_SECOND: f64 = 1e6;
