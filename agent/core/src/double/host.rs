@@ -20,18 +20,17 @@ use crate::error::{Error, Result};
 use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
-use crate::node::host::{Ancestry, Entry, LoopOrigin, PathRefusal, Place, Under};
 use crate::node::host::{DeviceHandle, HostOps};
+use crate::node::host::{Entry, LoopOrigin, PathRefusal, Place, Under};
 use crate::node::host::{HeldViews, ReadOnlyDevice, ReadOnlyFound, View};
 use crate::node::volume_device::VolumeDevice;
 use crate::probe::ProbeOutcome;
 use crate::request::{FormatOptions, FsType};
 use crate::seam::MountFacts;
-use crate::seam::Unmounted;
 use crate::seam::{EntryStat, FsToolError, FsckOutcome, ReadOutcome};
 
 /// The device filesystem's numbers: what a bind of a device node shows as its `dev`.
-const DEVTMPFS: DevNum = DevNum::new(0, 5);
+pub(super) const DEVTMPFS: DevNum = DevNum::new(0, 5);
 pub const GIB: u64 = 1 << 30;
 
 /// One call that changed the host, with the last journal line committed before it.
@@ -509,7 +508,7 @@ impl HostOps for DoubleHost {
     }
 }
 
-fn place(path: &Path) -> io::Result<Place> {
+pub(super) fn place(path: &Path) -> io::Result<Place> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path)?;
     let dev = m.dev();
@@ -527,150 +526,3 @@ impl DoubleHost {
         self.me.upgrade().expect("the double lives in an Arc")
     }
 }
-
-/// What an entry the double made asks and does through itself (`entries`), by its path.
-impl DoubleHost {
-    pub(super) fn mounted_at(&self, path: &Path) -> io::Result<Option<MountFacts>> {
-        match self.scripted("mounted_at") {
-            Some(why) => Err(io::Error::other(why)),
-            None => Ok(self.top(path)),
-        }
-    }
-
-    pub(super) fn mount_device(
-        &self,
-        device: &Path,
-        target_path: &Path,
-        fs: FsType,
-        data: &[String],
-        readonly: bool,
-    ) -> io::Result<()> {
-        let what = format!(
-            "mount {} {} on {}{}{}",
-            fs,
-            Self::name(device),
-            Self::name(target_path),
-            if readonly { " ro" } else { "" },
-            if data.is_empty() {
-                String::new()
-            } else {
-                format!(" -o {}", data.join(","))
-            }
-        );
-        let dev = self.state().devices[device];
-        if self.state().view_holds.contains_key(&dev) {
-            // Another call holds it exclusively: the kernel's mount is refused, EBUSY.
-            return Err(io::Error::from_raw_os_error(super::devices::EBUSY));
-        }
-        self.act(what, "mount")?;
-        let mut s = self.state();
-        s.claimed.insert(dev);
-        let facts = match s.fail.get("mount_lands_foreign") {
-            // Something else ends up on top (another mount raced in over ours).
-            Some(_) => mount_facts(DevNum::new(8, 99), "ext4", false),
-            None => mount_facts(dev, fs.name(), readonly),
-        };
-        s.mounts
-            .entry(target_path.to_path_buf())
-            .or_default()
-            .push(facts);
-        drop(s);
-        self.after_act();
-        Ok(())
-    }
-
-    pub(super) fn bind(&self, source: &Path, target: &Path, readonly: bool) -> io::Result<()> {
-        // The source is a /proc/self/fd path: the entry or device file it names.
-        let from = std::fs::read_link(source)?;
-        let what = format!(
-            "bind {} on {}{}",
-            Self::name(&from),
-            Self::name(target),
-            if readonly { " ro" } else { "" }
-        );
-        self.act(what, "bind")?;
-        let mut s = self.state();
-        let facts = if let Some(&rdev) = s.devices.get(&from) {
-            let mut f = mount_facts(DEVTMPFS, "devtmpfs", readonly);
-            f.node.kind = FileType::BlockDevice;
-            f.node.rdev = rdev;
-            f
-        } else if let Some(top) = s.mounts.get(&from).and_then(|m| m.last()) {
-            MountFacts {
-                read_only: readonly,
-                ..top.clone()
-            }
-        } else {
-            let mut f = mount_facts(DevNum::new(8, 1), "ext4", readonly);
-            f.root = from.clone();
-            f
-        };
-        s.mounts
-            .entry(target.to_path_buf())
-            .or_default()
-            .push(facts);
-        drop(s);
-        self.after_act();
-        Ok(())
-    }
-
-    pub(super) fn unmount(&self, path: &Path) -> io::Result<Unmounted> {
-        self.act(format!("unmount {}", Self::name(path)), "unmount")?;
-        let mut s = self.state();
-        let popped = s.mounts.get_mut(path).and_then(Vec::pop);
-        let Some(gone) = popped else {
-            return Ok(Unmounted::NotMounted);
-        };
-        let still = s.mounts.values().flatten().any(|m| m.dev == gone.dev);
-        if !still {
-            s.claimed.remove(&gone.dev);
-        }
-        drop(s);
-        self.after_act();
-        Ok(Unmounted::Done)
-    }
-
-    /// Each directory from the entry's up to the harness's prefix, by name (the double's paths
-    /// are plain directories that nothing renames).
-    pub(super) fn ancestry(&self, path: &Path) -> io::Result<Ancestry> {
-        let mut dirs = Vec::new();
-        let mut dir = path.parent();
-        while let Some(d) = dir {
-            let here = place(d)?;
-            // The harness's allowed prefix, or its directory (never above it).
-            if d.parent().is_none() || d == self.dir.join("allowed") || d == self.dir {
-                return Ok(Ancestry { prefix: here, dirs });
-            }
-            dirs.push(here);
-            dir = d.parent();
-        }
-        Err(io::Error::other("no prefix above the entry"))
-    }
-
-    fn grown(&self, device: &Path) {
-        let mut s = self.state();
-        let devnum = s.devices[device];
-        let bytes = s.device_bytes[&devnum];
-        s.fs_bytes.insert(devnum, bytes);
-        drop(s);
-        self.after_act();
-    }
-
-    /// The simulation's crash in the middle of a step: after the host did what it was asked,
-    /// before the agent recorded it (`State::crash_after_acts`).
-    fn after_act(&self) {
-        let mut s = self.state();
-        match s.crash_after_acts {
-            Some(n) if n <= 1 => {
-                s.crash_after_acts = None;
-                drop(s);
-                std::panic::panic_any(Crash);
-            }
-            Some(n) => s.crash_after_acts = Some(n - 1),
-            None => {}
-        }
-    }
-}
-
-/// The payload of a simulated crash (the panic the simulation catches).
-pub struct Crash;

@@ -14,6 +14,7 @@ pub mod entries;
 pub mod health;
 pub mod host;
 pub mod ledger;
+pub mod mounts;
 pub mod scripting;
 
 use std::collections::HashMap;
