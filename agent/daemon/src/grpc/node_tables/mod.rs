@@ -219,6 +219,27 @@ where
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// A table's test: its rows through the v1 door, then the same rows through the v0.3 door.
+macro_rules! through_both_doors {
+    ($rpc:ident, $rows:ident, $v0_request:ident) => {
+        #[tokio::test]
+        async fn $rpc() {
+            use ebs_proto::csi::v0;
+            use tonic::Request;
+            use v0::node_server::Node as _;
+            run_table("v1", $rows(), async |rig: &Rig, r| {
+                rig.svc.$rpc(Request::new(r)).await
+            })
+            .await;
+            run_table("v0.3", $rows(), async |rig: &Rig, r| {
+                let r = to_v0::<_, v0::$v0_request>(r);
+                v0_door(rig).$rpc(Request::new(r)).await
+            })
+            .await;
+        }
+    };
+}
+
 mod publish;
 mod queries;
 mod stage;

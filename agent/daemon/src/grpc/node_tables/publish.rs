@@ -1,12 +1,10 @@
 //! Publish and unpublish: a table each, through the v1 and the v0.3 doors.
 
-use tonic::{Code, Request};
+use tonic::Code;
 
 use super::Given::{Attached, Failing, Published, Staged, StagedBlock};
 use super::{Case, Rig, VOL, block_cap, csi, mount_cap, publish_req, run_table, to_v0, v0_door};
 use csi::node_server::Node;
-use ebs_proto::csi::v0;
-use v0::node_server::Node as V0Node;
 
 fn unpublish_req(rig: &Rig) -> csi::NodeUnpublishVolumeRequest {
     csi::NodeUnpublishVolumeRequest {
@@ -129,21 +127,11 @@ fn node_publish_volume_rows() -> Vec<Case<csi::NodePublishVolumeRequest>> {
     ]
 }
 
-#[tokio::test]
-async fn node_publish_volume() {
-    run_table("v1", node_publish_volume_rows(), async |rig: &Rig, r| {
-        rig.svc.node_publish_volume(Request::new(r)).await
-    })
-    .await;
-    run_table("v0.3", node_publish_volume_rows(), async |rig: &Rig, r| {
-        V0Node::node_publish_volume(
-            &v0_door(rig),
-            Request::new(to_v0::<_, v0::NodePublishVolumeRequest>(r)),
-        )
-        .await
-    })
-    .await;
-}
+through_both_doors!(
+    node_publish_volume,
+    node_publish_volume_rows,
+    NodePublishVolumeRequest
+);
 
 fn node_unpublish_volume_rows() -> Vec<Case<csi::NodeUnpublishVolumeRequest>> {
     vec![
@@ -198,22 +186,8 @@ fn node_unpublish_volume_rows() -> Vec<Case<csi::NodeUnpublishVolumeRequest>> {
     ]
 }
 
-#[tokio::test]
-async fn node_unpublish_volume() {
-    run_table("v1", node_unpublish_volume_rows(), async |rig: &Rig, r| {
-        rig.svc.node_unpublish_volume(Request::new(r)).await
-    })
-    .await;
-    run_table(
-        "v0.3",
-        node_unpublish_volume_rows(),
-        async |rig: &Rig, r| {
-            V0Node::node_unpublish_volume(
-                &v0_door(rig),
-                Request::new(to_v0::<_, v0::NodeUnpublishVolumeRequest>(r)),
-            )
-            .await
-        },
-    )
-    .await;
-}
+through_both_doors!(
+    node_unpublish_volume,
+    node_unpublish_volume_rows,
+    NodeUnpublishVolumeRequest
+);

@@ -1,12 +1,10 @@
 //! Stage and unstage: a table each, through the v1 and the v0.3 doors.
 
-use tonic::{Code, Request};
+use tonic::Code;
 
 use super::Given::{Attached, Failing, Published, Staged, StagedBlock};
 use super::{Case, Rig, VOL, block_cap, csi, mount_cap, run_table, stage_req, to_v0, v0_door};
 use csi::node_server::Node;
-use ebs_proto::csi::v0;
-use v0::node_server::Node as V0Node;
 
 fn unstage_req(rig: &Rig) -> csi::NodeUnstageVolumeRequest {
     csi::NodeUnstageVolumeRequest {
@@ -145,21 +143,11 @@ fn node_stage_volume_rows() -> Vec<Case<csi::NodeStageVolumeRequest>> {
     ]
 }
 
-#[tokio::test]
-async fn node_stage_volume() {
-    run_table("v1", node_stage_volume_rows(), async |rig: &Rig, r| {
-        rig.svc.node_stage_volume(Request::new(r)).await
-    })
-    .await;
-    run_table("v0.3", node_stage_volume_rows(), async |rig: &Rig, r| {
-        V0Node::node_stage_volume(
-            &v0_door(rig),
-            Request::new(to_v0::<_, v0::NodeStageVolumeRequest>(r)),
-        )
-        .await
-    })
-    .await;
-}
+through_both_doors!(
+    node_stage_volume,
+    node_stage_volume_rows,
+    NodeStageVolumeRequest
+);
 
 fn node_unstage_volume_rows() -> Vec<Case<csi::NodeUnstageVolumeRequest>> {
     vec![
@@ -221,18 +209,8 @@ fn node_unstage_volume_rows() -> Vec<Case<csi::NodeUnstageVolumeRequest>> {
     ]
 }
 
-#[tokio::test]
-async fn node_unstage_volume() {
-    run_table("v1", node_unstage_volume_rows(), async |rig: &Rig, r| {
-        rig.svc.node_unstage_volume(Request::new(r)).await
-    })
-    .await;
-    run_table("v0.3", node_unstage_volume_rows(), async |rig: &Rig, r| {
-        V0Node::node_unstage_volume(
-            &v0_door(rig),
-            Request::new(to_v0::<_, v0::NodeUnstageVolumeRequest>(r)),
-        )
-        .await
-    })
-    .await;
-}
+through_both_doors!(
+    node_unstage_volume,
+    node_unstage_volume_rows,
+    NodeUnstageVolumeRequest
+);
