@@ -242,4 +242,5 @@ macro_rules! through_both_doors {
 
 mod publish;
 mod queries;
+mod reclaim;
 mod stage;
