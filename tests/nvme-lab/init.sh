@@ -96,7 +96,7 @@ if wget -qO /tmp/metrics http://127.0.0.1:9809/metrics 2>/tmp/out; then
     grep -q '^ebs_agent_ebs_stats_errors_total{reason="unsupported"} 1$' /tmp/metrics &&
     grep -q '^aws_ebs_csi_nvme_collector_duration_seconds_count{instance_id="i-lab"} 1$' /tmp/metrics &&
     grep -q '^ebs_agent_volumes_staged 1$' /tmp/metrics && grep -q '^ebs_agent_volumes_published 1$' /tmp/metrics &&
-    grep -q '^ebs_agent_rpc_requests_total{rpc="NodeStageVolume",code="OK"} ' /tmp/metrics &&
+    grep -q '^ebs_agent_rpc_requests_total{code="OK",rpc="NodeStageVolume"} ' /tmp/metrics &&
     ! grep -q '^aws_ebs_csi_read_ops_total' /tmp/metrics; then
     ok "ebs stats scrape: page 0xD0 unsupported by QEMU's controller, counted, the other metrics intact"
   else

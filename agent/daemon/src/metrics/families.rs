@@ -144,8 +144,12 @@ fn gauge(opts: Opts, value: f64) -> Vec<MetricFamily> {
             g.set(value);
             g.collect()
         }
-        // A gauge's name is a constant of `render`'s: checked by `the_families_are_valid`.
-        Err(_) => Vec::new(),
+        // A gauge's name and help are constants of `render`'s (`exposition_has_every_family`
+        // reads each back): a refusal is a bug, said in the log rather than lost silently.
+        Err(e) => {
+            tracing::warn!(error = %e, "a gauge was left out of the metrics");
+            Vec::new()
+        }
     }
 }
 

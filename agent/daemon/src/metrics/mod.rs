@@ -50,7 +50,7 @@ pub fn observe_journal_commit(durability: Durability, elapsed: Duration) {
 fn code_label(code: Option<Code>) -> &'static str {
     match code.unwrap_or(Code::Ok) {
         Code::Ok => "OK",
-        Code::Cancelled => "Cancelled",
+        Code::Cancelled => "Canceled",
         Code::Unknown => "Unknown",
         Code::InvalidArgument => "InvalidArgument",
         Code::DeadlineExceeded => "DeadlineExceeded",
@@ -141,8 +141,11 @@ pub fn render(g: &Gauges) -> String {
     }
     let families = families::gather(&gauges, reads, env!("CARGO_PKG_VERSION"));
     let mut out = String::new();
-    // Text encoding into a String fails only on a family the crate itself would not make.
-    let _ = prometheus::TextEncoder::new().encode_utf8(&families, &mut out);
+    // The encoder stops at a family it refuses (no series, no name; `families` leaves none
+    // out that way): what it wrote stays, and the rest is said in the log, not lost silently.
+    if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
+        tracing::warn!(error = %e, "the metrics exposition stopped short");
+    }
     if let Some(e) = &g.ebs {
         ebs::render::render(&mut out, e);
     }
@@ -152,6 +155,14 @@ pub fn render(g: &Gauges) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// grpc-go's names (`codes.Canceled.String()`), not tonic's Debug spelling.
+    #[test]
+    fn codes_are_spelled_as_grpc_go_spells_them() {
+        assert_eq!(code_label(Some(Code::Cancelled)), "Canceled");
+        assert_eq!(code_label(None), "OK");
+        assert_eq!(code_label(Some(Code::DeadlineExceeded)), "DeadlineExceeded");
+    }
 
     #[test]
     fn exposition_has_every_family() {
