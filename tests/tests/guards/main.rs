@@ -7,6 +7,7 @@
 
 mod bound_elsewhere;
 mod create_retry;
+mod kept_flags;
 mod races;
 mod rebuild_names;
 mod rebuild_ro;
