@@ -1,7 +1,7 @@
-//! A publication keeps the staging mount's nosuid, nodev and noexec (and its atime mode) with
+//! A publication keeps the staging mount's nosuid, nodev and noexec, and its atime mode, with
 //! and without the new mount API: open_tree clones the staging mount with its flags and
-//! mount_setattr only adds the asked ones, while a bind remount (the fallback) sets the
-//! per-mount flags to exactly what it is given (a thirty-fifth fresh review's F1: without the
+//! mount_setattr only adds the asked ones, while a bind remount (the fallback) sets nosuid,
+//! nodev and noexec to exactly what it is given (a thirty-fifth fresh review's F1: without the
 //! API, a read-only publication of a `nosuid,nodev,noexec` staging ran setuid binaries).
 
 use std::path::Path;

@@ -134,39 +134,31 @@ fn bind_without_mount_api(
     if read_only {
         flags |= MsFlags::RDONLY;
     }
-    flags |= kept_from(source, flags)?;
+    flags |= kept_from(source)?;
     private_bind::bind_with(source, target, flags)
 }
 
-/// What of the source mount's per-mount flags a bind remount would drop: it sets them to
-/// exactly what it is given, where open_tree's clone keeps the source's and mount_setattr only
-/// adds to them (a thirty-fifth fresh review's F1: a read-only publication of a `nosuid,nodev,
-/// noexec` staging lost all three without the mount API). Its nosuid, nodev, noexec, read-only
-/// and nodiratime, and its atime mode unless `asked` names one.
-fn kept_from(source: &Path, asked: MsFlags) -> io::Result<MsFlags> {
+/// What of the source mount's per-mount flags a bind remount would drop: it sets nosuid, nodev
+/// and noexec to exactly what it is given, where open_tree's clone keeps the source's and
+/// mount_setattr only adds to them (a thirty-fifth fresh review's F1: a read-only publication
+/// of a `nosuid,nodev,noexec` staging lost all three without the mount API). The atime mode is
+/// left to the kernel, which keeps the mount's own unless one is asked, as mount_setattr does;
+/// read-only is not taken from here (statvfs also says so of a filesystem that went read-only on
+/// an error, and a read-only staging of the agent's makes its publications read-only anyway).
+fn kept_from(source: &Path) -> io::Result<MsFlags> {
     use rustix::fs::StatVfsMountFlags as St;
-    let on = rustix::fs::statvfs(source)?.f_flag;
+    let on = rustix::fs::statvfs(source)
+        .map_err(|e| io::Error::new(e.kind(), format!("statvfs of the bind's source: {e}")))?
+        .f_flag;
     let mut kept = MsFlags::empty();
     for (st, ms) in [
         (St::NOSUID, MsFlags::NOSUID),
         (St::NODEV, MsFlags::NODEV),
         (St::NOEXEC, MsFlags::NOEXEC),
-        (St::RDONLY, MsFlags::RDONLY),
-        (St::NODIRATIME, MsFlags::NODIRATIME),
     ] {
         if on.contains(st) {
             kept |= ms;
         }
-    }
-    let atime = MsFlags::NOATIME | MsFlags::RELATIME | MsFlags::STRICTATIME;
-    if !asked.intersects(atime) {
-        kept |= if on.contains(St::NOATIME) {
-            MsFlags::NOATIME
-        } else if on.contains(St::RELATIME) {
-            MsFlags::RELATIME
-        } else {
-            MsFlags::STRICTATIME
-        };
     }
     Ok(kept)
 }
