@@ -4,25 +4,13 @@
 //! nodev and noexec to exactly what it is given (a thirty-fifth fresh review's F1: without the
 //! API, a read-only publication of a `nosuid,nodev,noexec` staging ran setuid binaries).
 
-use std::path::Path;
-
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
 
 use csi::volume_capability::access_mode::Mode;
 
 use super::MIB;
-
-/// The per-mount options (mountinfo's 6th field) of the mount exactly at `path`.
-fn mount_options(path: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let wanted = path.to_string_lossy();
-    text.lines()
-        .rfind(|l| l.split(' ').nth(4) == Some(&*wanted))
-        .and_then(|l| l.split(' ').nth(5))
-        .map(|o| o.split(',').map(str::to_string).collect())
-        .unwrap_or_default()
-}
+use super::ro_peer::mount_options;
 
 #[tokio::test]
 async fn a_publication_keeps_the_staging_mounts_flags_with_and_without_the_mount_api() {
@@ -69,7 +57,7 @@ async fn a_publication_keeps_the_staging_mounts_flags_with_and_without_the_mount
             node.node_publish_volume(publish_req(&vol, &staging, &target, cap, readonly))
                 .await
                 .unwrap_or_else(|e| panic!("{name} publish {case}: {e:?}\n{}", agent.log_text()));
-            let opts = mount_options(&target);
+            let opts = mount_options(&target).unwrap_or_default();
             for want in staged_with.iter().chain(&[mode]) {
                 assert!(
                     opts.iter().any(|o| o == want),

@@ -16,7 +16,7 @@ use csi::volume_capability::access_mode::Mode;
 use super::{MIB, is_mounted};
 
 /// The options (the per-mount ones, mountinfo's 6th field) of the mount exactly at `path`.
-fn mount_options(path: &Path) -> Option<Vec<String>> {
+pub(super) fn mount_options(path: &Path) -> Option<Vec<String>> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let wanted = path.to_string_lossy();
     text.lines()
