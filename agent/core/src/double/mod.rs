@@ -86,6 +86,27 @@ fn scratch_root() -> PathBuf {
     .clone()
 }
 
+/// A node context over the double's parts with nothing in memory: no locks, no claims.
+fn fresh_context(
+    ledger: &Arc<MemLedger>,
+    backend: &Arc<DoubleBackend>,
+    host: &Arc<DoubleHost>,
+    roots: &Roots,
+    agent_tag: crate::node::ro_tag::AgentTag,
+) -> NodeCtx {
+    NodeCtx {
+        ledger: Arc::clone(ledger) as _,
+        backend: Arc::clone(backend) as _,
+        host: Arc::clone(host) as _,
+        locks: Default::default(),
+        device_locks: Default::default(),
+        claims: Default::default(),
+        roots: roots.clone(),
+        observer: Arc::new(Unobserved),
+        agent_tag,
+    }
+}
+
 impl Default for Harness {
     fn default() -> Self {
         Self::new()
@@ -109,17 +130,8 @@ impl Harness {
             moved: Mutex::default(),
         });
         let roots = Roots::new(vec![dir.join("allowed")], vec![dir.clone()]);
-        let ctx = Arc::new(NodeCtx {
-            ledger: Arc::clone(&ledger) as _,
-            backend: Arc::clone(&backend) as _,
-            host: Arc::clone(&host) as _,
-            locks: Default::default(),
-            device_locks: Default::default(),
-            claims: Default::default(),
-            roots: roots.clone(),
-            observer: Arc::new(Unobserved),
-            agent_tag: crate::node::ro_tag::AgentTag::new(1, &dir.join("state.redb")),
-        });
+        let agent_tag = crate::node::ro_tag::AgentTag::new(1, &dir.join("state.redb"));
+        let ctx = Arc::new(fresh_context(&ledger, &backend, &host, &roots, agent_tag));
         Harness {
             dir,
             ctx,
@@ -133,16 +145,10 @@ impl Harness {
     /// A fresh node context over the same host, ledger and backend (nothing in memory kept:
     /// no locks, no claims): a restarted agent's, or a daemon's built over the double.
     pub fn context(&self, observer: Arc<dyn crate::node::Observer>) -> NodeCtx {
+        let tag = self.ctx.agent_tag.clone();
         NodeCtx {
-            ledger: Arc::clone(&self.ledger) as _,
-            backend: Arc::clone(&self.backend) as _,
-            host: Arc::clone(&self.host) as _,
-            locks: Default::default(),
-            device_locks: Default::default(),
-            claims: Default::default(),
-            roots: self.roots.clone(),
             observer,
-            agent_tag: self.ctx.agent_tag.clone(),
+            ..fresh_context(&self.ledger, &self.backend, &self.host, &self.roots, tag)
         }
     }
 

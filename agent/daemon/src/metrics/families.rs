@@ -29,7 +29,7 @@ const RPC_COUNT: (&str, &str) = (
 
 pub static RPCS: LazyLock<HistogramVec> = LazyLock::new(|| {
     histograms(
-        "ebs_agent_rpc_duration_seconds",
+        RPCS_NAME,
         "CSI calls by method and gRPC status code.",
         &["rpc", "code"],
         OPERATION_BUCKETS,

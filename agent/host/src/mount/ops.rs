@@ -47,7 +47,7 @@ pub fn mount_device(
 }
 
 /// Validated `MS_*` bits as mount(2)'s flags word (they all fit its 32 bits).
-pub(super) fn ms_flags(vfs_bits: u64) -> io::Result<MsFlags> {
+fn ms_flags(vfs_bits: u64) -> io::Result<MsFlags> {
     u32::try_from(vfs_bits)
         .map(MsFlags::from_bits_retain)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mount flags beyond 32 bits"))
