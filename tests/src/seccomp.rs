@@ -16,20 +16,46 @@ pub const MOUNT_SETATTR: u32 = 442;
 pub const EPERM: u32 = 1;
 pub const ENOSYS: u32 = 38;
 
-/// Loads a filter that allows everything but the `nr=errno` pairs in argv[1], then execs the
-/// rest of argv. Numbers, not names: libseccomp before 2.6 does not know statmount's.
+/// ioctl's number on this architecture (x86_64 16, aarch64 29).
+pub const IOCTL: u32 = libc::SYS_ioctl as u32;
+/// The requests that walk the kernel's list of mount namespaces (Linux 6.12); a kernel before it
+/// answers them ENOTTY.
+pub const NS_MNT_GET_NEXT: u64 = 0x8010_b70b;
+pub const NS_MNT_GET_PREV: u64 = 0x8010_b70c;
+pub const ENOTTY: u32 = 25;
+
+/// Loads a filter that allows everything but the `nr=errno` pairs in argv[1] (`nr:arg=errno`:
+/// only where the call's second argument, an ioctl's request, is `arg`), then execs the rest of
+/// argv. Numbers, not names: libseccomp before 2.6 does not know statmount's.
 const INSTALL_FILTER: &str = "\
 import os, sys, seccomp
 f = seccomp.SyscallFilter(seccomp.ALLOW)
 for pair in sys.argv[1].split(','):
-    nr, errno = pair.split('=')
-    f.add_rule(seccomp.ERRNO(int(errno)), int(nr))
+    call, errno = pair.split('=')
+    nr, _, arg = call.partition(':')
+    if arg:
+        f.add_rule(seccomp.ERRNO(int(errno)), int(nr), seccomp.Arg(1, seccomp.EQ, int(arg)))
+    else:
+        f.add_rule(seccomp.ERRNO(int(errno)), int(nr))
 f.load()
 os.execv(sys.argv[2], sys.argv[2:])
 ";
 
 /// The command that runs what follows it under the filter.
 pub fn filtered(rules: &[(u32, u32)]) -> Vec<OsString> {
+    let rules: Vec<String> = rules.iter().map(|(nr, e)| format!("{nr}={e}")).collect();
+    install(&rules)
+}
+
+/// As a kernel before 6.12: the requests that list mount namespaces answered ENOTTY.
+pub fn without_namespace_list() -> Vec<OsString> {
+    install(&[
+        format!("{IOCTL}:{NS_MNT_GET_NEXT}={ENOTTY}"),
+        format!("{IOCTL}:{NS_MNT_GET_PREV}={ENOTTY}"),
+    ])
+}
+
+fn install(rules: &[String]) -> Vec<OsString> {
     let ok = Command::new("/usr/bin/python3")
         .args(["-c", "import seccomp"])
         .status()
@@ -38,11 +64,7 @@ pub fn filtered(rules: &[(u32, u32)]) -> Vec<OsString> {
         ok,
         "python3-seccomp is missing: run tests/deps.sh (apt-get install python3-seccomp)"
     );
-    let rules = rules
-        .iter()
-        .map(|(nr, e)| format!("{nr}={e}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let rules = rules.join(",");
     vec![
         "/usr/bin/python3".into(),
         "-c".into(),

@@ -3,12 +3,67 @@
 //! shows no `mnt:[N]` in its fd's link: only its path then ("/"). Its kind is asked of the
 //! kernel instead of read from the link text (a thirty-fourth fresh review's F1: a bind in a
 //! namespace that only such a file kept alive was never seen).
+//!
+//! And the kernel's own list of every mount namespace (`NS_MNT_GET_NEXT`/`PREV`, Linux 6.12):
+//! each step hands over the next namespace's file, whatever keeps it alive (a process, a thread,
+//! a bind of its file, an open file only), so finding them all needs no walk of /proc.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 mod sys {
     // NSIO 0xb7; NS_GET_NSTYPE _IO(NSIO, 0x3).
     nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+    // NS_MNT_GET_NEXT _IOR(NSIO, 11, struct mnt_ns_info); NS_MNT_GET_PREV _IOR(NSIO, 12, …).
+    nix::ioctl_read!(ns_mnt_get_next, 0xb7, 11, super::MntNsInfo);
+    nix::ioctl_read!(ns_mnt_get_prev, 0xb7, 12, super::MntNsInfo);
+}
+
+/// `struct mnt_ns_info` (include/uapi/linux/nsfs.h, 16 bytes): only its size is used, in the
+/// request number; the calls pass no buffer, so the kernel fills none.
+#[repr(C)]
+pub struct MntNsInfo {
+    size: u32,
+    nr_mounts: u32,
+    mnt_ns_id: u64,
+}
+
+/// The request number of `NS_MNT_GET_NEXT`, for a test's seccomp filter.
+pub const NS_MNT_GET_NEXT: u64 = 0x8010_b70b;
+/// The request number of `NS_MNT_GET_PREV`.
+pub const NS_MNT_GET_PREV: u64 = 0x8010_b70c;
+
+/// Which way along the kernel's list of mount namespaces (ordered by creation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Next,
+    Prev,
+}
+
+/// The mount namespace after (or before) the one `ns` is a file of, as an nsfs file of its own;
+/// `None` past the end. The kernel passes over the namespaces whose owner this process lacks
+/// CAP_SYS_ADMIN over (none, for root in the host's user namespace) and those being freed.
+/// ENOTTY: a kernel before 6.12 (or `ns` is no mount namespace's file).
+pub fn adjoining_mount_namespace(
+    ns: BorrowedFd<'_>,
+    step: Step,
+) -> std::io::Result<Option<OwnedFd>> {
+    let info = std::ptr::null_mut::<MntNsInfo>();
+    // SAFETY: ns is a live descriptor borrowed for the call; with a NULL argument the kernel
+    // copies no `struct mnt_ns_info` out (it writes only when the pointer is set) and returns
+    // a new descriptor it installed in this process's table, or an error.
+    let rc = unsafe {
+        match step {
+            Step::Next => sys::ns_mnt_get_next(ns.as_raw_fd(), info),
+            Step::Prev => sys::ns_mnt_get_prev(ns.as_raw_fd(), info),
+        }
+    };
+    match rc {
+        // SAFETY: the kernel just installed this descriptor for this process and nothing else
+        // owns it; it is closed once, when the OwnedFd drops.
+        Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Whether the open file is a mount namespace's nsfs file (false for any other file, or any

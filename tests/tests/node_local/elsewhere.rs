@@ -19,8 +19,33 @@ async fn a_device_bound_only_in_another_namespace_is_never_a_handles() {
     }
     let scratch = Scratch::new("node-local-else");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    refused_in_every_way(&agent, &scratch, "listed").await;
+    assert!(
+        !agent.log_text().contains(WALKED),
+        "this kernel lists its mount namespaces:\n{}",
+        agent.log_text()
+    );
+    drop(agent);
+    // As before Linux 6.12: no list of mount namespaces, so every process is walked.
+    let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
+    agent.wrapper = ebs_tests::seccomp::without_namespace_list();
+    agent.spawn().await;
+    refused_in_every_way(&agent, &scratch, "walked").await;
+    assert_eq!(
+        agent.log_text().matches(WALKED).count(),
+        1,
+        "said once:\n{}",
+        agent.log_text()
+    );
+}
+
+/// What an agent that walks /proc for the mount namespaces says, once.
+const WALKED: &str = "the kernel's list of mount namespaces is not taken here";
+
+/// A handle's stage of a device that another namespace binds, in each way it can, is refused.
+async fn refused_in_every_way(agent: &Agent, scratch: &Scratch, label: &str) {
     for how in EVERY_WAY {
-        let disk = crate::Disk::new(&scratch, &format!("d-{how:?}"), 64 << 20);
+        let disk = crate::Disk::new(scratch, &format!("d-{label}-{how:?}"), 64 << 20);
         sh(&format!(
             "printf OPERATOR-DATA | dd of={} bs=512 seek=100 conv=notrunc,fsync status=none",
             disk.dev.display()
@@ -29,7 +54,7 @@ async fn a_device_bound_only_in_another_namespace_is_never_a_handles() {
             how,
             &scratch.path,
             &disk.dev,
-            &scratch.join(&format!("ctr-{how:?}")),
+            &scratch.join(&format!("ctr-{label}-{how:?}")),
         );
         let before = checksum(&disk.dev);
         let mounts = mounts_below(&agent.work);
@@ -43,9 +68,9 @@ async fn a_device_bound_only_in_another_namespace_is_never_a_handles() {
             ))
             .await
             .expect_err(&format!(
-                "{how:?}: a handle took a device another namespace binds raw"
+                "{label} {how:?}: a handle took a device another namespace binds raw"
             ));
-        assert_eq!(e.code(), Code::FailedPrecondition, "{how:?}: {e:?}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{label} {how:?}: {e:?}");
         assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
         assert_eq!(mounts, mounts_below(&agent.work), "the host changed");
         drop(theirs);

@@ -1,8 +1,7 @@
-//! Every mount namespace's table, read for the binds of device nodes in it: the namespace of
-//! every thread of every process (a thread may have one of its own, and a process whose first
-//! thread has exited shows its namespace only through the others), and those no thread is in,
-//! which a bind of their nsfs file pins (`unshare --mount=FILE`) or a process holds open. Each
-//! is entered by a thread of its own (it first stops sharing its filesystem attributes, which
+//! Every mount namespace's table, read for the binds of device nodes in it: those a process or
+//! a thread is in, and those no thread is in, which a bind of their nsfs file pins (`unshare
+//! --mount=FILE`) or a process holds open. The kernel lists them all (`listed`); before Linux
+//! 6.12 they are found by a walk of every process (`walk`). Each is entered by a thread of its own (it first stops sharing its filesystem attributes, which
 //! `setns` requires, and ends after) and its table read there, through the `/proc` opened before
 //! it entered: the whole table, whatever root the namespace's processes were given (`chroot`
 //! hides the mounts outside it from `/proc/<pid>/mountinfo`). A namespace that cannot be read
@@ -23,6 +22,9 @@ use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::stat::Mode;
 
 use super::Found;
+
+mod listed;
+mod walk;
 
 /// A namespace to enter: its nsfs file, and whose it is.
 struct Pinned {
@@ -79,7 +81,9 @@ fn nsfs_inode(link: &str) -> Option<u64> {
     link.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// The devices every mount namespace's table binds or mounts, with where.
+/// The devices every mount namespace's table binds or mounts, with where. The namespaces are
+/// taken from the kernel's list of them where it gives one (`listed`), else found by a walk of
+/// every process's threads and open files (`walk`).
 pub(super) fn scan() -> Result<Found, String> {
     if let Some(why) = not_every_process_seen() {
         return Err(why);
@@ -92,49 +96,14 @@ pub(super) fn scan() -> Result<Found, String> {
         nsfs_dev,
         ..Namespaces::default()
     };
-    // This agent's own namespace first, then every thread's.
+    // This agent's own namespace first.
     if let Ok(f) = File::open(own_ns) {
         spaces.pin(f, "this agent's".into())?;
     }
-    let pids = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
-    // This agent's own threads are in its namespace (it never makes one) or, for a moment,
-    // in one a scan entered, and the namespace files it holds are its scans': the namespaces
-    // of other processes. Its own hundred files and threads are not looked at on every scan.
-    // Its number as this /proc shows it (not its own PID namespace's).
-    let own = std::fs::read_link("/proc/self")
-        .ok()
-        .and_then(|p| p.to_str()?.parse::<u32>().ok());
-
-    for pid in pids.filter(|p| Some(*p) != own) {
-        let proc_dir = Path::new("/proc").join(pid.to_string());
-        held_open(&proc_dir, &mut spaces)?;
-        for task in std::fs::read_dir(proc_dir.join("task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let link = task.path().join("ns/mnt");
-            if spaces.known(&link) {
-                continue;
-            }
-            // A thread or process that is gone, or a zombie's, has nothing to show. One the
-            // agent may not look into even with CAP_SYS_PTRACE (a process of a user namespace
-            // above the agent's: the agent then runs in a container's) is passed over, and
-            // said once; any other error fails the scan.
-            match File::open(&link) {
-                Ok(f) => spaces.pin(f, format!("of pid {pid}"))?,
-                Err(e) if gone(&e) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EACCES) => denied(pid),
-                Err(e) => return Err(format!("the mount namespace of pid {pid}: {e}")),
-            }
-        }
-        read_all(&mut found, &mut spaces)?;
-    }
     read_all(&mut found, &mut spaces)?;
+    if !listed::read_every(&mut found, &mut spaces)? {
+        walk::read_every(&mut found, &mut spaces)?;
+    }
     Ok(found)
 }
 
@@ -185,61 +154,6 @@ fn not_every_process_seen() -> Option<String> {
          (run it in the host's: hostPID: true in Kubernetes, pid_mode = \"host\" in Nomad)"
             .to_string()
     })
-}
-
-/// Says once that a process's namespace could not be looked into.
-fn denied(pid: u32) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            pid,
-            "the mount namespace of a process is closed to this agent even as root (it runs in a user namespace below that process's); binds there are not seen"
-        );
-    }
-}
-
-/// A process or thread that exited while it was looked at (or a zombie's namespace).
-fn gone(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
-}
-
-/// The mount namespaces a process holds open (an fd of a namespace file it is not in), those not
-/// known yet. Each fd is asked which file it is open on, not what its link reads: a file opened
-/// through a bind of a namespace file reads as the bind's path ("/" once the bind is gone), not
-/// `mnt:[N]` (a thirty-fourth fresh review's F1: a device bound in a namespace only such a file
-/// kept alive was formatted, handed out raw and detached under its bind). A file on nsfs is
-/// asked its kind of namespace once a scan.
-fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
-    let fds = match std::fs::read_dir(proc_dir.join("fd")) {
-        Ok(fds) => fds,
-        Err(e) if gone(&e) || e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
-        Err(e) => return Err(format!("the open files of {}: {e}", proc_dir.display())),
-    };
-    for e in fds.flatten() {
-        // An fd closed meanwhile is not a namespace held open. A process whose fds are closed to
-        // this agent (one of a user namespace above it) shows none of them.
-        let (dev, ino) = match crate::nsfs::cached_file_id(&e.path()) {
-            Ok(id) => id,
-            Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
-            Err(_) => continue,
-        };
-        if dev != spaces.nsfs_dev
-            || spaces.read.contains(&ino)
-            || spaces.opened.contains(&ino)
-            || spaces.other_kinds.contains(&ino)
-        {
-            continue;
-        }
-        let Ok(f) = File::open(e.path()) else {
-            continue;
-        };
-        if crate::nsfs::is_mount_namespace(f.as_fd()) {
-            spaces.pin(f, format!("{} (held open)", e.path().display()))?;
-        } else {
-            spaces.other_kinds.insert(ino);
-        }
-    }
-    Ok(())
 }
 
 /// In a thread of its own: enters the pinned namespace and reads its table there (paths then
