@@ -12,6 +12,7 @@ mod ebs;
 mod ebs_partitions;
 mod elsewhere;
 mod lifecycle;
+mod moving;
 mod owners;
 mod raw_use;
 mod rebuild;

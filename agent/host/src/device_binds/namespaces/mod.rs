@@ -1,12 +1,13 @@
 //! Every mount namespace's table, read for the binds of device nodes in it: those a process or
-//! a thread is in, and those no thread is in, which a bind of their nsfs file pins (`unshare
-//! --mount=FILE`) or a process holds open. The kernel lists them all (`listed`); before Linux
-//! 6.12 they are found by a walk of every process (`walk`). Each is entered by a thread of its own (it first stops sharing its filesystem attributes, which
-//! `setns` requires, and ends after) and its table read there, through the `/proc` opened before
-//! it entered: the whole table, whatever root the namespace's processes were given (`chroot`
-//! hides the mounts outside it from `/proc/<pid>/mountinfo`). A namespace that cannot be read
-//! fails the whole scan, and so does an agent that cannot see every process (a container's PID
-//! namespace, as a pod without `hostPID`): then every device counts as used.
+//! a thread is in (`walk`), and those no thread is in, which a bind of their nsfs file pins
+//! (`unshare --mount=FILE`) or a file keeps alive: the kernel lists them all (`listed`, Linux
+//! 6.12); before it, the walk also reads every process's open files. Each is entered by a thread
+//! of its own (it first stops sharing its filesystem attributes, which `setns` requires, and ends
+//! after) and its table read there, through the `/proc` opened before it entered: the whole
+//! table, whatever root the namespace's processes were given (`chroot` hides the mounts outside
+//! it from `/proc/<pid>/mountinfo`). A namespace that cannot be read fails the whole scan, and so
+//! does an agent that cannot see every process (a container's PID namespace, as a pod without
+//! `hostPID`): then every device counts as used.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -47,6 +48,13 @@ struct Namespaces {
     /// The device of nsfs, where every namespace file is.
     nsfs_dev: u64,
     pinned: Vec<Pinned>,
+    /// A file of every namespace this scan has read or sorted out, open until the scan ends: a
+    /// namespace lives while a file of it is open, so its inode number names no other namespace
+    /// meanwhile. The kernel gives a freed number to the next namespace made (three made one
+    /// after another had the same one), and a scan that knew namespaces by a number it had let
+    /// go passed over a new namespace that took it: a bind's holder moved into a copy of its
+    /// namespace as the number of one already read came free (a forty-fourth fresh review's F2).
+    kept: Vec<OwnedFd>,
 }
 
 impl Namespaces {
@@ -101,9 +109,14 @@ pub(super) fn scan() -> Result<Found, String> {
         spaces.pin(f, "this agent's".into())?;
     }
     read_all(&mut found, &mut spaces)?;
-    if !listed::read_every(&mut found, &mut spaces)? {
-        walk::read_every(&mut found, &mut spaces)?;
-    }
+    let listed = listed::read_every(&mut found, &mut spaces)?;
+    // Every thread's namespace is read where it is when the walk comes to it, even with the
+    // list: a process that moves to a copy of its namespace (unshare) during the scan takes its
+    // binds along, and the copy's place on the list (by an id the kernel hands out in batches
+    // per CPU, not in order) may be behind the list's cursor while the namespace it left dies
+    // ahead of it (a forty-fourth fresh review's F1). The open files need no walk when the list
+    // is taken: every namespace a file keeps alive is on it.
+    walk::read_every(&mut found, &mut spaces, !listed)?;
     Ok(found)
 }
 
@@ -132,6 +145,7 @@ fn read_all(found: &mut Found, spaces: &mut Namespaces) -> Result<(), String> {
         for (f, at) in nested {
             spaces.pin(f, at)?;
         }
+        spaces.kept.push(pin.ns);
     }
     Ok(())
 }

@@ -1,9 +1,9 @@
-//! The mount namespaces found by a walk of /proc, where the kernel gives no list of them (before
-//! Linux 6.12, a filter that denies the list, an agent outside the host's user namespace): the
-//! namespace of every thread of every process (a thread may have one of its own, and a process
-//! whose first thread has exited shows its namespace only through the others), and those no
-//! thread is in that a process holds open. Each is read as soon as it is found, process by
-//! process, so the walk holds few files open at once.
+//! The mount namespaces found by a walk of /proc: the namespace of every thread of every
+//! process (a thread may have one of its own, and a process whose first thread has exited shows
+//! its namespace only through the others), read where the thread is when the walk comes to it;
+//! and, where the kernel gives no list of them (before Linux 6.12, a filter that denies the list,
+//! an agent outside the host's user namespace), those no thread is in that a process holds open.
+//! Each is read as soon as it is found, process by process.
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -11,8 +11,12 @@ use std::path::Path;
 
 use super::{Found, Namespaces, read_all};
 
-/// Reads the namespace of every thread, and every one a process holds open.
-pub(super) fn read_every(found: &mut Found, spaces: &mut Namespaces) -> Result<(), String> {
+/// Reads the namespace of every thread, and (`open_files`) every one a process holds open.
+pub(super) fn read_every(
+    found: &mut Found,
+    spaces: &mut Namespaces,
+    open_files: bool,
+) -> Result<(), String> {
     let pids = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -28,7 +32,9 @@ pub(super) fn read_every(found: &mut Found, spaces: &mut Namespaces) -> Result<(
 
     for pid in pids.filter(|p| Some(*p) != own) {
         let proc_dir = Path::new("/proc").join(pid.to_string());
-        held_open(&proc_dir, spaces)?;
+        if open_files {
+            held_open(&proc_dir, spaces)?;
+        }
         for task in std::fs::read_dir(proc_dir.join("task"))
             .into_iter()
             .flatten()
@@ -104,6 +110,7 @@ fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
             spaces.pin(f, format!("{} (held open)", e.path().display()))?;
         } else {
             spaces.other_kinds.insert(ino);
+            spaces.kept.push(f.into());
         }
     }
     Ok(())
