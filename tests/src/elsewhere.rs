@@ -45,9 +45,13 @@ pub enum How {
     /// No process is in it, and no bind pins it: a process holds open its nsfs file, opened
     /// through a bind of it that is gone since (the fd's link reads as a path, not `mnt:[N]`).
     HeldThroughGonePin,
+    /// A process is in it, and a mount is laid over the namespace's own root: a thread that
+    /// enters the namespace has the cover as its root, so the table it reads leaves out the
+    /// bind; the process reaches it by its old root.
+    CoveredRoot,
 }
 
-pub const EVERY_WAY: [How; 8] = [
+pub const EVERY_WAY: [How; 9] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -56,6 +60,7 @@ pub const EVERY_WAY: [How; 8] = [
     How::LeaderGone,
     How::Chrooted,
     How::HeldThroughGonePin,
+    How::CoveredRoot,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -83,6 +88,13 @@ impl BoundElsewhere {
         match how {
             How::Process => Self::new(keep, source, at),
             How::Covered => Self::covered(keep, source, at),
+            How::CoveredRoot => Self::with_process(
+                keep,
+                source,
+                at,
+                " && mount -t tmpfs ebs-test-cover /",
+                &|m| m.contains(" - tmpfs ebs-test-cover "),
+            ),
             How::Pinned => Self::pinned(keep, source, at, &at.with_extension("pin")),
             How::Thread | How::LeaderGone => {
                 std::fs::write(at, b"").expect("the bind's target file");
@@ -212,18 +224,20 @@ impl BoundElsewhere {
     /// `keep`: the calling test's scratch directory (the copies of the other tests' mounts are
     /// dropped, so their unstages are not refused as "mounted elsewhere").
     pub fn new(keep: &Path, source: &Path, at: &Path) -> BoundElsewhere {
-        Self::with_process(keep, source, at, "")
+        Self::with_process(keep, source, at, "", &|_| true)
     }
 
     /// The same, with a file bound over the bind: the mount point then shows the cover.
     pub fn covered(keep: &Path, source: &Path, at: &Path) -> BoundElsewhere {
         let cover = at.with_extension("cover");
         std::fs::write(&cover, b"").expect("the cover");
+        let at_text = at.display().to_string();
         Self::with_process(
             keep,
             source,
             at,
             &format!(" && mount --bind '{}' '{}'", cover.display(), at.display()),
+            &|m| m.matches(&at_text).count() >= 2,
         )
     }
 
@@ -254,7 +268,15 @@ impl BoundElsewhere {
         bound
     }
 
-    fn with_process(keep: &Path, source: &Path, at: &Path, then: &str) -> BoundElsewhere {
+    /// `then`: more commands run in the namespace after the bind; `done`: whether its table (as
+    /// the process sees it) shows they ran.
+    fn with_process(
+        keep: &Path,
+        source: &Path,
+        at: &Path,
+        then: &str,
+        done: &dyn Fn(&str) -> bool,
+    ) -> BoundElsewhere {
         std::fs::write(at, b"").expect("the bind's target file");
         let child = Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c"])
@@ -273,9 +295,9 @@ impl BoundElsewhere {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         let at_text = at.display().to_string();
-        while std::fs::read_to_string(format!("/proc/{id}/mountinfo")).map_or(true, |m| {
-            !m.contains(&at_text) || !then.is_empty() && m.matches(&at_text).count() < 2
-        }) {
+        while std::fs::read_to_string(format!("/proc/{id}/mountinfo"))
+            .map_or(true, |m| !m.contains(&at_text) || !done(&m))
+        {
             assert!(
                 Instant::now() < deadline,
                 "the other namespace never showed its bind at {at_text}"

@@ -16,11 +16,14 @@ mod sys {
     // NS_MNT_GET_NEXT _IOR(NSIO, 11, struct mnt_ns_info); NS_MNT_GET_PREV _IOR(NSIO, 12, …).
     nix::ioctl_read!(ns_mnt_get_next, 0xb7, 11, super::MntNsInfo);
     nix::ioctl_read!(ns_mnt_get_prev, 0xb7, 12, super::MntNsInfo);
+    // NS_MNT_GET_INFO _IOR(NSIO, 10, struct mnt_ns_info).
+    nix::ioctl_read!(ns_mnt_get_info, 0xb7, 10, super::MntNsInfo);
 }
 
-/// `struct mnt_ns_info` (include/uapi/linux/nsfs.h, 16 bytes): only its size is used, in the
-/// request number; the calls pass no buffer, so the kernel fills none.
+/// `struct mnt_ns_info` (include/uapi/linux/nsfs.h, 16 bytes). The list's steps pass no
+/// buffer, so the kernel fills none; `NS_MNT_GET_INFO` fills one.
 #[repr(C)]
+#[derive(Default)]
 pub struct MntNsInfo {
     size: u32,
     nr_mounts: u32,
@@ -102,4 +105,21 @@ pub fn cached_file_id(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
         libc::makedev(st.stx_dev_major, st.stx_dev_minor),
         st.stx_ino,
     ))
+}
+
+/// A mount namespace's unique id (never reused, unlike its inode number) and how many mounts it
+/// has, whatever covers what; `None` before Linux 6.12 (ENOTTY).
+pub fn mount_namespace_info(ns: BorrowedFd<'_>) -> std::io::Result<Option<(u64, u32)>> {
+    let mut info = MntNsInfo {
+        size: 16,
+        ..MntNsInfo::default()
+    };
+    // SAFETY: ns is a live descriptor borrowed for the call; `info` is a writable
+    // `struct mnt_ns_info` of the size the request number encodes (16 bytes), which the kernel
+    // fills and nothing else refers to.
+    match unsafe { sys::ns_mnt_get_info(ns.as_raw_fd(), &mut info) } {
+        Ok(_) => Ok(Some((info.mnt_ns_id, info.nr_mounts))),
+        Err(nix::errno::Errno::ENOTTY) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Newer {
     /// One mount's facts by its id (Linux 6.8); without it the mount table is read as text.
     Statmount,
-    /// The mounts of a namespace (Linux 6.8); the agent does not use it yet, `doctor` reports it.
+    /// The mounts of a namespace (Linux 6.8; by the namespace's id, 6.11): asked only of a
+    /// namespace whose table, read from inside, shows fewer mounts than it has.
     Listmount,
     /// Path resolution confined below a directory in one call (Linux 5.6); without it the path is
     /// walked one component at a time with O_NOFOLLOW, as race-free.
@@ -81,7 +82,10 @@ impl Newer {
             Newer::Statmount => {
                 "mount facts come from /proc/self/mountinfo (statx's mount id, then the table line)"
             }
-            Newer::Listmount => "not used: start-up recovery reads /proc/self/mountinfo",
+            Newer::Listmount => {
+                "a mount namespace whose own root has a mount laid over it is read as a thread \
+                 inside it sees it, which leaves the covered mounts out"
+            }
             Newer::Openat2 => {
                 "paths are resolved one component at a time with O_NOFOLLOW (as confined, a few \
                  more syscalls)"

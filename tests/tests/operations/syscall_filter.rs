@@ -221,7 +221,8 @@ async fn lifecycle(
                 None => assert!(lines <= 1, "{which}: {syscall}:\n{log}"),
             }
         }
-        assert_eq!(fallback_lines(log, "listmount"), 0, "unused, not probed");
+        // Asked only of a namespace with mounts its table leaves out (none here).
+        assert_eq!(fallback_lines(log, "listmount"), 0, "not probed");
         let bad: Vec<&str> = log
             .lines()
             .filter(|l| !l.contains("taking the fallback"))

@@ -112,6 +112,121 @@ pub fn statmount(mnt_id: u64) -> io::Result<Option<Statmount>> {
     }
 }
 
+const SYS_LISTMOUNT: libc::c_long = 458;
+/// listmount's "from the namespace's root": every mount of it.
+const LSMT_ROOT: u64 = u64::MAX;
+
+/// `struct mnt_id_req`, version 1 (32 bytes, Linux 6.11): with the namespace to ask about.
+#[repr(C)]
+struct MntIdReqV1 {
+    size: u32,
+    spare: u32,
+    mnt_id: u64,
+    param: u64,
+    mnt_ns_id: u64,
+}
+
+#[allow(clippy::cast_possible_truncation)]
+const REQ_SIZE_V1: u32 = std::mem::size_of::<MntIdReqV1>() as u32;
+
+/// Every mount of the mount namespace `ns_id` (its unique id, `nsfs::mount_namespace_info`),
+/// asked of the kernel by id: listmount(2) and statmount(2) see the whole namespace, where its
+/// table as a thread inside it reads it leaves out whatever lies below a mount laid over its
+/// root. `Ok(None)`: not available here (before 6.11, or a filter). Mounts gone meanwhile are
+/// left out.
+pub fn every_mount_of(ns_id: u64) -> io::Result<Option<Vec<Statmount>>> {
+    if !sandbox::usable(Newer::Listmount) || !sandbox::usable(Newer::Statmount) {
+        return Ok(None);
+    }
+    let mut ids = Vec::new();
+    let mut page = vec![0u64; 512];
+    loop {
+        let req = MntIdReqV1 {
+            size: REQ_SIZE_V1,
+            spare: 0,
+            mnt_id: LSMT_ROOT,
+            param: ids.last().copied().unwrap_or(0),
+            mnt_ns_id: ns_id,
+        };
+        // SAFETY: `req` is a valid mnt_id_req v1 whose `size` says so; `page` is writable for
+        // `page.len()` ids, which is the count passed, and outlives the call; the kernel writes
+        // at most that many.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_LISTMOUNT,
+                &req as *const MntIdReqV1,
+                page.as_mut_ptr(),
+                page.len(),
+                0u32,
+            )
+        };
+        let n = match usize::try_from(rc) {
+            Ok(n) => n.min(page.len()),
+            Err(_) => {
+                let err = io::Error::last_os_error();
+                return match err.raw_os_error() {
+                    // A kernel before 6.11 takes no namespace id (E2BIG on the longer request).
+                    Some(libc::EINVAL | libc::E2BIG) => Ok(None),
+                    e if sandbox::unavailable(Newer::Listmount, e) => Ok(None),
+                    _ => Err(err),
+                };
+            }
+        };
+        ids.extend_from_slice(&page[..n]);
+        if n < page.len() {
+            break;
+        }
+    }
+    let mut mounts = Vec::with_capacity(ids.len());
+    for id in ids {
+        match statmount_in(id, ns_id) {
+            Ok(Some(m)) => mounts.push(m),
+            Ok(None) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(mounts))
+}
+
+/// statmount(2) of a mount of the namespace `ns_id`.
+fn statmount_in(mnt_id: u64, ns_id: u64) -> io::Result<Option<Statmount>> {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let req = MntIdReqV1 {
+            size: REQ_SIZE_V1,
+            spare: 0,
+            mnt_id,
+            param: STATMOUNT_SB_BASIC
+                | STATMOUNT_MNT_BASIC
+                | STATMOUNT_MNT_ROOT
+                | STATMOUNT_MNT_POINT
+                | STATMOUNT_FS_TYPE,
+            mnt_ns_id: ns_id,
+        };
+        // SAFETY: as in `statmount`, with a v1 request whose `size` says so.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_STATMOUNT,
+                &req as *const MntIdReqV1,
+                buf.as_mut_ptr(),
+                buf.len(),
+                0u32,
+            )
+        };
+        if rc == 0 {
+            return Ok(Some(parse(&buf)?));
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EOVERFLOW) if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
+            Some(libc::EINVAL | libc::E2BIG) => return Ok(None),
+            e if sandbox::unavailable(Newer::Statmount, e) => return Ok(None),
+            _ => return Err(err),
+        }
+    }
+}
+
 fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }

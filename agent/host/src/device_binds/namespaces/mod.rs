@@ -24,6 +24,7 @@ use nix::sys::stat::Mode;
 
 use super::Found;
 
+mod covered;
 mod listed;
 mod walk;
 
@@ -131,11 +132,17 @@ fn read_all(found: &mut Found, spaces: &mut Namespaces) -> Result<(), String> {
             continue;
         }
         let entered = std::thread::scope(|s| s.spawn(|| enter(&pin)).join());
-        let (theirs, nested) = match entered {
+        let Entered {
+            found: mut theirs,
+            nested,
+            shown,
+        } = match entered {
             Ok(Ok(read)) => read,
             Ok(Err(e)) => return Err(format!("the mount namespace {}: {e}", pin.at)),
             Err(_) => return Err(format!("the mount namespace {}", pin.at)),
         };
+        covered::read(&mut theirs, pin.ns.as_fd(), shown, &pin.at)
+            .map_err(|e| format!("the mounts of the mount namespace {}: {e}", pin.at))?;
         for (devnum, at) in theirs.any {
             found.any.entry(devnum).or_insert(at);
         }
@@ -170,9 +177,18 @@ fn not_every_process_seen() -> Option<String> {
     })
 }
 
+/// What a namespace's table shows: its mounts and binds, the namespaces with no process it pins,
+/// and how many mounts it lists.
+struct Entered {
+    found: Found,
+    nested: Vec<(File, String)>,
+    shown: usize,
+}
+
 /// In a thread of its own: enters the pinned namespace and reads its table there (paths then
-/// resolve in it). The thread ends after; nothing else runs in it.
-fn enter(pin: &Pinned) -> std::io::Result<(Found, Vec<(File, String)>)> {
+/// resolve in it); also says how many mounts the table shows. The thread ends after; nothing
+/// else runs in it.
+fn enter(pin: &Pinned) -> std::io::Result<Entered> {
     // Opened before entering: the table is the one of the namespace this thread is in when it
     // opens the file, through the agent's own /proc; device-filesystem names are looked up in
     // the agent's own /dev (a container's /dev is often a tmpfs of its own).
@@ -193,7 +209,11 @@ fn enter(pin: &Pinned) -> std::io::Result<(Found, Vec<(File, String)>)> {
     let mut found = Found::default();
     let place = |mp: &Path| format!("{} (mount namespace {})", mp.display(), pin.at);
     let nested = record(&mut found, &table, &dev_dir, &place);
-    Ok((found, nested))
+    Ok(Entered {
+        found,
+        nested,
+        shown: table.entries().len(),
+    })
 }
 
 /// Notes each mount of `table` and each bind of a device node in it; returns the namespaces
@@ -224,14 +244,9 @@ fn record(
         // A node of the device filesystem is known by its name there, even when something is
         // mounted over the bind (the mount point then shows the cover, not the node).
         if m.fs_type == "devtmpfs"
-            && let Ok(st) = nix::sys::stat::fstatat(
-                dev_dir.as_fd(),
-                m.root.strip_prefix("/").unwrap_or(&m.root),
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
-            && st.st_mode & libc::S_IFMT == libc::S_IFBLK
+            && let Some(devnum) = devtmpfs_node(dev_dir, &m.root)
         {
-            note_bind(found, devnum_of(st.st_rdev), &at);
+            note_bind(found, devnum, &at);
         }
         if let Ok(meta) = std::fs::symlink_metadata(&m.mount_point)
             && meta.file_type().is_block_device()
@@ -240,6 +255,18 @@ fn record(
         }
     }
     pins
+}
+
+/// The device numbers of the block device node at `root` of the device filesystem, looked up in
+/// the agent's own /dev.
+fn devtmpfs_node(dev_dir: &File, root: &Path) -> Option<DevNum> {
+    let st = nix::sys::stat::fstatat(
+        dev_dir.as_fd(),
+        root.strip_prefix("/").unwrap_or(root),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .ok()?;
+    (st.st_mode & libc::S_IFMT == libc::S_IFBLK).then(|| devnum_of(st.st_rdev))
 }
 
 fn note_bind(found: &mut Found, devnum: DevNum, at: &str) {
