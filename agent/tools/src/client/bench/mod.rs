@@ -163,6 +163,7 @@ async fn run(b: &BenchArgs, args: &ClientArgs, interrupts: Interrupts) -> Result
     report.endpoint = args.endpoint.clone();
     report.memory = b.pid.and_then(rss::read).map(|m| MemoryReport {
         idle_kib: m.rss_kib,
+        idle_anon_kib: m.anon_kib,
         ..Default::default()
     });
 
@@ -331,10 +332,11 @@ async fn measure(
     }
     report.notes.dedup();
     if let (Some(s), Some(mem)) = (sampler, report.memory.as_mut()) {
-        mem.peak_kib = s.finish();
+        (mem.peak_kib, mem.peak_anon_kib) = s.finish();
         if let Some(m) = b.pid.and_then(rss::read) {
             mem.hwm_kib = m.hwm_kib;
             mem.after_kib = m.rss_kib;
+            mem.after_anon_kib = m.anon_kib;
         }
     }
     Ok(())

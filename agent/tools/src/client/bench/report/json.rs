@@ -54,6 +54,7 @@ impl Report {
             "ratios": ratios,
             "memory": self.memory.map(|m| json!({
                 "idle_kib": m.idle_kib, "peak_kib": m.peak_kib, "hwm_kib": m.hwm_kib, "after_kib": m.after_kib,
+                "idle_anon_kib": m.idle_anon_kib, "peak_anon_kib": m.peak_anon_kib, "after_anon_kib": m.after_anon_kib,
             })),
             "cpu_per_cycle_ms": {
                 "agent": self.cpu.agent.map(|a| round(self.cpu.per_cycle_ms(a.own))),

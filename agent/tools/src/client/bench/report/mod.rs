@@ -24,6 +24,10 @@ pub struct MemoryReport {
     /// VmHWM after the cycle: the kernel's high-water mark since the agent started.
     pub hwm_kib: u64,
     pub after_kib: u64,
+    /// The same, RssAnon only: the agent's own memory, without the binary's file pages.
+    pub idle_anon_kib: u64,
+    pub peak_anon_kib: u64,
+    pub after_anon_kib: u64,
 }
 
 /// CPU spent during the measured cycles and during the floor runs (see `cpu`).
@@ -347,6 +351,14 @@ impl Report {
                 mib(m.peak_kib),
                 mib(m.hwm_kib),
                 mib(m.after_kib)
+            );
+            let _ = writeln!(
+                o,
+                "  of which anonymous (RssAnon, the agent's own; the rest is the binary's pages): \
+                 idle {}, peak {}, after {}",
+                mib(m.idle_anon_kib),
+                mib(m.peak_anon_kib),
+                mib(m.after_anon_kib)
             );
         }
         if let (Some(a), Some(f)) = (self.cpu.agent, self.cpu.floor) {
