@@ -15,6 +15,8 @@ enum Holder {
     Pinned { file: PathBuf, dir: PathBuf },
     /// No process in it: another process holds its nsfs file open.
     HeldOpen(Child),
+    /// A process that removes what it made when told to (SIGTERM), killed if it does not.
+    Tidy(Child),
 }
 
 /// A mount namespace of its own (private propagation) that binds `source` at `at` there only;
@@ -49,9 +51,12 @@ pub enum How {
     /// enters the namespace has the cover as its root, so the table it reads leaves out the
     /// bind; the process reaches it by its old root.
     CoveredRoot,
+    /// The same, with the bind on the namespace's first root (the root it had before its
+    /// root's mount was detached), beside the cover rather than below it.
+    OnCoveredFirstRoot,
 }
 
-pub const EVERY_WAY: [How; 9] = [
+pub const EVERY_WAY: [How; 10] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -61,6 +66,7 @@ pub const EVERY_WAY: [How; 9] = [
     How::Chrooted,
     How::HeldThroughGonePin,
     How::CoveredRoot,
+    How::OnCoveredFirstRoot,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -82,12 +88,66 @@ if leader_exits:
 while True: time.sleep(3600)
 "#;
 
+/// Binds argv[1] on the first root of a namespace of its own, below a tmpfs (mounted at argv[2]
+/// first, then moved) laid over that root; removes the bind and its file on SIGTERM.
+const ON_FIRST_ROOT: &str = r#"
+import ctypes, os, sys, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def ck(rc, what):
+    if rc < 0:
+        print("error", what, os.strerror(ctypes.get_errno()), flush=True); os._exit(1)
+    return rc
+src, spare = sys.argv[1].encode(), sys.argv[2].encode()
+ck(libc.unshare(0x20000), "unshare")
+ck(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "private")
+own = ck(os.open("/proc/self/ns/mnt", os.O_RDONLY), "own")
+ck(libc.mount(b"ebs-test-cover", spare, b"tmpfs", 0, None), "tmpfs")
+cover = ck(libc.syscall(428, -100, spare, 1 | 0o2000000), "open_tree cover")
+node = ck(libc.syscall(428, -100, src, 1 | 0o2000000), "open_tree node")
+ck(libc.umount2(spare, 2), "umount spare")
+ck(libc.umount2(b"/", 2), "umount /")
+ck(libc.setns(own, 0x20000), "setns")
+y = b"/ebs-test-bind-%d" % os.getpid()
+os.close(ck(os.open(y, os.O_CREAT | os.O_WRONLY, 0o600), "create"))
+ck(libc.syscall(429, node, b"", -100, y, 4), "move the bind")
+ck(libc.syscall(429, cover, b"", -100, b"/", 4), "move the cover")
+def bye(*_):
+    libc.umount2(y, 2); os.unlink(y); os._exit(0)
+signal.signal(signal.SIGTERM, bye)
+print("ready", flush=True)
+signal.pause()
+"#;
+
 impl BoundElsewhere {
     /// `source` bound at `at` in another namespace held `how`; `keep` as in `new`.
     pub fn by(how: How, keep: &Path, source: &Path, at: &Path) -> BoundElsewhere {
         match how {
             How::Process => Self::new(keep, source, at),
             How::Covered => Self::covered(keep, source, at),
+            How::OnCoveredFirstRoot => {
+                let spare = at.with_extension("spare");
+                std::fs::create_dir_all(&spare).expect("the cover's first place");
+                let mut child = Command::new("/usr/bin/python3")
+                    .args(["-c", ON_FIRST_ROOT])
+                    .arg(source)
+                    .arg(&spare)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("python3");
+                let mut line = String::new();
+                let out = child.stdout.take().expect("piped");
+                let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+                let bound = BoundElsewhere {
+                    at: PathBuf::from(format!("/ebs-test-bind-{}", child.id())),
+                    holder: Holder::Tidy(child),
+                };
+                assert_eq!(
+                    line.trim(),
+                    "ready",
+                    "the bind on the first root was not made"
+                );
+                bound
+            }
             How::CoveredRoot => Self::with_process(
                 keep,
                 source,
@@ -310,8 +370,10 @@ impl BoundElsewhere {
     /// The bound device as the other namespace sees it (a process's namespace only).
     pub fn path(&self) -> PathBuf {
         match &self.holder {
-            Holder::Process(child) => PathBuf::from(format!("/proc/{}/root", child.id()))
-                .join(self.at.strip_prefix("/").unwrap_or(&self.at)),
+            Holder::Process(child) | Holder::Tidy(child) => {
+                PathBuf::from(format!("/proc/{}/root", child.id()))
+                    .join(self.at.strip_prefix("/").unwrap_or(&self.at))
+            }
             Holder::Pinned { .. } | Holder::HeldOpen(_) => {
                 panic!("a namespace no process is in has no root to look through")
             }
@@ -326,6 +388,16 @@ impl BoundElsewhere {
     fn stop(&mut self) {
         match &mut self.holder {
             Holder::Process(child) | Holder::HeldOpen(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Holder::Tidy(child) => {
+                let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 let _ = child.kill();
                 let _ = child.wait();
             }

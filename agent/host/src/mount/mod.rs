@@ -3,9 +3,12 @@
 //! - `at_path`: what is mounted at one path, asked of the kernel about that path alone;
 //! - `table`: the parser of /proc/self/mountinfo, for the few callers that need every mount;
 //! - `setattr`, `statmount`: the two syscalls libc does not wrap (FFI);
+//! - `foreign`: listmount and statmount of another namespace's mounts, by its id (FFI);
 //! - `private_bind`: the read-only bind without the new mount API.
 
 pub mod at_path;
+#[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
+pub mod foreign;
 pub mod ops;
 pub mod private_bind;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper

@@ -11,13 +11,13 @@ use std::path::PathBuf;
 
 use crate::sandbox::{self, Newer};
 
-const SYS_STATMOUNT: libc::c_long = 457;
+pub(super) const SYS_STATMOUNT: libc::c_long = 457;
 
-const STATMOUNT_SB_BASIC: u64 = 0x1;
-const STATMOUNT_MNT_BASIC: u64 = 0x2;
-const STATMOUNT_MNT_ROOT: u64 = 0x8;
+pub(super) const STATMOUNT_SB_BASIC: u64 = 0x1;
+pub(super) const STATMOUNT_MNT_BASIC: u64 = 0x2;
+pub(super) const STATMOUNT_MNT_ROOT: u64 = 0x8;
 const STATMOUNT_MNT_POINT: u64 = 0x10;
-const STATMOUNT_FS_TYPE: u64 = 0x20;
+pub(super) const STATMOUNT_FS_TYPE: u64 = 0x20;
 /// The superblock's options (Linux 6.11+): where ext4 reports `emergency_ro`.
 const STATMOUNT_MNT_OPTS: u64 = 0x80;
 
@@ -39,16 +39,16 @@ const REQ_SIZE: u32 = std::mem::size_of::<MntIdReq>() as u32;
 
 /// The fixed head of `struct statmount` (512 bytes, padded by the kernel's spare words); the
 /// strings follow it, addressed by offsets into the area after the head.
-const HEAD: usize = 512;
-const OFF_SIZE: usize = 0;
+pub(super) const HEAD: usize = 512;
+pub(super) const OFF_SIZE: usize = 0;
 const OFF_MNT_OPTS: usize = 4;
-const OFF_MASK: usize = 8;
-const OFF_DEV_MAJOR: usize = 16;
-const OFF_DEV_MINOR: usize = 20;
+pub(super) const OFF_MASK: usize = 8;
+pub(super) const OFF_DEV_MAJOR: usize = 16;
+pub(super) const OFF_DEV_MINOR: usize = 20;
 const OFF_SB_FLAGS: usize = 32;
-const OFF_FS_TYPE: usize = 36;
+pub(super) const OFF_FS_TYPE: usize = 36;
 const OFF_MNT_ATTR: usize = 64;
-const OFF_MNT_ROOT: usize = 104;
+pub(super) const OFF_MNT_ROOT: usize = 104;
 const OFF_MNT_POINT: usize = 108;
 
 /// What statmount tells of one mount.
@@ -112,126 +112,11 @@ pub fn statmount(mnt_id: u64) -> io::Result<Option<Statmount>> {
     }
 }
 
-const SYS_LISTMOUNT: libc::c_long = 458;
-/// listmount's "from the namespace's root": every mount of it.
-const LSMT_ROOT: u64 = u64::MAX;
-
-/// `struct mnt_id_req`, version 1 (32 bytes, Linux 6.11): with the namespace to ask about.
-#[repr(C)]
-struct MntIdReqV1 {
-    size: u32,
-    spare: u32,
-    mnt_id: u64,
-    param: u64,
-    mnt_ns_id: u64,
-}
-
-#[allow(clippy::cast_possible_truncation)]
-const REQ_SIZE_V1: u32 = std::mem::size_of::<MntIdReqV1>() as u32;
-
-/// Every mount of the mount namespace `ns_id` (its unique id, `nsfs::mount_namespace_info`),
-/// asked of the kernel by id: listmount(2) and statmount(2) see the whole namespace, where its
-/// table as a thread inside it reads it leaves out whatever lies below a mount laid over its
-/// root. `Ok(None)`: not available here (before 6.11, or a filter). Mounts gone meanwhile are
-/// left out.
-pub fn every_mount_of(ns_id: u64) -> io::Result<Option<Vec<Statmount>>> {
-    if !sandbox::usable(Newer::Listmount) || !sandbox::usable(Newer::Statmount) {
-        return Ok(None);
-    }
-    let mut ids = Vec::new();
-    let mut page = vec![0u64; 512];
-    loop {
-        let req = MntIdReqV1 {
-            size: REQ_SIZE_V1,
-            spare: 0,
-            mnt_id: LSMT_ROOT,
-            param: ids.last().copied().unwrap_or(0),
-            mnt_ns_id: ns_id,
-        };
-        // SAFETY: `req` is a valid mnt_id_req v1 whose `size` says so; `page` is writable for
-        // `page.len()` ids, which is the count passed, and outlives the call; the kernel writes
-        // at most that many.
-        let rc = unsafe {
-            libc::syscall(
-                SYS_LISTMOUNT,
-                &req as *const MntIdReqV1,
-                page.as_mut_ptr(),
-                page.len(),
-                0u32,
-            )
-        };
-        let n = match usize::try_from(rc) {
-            Ok(n) => n.min(page.len()),
-            Err(_) => {
-                let err = io::Error::last_os_error();
-                return match err.raw_os_error() {
-                    // A kernel before 6.11 takes no namespace id (E2BIG on the longer request).
-                    Some(libc::EINVAL | libc::E2BIG) => Ok(None),
-                    e if sandbox::unavailable(Newer::Listmount, e) => Ok(None),
-                    _ => Err(err),
-                };
-            }
-        };
-        ids.extend_from_slice(&page[..n]);
-        if n < page.len() {
-            break;
-        }
-    }
-    let mut mounts = Vec::with_capacity(ids.len());
-    for id in ids {
-        match statmount_in(id, ns_id) {
-            Ok(Some(m)) => mounts.push(m),
-            Ok(None) => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(Some(mounts))
-}
-
-/// statmount(2) of a mount of the namespace `ns_id`.
-fn statmount_in(mnt_id: u64, ns_id: u64) -> io::Result<Option<Statmount>> {
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let req = MntIdReqV1 {
-            size: REQ_SIZE_V1,
-            spare: 0,
-            mnt_id,
-            param: STATMOUNT_SB_BASIC
-                | STATMOUNT_MNT_BASIC
-                | STATMOUNT_MNT_ROOT
-                | STATMOUNT_MNT_POINT
-                | STATMOUNT_FS_TYPE,
-            mnt_ns_id: ns_id,
-        };
-        // SAFETY: as in `statmount`, with a v1 request whose `size` says so.
-        let rc = unsafe {
-            libc::syscall(
-                SYS_STATMOUNT,
-                &req as *const MntIdReqV1,
-                buf.as_mut_ptr(),
-                buf.len(),
-                0u32,
-            )
-        };
-        if rc == 0 {
-            return Ok(Some(parse(&buf)?));
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EOVERFLOW) if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
-            Some(libc::EINVAL | libc::E2BIG) => return Ok(None),
-            e if sandbox::unavailable(Newer::Statmount, e) => return Ok(None),
-            _ => return Err(err),
-        }
-    }
-}
-
-fn u32_at(b: &[u8], off: usize) -> u32 {
+pub(super) fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
-fn u64_at(b: &[u8], off: usize) -> u64 {
+pub(super) fn u64_at(b: &[u8], off: usize) -> u64 {
     let mut x = [0u8; 8];
     x.copy_from_slice(&b[off..off + 8]);
     u64::from_ne_bytes(x)

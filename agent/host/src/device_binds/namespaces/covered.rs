@@ -3,53 +3,107 @@
 //! is laid over the namespace's root (`mount -t tmpfs x /` inside it), everything below the
 //! cover is missing from `/proc/thread-self/mountinfo`, binds of device nodes included, while a
 //! process already in it reaches them by its old root or its working directory (a forty-fourth
-//! fresh review's F3: a stage took a device bound there). The kernel says how many mounts a
-//! namespace has (`NS_MNT_GET_INFO`, Linux 6.12); where its table shows fewer, every mount of it
-//! is asked by id (listmount and statmount, Linux 6.11). Before those, or under a filter that
-//! denies them, the covered tree stays unseen (docs/design.md, "Known and not yet refused").
+//! fresh review's F3: a stage took a device bound there).
+//!
+//! The cover is told from the mounts' own links, not from counts (mounts made and unmounted
+//! while the table was read moved a count past the table's length: a forty-fifth fresh
+//! review's F1): the thread's root mount is the namespace's root only if it is its own parent.
+//! Otherwise the namespace's root is found by going up the parents, and the mounts below it that
+//! are not below the thread's root are asked one by one (listmount and statmount by the
+//! namespace's id, Linux 6.11, and `NS_MNT_GET_INFO` for the id, 6.12). The root's own mounts
+//! count too (a bind moved onto the namespace's first root, below a cover laid on it: the
+//! review's F2). Before those, or under a filter that denies them, the covered tree stays unseen
+//! (docs/design.md, "Known and not yet refused").
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use super::{Found, devtmpfs_node, note_bind};
-use crate::mount::statmount;
+use crate::mount::foreign::{self, Mount};
 use crate::nsfs;
 
-/// Notes the mounts of the namespace `ns` that its table of `shown` mounts left out (all of
-/// them, when some are missing: the table does not say which). Asked from the agent's own
-/// namespace: from inside, listmount too starts at the caller's root, the cover.
+/// How far up a stack of mounts on a root is followed.
+const MAX_STACK: usize = 64;
+
+/// Notes the mounts of the namespace `ns` that a thread inside it, whose root is the mount `top`
+/// (its unique id; `None` before Linux 6.8), could not see.
 pub(super) fn read(
     found: &mut Found,
     ns: BorrowedFd<'_>,
-    shown: usize,
+    top: Option<u64>,
     at: &str,
 ) -> std::io::Result<()> {
-    let Some((id, count)) = nsfs::mount_namespace_info(ns)? else {
+    let Some(top) = top else {
         return Ok(());
     };
-    if usize::try_from(count).is_ok_and(|count| count <= shown) {
+    let Some((ns_id, _)) = nsfs::mount_namespace_info(ns)? else {
         return Ok(());
-    }
-    let Some(mounts) = statmount::every_mount_of(id)? else {
+    };
+    let Some(hidden) = hidden(top, ns_id)? else {
         return Ok(());
     };
     let dev_dir = File::open("/dev")?;
-    for m in mounts {
-        let place = format!(
-            "{} (mount namespace {at}, below a mount over its root)",
-            m.mount_point.display()
-        );
+    let place = format!("mount namespace {at}, below a mount over its root");
+    for m in hidden {
         found
             .any
             .entry(m.dev)
-            .or_insert_with(|| format!("mounted at {place}"));
-        if m.fs_type == "devtmpfs"
-            && m.root != Path::new("/")
-            && let Some(devnum) = devtmpfs_node(&dev_dir, &m.root)
+            .or_insert_with(|| format!("mounted ({place})"));
+        if let Some(root) = m.root.as_deref()
+            && root != Path::new("/")
+            && let Some(devnum) = devtmpfs_node(&dev_dir, root)
         {
-            note_bind(found, devnum, &format!("bound at {place}"));
+            note_bind(
+                found,
+                devnum,
+                &format!("bound at {} ({place})", root.display()),
+            );
         }
     }
     Ok(())
+}
+
+/// The mounts of the namespace `ns_id` not below the mount `top`, nor `top` itself: none when
+/// `top` is the namespace's root. `Ok(None)`: not available here.
+fn hidden(top: u64, ns_id: u64) -> std::io::Result<Option<Vec<Mount>>> {
+    let Some(mut root) = foreign::mount_of(top, ns_id)? else {
+        return Ok(None);
+    };
+    if root.parent == root.id {
+        return Ok(Some(Vec::new()));
+    }
+    for _ in 0..MAX_STACK {
+        if root.parent == root.id {
+            break;
+        }
+        root = match foreign::mount_of(root.parent, ns_id)? {
+            Some(m) => m,
+            None => return Ok(None),
+        };
+    }
+    if root.parent != root.id {
+        return Err(std::io::Error::other(format!(
+            "more than {MAX_STACK} mounts stacked on its root"
+        )));
+    }
+    let (Some(all), Some(seen)) = (
+        foreign::ids_below(root.id, ns_id)?,
+        foreign::ids_below(top, ns_id)?,
+    ) else {
+        return Ok(None);
+    };
+    let seen: HashSet<u64> = seen.into_iter().chain([top]).collect();
+    let mut hidden = vec![root];
+    for id in all.into_iter().filter(|id| !seen.contains(id)) {
+        match foreign::mount_of(id, ns_id) {
+            Ok(Some(m)) => hidden.push(m),
+            Ok(None) => return Ok(None),
+            // Unmounted since it was listed: it binds nothing now.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(hidden))
 }

@@ -135,13 +135,13 @@ fn read_all(found: &mut Found, spaces: &mut Namespaces) -> Result<(), String> {
         let Entered {
             found: mut theirs,
             nested,
-            shown,
+            top,
         } = match entered {
             Ok(Ok(read)) => read,
             Ok(Err(e)) => return Err(format!("the mount namespace {}: {e}", pin.at)),
             Err(_) => return Err(format!("the mount namespace {}", pin.at)),
         };
-        covered::read(&mut theirs, pin.ns.as_fd(), shown, &pin.at)
+        covered::read(&mut theirs, pin.ns.as_fd(), top, &pin.at)
             .map_err(|e| format!("the mounts of the mount namespace {}: {e}", pin.at))?;
         for (devnum, at) in theirs.any {
             found.any.entry(devnum).or_insert(at);
@@ -178,15 +178,16 @@ fn not_every_process_seen() -> Option<String> {
 }
 
 /// What a namespace's table shows: its mounts and binds, the namespaces with no process it pins,
-/// and how many mounts it lists.
+/// and the mount the table was read from.
 struct Entered {
     found: Found,
     nested: Vec<(File, String)>,
-    shown: usize,
+    /// The unique id of the mount that is the entering thread's root (Linux 6.8).
+    top: Option<u64>,
 }
 
 /// In a thread of its own: enters the pinned namespace and reads its table there (paths then
-/// resolve in it); also says how many mounts the table shows. The thread ends after; nothing
+/// resolve in it); also says which mount the thread's root is. The thread ends after; nothing
 /// else runs in it.
 fn enter(pin: &Pinned) -> std::io::Result<Entered> {
     // Opened before entering: the table is the one of the namespace this thread is in when it
@@ -212,7 +213,7 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
     Ok(Entered {
         found,
         nested,
-        shown: table.entries().len(),
+        top: root_mount_id(),
     })
 }
 
@@ -255,6 +256,17 @@ fn record(
         }
     }
     pins
+}
+
+/// The unique id of the mount this thread's root is on (the top of the mounts stacked on its
+/// namespace's root), from the kernel's cached attributes (a FUSE root is not asked).
+fn root_mount_id() -> Option<u64> {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
+    let unique = StatxFlags::from_bits_retain(crate::anchor::STATX_MNT_ID_UNIQUE);
+    let st = statx(CWD, "/", AtFlags::STATX_DONT_SYNC, unique).ok()?;
+    StatxFlags::from_bits_retain(st.stx_mask)
+        .contains(unique)
+        .then_some(st.stx_mnt_id)
 }
 
 /// The device numbers of the block device node at `root` of the device filesystem, looked up in
