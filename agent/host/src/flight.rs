@@ -22,7 +22,15 @@ struct State<T> {
     running: Option<(u64, Option<Instant>)>,
     /// The newest look that ended: its number and what it saw.
     last: Option<(u64, Arc<T>)>,
+    /// Looks started and not ended, overdue ones included.
+    live: usize,
 }
+
+/// How many looks may run at once, overdue ones included. A look that hangs for good (a stat
+/// below a FUSE mount that never answers) once left its thread and files behind at every call
+/// while the hang lasted (a forty-fifth fresh review's F8: two threads and eight files a stage);
+/// past this many, callers wait for one to end, up to their own time, as for any look.
+const MOST_LIVE: usize = 3;
 
 /// How the leading caller looks.
 pub enum Lead {
@@ -41,6 +49,7 @@ impl<T: Send + Sync + 'static> Flight<T> {
                 started: 0,
                 running: None,
                 last: None,
+                live: 0,
             }),
             landed: Condvar::new(),
         }
@@ -64,11 +73,13 @@ impl<T: Send + Sync + 'static> Flight<T> {
             if deadline.is_some_and(|at| Instant::now() >= at) {
                 return None;
             }
-            let held_back = state
-                .running
-                .is_some_and(|(_, due)| due.is_none_or(|due| Instant::now() < due));
+            let held_back = state.live >= MOST_LIVE
+                || state
+                    .running
+                    .is_some_and(|(_, due)| due.is_none_or(|due| Instant::now() < due));
             if !held_back {
                 state.started += 1;
+                state.live += 1;
                 let due = match lead {
                     Lead::Inline => None,
                     Lead::Detached(within) => Some(Instant::now() + within),
@@ -146,6 +157,7 @@ impl<T: Send + Sync + 'static> Drop for Landing<T> {
     fn drop(&mut self) {
         let seen = self.seen.take().unwrap_or_else(self.failed);
         let mut state = self.flight.lock();
+        state.live = state.live.saturating_sub(1);
         if state
             .running
             .is_some_and(|(number, _)| number == self.number)
@@ -228,6 +240,29 @@ mod tests {
             2,
             "the later caller waited for the overdue look to end"
         );
+    }
+
+    static STUCK: Flight<u64> = Flight::new();
+    static STUCK_RUNNING: AtomicU64 = AtomicU64::new(0);
+    static STUCK_MOST: AtomicU64 = AtomicU64::new(0);
+
+    fn stuck_look() -> u64 {
+        let now = STUCK_RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+        STUCK_MOST.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(400));
+        STUCK_RUNNING.fetch_sub(1, Ordering::SeqCst);
+        7
+    }
+
+    /// Looks that hang do not pile up: past `MOST_LIVE` at once, callers wait instead of
+    /// starting another (each would leave a thread behind for as long as the hang lasts).
+    #[test]
+    fn hung_looks_do_not_pile_up() {
+        for _ in 0..8 {
+            let _ = STUCK.look(Lead::Detached(Duration::from_millis(20)), stuck_look, || 0);
+        }
+        let most = STUCK_MOST.load(Ordering::SeqCst);
+        assert!(most <= MOST_LIVE as u64, "{most} hung looks ran at once");
     }
 
     static PANICKY: Flight<u64> = Flight::new();
