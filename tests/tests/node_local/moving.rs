@@ -201,6 +201,45 @@ fn parse_inodes(lines: &[String]) -> HashSet<u64> {
     lines.iter().filter_map(|l| l.parse().ok()).collect()
 }
 
+/// One attack: fillers made on `fill_cpu`, a holder bound on `cpus.0` that moves to a copy made
+/// on `cpus.1` once the scan is among the fillers (after `first`), and a handle's stage of the
+/// device meanwhile, which must be refused.
+#[allow(clippy::too_many_arguments)]
+async fn attack(
+    agent: &Agent,
+    scratch: &Scratch,
+    disk: &super::Disk,
+    label: &str,
+    fill_cpu: &str,
+    cpus: (&str, &str),
+    first: impl FnOnce() + Send + 'static,
+) {
+    let mut fillers = Helper::spawn(&["fill", "200", fill_cpu]);
+    let among = parse_inodes(&fillers.lines());
+    let at = scratch.join(&format!("ctr-{}", label.replace(' ', "-")));
+    std::fs::write(&at, b"").unwrap();
+    let dev = disk.dev.display().to_string();
+    let mut mover = Helper::spawn(&["move", &dev, &at.display().to_string(), cpus.0, cpus.1]);
+    assert_eq!(mover.line(), "bound");
+    let mover_pid = nix::unistd::Pid::from_raw(mover.child.id() as i32);
+    let fire = move || {
+        first();
+        let _ = nix::sys::signal::kill(mover_pid, nix::sys::signal::Signal::SIGUSR1);
+    };
+    let (answer, fired) = stage_firing(agent, disk, among, fire).await;
+    assert!(fired, "{label}: the scan never passed the fillers");
+    assert_eq!(mover.line(), "moved");
+    let e = answer.expect_err(&format!(
+        "{label}: a handle took a device whose holder moved mid-scan"
+    ));
+    assert_eq!(e.code(), Code::FailedPrecondition, "{label}: {e:?}");
+    mover.end();
+    fillers.end();
+}
+
+/// Three rounds with the kernel's list, two with the walk.
+const ROUNDS: [(u32, bool); 5] = [(0, false), (1, false), (2, false), (3, true), (4, true)];
+
 /// F1: the holder moves to a copy made on the CPU whose ids are lower, while the scan is among
 /// namespaces made on the other; the namespace it leaves, made after them, dies unread.
 #[tokio::test]
@@ -219,29 +258,10 @@ async fn a_holder_moving_to_a_namespace_behind_the_list_keeps_its_device() {
     };
     let scratch = Scratch::new("node-local-moving");
     let disk = super::Disk::new(&scratch, "d", 64 << 20);
-    let dev = disk.dev.display().to_string();
-    for (round, walked) in [(0, false), (1, false), (2, false), (3, true), (4, true)] {
+    for (round, walked) in ROUNDS {
         let agent = agent(&scratch, walked).await;
-        let mut fillers = Helper::spawn(&["fill", "200", &high]);
-        let among = parse_inodes(&fillers.lines());
-        let at = scratch.join(&format!("ctr-{round}"));
-        std::fs::write(&at, b"").unwrap();
-        let mut mover = Helper::spawn(&["move", &dev, &at.display().to_string(), &high, &low]);
-        assert_eq!(mover.line(), "bound");
-        let mover_pid = nix::unistd::Pid::from_raw(mover.child.id() as i32);
-        let fire = move || {
-            let _ = nix::sys::signal::kill(mover_pid, nix::sys::signal::Signal::SIGUSR1);
-        };
-        let (answer, fired) = stage_firing(&agent, &disk, among, fire).await;
-        assert!(fired, "round {round}: the scan never passed the fillers");
-        assert_eq!(mover.line(), "moved");
-        let e = answer.expect_err(&format!(
-            "round {round} (walked: {walked}): a handle took a device whose holder moved namespace mid-scan"
-        ));
-        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-        mover.end();
-        fillers.end();
-        drop(agent);
+        let label = format!("behind {round} (walked: {walked})");
+        attack(&agent, &scratch, &disk, &label, &high, (&high, &low), || {}).await;
     }
 }
 
@@ -255,32 +275,15 @@ async fn a_holder_moving_to_a_reused_namespace_number_keeps_its_device() {
     }
     let scratch = Scratch::new("node-local-renumbered");
     let disk = super::Disk::new(&scratch, "d", 64 << 20);
-    let dev = disk.dev.display().to_string();
-    for (round, walked) in [(0, false), (1, false), (2, false), (3, true), (4, true)] {
+    for (round, walked) in ROUNDS {
         let agent = agent(&scratch, walked).await;
         let mut alone = Helper::spawn(&["alone", "0"]);
         let _first: u64 = alone.line().parse().expect("an inode number");
-        let mut fillers = Helper::spawn(&["fill", "200", "0"]);
-        let among = parse_inodes(&fillers.lines());
-        let at = scratch.join(&format!("ctr-{round}"));
-        std::fs::write(&at, b"").unwrap();
-        let mut mover = Helper::spawn(&["move", &dev, &at.display().to_string(), "0", "0"]);
-        assert_eq!(mover.line(), "bound");
-        let mover_pid = nix::unistd::Pid::from_raw(mover.child.id() as i32);
-        let fire = move || {
+        let label = format!("renumbered {round} (walked: {walked})");
+        let first = move || {
             alone.end();
             std::thread::sleep(std::time::Duration::from_millis(3));
-            let _ = nix::sys::signal::kill(mover_pid, nix::sys::signal::Signal::SIGUSR1);
         };
-        let (answer, fired) = stage_firing(&agent, &disk, among, fire).await;
-        assert!(fired, "round {round}: the scan never passed the fillers");
-        assert_eq!(mover.line(), "moved");
-        let e = answer.expect_err(&format!(
-            "round {round} (walked: {walked}): a handle took a device whose holder moved to a reused number"
-        ));
-        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-        mover.end();
-        fillers.end();
-        drop(agent);
+        attack(&agent, &scratch, &disk, &label, "0", ("0", "0"), first).await;
     }
 }
