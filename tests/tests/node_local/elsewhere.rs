@@ -58,18 +58,9 @@ async fn refused_in_every_way(agent: &Agent, scratch: &Scratch, label: &str) {
         );
         let before = checksum(&disk.dev);
         let mounts = mounts_below(&agent.work);
-        let e = agent
-            .node()
-            .await
-            .node_stage_volume(stage_req(
-                &disk.vol(),
-                &agent.work.join("h/staging"),
-                rwx_block(),
-            ))
-            .await
-            .expect_err(&format!(
-                "{label} {how:?}: a handle took a device another namespace binds raw"
-            ));
+        let e = disk.stage_handle(agent).await.expect_err(&format!(
+            "{label} {how:?}: a handle took a device another namespace binds raw"
+        ));
         assert_eq!(e.code(), Code::FailedPrecondition, "{label} {how:?}: {e:?}");
         assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
         assert_eq!(mounts, mounts_below(&agent.work), "the host changed");

@@ -41,6 +41,20 @@ pub struct Disk {
 }
 
 impl Disk {
+    /// A stage of this disk's handle as raw block at `h/staging` below the agent's work dir.
+    pub async fn stage_handle(&self, agent: &Agent) -> Result<(), tonic::Status> {
+        agent
+            .node()
+            .await
+            .node_stage_volume(csi_req::stage_req(
+                &self.vol(),
+                &agent.work.join("h/staging"),
+                owners::rwx_block(),
+            ))
+            .await
+            .map(|_| ())
+    }
+
     pub fn new(scratch: &Scratch, name: &str, size: u64) -> Disk {
         let img = scratch.join(&format!("{name}.img"));
         sh(&format!("truncate -s {size} {}", img.display()));

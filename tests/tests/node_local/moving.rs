@@ -16,12 +16,9 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ebs_tests::csi_req::*;
 use ebs_tests::*;
 
 use tonic::Code;
-
-use super::owners::rwx_block;
 
 /// The namespaces' helpers, in Python with ctypes (Debian's python3, as the seccomp tests use).
 const HELPER: &str = r#"
@@ -172,16 +169,7 @@ async fn stage_firing(
             false
         })
     };
-    let answer = agent
-        .node()
-        .await
-        .node_stage_volume(stage_req(
-            &disk.vol(),
-            &agent.work.join("h/staging"),
-            rwx_block(),
-        ))
-        .await
-        .map(|_| ());
+    let answer = disk.stage_handle(agent).await;
     done.store(true, Ordering::Relaxed);
     (answer, watcher.join().expect("the watcher"))
 }
