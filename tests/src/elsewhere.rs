@@ -54,9 +54,16 @@ pub enum How {
     /// The same, with the bind on the namespace's first root (the root it had before its
     /// root's mount was detached), beside the cover rather than below it.
     OnCoveredFirstRoot,
+    /// A process is in it; the bind is of a node made in /dev for the test, with a file bound
+    /// over the bind, and the node deleted since (its name in the mount table then names
+    /// nothing, as a removed device's does).
+    DeletedNode,
+    /// A process is in it; the bind is of a node made with mknod outside /dev, at a mount point
+    /// longer than the kernel resolves in one call.
+    LongPath,
 }
 
-pub const EVERY_WAY: [How; 10] = [
+pub const EVERY_WAY: [How; 12] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -67,6 +74,8 @@ pub const EVERY_WAY: [How; 10] = [
     How::HeldThroughGonePin,
     How::CoveredRoot,
     How::OnCoveredFirstRoot,
+    How::DeletedNode,
+    How::LongPath,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -118,6 +127,21 @@ print("ready", flush=True)
 signal.pause()
 "#;
 
+/// Binds the node argv[1] at the end of 20 nested directories of 250-character names made below
+/// argv[2] (run in a private mount namespace of its own).
+const LONG_PATH: &str = r#"
+import ctypes, os, sys, signal
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs(sys.argv[2], exist_ok=True); os.chdir(sys.argv[2])
+for _ in range(20):
+    os.makedirs("d" * 250, exist_ok=True); os.chdir("d" * 250)
+open("leaf", "w").close()
+if libc.mount(sys.argv[1].encode(), b"leaf", None, 0x1000, None) != 0:
+    print("error", os.strerror(ctypes.get_errno()), flush=True); os._exit(1)
+print("ready", flush=True)
+signal.pause()
+"#;
+
 impl BoundElsewhere {
     /// `source` bound at `at` in another namespace held `how`; `keep` as in `new`.
     pub fn by(how: How, keep: &Path, source: &Path, at: &Path) -> BoundElsewhere {
@@ -127,25 +151,49 @@ impl BoundElsewhere {
             How::OnCoveredFirstRoot => {
                 let spare = at.with_extension("spare");
                 std::fs::create_dir_all(&spare).expect("the cover's first place");
-                let mut child = Command::new("/usr/bin/python3")
-                    .args(["-c", ON_FIRST_ROOT])
-                    .arg(source)
-                    .arg(&spare)
-                    .stdout(std::process::Stdio::piped())
-                    .spawn()
-                    .expect("python3");
-                let mut line = String::new();
-                let out = child.stdout.take().expect("piped");
-                let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+                let (child, ready) = python(ON_FIRST_ROOT, source, &spare, None);
                 let bound = BoundElsewhere {
                     at: PathBuf::from(format!("/ebs-test-bind-{}", child.id())),
                     holder: Holder::Tidy(child),
                 };
-                assert_eq!(
-                    line.trim(),
-                    "ready",
-                    "the bind on the first root was not made"
+                assert!(ready, "the bind on the first root was not made");
+                bound
+            }
+            How::LongPath => {
+                let node = at.with_extension("node");
+                mknod_like(source, &node);
+                let deep = at.with_extension("deep");
+                let (child, ready) = python(LONG_PATH, &node, &deep, Some(keep));
+                let bound = BoundElsewhere {
+                    at: at.to_path_buf(),
+                    holder: Holder::Tidy(child),
+                };
+                assert!(ready, "the bind at a long path was not made");
+                bound
+            }
+            How::DeletedNode => {
+                let name = at
+                    .file_name()
+                    .expect("a name")
+                    .to_string_lossy()
+                    .into_owned();
+                let node = PathBuf::from(format!("/dev/ebs-test-{name}-{}", std::process::id()));
+                mknod_like(source, &node);
+                let _gone = Removed(node.clone());
+                // The bind lies below a tmpfs laid over its directory: its mount point shows
+                // nothing, and its node's name will name nothing.
+                let dir = at.with_extension("d").join("x");
+                std::fs::create_dir_all(&dir).expect("the bind's directory");
+                let mut bound = Self::with_process(
+                    keep,
+                    &node,
+                    &dir.join("tgt"),
+                    &format!(" && mount -t tmpfs ebs-test-cover '{}'", dir.display()),
+                    &|m| m.contains(" - tmpfs ebs-test-cover "),
                 );
+                // From here: the namespace's own copy of /dev refuses (EBUSY).
+                std::fs::remove_file(&node).expect("the node goes");
+                bound.at = at.to_path_buf();
                 bound
             }
             How::CoveredRoot => Self::with_process(
@@ -412,5 +460,58 @@ impl BoundElsewhere {
 impl Drop for BoundElsewhere {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Runs a helper script with two path arguments (`in_own`: in a private mount namespace of its
+/// own, with the copies of the other tests' mounts dropped but `keep`'s); whether it said it was
+/// ready.
+fn python(script: &str, a: &Path, b: &Path, in_own: Option<&Path>) -> (Child, bool) {
+    let mut command = match in_own {
+        None => Command::new("/usr/bin/python3"),
+        Some(keep) => {
+            let mut c = Command::new("unshare");
+            c.args(["-m", "--propagation", "private", "sh", "-c"])
+                .arg(format!(
+                    "{}; exec \"$@\"",
+                    crate::drop_other_tests_mounts(keep)
+                ))
+                .args(["sh", "/usr/bin/python3"]);
+            c
+        }
+    };
+    let mut child = command
+        .args(["-c", script])
+        .arg(a)
+        .arg(b)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    let out = child.stdout.take().expect("piped");
+    let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+    (child, line.trim() == "ready")
+}
+
+/// A block device node at `node` with the device numbers of `source`.
+fn mknod_like(source: &Path, node: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(source).expect("the source device").rdev();
+    let _ = std::fs::remove_file(node);
+    nix::sys::stat::mknod(
+        node,
+        nix::sys::stat::SFlag::S_IFBLK,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        rdev,
+    )
+    .expect("mknod");
+}
+
+/// Removes a file on drop (a node made in /dev, also when its test fails).
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }

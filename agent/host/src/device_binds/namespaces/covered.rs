@@ -20,7 +20,8 @@ use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
-use super::{Found, devtmpfs_node, note_bind};
+use super::Found;
+use super::record::{Node, devtmpfs_node, note_bind};
 use crate::mount::foreign::{self, Mount};
 use crate::nsfs;
 
@@ -51,15 +52,20 @@ pub(super) fn read(
             .any
             .entry(m.dev)
             .or_insert_with(|| format!("mounted ({place})"));
-        if let Some(root) = m.root.as_deref()
-            && root != Path::new("/")
-            && let Some(devnum) = devtmpfs_node(&dev_dir, root)
-        {
-            note_bind(
-                found,
-                devnum,
-                &format!("bound at {} ({place})", root.display()),
-            );
+        let Some(root) = m.root.as_deref().filter(|r| *r != Path::new("/")) else {
+            continue;
+        };
+        let at = format!("bound at {} ({place})", root.display());
+        match devtmpfs_node(&dev_dir, root) {
+            Node::Block(devnum) => note_bind(found, devnum, &at),
+            Node::Other => {}
+            // No mount point to stat here: the device cannot be told (`record`).
+            Node::Missing => {
+                return Err(std::io::Error::other(format!(
+                    "a device node no longer in /dev (or below a mount there) is {at}: the \
+                     device cannot be told, so every device counts as used"
+                )));
+            }
         }
     }
     Ok(())

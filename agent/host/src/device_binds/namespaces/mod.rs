@@ -12,12 +12,10 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::device::devnum_of;
 use crate::mount::table::MountTable;
-use ebs_node_core::DevNum;
 use nix::fcntl::{OFlag, openat};
 use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::stat::Mode;
@@ -26,7 +24,10 @@ use super::Found;
 
 mod covered;
 mod listed;
+mod record;
 mod walk;
+
+use record::record;
 
 /// A namespace to enter: its nsfs file, and whose it is.
 struct Pinned {
@@ -209,53 +210,12 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
         .map_err(|e| std::io::Error::other(format!("its mount table: {e}")))?;
     let mut found = Found::default();
     let place = |mp: &Path| format!("{} (mount namespace {})", mp.display(), pin.at);
-    let nested = record(&mut found, &table, &dev_dir, &place);
+    let nested = record(&mut found, &table, &dev_dir, &place)?;
     Ok(Entered {
         found,
         nested,
         top: root_mount_id(),
     })
-}
-
-/// Notes each mount of `table` and each bind of a device node in it; returns the namespaces
-/// with no process that the table pins. Runs in the namespace whose table it is.
-fn record(
-    found: &mut Found,
-    table: &MountTable,
-    dev_dir: &File,
-    place: &dyn Fn(&Path) -> String,
-) -> Vec<(File, String)> {
-    let mut pins = Vec::new();
-    for m in table.entries() {
-        found
-            .any
-            .entry(DevNum::new(m.major, m.minor))
-            .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
-        if m.fs_type == "nsfs" && m.root.to_string_lossy().starts_with("mnt:[") {
-            if let Ok(f) = File::open(&m.mount_point) {
-                pins.push((f, format!("pinned at {}", place(&m.mount_point))));
-            }
-            continue;
-        }
-        // A bind of a device node has the node as its root, never a filesystem's "/".
-        if m.root == Path::new("/") {
-            continue;
-        }
-        let at = format!("bound at {}", place(&m.mount_point));
-        // A node of the device filesystem is known by its name there, even when something is
-        // mounted over the bind (the mount point then shows the cover, not the node).
-        if m.fs_type == "devtmpfs"
-            && let Some(devnum) = devtmpfs_node(dev_dir, &m.root)
-        {
-            note_bind(found, devnum, &at);
-        }
-        if let Ok(meta) = std::fs::symlink_metadata(&m.mount_point)
-            && meta.file_type().is_block_device()
-        {
-            note_bind(found, devnum_of(meta.rdev()), &at);
-        }
-    }
-    pins
 }
 
 /// The unique id of the mount this thread's root is on (the top of the mounts stacked on its
@@ -267,21 +227,4 @@ fn root_mount_id() -> Option<u64> {
     StatxFlags::from_bits_retain(st.stx_mask)
         .contains(unique)
         .then_some(st.stx_mnt_id)
-}
-
-/// The device numbers of the block device node at `root` of the device filesystem, looked up in
-/// the agent's own /dev.
-fn devtmpfs_node(dev_dir: &File, root: &Path) -> Option<DevNum> {
-    let st = nix::sys::stat::fstatat(
-        dev_dir.as_fd(),
-        root.strip_prefix("/").unwrap_or(root),
-        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-    )
-    .ok()?;
-    (st.st_mode & libc::S_IFMT == libc::S_IFBLK).then(|| devnum_of(st.st_rdev))
-}
-
-fn note_bind(found: &mut Found, devnum: DevNum, at: &str) {
-    found.bound.entry(devnum).or_insert_with(|| at.to_string());
-    found.any.entry(devnum).or_insert_with(|| at.to_string());
 }
