@@ -17,6 +17,8 @@ enum Holder {
     HeldOpen(Child),
     /// A process that removes what it made when told to (SIGTERM), killed if it does not.
     Tidy(Child),
+    /// A process in it, killed by its pid; then a shell command removes what it made.
+    ProcessThen(Child, String),
 }
 
 /// A mount namespace of its own (private propagation) that binds `source` at `at` there only;
@@ -61,9 +63,13 @@ pub enum How {
     /// A process is in it; the bind is of a node made with mknod outside /dev, at a mount point
     /// longer than the kernel resolves in one call.
     LongPath,
+    /// A process is in it; the bind is of a node made in the device filesystem at `pts/ptmx`,
+    /// which the agent's /dev shows covered by devpts (so the name leads to devpts's ptmx
+    /// there), with a tmpfs laid over the bind's directory.
+    ShadowedName,
 }
 
-pub const EVERY_WAY: [How; 12] = [
+pub const EVERY_WAY: [How; 13] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -76,6 +82,7 @@ pub const EVERY_WAY: [How; 12] = [
     How::OnCoveredFirstRoot,
     How::DeletedNode,
     How::LongPath,
+    How::ShadowedName,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -169,6 +176,51 @@ impl BoundElsewhere {
                     holder: Holder::Tidy(child),
                 };
                 assert!(ready, "the bind at a long path was not made");
+                bound
+            }
+            How::ShadowedName => {
+                use std::os::unix::fs::MetadataExt;
+                let rdev = std::fs::metadata(source).expect("the source device").rdev();
+                let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+                // A name devpts has too: through the agent's /dev it leads to devpts's ptmx, a
+                // character device, where the node is a block device of the same name.
+                let name = "ptmx";
+                let view = at.with_extension("devview");
+                let dir = at.with_extension("d").join("x");
+                std::fs::create_dir_all(&view).expect("the view");
+                std::fs::create_dir_all(&dir).expect("the bind's directory");
+                let tgt = dir.join("tgt");
+                std::fs::write(&tgt, b"").expect("the bind's target file");
+                let (v, d, t) = (view.display(), dir.display(), tgt.display());
+                // The device filesystem without its submounts, to make the node below `pts`.
+                let child = Command::new("unshare")
+                    .args(["-m", "--propagation", "private", "sh", "-c"])
+                    .arg(format!(
+                        "{}; mount --bind /dev '{v}' && mknod '{v}/pts/{name}' b {major} {minor} \
+                         && mount --bind '{v}/pts/{name}' '{t}' && \
+                         mount -t tmpfs ebs-test-cover '{d}' && umount '{v}' && exec sleep 600",
+                        crate::drop_other_tests_mounts(keep)
+                    ))
+                    .spawn()
+                    .expect("unshare");
+                let id = child.id();
+                let bound = BoundElsewhere {
+                    holder: Holder::ProcessThen(
+                        child,
+                        format!(
+                            "unshare -m --propagation private sh -c \"mount --bind /dev '{v}' && \
+                             rm -f '{v}/pts/{name}'\""
+                        ),
+                    ),
+                    at: at.to_path_buf(),
+                };
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while std::fs::read_to_string(format!("/proc/{id}/mountinfo")).map_or(true, |m| {
+                    !m.contains(" - tmpfs ebs-test-cover ") || m.contains(&*v.to_string())
+                }) {
+                    assert!(Instant::now() < deadline, "the shadowed bind was not made");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 bound
             }
             How::DeletedNode => {
@@ -418,7 +470,7 @@ impl BoundElsewhere {
     /// The bound device as the other namespace sees it (a process's namespace only).
     pub fn path(&self) -> PathBuf {
         match &self.holder {
-            Holder::Process(child) | Holder::Tidy(child) => {
+            Holder::Process(child) | Holder::Tidy(child) | Holder::ProcessThen(child, _) => {
                 PathBuf::from(format!("/proc/{}/root", child.id()))
                     .join(self.at.strip_prefix("/").unwrap_or(&self.at))
             }
@@ -438,6 +490,11 @@ impl BoundElsewhere {
             Holder::Process(child) | Holder::HeldOpen(child) => {
                 let _ = child.kill();
                 let _ = child.wait();
+            }
+            Holder::ProcessThen(child, cleanup) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = Command::new("sh").arg("-c").arg(&*cleanup).status();
             }
             Holder::Tidy(child) => {
                 let pid = nix::unistd::Pid::from_raw(child.id() as i32);

@@ -141,3 +141,38 @@ async fn a_sizeless_loop_device_over_the_file_bound_elsewhere_refuses_the_stage(
     );
     drop(theirs);
 }
+
+/// A bind of a character device node removed since (an unplugged serial adapter a container
+/// still binds) proves by its mount point that no block device is bound there: it blocks no
+/// stage (a forty-sixth fresh review's F3: every stage was refused while it lived).
+#[tokio::test]
+async fn a_removed_character_device_bound_elsewhere_blocks_nothing() {
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_removed_character_device_bound_elsewhere_blocks_nothing") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-chr");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let node = std::path::PathBuf::from(format!("/dev/ebs-test-chr-{}", std::process::id()));
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _gone = Gone(node.clone());
+    sh(&format!("mknod {} c 1 3", node.display()));
+    let theirs = BoundElsewhere::new(&scratch.path, &node, &scratch.join("ctr-chr"));
+    std::fs::remove_file(&node).expect("the node goes");
+    let disk = crate::Disk::new(&scratch, "free", 64 << 20);
+    if let Err(e) = disk.stage_handle(&agent).await {
+        panic!("a free disk refused while a removed character device is bound elsewhere: {e:?}");
+    }
+    agent
+        .node()
+        .await
+        .node_unstage_volume(unstage_req(&disk.vol(), &agent.work.join("h/staging")))
+        .await
+        .expect("unstage");
+    drop(theirs);
+}

@@ -21,7 +21,7 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use super::Found;
-use super::record::{Node, devtmpfs_node, note_bind};
+use super::record::{Node, devtmpfs_node, note_bind, untold};
 use crate::mount::foreign::{self, Mount};
 use crate::nsfs;
 
@@ -56,16 +56,11 @@ pub(super) fn read(
             continue;
         };
         let at = format!("bound at {} ({place})", root.display());
-        match devtmpfs_node(&dev_dir, root) {
+        // No mount point to look at here: the name alone tells the device (`record`).
+        match devtmpfs_node(&dev_dir, root, m.dev) {
             Node::Block(devnum) => note_bind(found, devnum, &at),
             Node::Other => {}
-            // No mount point to stat here: the device cannot be told (`record`).
-            Node::Missing => {
-                return Err(std::io::Error::other(format!(
-                    "a device node no longer in /dev (or below a mount there) is {at}: the \
-                     device cannot be told, so every device counts as used"
-                )));
-            }
+            Node::Missing => return Err(untold(&at)),
         }
     }
     Ok(())

@@ -1,12 +1,14 @@
 //! What one namespace's table says of the devices: every mount's device, and every bind of a
-//! device node, told by the node's name in the device filesystem and by a stat of the bind's
-//! mount point. Runs in a thread inside the namespace whose table it is (paths resolve there).
+//! device node. Runs in a thread inside the namespace whose table it is (paths resolve there).
 //!
-//! A bind of a device-filesystem node that names nothing in the agent's /dev (a node deleted
-//! since: a device removed, whose number the next one takes; one made below a mount in the
-//! agent's /dev) and whose mount point shows no block device either (a mount laid over it, or
-//! over the namespace's root) is a bind of a device this agent cannot tell: the scan fails, and
-//! every device counts as used until it goes (a forty-fifth fresh review's F3; both need root).
+//! A bind is told by its mount point where that leads to the bind itself (the kernel's mount id
+//! of what the path reaches is the bind's): a block device node there is the device, anything
+//! else proves no device is bound (a character device removed since, a directory). Where the
+//! mount point leads elsewhere (a mount laid over it, or over a directory above it), a node of
+//! the device filesystem is told by its name in the agent's /dev, if that name still names it
+//! (not deleted since, not reached through a mount on the agent's /dev); if it does not, the
+//! device cannot be told and the scan fails: every device counts as used until the bind goes
+//! (forty-fifth and forty-sixth fresh reviews; every way needs root).
 
 use std::fs::File;
 use std::io;
@@ -57,41 +59,55 @@ pub(super) fn record(
             continue;
         }
         let at = format!("bound at {}", place(&m.mount_point));
-        // A node of the device filesystem is known by its name there, even when something is
-        // mounted over the bind (the mount point then shows the cover, not the node).
-        let named = if m.fs_type == "devtmpfs" {
-            devtmpfs_node(dev_dir, &m.root)
-        } else {
-            Node::Other
-        };
-        if let Node::Block(devnum) = named {
-            note_bind(found, devnum, &at);
+        // The mount point, where it leads to this very mount, shows what is bound: a block
+        // device node, or proof that none is (a character device, a directory).
+        match seen_at(&m.mount_point, m.mount_id) {
+            Seen::Block(devnum) => {
+                note_bind(found, devnum, &at);
+                continue;
+            }
+            Seen::NotBlock => continue,
+            Seen::Elsewhere => {}
         }
-        let stated = block_at(&m.mount_point);
-        if let Some(devnum) = stated {
-            note_bind(found, devnum, &at);
+        // Covered: a node of the device filesystem is then known by its name there alone.
+        if m.fs_type != "devtmpfs" {
+            continue;
         }
-        if named == Node::Missing && stated.is_none() {
-            return Err(io::Error::other(format!(
-                "a device node no longer in /dev (or below a mount there) is {at}, under a \
-                 cover: the device cannot be told, so every device counts as used"
-            )));
+        match devtmpfs_node(dev_dir, &m.root, DevNum::new(m.major, m.minor)) {
+            Node::Block(devnum) => note_bind(found, devnum, &at),
+            Node::Other => {}
+            Node::Missing => return Err(untold(&at)),
         }
     }
     Ok(pins)
 }
 
-/// What the node at `root` of the device filesystem is, looked up in the agent's own /dev.
-pub(super) fn devtmpfs_node(dev_dir: &File, root: &Path) -> Node {
+/// What the node at `root` of the device filesystem (whose device is `devtmpfs`) is, looked up
+/// by its name in the agent's own /dev: `Missing` when the name cannot be trusted to name it (a
+/// node deleted since: `//deleted` ends its name; one the lookup reaches only through a mount
+/// laid on the agent's /dev, such as its devpts or shm: a forty-sixth fresh review's F1 and F2).
+pub(super) fn devtmpfs_node(dev_dir: &File, root: &Path, devtmpfs: DevNum) -> Node {
+    if root.as_os_str().as_bytes().ends_with(b"//deleted") {
+        return Node::Missing;
+    }
     match fstatat(
         dev_dir.as_fd(),
         root.strip_prefix("/").unwrap_or(root),
         AtFlags::AT_SYMLINK_NOFOLLOW,
     ) {
+        Ok(st) if devnum_of(st.st_dev) != devtmpfs => Node::Missing,
         Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFBLK => Node::Block(devnum_of(st.st_rdev)),
         Ok(_) => Node::Other,
         Err(_) => Node::Missing,
     }
+}
+
+/// The error of a bind whose device cannot be told.
+pub(super) fn untold(at: &str) -> io::Error {
+    io::Error::other(format!(
+        "a device node no longer in /dev (or below a mount there) is {at}, and its mount point \
+         leads elsewhere: the device cannot be told, so every device counts as used"
+    ))
 }
 
 pub(super) fn note_bind(found: &mut Found, devnum: DevNum, at: &str) {
@@ -99,19 +115,53 @@ pub(super) fn note_bind(found: &mut Found, devnum: DevNum, at: &str) {
     found.any.entry(devnum).or_insert_with(|| at.to_string());
 }
 
-/// The device numbers of the block device node at `path` (not followed if a symlink), if it is
-/// one. A path longer than the kernel resolves in one call is walked a component at a time (a
-/// bind at 20 levels of 250-character names was passed over: the review's F4).
-fn block_at(path: &Path) -> Option<DevNum> {
-    let st = match nix::sys::stat::lstat(path) {
-        Ok(st) => st,
-        Err(nix::errno::Errno::ENAMETOOLONG) => lstat_walked(path)?,
-        Err(_) => return None,
-    };
-    (st.st_mode & libc::S_IFMT == libc::S_IFBLK).then(|| devnum_of(st.st_rdev))
+/// What a bind's mount point shows.
+enum Seen {
+    /// The bind's own root, a block device node.
+    Block(DevNum),
+    /// The bind's own root, and no block device node.
+    NotBlock,
+    /// Something else (a mount laid over it or over a directory above it), or nothing.
+    Elsewhere,
 }
 
-fn lstat_walked(path: &Path) -> Option<nix::sys::stat::FileStat> {
+/// What the mount point `path` of the mount `mount_id` (the table's id) shows, asked of the
+/// kernel's cached attributes (a FUSE server is not asked). Only an answer from that very mount
+/// counts: below a cover the path leads elsewhere. A path longer than the kernel resolves in one
+/// call is walked a component at a time (a bind at 20 levels of 250-character names was passed
+/// over: a forty-fifth fresh review's F4).
+fn seen_at(path: &Path, mount_id: u32) -> Seen {
+    use rustix::fs::{AtFlags as Flags, StatxFlags, statx};
+    let mask = StatxFlags::TYPE | StatxFlags::MNT_ID;
+    let flags = Flags::SYMLINK_NOFOLLOW | Flags::STATX_DONT_SYNC;
+    let st = match statx(rustix::fs::CWD, path, flags, mask) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NAMETOOLONG) => {
+            let Some((dir, last)) = parent_walked(path) else {
+                return Seen::Elsewhere;
+            };
+            match statx(&dir, last, flags, mask) {
+                Ok(st) => st,
+                Err(_) => return Seen::Elsewhere,
+            }
+        }
+        Err(_) => return Seen::Elsewhere,
+    };
+    if !StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID)
+        || st.stx_mnt_id != u64::from(mount_id)
+    {
+        return Seen::Elsewhere;
+    }
+    if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFBLK {
+        Seen::Block(DevNum::new(st.stx_rdev_major, st.stx_rdev_minor))
+    } else {
+        Seen::NotBlock
+    }
+}
+
+/// The directory holding `path`'s last component, opened a component at a time, and that
+/// component.
+fn parent_walked(path: &Path) -> Option<(OwnedFd, &std::ffi::OsStr)> {
     let mut parts: Vec<&std::ffi::OsStr> = path
         .components()
         .filter_map(|c| match c {
@@ -130,5 +180,5 @@ fn lstat_walked(path: &Path) -> Option<nix::sys::stat::FileStat> {
         )
         .ok()?;
     }
-    fstatat(dir.as_fd(), last.as_bytes(), AtFlags::AT_SYMLINK_NOFOLLOW).ok()
+    Some((dir, last))
 }
