@@ -67,9 +67,13 @@ pub enum How {
     /// which the agent's /dev shows covered by devpts (so the name leads to devpts's ptmx
     /// there), with a tmpfs laid over the bind's directory.
     ShadowedName,
+    /// A process is in it; the bind is of a node made in /dev for the test, with a tmpfs laid
+    /// over the bind's directory, and the node's name masked since on the host (`mount --bind
+    /// /dev/null` over it, the usual way to hide a device).
+    MaskedName,
 }
 
-pub const EVERY_WAY: [How; 13] = [
+pub const EVERY_WAY: [How; 14] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -83,6 +87,7 @@ pub const EVERY_WAY: [How; 13] = [
     How::DeletedNode,
     How::LongPath,
     How::ShadowedName,
+    How::MaskedName,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -221,6 +226,38 @@ impl BoundElsewhere {
                     assert!(Instant::now() < deadline, "the shadowed bind was not made");
                     std::thread::sleep(Duration::from_millis(20));
                 }
+                bound
+            }
+            How::MaskedName => {
+                let name = at
+                    .file_name()
+                    .expect("a name")
+                    .to_string_lossy()
+                    .into_owned();
+                let node = PathBuf::from(format!("/dev/ebs-test-{name}-{}", std::process::id()));
+                mknod_like(source, &node);
+                let dir = at.with_extension("d").join("x");
+                std::fs::create_dir_all(&dir).expect("the bind's directory");
+                let mut bound = Self::with_process(
+                    keep,
+                    &node,
+                    &dir.join("tgt"),
+                    &format!(" && mount -t tmpfs ebs-test-cover '{}'", dir.display()),
+                    &|m| m.contains(" - tmpfs ebs-test-cover "),
+                );
+                let n = node.display();
+                let placeholder = Holder::Pinned {
+                    file: PathBuf::new(),
+                    dir: PathBuf::new(),
+                };
+                if let Holder::Process(child) = std::mem::replace(&mut bound.holder, placeholder) {
+                    bound.holder = Holder::ProcessThen(
+                        child,
+                        format!("umount '{n}' 2>/dev/null; rm -f '{n}'"),
+                    );
+                }
+                crate::sh(&format!("mount --bind /dev/null '{n}'"));
+                bound.at = at.to_path_buf();
                 bound
             }
             How::DeletedNode => {

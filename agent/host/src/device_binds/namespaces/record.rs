@@ -16,11 +16,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
-use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{Mode, fstatat};
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::Mode;
 
 use super::Found;
-use crate::device::devnum_of;
 use crate::mount::table::MountTable;
 use ebs_node_core::DevNum;
 
@@ -87,18 +86,34 @@ pub(super) fn record(
 /// node deleted since: `//deleted` ends its name; one the lookup reaches only through a mount
 /// laid on the agent's /dev, such as its devpts or shm: a forty-sixth fresh review's F1 and F2).
 pub(super) fn devtmpfs_node(dev_dir: &File, root: &Path, devtmpfs: DevNum) -> Node {
+    use rustix::fs::{AtFlags as Flags, StatxFlags, statx};
     if root.as_os_str().as_bytes().ends_with(b"//deleted") {
         return Node::Missing;
     }
-    match fstatat(
-        dev_dir.as_fd(),
-        root.strip_prefix("/").unwrap_or(root),
-        AtFlags::AT_SYMLINK_NOFOLLOW,
-    ) {
-        Ok(st) if devnum_of(st.st_dev) != devtmpfs => Node::Missing,
-        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFBLK => Node::Block(devnum_of(st.st_rdev)),
-        Ok(_) => Node::Other,
-        Err(_) => Node::Missing,
+    let mask = StatxFlags::TYPE | StatxFlags::MNT_ID;
+    let flags = Flags::SYMLINK_NOFOLLOW | Flags::STATX_DONT_SYNC;
+    let name = root.strip_prefix("/").unwrap_or(root);
+    // The name must reach the node in /dev's own mount: a mount on the agent's /dev (its devpts,
+    // or a mask such as `mount --bind /dev/null /dev/X`) shows something else by that name (a
+    // forty-seventh fresh review's F2).
+    let (Ok(dev), Ok(st)) = (
+        statx(dev_dir, "", flags | Flags::EMPTY_PATH, mask),
+        statx(dev_dir, name, flags, mask),
+    ) else {
+        return Node::Missing;
+    };
+    let has_ids = |m: u32| StatxFlags::from_bits_retain(m).contains(StatxFlags::MNT_ID);
+    if !has_ids(dev.stx_mask)
+        || !has_ids(st.stx_mask)
+        || st.stx_mnt_id != dev.stx_mnt_id
+        || DevNum::new(st.stx_dev_major, st.stx_dev_minor) != devtmpfs
+    {
+        return Node::Missing;
+    }
+    if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFBLK {
+        Node::Block(DevNum::new(st.stx_rdev_major, st.stx_rdev_minor))
+    } else {
+        Node::Other
     }
 }
 
