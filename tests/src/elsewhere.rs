@@ -229,22 +229,9 @@ impl BoundElsewhere {
                 bound
             }
             How::MaskedName => {
-                let name = at
-                    .file_name()
-                    .expect("a name")
-                    .to_string_lossy()
-                    .into_owned();
-                let node = PathBuf::from(format!("/dev/ebs-test-{name}-{}", std::process::id()));
-                mknod_like(source, &node);
-                let dir = at.with_extension("d").join("x");
-                std::fs::create_dir_all(&dir).expect("the bind's directory");
-                let mut bound = Self::with_process(
-                    keep,
-                    &node,
-                    &dir.join("tgt"),
-                    &format!(" && mount -t tmpfs ebs-test-cover '{}'", dir.display()),
-                    &|m| m.contains(" - tmpfs ebs-test-cover "),
-                );
+                let (mut bound, node, made) = Self::dev_node_under_cover(keep, source, at);
+                // The node stays, masked, until the holder's clean-up below removes both.
+                std::mem::forget(made);
                 let n = node.display();
                 let placeholder = Holder::Pinned {
                     file: PathBuf::new(),
@@ -257,32 +244,12 @@ impl BoundElsewhere {
                     );
                 }
                 crate::sh(&format!("mount --bind /dev/null '{n}'"));
-                bound.at = at.to_path_buf();
                 bound
             }
             How::DeletedNode => {
-                let name = at
-                    .file_name()
-                    .expect("a name")
-                    .to_string_lossy()
-                    .into_owned();
-                let node = PathBuf::from(format!("/dev/ebs-test-{name}-{}", std::process::id()));
-                mknod_like(source, &node);
-                let _gone = Removed(node.clone());
-                // The bind lies below a tmpfs laid over its directory: its mount point shows
-                // nothing, and its node's name will name nothing.
-                let dir = at.with_extension("d").join("x");
-                std::fs::create_dir_all(&dir).expect("the bind's directory");
-                let mut bound = Self::with_process(
-                    keep,
-                    &node,
-                    &dir.join("tgt"),
-                    &format!(" && mount -t tmpfs ebs-test-cover '{}'", dir.display()),
-                    &|m| m.contains(" - tmpfs ebs-test-cover "),
-                );
+                let (bound, node, _made) = Self::dev_node_under_cover(keep, source, at);
                 // From here: the namespace's own copy of /dev refuses (EBUSY).
                 std::fs::remove_file(&node).expect("the node goes");
-                bound.at = at.to_path_buf();
                 bound
             }
             How::CoveredRoot => Self::with_process(
@@ -416,6 +383,35 @@ impl BoundElsewhere {
                 }
             }
         }
+    }
+
+    /// A node made in /dev with `source`'s numbers, bound in a namespace of its own below a
+    /// tmpfs laid over the bind's directory (its mount point then shows nothing); the node is
+    /// removed when the returned guard drops.
+    fn dev_node_under_cover(
+        keep: &Path,
+        source: &Path,
+        at: &Path,
+    ) -> (BoundElsewhere, PathBuf, Removed) {
+        let name = at
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        let node = PathBuf::from(format!("/dev/ebs-test-{name}-{}", std::process::id()));
+        mknod_like(source, &node);
+        let made = Removed(node.clone());
+        let dir = at.with_extension("d").join("x");
+        std::fs::create_dir_all(&dir).expect("the bind's directory");
+        let mut bound = Self::with_process(
+            keep,
+            &node,
+            &dir.join("tgt"),
+            &format!(" && mount -t tmpfs ebs-test-cover '{}'", dir.display()),
+            &|m| m.contains(" - tmpfs ebs-test-cover "),
+        );
+        bound.at = at.to_path_buf();
+        (bound, node, made)
     }
 
     /// `keep`: the calling test's scratch directory (the copies of the other tests' mounts are
