@@ -71,9 +71,20 @@ pub enum How {
     /// over the bind's directory, and the node's name masked since on the host (`mount --bind
     /// /dev/null` over it, the usual way to hide a device).
     MaskedName,
+    /// A process is in it; the bind is of a node made with mknod outside the device filesystem
+    /// (its name there names nothing), with a tmpfs laid over the bind's directory.
+    MknodCovered,
+    /// The same, with a file bound over the bind itself.
+    MknodStacked,
+    /// `MknodCovered` with every mount of the namespace shared (made so after the cover): a
+    /// copy of the namespace is a peer of it, and an unmount in the copy would reach it.
+    MknodSharedCover,
+    /// `MknodCovered` in a namespace a user namespace owns: a copy of it made from outside has
+    /// every mount locked, the cover included.
+    MknodInUserNs,
 }
 
-pub const EVERY_WAY: [How; 14] = [
+pub const EVERY_WAY: [How; 16] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -88,6 +99,8 @@ pub const EVERY_WAY: [How; 14] = [
     How::LongPath,
     How::ShadowedName,
     How::MaskedName,
+    How::MknodCovered,
+    How::MknodStacked,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -245,6 +258,28 @@ impl BoundElsewhere {
                 }
                 crate::sh(&format!("mount --bind /dev/null '{n}'"));
                 bound
+            }
+            How::MknodCovered | How::MknodSharedCover | How::MknodInUserNs => {
+                let node = at.with_extension("node");
+                mknod_like(source, &node);
+                let dir = at.with_extension("d").join("x");
+                std::fs::create_dir_all(&dir).expect("the bind's directory");
+                let mut then = format!(" && mount -t tmpfs ebs-test-cover '{}'", dir.display());
+                if matches!(how, How::MknodSharedCover) {
+                    then.push_str(" && mount --make-rshared /");
+                }
+                let user_ns = matches!(how, How::MknodInUserNs);
+                let mut bound =
+                    Self::spawned(keep, &node, &dir.join("tgt"), &then, user_ns, &|m| {
+                        m.contains(" - tmpfs ebs-test-cover ")
+                    });
+                bound.at = at.to_path_buf();
+                bound
+            }
+            How::MknodStacked => {
+                let node = at.with_extension("node");
+                mknod_like(source, &node);
+                Self::covered(keep, &node, at)
             }
             How::DeletedNode => {
                 let (bound, node, _made) = Self::dev_node_under_cover(keep, source, at);
@@ -470,8 +505,22 @@ impl BoundElsewhere {
         then: &str,
         done: &dyn Fn(&str) -> bool,
     ) -> BoundElsewhere {
+        Self::spawned(keep, source, at, then, false, done)
+    }
+
+    /// `with_process`, in a new user namespace too if `user_ns` (root in it is root outside).
+    fn spawned(
+        keep: &Path,
+        source: &Path,
+        at: &Path,
+        then: &str,
+        user_ns: bool,
+        done: &dyn Fn(&str) -> bool,
+    ) -> BoundElsewhere {
         std::fs::write(at, b"").expect("the bind's target file");
+        let user: &[&str] = if user_ns { &["-U", "-r"] } else { &[] };
         let child = Command::new("unshare")
+            .args(user)
             .args(["-m", "--propagation", "private", "sh", "-c"])
             .arg(format!(
                 "{}; mount --bind '{}' '{}'{then} && exec sleep 600",
@@ -509,6 +558,19 @@ impl BoundElsewhere {
             }
             Holder::Pinned { .. } | Holder::HeldOpen(_) => {
                 panic!("a namespace no process is in has no root to look through")
+            }
+        }
+    }
+
+    /// The other namespace's mount table, as its process sees it.
+    pub fn mountinfo(&self) -> String {
+        match &self.holder {
+            Holder::Process(child) | Holder::Tidy(child) | Holder::ProcessThen(child, _) => {
+                std::fs::read_to_string(format!("/proc/{}/mountinfo", child.id()))
+                    .expect("the holder's mount table")
+            }
+            Holder::Pinned { .. } | Holder::HeldOpen(_) => {
+                panic!("a namespace no process is in has no table to read here")
             }
         }
     }

@@ -3,7 +3,7 @@
 //! node-local handle never takes it. The agent's own mount table does not show that bind.
 
 use ebs_tests::csi_req::*;
-use ebs_tests::elsewhere::{BoundElsewhere, EVERY_WAY};
+use ebs_tests::elsewhere::{BoundElsewhere, EVERY_WAY, How};
 use ebs_tests::*;
 
 use tonic::Code;
@@ -62,6 +62,12 @@ async fn refused_in_every_way(agent: &Agent, scratch: &Scratch, label: &str) {
             "{label} {how:?}: a handle took a device another namespace binds raw"
         ));
         assert_eq!(e.code(), Code::FailedPrecondition, "{label} {how:?}: {e:?}");
+        // Told, not guessed: a bind no name tells is looked at with its covers off.
+        assert!(
+            !e.message().contains("cannot be told"),
+            "{label} {how:?}: {}",
+            e.message()
+        );
         assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
         assert_eq!(mounts, mounts_below(&agent.work), "the host changed");
         drop(theirs);
@@ -175,4 +181,49 @@ async fn a_removed_character_device_bound_elsewhere_blocks_nothing() {
         .await
         .expect("unstage");
     drop(theirs);
+}
+
+/// A bind no name tells is looked at in the agent's own copy of its namespace, with the mounts
+/// over it taken off there: never in the namespace itself, nor in its peers (its mounts shared:
+/// an unmount in a copy that stayed their peer would reach them). Where the kernel keeps the
+/// covers on (a copy of a user namespace's mounts has them locked), the device cannot be told:
+/// every device counts as used until the bind goes.
+#[tokio::test]
+async fn covers_come_off_only_in_the_agents_own_copy() {
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("covers_come_off_only_in_the_agents_own_copy") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-unveil");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    for (how, told) in [(How::MknodSharedCover, true), (How::MknodInUserNs, false)] {
+        let disk = crate::Disk::new(&scratch, &format!("d-{how:?}"), 64 << 20);
+        let theirs = BoundElsewhere::by(how, &scratch.path, &disk.dev, &scratch.join("ctr"));
+        let before = theirs.mountinfo();
+        let e = disk.stage_handle(&agent).await.expect_err(&format!(
+            "{how:?}: a handle took a device bound under a cover"
+        ));
+        assert_eq!(e.code(), Code::FailedPrecondition, "{how:?}: {e:?}");
+        assert_eq!(
+            e.message().contains("cannot be told"),
+            !told,
+            "{how:?}: {}",
+            e.message()
+        );
+        assert_eq!(
+            before,
+            theirs.mountinfo(),
+            "{how:?}: the holder's mounts changed"
+        );
+        theirs.end();
+        disk.stage_handle(&agent)
+            .await
+            .unwrap_or_else(|e| panic!("{how:?}: refused once the bind went: {e:?}"));
+        agent
+            .node()
+            .await
+            .node_unstage_volume(unstage_req(&disk.vol(), &agent.work.join("h/staging")))
+            .await
+            .expect("unstage");
+    }
 }

@@ -25,6 +25,7 @@ use super::Found;
 mod covered;
 mod listed;
 mod record;
+mod unveil;
 mod walk;
 
 use record::record;
@@ -210,11 +211,16 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
         .map_err(|e| std::io::Error::other(format!("its mount table: {e}")))?;
     let mut found = Found::default();
     let place = |mp: &Path| format!("{} (mount namespace {})", mp.display(), pin.at);
-    let nested = record(&mut found, &table, &dev_dir, &place)?;
+    let recorded = record(&mut found, &table, &dev_dir, &place);
+    let top = root_mount_id();
+    // The thread's last act: it leaves the namespace for a copy of it.
+    if !recorded.covered.is_empty() {
+        unveil::tell(&mut found, &proc_dir, &recorded.covered)?;
+    }
     Ok(Entered {
         found,
-        nested,
-        top: root_mount_id(),
+        nested: recorded.pins,
+        top,
     })
 }
 

@@ -6,9 +6,9 @@
 //! else proves no device is bound (a character device removed since, a directory). Where the
 //! mount point leads elsewhere (a mount laid over it, or over a directory above it), a node of
 //! the device filesystem is told by its name in the agent's /dev, if that name still names it
-//! (not deleted since, not reached through a mount on the agent's /dev); if it does not, the
-//! device cannot be told and the scan fails: every device counts as used until the bind goes
-//! (forty-fifth and forty-sixth fresh reviews; every way needs root).
+//! (not deleted since, not reached through a mount on the agent's /dev: forty-fifth and
+//! forty-sixth fresh reviews); any other bind is told in a copy of the namespace with the
+//! covers taken off (`unveil`).
 
 use std::fs::File;
 use std::io;
@@ -20,6 +20,7 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
 
 use super::Found;
+use super::unveil::Covered;
 use crate::mount::table::MountTable;
 use ebs_node_core::DevNum;
 
@@ -33,15 +34,25 @@ pub(super) enum Node {
     Missing,
 }
 
-/// Notes each mount of `table` and each bind of a device node in it; returns the namespaces
-/// with no process that the table pins.
+/// What one table showed beyond the devices it notes.
+#[derive(Default)]
+pub(super) struct Recorded {
+    /// The namespaces with no process that the table pins.
+    pub pins: Vec<(File, String)>,
+    /// The binds no mount point nor name tells, to be told in a copy of the namespace
+    /// (`unveil`).
+    pub covered: Vec<Covered>,
+}
+
+/// Notes each mount of `table` and each bind of a device node in it that its mount point or
+/// its name tells.
 pub(super) fn record(
     found: &mut Found,
     table: &MountTable,
     dev_dir: &File,
     place: &dyn Fn(&Path) -> String,
-) -> io::Result<Vec<(File, String)>> {
-    let mut pins = Vec::new();
+) -> Recorded {
+    let mut out = Recorded::default();
     for m in table.entries() {
         found
             .any
@@ -49,7 +60,8 @@ pub(super) fn record(
             .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
         if m.fs_type == "nsfs" && m.root.to_string_lossy().starts_with("mnt:[") {
             if let Ok(f) = File::open(&m.mount_point) {
-                pins.push((f, format!("pinned at {}", place(&m.mount_point))));
+                let at = format!("pinned at {}", place(&m.mount_point));
+                out.pins.push((f, at));
             }
             continue;
         }
@@ -68,17 +80,17 @@ pub(super) fn record(
             Seen::NotBlock => continue,
             Seen::Elsewhere => {}
         }
-        // Covered: a node of the device filesystem is then known by its name there alone.
-        if m.fs_type != "devtmpfs" {
-            continue;
-        }
-        match devtmpfs_node(dev_dir, &m.root, DevNum::new(m.major, m.minor)) {
-            Node::Block(devnum) => note_bind(found, devnum, &at),
-            Node::Other => {}
-            Node::Missing => return Err(untold(&at)),
+        // Covered: a node of the device filesystem is known by its name there, if the name
+        // still names it; any other is told in a copy of the namespace with the covers off.
+        let named = (m.fs_type == "devtmpfs")
+            .then(|| devtmpfs_node(dev_dir, &m.root, DevNum::new(m.major, m.minor)));
+        match named {
+            Some(Node::Block(devnum)) => note_bind(found, devnum, &at),
+            Some(Node::Other) => {}
+            Some(Node::Missing) | None => out.covered.push(Covered::of(m, at)),
         }
     }
-    Ok(pins)
+    out
 }
 
 /// What the node at `root` of the device filesystem (whose device is `devtmpfs`) is, looked up
@@ -120,8 +132,8 @@ pub(super) fn devtmpfs_node(dev_dir: &File, root: &Path, devtmpfs: DevNum) -> No
 /// The error of a bind whose device cannot be told.
 pub(super) fn untold(at: &str) -> io::Error {
     io::Error::other(format!(
-        "a device node no longer in /dev (or below a mount there) is {at}, and its mount point \
-         leads elsewhere: the device cannot be told, so every device counts as used"
+        "the node {at} cannot be told (its mount point leads elsewhere, and no name of it in \
+         /dev is sure): every device counts as used until it goes"
     ))
 }
 

@@ -1,0 +1,198 @@
+//! Binds whose mount point leads elsewhere (a mount laid over the bind, or over a directory
+//! above it) and whose node no name tells: a node made with mknod outside the device filesystem
+//! (a forty-seventh fresh review's F1, the thirty-second's F4: a stage took the device), or a
+//! device-filesystem node whose name no longer names it. They are told in a private copy of the
+//! namespace, made by the thread that entered it as its last act: the covers are lazily
+//! unmounted there, one at a time, until the mount point leads to the bind itself.
+//!
+//! The copy is the agent's alone: its mounts are made private before anything is unmounted, so
+//! no unmount reaches the namespace it was copied from (nor its peers), and it ends with the
+//! thread. A cover the kernel will not unmount (a mount locked by a user namespace's copy, with
+//! what it hides kept from a less privileged owner) leaves the bind untold: every device then
+//! counts as used until the bind goes.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{OFlag, openat};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::stat::Mode;
+
+use super::Found;
+use super::record::{note_bind, untold};
+use crate::mount::table::{MountEntry, MountTable};
+use ebs_node_core::DevNum;
+
+/// How many covers are taken off one bind before it counts as untold.
+const MAX_COVERS: usize = 64;
+
+/// A bind to tell in the copy: found by its place, its root and its filesystem's device, which
+/// name the same node in the copy (the copy shares the original's dentries).
+pub(super) struct Covered {
+    pub mount_point: PathBuf,
+    pub root: PathBuf,
+    pub dev: DevNum,
+    pub at: String,
+}
+
+impl Covered {
+    pub fn of(m: &MountEntry, at: String) -> Self {
+        Covered {
+            mount_point: m.mount_point.clone(),
+            root: m.root.clone(),
+            dev: DevNum::new(m.major, m.minor),
+            at,
+        }
+    }
+
+    fn is(&self, m: &MountEntry) -> bool {
+        m.mount_point == self.mount_point
+            && m.root == self.root
+            && DevNum::new(m.major, m.minor) == self.dev
+    }
+}
+
+/// Moves this thread (it must share no filesystem attributes, and must do nothing after) to a
+/// private copy of its mount namespace and tells each bind there. A bind gone from the copy
+/// binds nothing now.
+pub(super) fn tell(found: &mut Found, proc_dir: &File, covered: &[Covered]) -> io::Result<()> {
+    unshare(CloneFlags::CLONE_NEWNS)?;
+    let private = MsFlags::MS_REC | MsFlags::MS_PRIVATE;
+    mount(None::<&str>, "/", None::<&str>, private, None::<&str>)?;
+    for bind in covered {
+        let table = table(proc_dir)?;
+        let copies: Vec<u32> = table
+            .entries()
+            .iter()
+            .filter(|m| bind.is(m))
+            .map(|m| m.mount_id)
+            .collect();
+        for id in copies {
+            if let Some(devnum) = uncovered(proc_dir, id, &bind.mount_point)
+                .map_err(|e| io::Error::other(format!("{}: {e}", untold(&bind.at))))?
+            {
+                note_bind(found, devnum, &bind.at);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The block device the copy's mount `id` binds (`None`: no block device), once every mount
+/// laid over it is unmounted in the copy.
+fn uncovered(proc_dir: &File, id: u32, mount_point: &Path) -> io::Result<Option<DevNum>> {
+    for _ in 0..MAX_COVERS {
+        let reached = reach(mount_point)?;
+        if reached.mount_id == u64::from(id) {
+            return Ok(reached.block);
+        }
+        let table = table(proc_dir)?;
+        let cover = first_off_the_way(&table, id, reached.mount_id)?;
+        umount2(&cover, MntFlags::MNT_DETACH).map_err(|e| {
+            io::Error::other(format!(
+                "the mount over it at {} stays: {e}",
+                cover.display()
+            ))
+        })?;
+    }
+    Err(io::Error::other(format!(
+        "more than {MAX_COVERS} mounts over it"
+    )))
+}
+
+/// Where a walk of the bind's path goes astray: of the mounts the walk went through to the
+/// mount it reached (`reached`), the first that is not the bind nor a mount the bind is below;
+/// its mount point is a place on the bind's path reached through the bind's own ancestors.
+fn first_off_the_way(table: &MountTable, id: u32, reached: u64) -> io::Result<PathBuf> {
+    let by_id = |i: u64| table.entries().iter().find(|m| u64::from(m.mount_id) == i);
+    let mut way = HashSet::new();
+    let mut at = Some(u64::from(id));
+    while let Some(i) = at.filter(|i| way.insert(*i)) {
+        at = by_id(i).map(|m| u64::from(m.parent_id));
+    }
+    let mut off = by_id(reached).filter(|m| !way.contains(&u64::from(m.mount_id)));
+    for _ in 0..table.entries().len() {
+        let Some(m) = off else { break };
+        if way.contains(&u64::from(m.parent_id)) {
+            return Ok(m.mount_point.clone());
+        }
+        off = by_id(u64::from(m.parent_id));
+    }
+    Err(io::Error::other(
+        "its path leads to no mount laid over it (its mount point is gone or renamed)",
+    ))
+}
+
+/// What a walk of `path` reaches.
+struct Reached {
+    /// The mount of the last place the walk reached (the path's end, or where it stopped).
+    mount_id: u64,
+    /// The device node at the path's end, if it reached its end and that is a block device.
+    block: Option<DevNum>,
+}
+
+/// Walks `path` a component at a time, following no symbolic link (a cover may put one where a
+/// directory was); stops where a component cannot be reached.
+fn reach(path: &Path) -> io::Result<Reached> {
+    let parts: Vec<&std::ffi::OsStr> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    let mut at: OwnedFd = File::open("/")?.into();
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let dir = if last {
+            OFlag::empty()
+        } else {
+            OFlag::O_DIRECTORY
+        };
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | dir;
+        match openat(at.as_fd(), part.as_bytes(), flags, Mode::empty()) {
+            Ok(next) => at = next,
+            Err(_) => {
+                let (mount_id, _) = looked(&at)?;
+                return Ok(Reached {
+                    mount_id,
+                    block: None,
+                });
+            }
+        }
+    }
+    let (mount_id, block) = looked(&at)?;
+    Ok(Reached { mount_id, block })
+}
+
+/// The mount id of what `fd` is, and the device if it is a block device node.
+fn looked(fd: &OwnedFd) -> io::Result<(u64, Option<DevNum>)> {
+    use rustix::fs::{AtFlags as Flags, StatxFlags, statx};
+    let mask = StatxFlags::TYPE | StatxFlags::MNT_ID;
+    let flags = Flags::EMPTY_PATH | Flags::SYMLINK_NOFOLLOW | Flags::STATX_DONT_SYNC;
+    let st = statx(fd, "", flags, mask)?;
+    if !StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID) {
+        return Err(io::Error::other("no mount id from statx"));
+    }
+    let block = (u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFBLK)
+        .then(|| DevNum::new(st.stx_rdev_major, st.stx_rdev_minor));
+    Ok((st.stx_mnt_id, block))
+}
+
+/// The copy's table, as this thread sees it.
+fn table(proc_dir: &File) -> io::Result<MountTable> {
+    let fd = openat(
+        proc_dir.as_fd(),
+        "thread-self/mountinfo",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(&mut File::from(fd), &mut text)?;
+    MountTable::parse_bytes(&text).map_err(|e| io::Error::other(format!("its mount table: {e}")))
+}
