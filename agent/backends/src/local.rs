@@ -152,6 +152,16 @@ impl WithLocalVolumes {
         // Other loop devices over the same file show the same bytes: their mounts, binds and
         // claims are this device's too (a twenty-fourth fresh review's F1).
         let siblings = ebs_node_host::loopdev::stacking::siblings(devnum).map_err(|e| {
+            // A loop device with no file behind it is attached to nothing (a forty-eighth fresh
+            // review's F3: INTERNAL before).
+            if e.kind() == std::io::ErrorKind::NotFound {
+                return Error::DeviceNotAttached {
+                    backend: "node-local",
+                    volume: volume.to_string(),
+                    device: node.to_path_buf(),
+                    why: format!("no file is attached to the loop device ({e})"),
+                };
+            }
             Error::io(
                 format!("finding the loop devices beside {}", node.display()),
                 e,

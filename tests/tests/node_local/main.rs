@@ -17,6 +17,7 @@ mod owners;
 mod raw_use;
 mod rebuild;
 mod refusals;
+mod replaced;
 mod retries;
 mod siblings;
 mod stacked;

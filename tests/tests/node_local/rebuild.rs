@@ -57,7 +57,10 @@ async fn rebuilt_then_taken_down(
 
 /// kubelet's raw block layout for the handle `h` (staging and publication paths), with the
 /// `vol_data.json` that names it (`…/volumeDevices/<pv>/data/`).
-fn kubelet_block_layout(agent: &Agent, h: &Vol) -> (std::path::PathBuf, std::path::PathBuf) {
+pub(super) fn kubelet_block_layout(
+    agent: &Agent,
+    h: &Vol,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let devices = agent.work.join("plugins/kubernetes.io/csi/volumeDevices");
     std::fs::create_dir_all(devices.join("pv-h/data")).expect("kubelet's data dir");
     std::fs::write(

@@ -162,6 +162,14 @@ async fn bad_node_local_handles_change_nothing() {
         .await;
     }
 
+    // A loop device with no file behind it is attached to nothing: NOT_FOUND (a forty-eighth
+    // fresh review's F3: INTERNAL before). One of a number no other test takes, made and
+    // removed here.
+    let unbound = UnboundLoop::new();
+    let handle = format!("local-ebs://dev/loop{}", unbound.0);
+    refused(&agent, "unbound-loop", &handle, None, Code::NotFound).await;
+    drop(unbound);
+
     // A disk holding a filesystem mounted elsewhere: FAILED_PRECONDITION, still mounted there.
     let busy = Disk::new(&scratch, "busy", SIZE);
     sh(&format!("mkfs.ext4 -q -F {}", busy.dev.display()));
@@ -267,4 +275,33 @@ async fn partitions(agent: &Agent, scratch: &Scratch) {
     )
     .await;
     sh(&format!("umount {}", host_fs.display()));
+}
+
+/// A loop device with nothing attached, at a number of its own (`LOOP_CTL_ADD`), removed on
+/// drop.
+struct UnboundLoop(u32);
+
+impl UnboundLoop {
+    fn new() -> UnboundLoop {
+        let n = 3000 + std::process::id() % 1000;
+        sh(&format!(
+            "/usr/bin/python3 -c 'import fcntl, os; fd = os.open(\"/dev/loop-control\", os.O_RDWR); \
+             fcntl.ioctl(fd, 0x4C80, {n})' && for _ in $(seq 50); do [ -b /dev/loop{n} ] && break; \
+             sleep 0.1; done; [ -b /dev/loop{n} ]"
+        ));
+        UnboundLoop(n)
+    }
+}
+
+impl Drop for UnboundLoop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(format!(
+                "import fcntl, os; fd = os.open('/dev/loop-control', os.O_RDWR); \
+                 fcntl.ioctl(fd, 0x4C81, {})",
+                self.0
+            ))
+            .status();
+    }
 }

@@ -149,6 +149,18 @@ impl PathClaims {
         })
     }
 
+    /// The other volume whose recorded path `path` is, lies inside or lies above, if any: no
+    /// tear-down of `volume` takes anything away there, whatever it binds (a forty-eighth fresh
+    /// review's F1: a raw block staging rebuilt with no path took another volume's
+    /// publication down as its own replaced bind).
+    pub fn another_volumes(&self, volume: &str, path: &Path) -> Option<String> {
+        lock(&self.state)
+            .recorded
+            .iter()
+            .find(|(p, c)| c.volume != volume && nested(p, path))
+            .map(|(_, c)| c.volume.clone())
+    }
+
     /// The ledger now records `path` as `volume`'s.
     pub fn record(&self, volume: &str, path: &Path, usage: Use) {
         lock(&self.state).recorded.insert(

@@ -1,7 +1,9 @@
 //! Comparing device identities recorded in the journal with the ones found now.
 
+use super::NodeCtx;
 use super::backend::proves;
-use crate::records::DeviceIdentity;
+use crate::DevNum;
+use crate::records::{DeviceIdentity, StagedVolume};
 
 /// Whether two identities name the same volume. An unverified identity (Xen, no serial) cannot
 /// contradict anything: the backend logged that it could not verify. Otherwise they must prove
@@ -10,6 +12,20 @@ pub fn same_identity(recorded: &DeviceIdentity, now: &DeviceIdentity) -> bool {
     matches!(recorded, DeviceIdentity::Unverified)
         || matches!(now, DeviceIdentity::Unverified)
         || proves(recorded, now)
+}
+
+/// A device with no identity to prove is still the one staged while its numbers are the
+/// recorded ones and the attachment there is the one it was staged on: a detach and a new
+/// attach in between (a reboot, `losetup -d`, a forced detach) is another device, whatever it
+/// shows. Asked at start-up and by every door that hands the staged device out again (a
+/// forty-eighth fresh review's F2: a raw block publish gave a handle's pod another volume's
+/// device attached at the same numbers since).
+pub fn same_attachment(ctx: &NodeCtx, staged: &StagedVolume, devnum: DevNum) -> bool {
+    let Some(recorded) = staged.attachment.as_deref() else {
+        return false;
+    };
+    staged.devnum.map(DevNum::from) == Some(devnum)
+        && ctx.host.attachment(devnum).as_deref() == Some(recorded)
 }
 
 #[cfg(test)]

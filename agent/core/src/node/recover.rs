@@ -6,7 +6,6 @@
 //! finding. The daemon runs it for every recorded volume at start-up, under the volume's guard,
 //! and again for a volume that needs attention (`node::recovery`, `node::attention`).
 
-use crate::DevNum;
 use crate::ledger::{LedgerResult, LedgerWriter};
 use crate::records::{AccessRecord, DeviceIdentity, Durability, Progress, StagedVolume};
 
@@ -26,16 +25,11 @@ pub struct VolumeReport {
 }
 
 /// A device with no identity to prove is still the one staged while its recorded path shows
-/// its recorded numbers and the attachment it was staged on (a plain restart); a reboot or a
-/// detach and new attach in between is another attachment, whatever it shows.
+/// its recorded numbers and the attachment it was staged on (a plain restart).
 fn same_attachment(ctx: &NodeCtx, staged: &StagedVolume) -> bool {
-    let Some(recorded) = staged.attachment.as_deref() else {
-        return false;
-    };
-    ctx.host.block_devnum(&staged.device).is_ok_and(|devnum| {
-        staged.devnum.map(DevNum::from) == Some(devnum)
-            && ctx.host.attachment(devnum).as_deref() == Some(recorded)
-    })
+    ctx.host
+        .block_devnum(&staged.device)
+        .is_ok_and(|devnum| super::identity::same_attachment(ctx, staged, devnum))
 }
 
 /// Checks one volume's records against the host and completes or drops them. Runs under the

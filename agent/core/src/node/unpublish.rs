@@ -124,7 +124,8 @@ pub fn take_down(
         let found = holder(ctx, entry, expected)?;
         let own_bind = recorded
             && matches!(found, Holder::Foreign(_))
-            && binds_the_recorded_number(entry, expected)?;
+            && binds_the_recorded_number(entry, expected)?
+            && ctx.claims.another_volumes(&expected.volume, path).is_none();
         match found {
             Holder::Nothing => return Ok(unmounted),
             Holder::Foreign(found) if recorded && !unmounted && !own_bind => {

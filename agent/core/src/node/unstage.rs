@@ -26,10 +26,16 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         .take(vol.as_str(), staging_path, Use::Staging, false)?;
     let staged = ctx.ledger.staged(vol.as_str())?;
     // A raw block staging rebuilt from the mount table (`recover --from-mounts`) knows no staging
-    // path (nothing is mounted there): any unstage of the volume is its unstage.
+    // path (nothing is mounted there): any unstage of the volume is its unstage, but at a path
+    // the records give another volume.
     let recorded = staged.as_ref().is_some_and(|s| {
         s.staging_path == staging_path
-            || (s.staging_path.as_os_str().is_empty() && matches!(s.access, AccessRecord::Block))
+            || (s.staging_path.as_os_str().is_empty()
+                && matches!(s.access, AccessRecord::Block)
+                && ctx
+                    .claims
+                    .another_volumes(vol.as_str(), staging_path)
+                    .is_none())
     });
     let expected = Expected::of(ctx, vol.as_str(), staged.as_ref());
 
@@ -49,6 +55,11 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         });
     }
 
+    // Only at the recorded path itself is a bind of the recorded numbers the volume's own: a
+    // raw block staging mounts nothing at its staging path, and a rebuilt one knows no path.
+    let at_recorded_path = staged
+        .as_ref()
+        .is_some_and(|s| s.staging_path == staging_path);
     let journal = Journal::new(ctx, vol, Op::Unstage);
     let facts = detail([("staging", path_string(staging_path))]);
     let mut device = expected.recorded_devnum();
@@ -56,7 +67,14 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
         if let super::ownership::Holder::Volume(m) = holder(ctx, &*entry, &expected)? {
             device = Some(m.dev);
         }
-        take_down(ctx, &journal, &*entry, &expected, recorded, "staging mount")?;
+        take_down(
+            ctx,
+            &journal,
+            &*entry,
+            &expected,
+            at_recorded_path,
+            "staging mount",
+        )?;
     }
     let is_fs = staged
         .as_ref()

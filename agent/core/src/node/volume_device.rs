@@ -47,6 +47,15 @@ impl VolumeDevice {
     /// before device claims existed).
     pub fn hold_recorded(ctx: &NodeCtx, staged: &StagedVolume) -> Result<VolumeDevice> {
         let device = Self::hold_path(ctx, &staged.volume_id, &staged.device, &staged.identity)?;
+        if staged.identity == DeviceIdentity::Unverified
+            && !super::identity::same_attachment(ctx, staged, device.devnum())
+        {
+            return Err(device.wrong(
+                "another attachment is at its numbers now (the device it was staged on was \
+                 detached since, and another attached)"
+                    .into(),
+            ));
+        }
         if let Some(owner) =
             super::device_claim::node_owner(&*ctx.ledger, &device.identity, Some(device.devnum()))?
             && owner != staged.volume_id

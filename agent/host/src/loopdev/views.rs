@@ -125,9 +125,10 @@ pub fn siblings_of(devnum: DevNum) -> io::Result<Vec<DevNum>> {
     // A partition of a loop device (`max_part`) shows its disk's file: the disk is looked up.
     let whole = crate::raw_use::disk_family(devnum).0;
     let Some(own) = loops.iter().find(|l| l.devnum == whole) else {
-        return Err(io::Error::other(format!(
-            "{devnum} is no loop device the walk of the loop devices found"
-        )));
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{devnum} is no loop device the walk of the loop devices found"),
+        ));
     };
     if own.hung {
         return Err(io::Error::other(format!(

@@ -13,6 +13,7 @@ mod publish;
 mod read_only;
 mod reclaim;
 mod recover;
+mod replaced;
 mod rng;
 mod sim;
 mod stacked;
