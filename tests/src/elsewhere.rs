@@ -82,9 +82,15 @@ pub enum How {
     /// `MknodCovered` in a namespace a user namespace owns: a copy of it made from outside has
     /// every mount locked, the cover included.
     MknodInUserNs,
+    /// A process is in it; the bind lies below a bind of a tmpfs's directory `sub`, and the
+    /// directory holding it was renamed out of `sub` through the tmpfs's own mount: no path
+    /// reaches its mount point, so no table shows it.
+    RenamedAway,
+    /// The same with a node made with mknod outside the device filesystem: it cannot be told.
+    MknodRenamedAway,
 }
 
-pub const EVERY_WAY: [How; 16] = [
+pub const EVERY_WAY: [How; 17] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -101,6 +107,7 @@ pub const EVERY_WAY: [How; 16] = [
     How::MaskedName,
     How::MknodCovered,
     How::MknodStacked,
+    How::RenamedAway,
 ];
 
 /// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
@@ -276,6 +283,16 @@ impl BoundElsewhere {
                 bound.at = at.to_path_buf();
                 bound
             }
+            How::RenamedAway | How::MknodRenamedAway => {
+                let node = at.with_extension("node");
+                let source = if matches!(how, How::MknodRenamedAway) {
+                    mknod_like(source, &node);
+                    node.as_path()
+                } else {
+                    source
+                };
+                Self::renamed_away(keep, source, at)
+            }
             How::MknodStacked => {
                 let node = at.with_extension("node");
                 mknod_like(source, &node);
@@ -447,6 +464,40 @@ impl BoundElsewhere {
         );
         bound.at = at.to_path_buf();
         (bound, node, made)
+    }
+
+    /// `How::RenamedAway`: `source` bound at `P/dir/node`, where `P` binds `T/sub` of a tmpfs
+    /// at `T`, then `T/sub/dir` renamed to `T/dir`.
+    fn renamed_away(keep: &Path, source: &Path, at: &Path) -> BoundElsewhere {
+        let (t, p) = (at.with_extension("t"), at.with_extension("p"));
+        let ready = at.with_extension("ready");
+        std::fs::create_dir_all(&t).expect("T");
+        std::fs::create_dir_all(&p).expect("P");
+        let (t, p, s, r) = (t.display(), p.display(), source.display(), ready.display());
+        let child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "{}; mount -t tmpfs ebs-test-t '{t}' && mkdir -p '{t}/sub/dir' && \
+                 : > '{t}/sub/dir/node' && mount --bind '{t}/sub' '{p}' && \
+                 mount --bind '{s}' '{p}/dir/node' && mv '{t}/sub/dir' '{t}/dir' && \
+                 : > '{r}' && exec sleep 600",
+                crate::drop_other_tests_mounts(keep)
+            ))
+            .spawn()
+            .expect("unshare");
+        let bound = BoundElsewhere {
+            holder: Holder::Process(child),
+            at: at.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the renamed-away bind was not made"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bound
     }
 
     /// `keep`: the calling test's scratch directory (the copies of the other tests' mounts are

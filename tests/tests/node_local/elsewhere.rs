@@ -186,8 +186,9 @@ async fn a_removed_character_device_bound_elsewhere_blocks_nothing() {
 /// A bind no name tells is looked at in the agent's own copy of its namespace, with the mounts
 /// over it taken off there: never in the namespace itself, nor in its peers (its mounts shared:
 /// an unmount in a copy that stayed their peer would reach them). Where the kernel keeps the
-/// covers on (a copy of a user namespace's mounts has them locked), the device cannot be told:
-/// every device counts as used until the bind goes.
+/// covers on (a copy of a user namespace's mounts has them locked), or where no path reaches
+/// the bind (renamed away), a node outside the device filesystem cannot be told: every device
+/// counts as used until the bind goes.
 #[tokio::test]
 async fn covers_come_off_only_in_the_agents_own_copy() {
     let _ns = crate::NAMESPACE_COPY.write().await;
@@ -196,7 +197,11 @@ async fn covers_come_off_only_in_the_agents_own_copy() {
     }
     let scratch = Scratch::new("node-local-unveil");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    for (how, told) in [(How::MknodSharedCover, true), (How::MknodInUserNs, false)] {
+    for (how, told) in [
+        (How::MknodSharedCover, true),
+        (How::MknodInUserNs, false),
+        (How::MknodRenamedAway, false),
+    ] {
         let disk = crate::Disk::new(&scratch, &format!("d-{how:?}"), 64 << 20);
         let theirs = BoundElsewhere::by(how, &scratch.path, &disk.dev, &scratch.join("ctr"));
         let before = theirs.mountinfo();

@@ -113,10 +113,17 @@ impl Uses {
 
 /// The devices stacked on the device (device mapper, md), if any.
 fn holders(devnum: DevNum) -> Option<String> {
-    let names: Vec<String> = std::fs::read_dir(format!("/sys/dev/block/{devnum}/holders"))
+    // A list that cannot be read counts as a holder: nothing is taken on a read that failed
+    // (the agent's files run out).
+    let names = match std::fs::read_dir(format!("/sys/dev/block/{devnum}/holders"))
+        .and_then(|d| d.collect::<std::io::Result<Vec<_>>>())
+    {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Some(format!("(its holders could not be read: {e})")),
+    };
+    let names: Vec<String> = names
         .into_iter()
-        .flatten()
-        .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     (!names.is_empty()).then(|| names.join(", "))

@@ -3,9 +3,9 @@
 //! sees only what its root, the top of the mounts stacked on the namespace's root, reaches.
 //!
 //! Only the facts a device's use needs are asked (the superblock's device, the filesystem's type,
-//! the mount's parent, and the path inside the filesystem for the device filesystem's binds):
-//! never the mount point, whose length a user namespace's deep directories make unbounded
-//! (an answer past 1 MiB failed every scan: a forty-fifth fresh review's F5).
+//! the mount's parent and old id, and the path inside the filesystem, up to 64 KiB): never the
+//! mount point, whose length a user namespace's deep directories make unbounded (an answer past
+//! 1 MiB failed every scan: a forty-fifth fresh review's F5).
 //!
 //! FFI: the syscalls and `struct mnt_id_req` v1 are mirrored here (libc has neither).
 
@@ -24,6 +24,7 @@ use crate::sandbox::{self, Newer};
 const SYS_LISTMOUNT: libc::c_long = 458;
 const OFF_MNT_ID: usize = 40;
 const OFF_MNT_PARENT_ID: usize = 48;
+const OFF_MNT_ID_OLD: usize = 56;
 /// The largest answer taken: a path inside the device filesystem is short.
 const MAX_ANSWER: usize = 64 << 10;
 
@@ -47,8 +48,8 @@ pub struct Mount {
     pub parent: u64,
     pub dev: DevNum,
     pub fs_type: String,
-    /// The path inside the filesystem, for the device filesystem's mounts only (a bind of a
-    /// device node has the node there).
+    /// The path inside the filesystem (a bind of a device node has the node there); `None`
+    /// where it is longer than an answer is taken (then it is no filesystem's "/").
     pub root: Option<PathBuf>,
 }
 
@@ -67,18 +68,34 @@ pub fn mount_of(mnt_id: u64, ns_id: u64) -> io::Result<Option<Mount>> {
         return Ok(None);
     };
     let mut m = parse(&basic)?;
-    if m.fs_type == "devtmpfs" {
-        let Some(with_root) = ask(mnt_id, ns_id, STATMOUNT_MNT_ROOT)? else {
-            return Ok(None);
-        };
-        if u64_at(&with_root, OFF_MASK) & STATMOUNT_MNT_ROOT == 0 {
-            return Err(bad("the kernel left out the mount's root"));
-        }
-        use std::os::unix::ffi::OsStringExt;
-        let root = string_at(&with_root, OFF_MNT_ROOT)?;
-        m.root = Some(PathBuf::from(std::ffi::OsString::from_vec(root)));
+    let with_root = match ask(mnt_id, ns_id, STATMOUNT_MNT_ROOT) {
+        Ok(Some(with_root)) => with_root,
+        Ok(None) => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::EOVERFLOW) => return Ok(Some(m)),
+        Err(e) => return Err(e),
+    };
+    if u64_at(&with_root, OFF_MASK) & STATMOUNT_MNT_ROOT == 0 {
+        return Err(bad("the kernel left out the mount's root"));
     }
+    use std::os::unix::ffi::OsStringExt;
+    let root = string_at(&with_root, OFF_MNT_ROOT)?;
+    m.root = Some(PathBuf::from(std::ffi::OsString::from_vec(root)));
     Ok(Some(m))
+}
+
+/// The old (32-bit, `/proc/*/mountinfo`'s) id of the mount `mnt_id` of the namespace `ns_id`
+/// (0: the caller's); `Ok(None)`: not available here. ENOENT: the mount is gone.
+pub fn old_id_of(mnt_id: u64, ns_id: u64) -> io::Result<Option<u32>> {
+    if !sandbox::usable(Newer::Statmount) {
+        return Ok(None);
+    }
+    let Some(basic) = ask(mnt_id, ns_id, STATMOUNT_MNT_BASIC)? else {
+        return Ok(None);
+    };
+    if basic.len() < HEAD || u64_at(&basic, OFF_MASK) & STATMOUNT_MNT_BASIC == 0 {
+        return Err(bad("the kernel left out the mount's ids"));
+    }
+    Ok(Some(u32_at(&basic, OFF_MNT_ID_OLD)))
 }
 
 /// Every mount of the namespace `ns_id` below the mount `root_id` (its whole tree, in id order),

@@ -48,20 +48,37 @@ pub(super) fn read(
     let dev_dir = File::open("/dev")?;
     let place = format!("mount namespace {at}, below a mount over its root");
     for m in hidden {
-        found
-            .any
-            .entry(m.dev)
-            .or_insert_with(|| format!("mounted ({place})"));
-        let Some(root) = m.root.as_deref().filter(|r| *r != Path::new("/")) else {
-            continue;
-        };
-        let at = format!("bound at {} ({place})", root.display());
-        // No mount point to look at here: the name alone tells the device (`record`).
-        match devtmpfs_node(&dev_dir, root, m.dev) {
-            Node::Block(devnum) => note_bind(found, devnum, &at),
-            Node::Other => {}
-            Node::Missing => return Err(untold(&at)),
-        }
+        tell_hidden(found, &dev_dir, &m, &place)?;
+    }
+    Ok(())
+}
+
+/// Notes a mount no path of its namespace reaches (`place` says why): its device, and the node
+/// it binds, told by its name in the device filesystem; any other bind cannot be told (there is
+/// no path to look through), and fails the scan.
+pub(super) fn tell_hidden(
+    found: &mut Found,
+    dev_dir: &File,
+    m: &Mount,
+    place: &str,
+) -> std::io::Result<()> {
+    found
+        .any
+        .entry(m.dev)
+        .or_insert_with(|| format!("mounted ({place})"));
+    // A root too long to be asked is no filesystem's "/": a bind.
+    let root = m.root.as_deref().unwrap_or(Path::new("//"));
+    if root == Path::new("/") {
+        return Ok(());
+    }
+    let at = format!("bound at {} ({place})", root.display());
+    if m.fs_type != "devtmpfs" {
+        return Err(untold(&at));
+    }
+    match devtmpfs_node(dev_dir, root, m.dev) {
+        Node::Block(devnum) => note_bind(found, devnum, &at),
+        Node::Other => {}
+        Node::Missing => return Err(untold(&at)),
     }
     Ok(())
 }

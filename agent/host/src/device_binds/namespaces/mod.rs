@@ -25,6 +25,7 @@ use super::Found;
 mod covered;
 mod listed;
 mod record;
+mod unreachable;
 mod unveil;
 mod walk;
 
@@ -108,9 +109,8 @@ pub(super) fn scan() -> Result<Found, String> {
         ..Namespaces::default()
     };
     // This agent's own namespace first.
-    if let Ok(f) = File::open(own_ns) {
-        spaces.pin(f, "this agent's".into())?;
-    }
+    let own = File::open(own_ns).map_err(|e| format!("this agent's mount namespace: {e}"))?;
+    spaces.pin(own, "this agent's".into())?;
     read_all(&mut found, &mut spaces)?;
     let listed = listed::read_every(&mut found, &mut spaces)?;
     // Every thread's namespace is read where it is when the walk comes to it, even with the
@@ -199,6 +199,8 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
     let dev_dir = File::open("/dev")?;
     unshare(CloneFlags::CLONE_FS)?;
     setns(pin.ns.as_fd(), CloneFlags::CLONE_NEWNS)?;
+    let top = root_mount_id();
+    let listed = unreachable::listed(top)?;
     let fd = openat(
         proc_dir.as_fd(),
         "thread-self/mountinfo",
@@ -212,7 +214,14 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
     let mut found = Found::default();
     let place = |mp: &Path| format!("{} (mount namespace {})", mp.display(), pin.at);
     let recorded = record(&mut found, &table, &dev_dir, &place);
-    let top = root_mount_id();
+    if let Some(why) = recorded.failed {
+        return Err(std::io::Error::other(format!(
+            "a namespace pinned at {why}"
+        )));
+    }
+    if let Some(listed) = listed {
+        unreachable::read(&mut found, &listed, &table, &dev_dir, &pin.at)?;
+    }
     // The thread's last act: it leaves the namespace for a copy of it.
     if !recorded.covered.is_empty() {
         unveil::tell(&mut found, &proc_dir, &recorded.covered)?;

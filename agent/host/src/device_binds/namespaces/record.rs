@@ -42,6 +42,8 @@ pub(super) struct Recorded {
     /// The binds no mount point nor name tells, to be told in a copy of the namespace
     /// (`unveil`).
     pub covered: Vec<Covered>,
+    /// A namespace the table pins that could not be opened.
+    pub failed: Option<String>,
 }
 
 /// Notes each mount of `table` and each bind of a device node in it that its mount point or
@@ -59,9 +61,15 @@ pub(super) fn record(
             .entry(DevNum::new(m.major, m.minor))
             .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
         if m.fs_type == "nsfs" && m.root.to_string_lossy().starts_with("mnt:[") {
-            if let Ok(f) = File::open(&m.mount_point) {
-                let at = format!("pinned at {}", place(&m.mount_point));
-                out.pins.push((f, at));
+            // A pin that cannot be opened (the agent's files run out) fails the scan, which
+            // would pass over its namespace; one unmounted since pins nothing.
+            match File::open(&m.mount_point) {
+                Ok(f) => {
+                    let at = format!("pinned at {}", place(&m.mount_point));
+                    out.pins.push((f, at));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => out.failed = Some(format!("{}: {e}", place(&m.mount_point))),
             }
             continue;
         }

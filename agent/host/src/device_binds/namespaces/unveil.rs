@@ -58,8 +58,9 @@ impl Covered {
 }
 
 /// Moves this thread (it must share no filesystem attributes, and must do nothing after) to a
-/// private copy of its mount namespace and tells each bind there. A bind gone from the copy
-/// binds nothing now.
+/// private copy of its mount namespace and tells each bind there. A bind the copy shows
+/// nowhere cannot be told: its place may have been renamed since the table was read (a
+/// forty-ninth fresh review's F2: a rename loop got a stage through), so the scan fails.
 pub(super) fn tell(found: &mut Found, proc_dir: &File, covered: &[Covered]) -> io::Result<()> {
     unshare(CloneFlags::CLONE_NEWNS)?;
     let private = MsFlags::MS_REC | MsFlags::MS_PRIVATE;
@@ -72,6 +73,12 @@ pub(super) fn tell(found: &mut Found, proc_dir: &File, covered: &[Covered]) -> i
             .filter(|m| bind.is(m))
             .map(|m| m.mount_id)
             .collect();
+        if copies.is_empty() {
+            return Err(io::Error::other(format!(
+                "{}: its place changed since the table was read",
+                untold(&bind.at)
+            )));
+        }
         for id in copies {
             if let Some(devnum) = uncovered(proc_dir, id, &bind.mount_point)
                 .map_err(|e| io::Error::other(format!("{}: {e}", untold(&bind.at))))?

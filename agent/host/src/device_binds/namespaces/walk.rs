@@ -17,11 +17,15 @@ pub(super) fn read_every(
     spaces: &mut Namespaces,
     open_files: bool,
 ) -> Result<(), String> {
-    let pids = std::fs::read_dir("/proc")
+    // Every error but a process gone fails the scan: a walk cut short by the agent's files
+    // running out (a user holding thousands of namespaces open: a forty-fifth fresh review's
+    // F7) passed over what it had not reached yet.
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .and_then(|d| d.collect::<std::io::Result<Vec<_>>>())
+        .map_err(|e| format!("the processes in /proc: {e}"))?
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .collect();
     // This agent's own threads are in its namespace (it never makes one) or, for a moment,
     // in one a scan entered, and the namespace files it holds are its scans': the namespaces
     // of other processes. Its own hundred files and threads are not looked at on every scan.
@@ -30,16 +34,22 @@ pub(super) fn read_every(
         .ok()
         .and_then(|p| p.to_str()?.parse::<u32>().ok());
 
-    for pid in pids.filter(|p| Some(*p) != own) {
+    for pid in pids.into_iter().filter(|p| Some(*p) != own) {
         let proc_dir = Path::new("/proc").join(pid.to_string());
         if open_files {
             held_open(&proc_dir, spaces)?;
         }
-        for task in std::fs::read_dir(proc_dir.join("task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        let tasks = match std::fs::read_dir(proc_dir.join("task")) {
+            Ok(tasks) => tasks,
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(format!("the threads of pid {pid}: {e}")),
+        };
+        for task in tasks {
+            let task = match task {
+                Ok(task) => task,
+                Err(e) if gone(&e) => continue,
+                Err(e) => return Err(format!("the threads of pid {pid}: {e}")),
+            };
             let link = task.path().join("ns/mnt");
             if spaces.known(&link) {
                 continue;
@@ -88,7 +98,12 @@ fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
         Err(e) if gone(&e) || e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
         Err(e) => return Err(format!("the open files of {}: {e}", proc_dir.display())),
     };
-    for e in fds.flatten() {
+    for e in fds {
+        let e = match e {
+            Ok(e) => e,
+            Err(e) if gone(&e) => return Ok(()),
+            Err(e) => return Err(format!("the open files of {}: {e}", proc_dir.display())),
+        };
         // An fd closed meanwhile is not a namespace held open. A process whose fds are closed to
         // this agent (one of a user namespace above it) shows none of them.
         let (dev, ino) = match crate::nsfs::cached_file_id(&e.path()) {
@@ -103,8 +118,12 @@ fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
         {
             continue;
         }
-        let Ok(f) = File::open(e.path()) else {
-            continue;
+        let f = match File::open(e.path()) {
+            Ok(f) => f,
+            // Closed since it was listed.
+            Err(err) if gone(&err) => continue,
+            Err(err) if err.raw_os_error() == Some(libc::EACCES) => return Ok(()),
+            Err(err) => return Err(format!("{}: {err}", e.path().display())),
         };
         if crate::nsfs::is_mount_namespace(f.as_fd()) {
             spaces.pin(f, format!("{} (held open)", e.path().display()))?;
