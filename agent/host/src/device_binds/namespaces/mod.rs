@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -25,6 +25,7 @@ use super::Found;
 mod covered;
 mod listed;
 mod record;
+mod settle;
 mod unreachable;
 mod unveil;
 mod walk;
@@ -59,6 +60,8 @@ struct Namespaces {
     /// go passed over a new namespace that took it: a bind's holder moved into a copy of its
     /// namespace as the number of one already read came free (a forty-fourth fresh review's F2).
     kept: Vec<OwnedFd>,
+    /// The table of every namespace read, open since just before it was read (`settle`).
+    watched: Vec<settle::Watched>,
 }
 
 impl Namespaces {
@@ -120,6 +123,7 @@ pub(super) fn scan() -> Result<Found, String> {
     // ahead of it (a forty-fourth fresh review's F1). The open files need no walk when the list
     // is taken: every namespace a file keeps alive is on it.
     walk::read_every(&mut found, &mut spaces, !listed)?;
+    settle::read_changed(&mut found, &mut spaces)?;
     Ok(found)
 }
 
@@ -133,31 +137,47 @@ fn read_all(found: &mut Found, spaces: &mut Namespaces) -> Result<(), String> {
         if !spaces.read.insert(ino) {
             continue;
         }
-        let entered = std::thread::scope(|s| s.spawn(|| enter(&pin)).join());
-        let Entered {
-            found: mut theirs,
-            nested,
-            top,
-        } = match entered {
-            Ok(Ok(read)) => read,
-            Ok(Err(e)) => return Err(format!("the mount namespace {}: {e}", pin.at)),
-            Err(_) => return Err(format!("the mount namespace {}", pin.at)),
-        };
-        covered::read(&mut theirs, pin.ns.as_fd(), top, &pin.at)
-            .map_err(|e| format!("the mounts of the mount namespace {}: {e}", pin.at))?;
-        for (devnum, at) in theirs.any {
-            found.any.entry(devnum).or_insert(at);
-        }
-        for (devnum, at) in theirs.bound {
-            found.bound.entry(devnum).or_insert(at);
-        }
+        let (table, nested) = read_one(found, pin.ns.as_fd(), &pin.at)?;
         for (f, at) in nested {
             spaces.pin(f, at)?;
         }
+        spaces.watched.push(settle::Watched {
+            table,
+            ns: spaces.kept.len(),
+            at: pin.at,
+        });
         spaces.kept.push(pin.ns);
     }
     Ok(())
 }
+
+/// Reads the namespace `ns` (`at` says whose) into `found`: its table file, open since just
+/// before the table was read, and the namespaces with no process the table pins.
+fn read_one(found: &mut Found, ns: BorrowedFd<'_>, at: &str) -> Result<ReadOne, String> {
+    let entered = std::thread::scope(|s| s.spawn(|| enter(ns, at)).join());
+    let Entered {
+        found: mut theirs,
+        nested,
+        top,
+        table,
+    } = match entered {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) => return Err(format!("the mount namespace {at}: {e}")),
+        Err(_) => return Err(format!("the mount namespace {at}")),
+    };
+    covered::read(&mut theirs, ns, top, at)
+        .map_err(|e| format!("the mounts of the mount namespace {at}: {e}"))?;
+    for (devnum, at) in theirs.any {
+        found.any.entry(devnum).or_insert(at);
+    }
+    for (devnum, at) in theirs.bound {
+        found.bound.entry(devnum).or_insert(at);
+    }
+    Ok((table, nested))
+}
+
+/// A namespace's table file, and the namespaces its table pins.
+type ReadOne = (File, Vec<(File, String)>);
 
 /// Why this agent cannot see every process on the host, if it cannot: it runs as a container's
 /// first process in a PID namespace of its own (a pod without `hostPID`, a Nomad task without
@@ -186,19 +206,22 @@ struct Entered {
     nested: Vec<(File, String)>,
     /// The unique id of the mount that is the entering thread's root (Linux 6.8).
     top: Option<u64>,
+    /// The table's file, opened before it was read: the kernel says through it whether the
+    /// namespace's mounts changed since (`settle`).
+    table: File,
 }
 
 /// In a thread of its own: enters the pinned namespace and reads its table there (paths then
 /// resolve in it); also says which mount the thread's root is. The thread ends after; nothing
 /// else runs in it.
-fn enter(pin: &Pinned) -> std::io::Result<Entered> {
+fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
     // Opened before entering: the table is the one of the namespace this thread is in when it
     // opens the file, through the agent's own /proc; device-filesystem names are looked up in
     // the agent's own /dev (a container's /dev is often a tmpfs of its own).
     let proc_dir = File::open("/proc")?;
     let dev_dir = File::open("/dev")?;
     unshare(CloneFlags::CLONE_FS)?;
-    setns(pin.ns.as_fd(), CloneFlags::CLONE_NEWNS)?;
+    setns(ns, CloneFlags::CLONE_NEWNS)?;
     let top = root_mount_id();
     let listed = unreachable::listed(top)?;
     let fd = openat(
@@ -207,12 +230,13 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
+    let mut table_file = File::from(fd);
     let mut text = Vec::new();
-    std::io::Read::read_to_end(&mut File::from(fd), &mut text)?;
+    std::io::Read::read_to_end(&mut table_file, &mut text)?;
     let table = MountTable::parse_bytes(&text)
         .map_err(|e| std::io::Error::other(format!("its mount table: {e}")))?;
     let mut found = Found::default();
-    let place = |mp: &Path| format!("{} (mount namespace {})", mp.display(), pin.at);
+    let place = |mp: &Path| format!("{} (mount namespace {at})", mp.display());
     let recorded = record(&mut found, &table, &dev_dir, &place);
     if let Some(why) = recorded.failed {
         return Err(std::io::Error::other(format!(
@@ -220,7 +244,7 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
         )));
     }
     if let Some(listed) = listed {
-        unreachable::read(&mut found, &listed, &table, &dev_dir, &pin.at)?;
+        unreachable::read(&mut found, &listed, &table, &dev_dir, at)?;
     }
     // The thread's last act: it leaves the namespace for a copy of it.
     if !recorded.covered.is_empty() {
@@ -230,6 +254,7 @@ fn enter(pin: &Pinned) -> std::io::Result<Entered> {
         found,
         nested: recorded.pins,
         top,
+        table: table_file,
     })
 }
 
