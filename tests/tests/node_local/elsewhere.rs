@@ -174,12 +174,7 @@ async fn a_removed_character_device_bound_elsewhere_blocks_nothing() {
     if let Err(e) = disk.stage_handle(&agent).await {
         panic!("a free disk refused while a removed character device is bound elsewhere: {e:?}");
     }
-    agent
-        .node()
-        .await
-        .node_unstage_volume(unstage_req(&disk.vol(), &agent.work.join("h/staging")))
-        .await
-        .expect("unstage");
+    disk.unstage_handle(&agent).await.expect("unstage");
     drop(theirs);
 }
 
@@ -224,11 +219,6 @@ async fn covers_come_off_only_in_the_agents_own_copy() {
         disk.stage_handle(&agent)
             .await
             .unwrap_or_else(|e| panic!("{how:?}: refused once the bind went: {e:?}"));
-        agent
-            .node()
-            .await
-            .node_unstage_volume(unstage_req(&disk.vol(), &agent.work.join("h/staging")))
-            .await
-            .expect("unstage");
+        disk.unstage_handle(&agent).await.expect("unstage");
     }
 }

@@ -115,14 +115,7 @@ async fn a_bind_hopping_between_namespaces_as_the_scan_moves_keeps_its_device() 
         match disk.stage_handle(&agent).await {
             Err(e) => assert_eq!(e.code(), Code::FailedPrecondition, "{attempt}: {e:?}"),
             Ok(()) => {
-                let _ = agent
-                    .node()
-                    .await
-                    .node_unstage_volume(csi_req::unstage_req(
-                        &disk.vol(),
-                        &agent.work.join("h/staging"),
-                    ))
-                    .await;
+                let _ = disk.unstage_handle(&agent).await;
                 panic!("attempt {attempt}: a handle took a device bound at every moment");
             }
         }

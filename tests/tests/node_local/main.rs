@@ -57,6 +57,19 @@ impl Disk {
             .map(|_| ())
     }
 
+    /// The unstage of `stage_handle`'s stage.
+    pub async fn unstage_handle(&self, agent: &Agent) -> Result<(), tonic::Status> {
+        agent
+            .node()
+            .await
+            .node_unstage_volume(csi_req::unstage_req(
+                &self.vol(),
+                &agent.work.join("h/staging"),
+            ))
+            .await
+            .map(|_| ())
+    }
+
     pub fn new(scratch: &Scratch, name: &str, size: u64) -> Disk {
         let img = scratch.join(&format!("{name}.img"));
         sh(&format!("truncate -s {size} {}", img.display()));

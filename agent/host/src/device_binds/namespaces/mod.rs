@@ -224,17 +224,7 @@ fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
     setns(ns, CloneFlags::CLONE_NEWNS)?;
     let top = root_mount_id();
     let listed = unreachable::listed(top)?;
-    let fd = openat(
-        proc_dir.as_fd(),
-        "thread-self/mountinfo",
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    let mut table_file = File::from(fd);
-    let mut text = Vec::new();
-    std::io::Read::read_to_end(&mut table_file, &mut text)?;
-    let table = MountTable::parse_bytes(&text)
-        .map_err(|e| std::io::Error::other(format!("its mount table: {e}")))?;
+    let (table_file, table) = own_table(&proc_dir)?;
     let mut found = Found::default();
     let place = |mp: &Path| format!("{} (mount namespace {at})", mp.display());
     let recorded = record(&mut found, &table, &dev_dir, &place);
@@ -256,6 +246,23 @@ fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
         top,
         table: table_file,
     })
+}
+
+/// The table of the namespace this thread is in, through the agent's `/proc` (`proc_dir`), and
+/// its file, open since just before it was read.
+fn own_table(proc_dir: &File) -> std::io::Result<(File, MountTable)> {
+    let fd = openat(
+        proc_dir.as_fd(),
+        "thread-self/mountinfo",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut file = File::from(fd);
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut text)?;
+    let table = MountTable::parse_bytes(&text)
+        .map_err(|e| std::io::Error::other(format!("its mount table: {e}")))?;
+    Ok((file, table))
 }
 
 /// The unique id of the mount this thread's root is on (the top of the mounts stacked on its

@@ -19,9 +19,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::{OFlag, openat};
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::stat::Mode;
+use rustix::mount::{MountPropagationFlags, UnmountFlags, mount_change, unmount};
 
 use super::Found;
 use super::record::{note_bind, untold};
@@ -63,8 +63,10 @@ impl Covered {
 /// forty-ninth fresh review's F2: a rename loop got a stage through), so the scan fails.
 pub(super) fn tell(found: &mut Found, proc_dir: &File, covered: &[Covered]) -> io::Result<()> {
     unshare(CloneFlags::CLONE_NEWNS)?;
-    let private = MsFlags::MS_REC | MsFlags::MS_PRIVATE;
-    mount(None::<&str>, "/", None::<&str>, private, None::<&str>)?;
+    mount_change(
+        "/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )?;
     for bind in covered {
         let table = table(proc_dir)?;
         let copies: Vec<u32> = table
@@ -100,7 +102,7 @@ fn uncovered(proc_dir: &File, id: u32, mount_point: &Path) -> io::Result<Option<
         }
         let table = table(proc_dir)?;
         let cover = first_off_the_way(&table, id, reached.mount_id)?;
-        umount2(&cover, MntFlags::MNT_DETACH).map_err(|e| {
+        unmount(&cover, UnmountFlags::DETACH).map_err(|e| {
             io::Error::other(format!(
                 "the mount over it at {} stays: {e}",
                 cover.display()
@@ -193,13 +195,5 @@ fn looked(fd: &OwnedFd) -> io::Result<(u64, Option<DevNum>)> {
 
 /// The copy's table, as this thread sees it.
 fn table(proc_dir: &File) -> io::Result<MountTable> {
-    let fd = openat(
-        proc_dir.as_fd(),
-        "thread-self/mountinfo",
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    let mut text = Vec::new();
-    std::io::Read::read_to_end(&mut File::from(fd), &mut text)?;
-    MountTable::parse_bytes(&text).map_err(|e| io::Error::other(format!("its mount table: {e}")))
+    super::own_table(proc_dir).map(|(_, table)| table)
 }
