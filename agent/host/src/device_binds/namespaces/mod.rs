@@ -233,12 +233,15 @@ fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
             "a namespace pinned at {why}"
         )));
     }
-    if let Some(listed) = listed {
-        unreachable::read(&mut found, &listed, &table, &dev_dir, at)?;
-    }
+    let unique = match listed {
+        Some(listed) => unreachable::read(&mut found, &listed, &table, &dev_dir, at)?,
+        None => Default::default(),
+    };
     // The thread's last act: it leaves the namespace for a copy of it.
     if !recorded.covered.is_empty() {
-        unveil::tell(&mut found, &proc_dir, &recorded.covered)?;
+        let ns_id = crate::nsfs::mount_namespace_info(ns)?.map(|(id, _)| id);
+        let originals = unveil::Originals { ns_id, unique };
+        unveil::tell(&mut found, &proc_dir, &recorded.covered, &originals)?;
     }
     Ok(Entered {
         found,

@@ -10,7 +10,7 @@
 //! when asked. Before 6.11 (no namespace id in the request) the list is not taken here (docs/
 //! design.md, "Known and not yet refused").
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 
@@ -29,31 +29,36 @@ pub(super) fn listed(top: Option<u64>) -> io::Result<Option<Vec<u64>>> {
     }
 }
 
-/// Tells each mount of `listed` that `table` (read after) leaves out.
+/// Tells each mount of `listed` that `table` (read after) leaves out; returns the unique ids
+/// of the table's mounts, by their old ids.
 pub(super) fn read(
     found: &mut Found,
     listed: &[u64],
     table: &MountTable,
     dev_dir: &File,
     at: &str,
-) -> io::Result<()> {
+) -> io::Result<HashMap<u32, u64>> {
     let told: HashSet<u32> = table.entries().iter().map(|m| m.mount_id).collect();
+    let mut unique = HashMap::new();
     let place = format!("mount namespace {at}, where no path reaches it");
     for &id in listed {
         match foreign::old_id_of(id, 0) {
-            Ok(Some(old)) if told.contains(&old) => continue,
+            Ok(Some(old)) if told.contains(&old) => {
+                unique.insert(old, id);
+                continue;
+            }
             Ok(Some(_)) => {}
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(unique),
             // Unmounted since it was listed: it binds nothing now.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
             Err(e) => return Err(e),
         }
         match foreign::mount_of(id, 0) {
             Ok(Some(m)) => tell_hidden(found, dev_dir, &m, &place)?,
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(unique),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(unique)
 }
