@@ -88,6 +88,9 @@ pub enum How {
     RenamedAway,
     /// The same with a node made with mknod outside the device filesystem: it cannot be told.
     MknodRenamedAway,
+    /// What any user can make in a namespace of its own user namespace: `source` (a plain
+    /// file) bound below a tmpfs laid over its directory, and another renamed away.
+    UsersOwn,
 }
 
 pub const EVERY_WAY: [How; 17] = [
@@ -283,7 +286,7 @@ impl BoundElsewhere {
                 bound.at = at.to_path_buf();
                 bound
             }
-            How::RenamedAway | How::MknodRenamedAway => {
+            How::RenamedAway | How::MknodRenamedAway | How::UsersOwn => {
                 let node = at.with_extension("node");
                 let source = if matches!(how, How::MknodRenamedAway) {
                     mknod_like(source, &node);
@@ -291,7 +294,7 @@ impl BoundElsewhere {
                 } else {
                     source
                 };
-                Self::renamed_away(keep, source, at)
+                Self::renamed_away(keep, source, at, matches!(how, How::UsersOwn))
             }
             How::MknodStacked => {
                 let node = at.with_extension("node");
@@ -468,16 +471,28 @@ impl BoundElsewhere {
 
     /// `How::RenamedAway`: `source` bound at `P/dir/node`, where `P` binds `T/sub` of a tmpfs
     /// at `T`, then `T/sub/dir` renamed to `T/dir`.
-    fn renamed_away(keep: &Path, source: &Path, at: &Path) -> BoundElsewhere {
+    /// With `user_ns`, in a user namespace of its own too, with a second bind of `source`
+    /// below a tmpfs laid over its directory.
+    fn renamed_away(keep: &Path, source: &Path, at: &Path, user_ns: bool) -> BoundElsewhere {
         let (t, p) = (at.with_extension("t"), at.with_extension("p"));
         let ready = at.with_extension("ready");
         std::fs::create_dir_all(&t).expect("T");
         std::fs::create_dir_all(&p).expect("P");
         let (t, p, s, r) = (t.display(), p.display(), source.display(), ready.display());
+        let user: &[&str] = if user_ns { &["-U", "-r"] } else { &[] };
+        let covered = if user_ns {
+            format!(
+                "mkdir -p '{t}/c/d' && : > '{t}/c/d/f' && mount --bind '{s}' '{t}/c/d/f' && \
+                 mount -t tmpfs ebs-test-cover '{t}/c/d' && "
+            )
+        } else {
+            String::new()
+        };
         let child = Command::new("unshare")
+            .args(user)
             .args(["-m", "--propagation", "private", "sh", "-c"])
             .arg(format!(
-                "{}; mount -t tmpfs ebs-test-t '{t}' && mkdir -p '{t}/sub/dir' && \
+                "{}; mount -t tmpfs ebs-test-t '{t}' && {covered}mkdir -p '{t}/sub/dir' && \
                  : > '{t}/sub/dir/node' && mount --bind '{t}/sub' '{p}' && \
                  mount --bind '{s}' '{p}/dir/node' && mv '{t}/sub/dir' '{t}/dir' && \
                  : > '{r}' && exec sleep 600",

@@ -13,6 +13,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 mod sys {
     // NSIO 0xb7; NS_GET_NSTYPE _IO(NSIO, 0x3).
     nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+    // NS_GET_USERNS _IO(NSIO, 0x1): a new fd of the namespace's owning user namespace.
+    nix::ioctl_none!(ns_get_userns, 0xb7, 0x1);
     // NS_MNT_GET_NEXT _IOR(NSIO, 11, struct mnt_ns_info); NS_MNT_GET_PREV _IOR(NSIO, 12, …).
     nix::ioctl_read!(ns_mnt_get_next, 0xb7, 11, super::MntNsInfo);
     nix::ioctl_read!(ns_mnt_get_prev, 0xb7, 12, super::MntNsInfo);
@@ -76,6 +78,22 @@ pub fn is_mount_namespace(fd: BorrowedFd<'_>) -> bool {
     // and only returns the namespace's CLONE_NEW* flag (ENOTTY on a file that is none).
     let kind = unsafe { sys::ns_get_nstype(fd.as_raw_fd()) };
     kind == Ok(libc::CLONE_NEWNS)
+}
+
+/// Whether the namespace `ns` is owned by the host's first user namespace (only root there
+/// makes mounts in it); `false` when that cannot be asked.
+pub fn owned_by_host_users(ns: BorrowedFd<'_>) -> bool {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // The host's first user namespace has a fixed inode number (`PROC_USER_INIT_INO`).
+    const PROC_USER_INIT_INO: u64 = 0xEFFF_FFFD;
+    // SAFETY: ns is a live descriptor borrowed for the call; NS_GET_USERNS takes no argument
+    // and returns a new descriptor (or an error), which is owned here from then on.
+    let Ok(fd) = (unsafe { sys::ns_get_userns(ns.as_raw_fd()) }) else {
+        return false;
+    };
+    // SAFETY: fd was just returned by the kernel as a new descriptor nothing else owns.
+    let owner = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::sys::stat::fstat(&owner).is_ok_and(|st| st.st_ino == PROC_USER_INIT_INO)
 }
 
 /// The device and inode of the file `path` names (a `/proc/<pid>/fd/<n>` link is followed to

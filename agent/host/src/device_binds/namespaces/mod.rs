@@ -103,6 +103,7 @@ pub(super) fn scan() -> Result<Found, String> {
     if let Some(why) = not_every_process_seen() {
         return Err(why);
     }
+    let started = std::time::Instant::now();
     let mut found = Found::default();
     let own_ns = Path::new("/proc/thread-self/ns/mnt");
     let (nsfs_dev, _) = crate::nsfs::cached_file_id(own_ns)
@@ -123,7 +124,7 @@ pub(super) fn scan() -> Result<Found, String> {
     // ahead of it (a forty-fourth fresh review's F1). The open files need no walk when the list
     // is taken: every namespace a file keeps alive is on it.
     walk::read_every(&mut found, &mut spaces, !listed)?;
-    settle::read_changed(&mut found, &mut spaces)?;
+    settle::read_changed(&mut found, &mut spaces, started)?;
     Ok(found)
 }
 
@@ -233,14 +234,19 @@ fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
             "a namespace pinned at {why}"
         )));
     }
+    let host_owned = crate::nsfs::owned_by_host_users(ns);
     let unique = match listed {
-        Some(listed) => unreachable::read(&mut found, &listed, &table, &dev_dir, at)?,
+        Some(listed) => unreachable::read(&mut found, &listed, &table, &dev_dir, at, host_owned)?,
         None => Default::default(),
     };
     // The thread's last act: it leaves the namespace for a copy of it.
     if !recorded.covered.is_empty() {
         let ns_id = crate::nsfs::mount_namespace_info(ns)?.map(|(id, _)| id);
-        let originals = unveil::Originals { ns_id, unique };
+        let originals = unveil::Originals {
+            ns_id,
+            unique,
+            host_owned,
+        };
         unveil::tell(&mut found, &proc_dir, &recorded.covered, &originals)?;
     }
     Ok(Entered {

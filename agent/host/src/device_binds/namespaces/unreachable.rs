@@ -37,6 +37,7 @@ pub(super) fn read(
     table: &MountTable,
     dev_dir: &File,
     at: &str,
+    host_owned: bool,
 ) -> io::Result<HashMap<u32, u64>> {
     let told: HashSet<u32> = table.entries().iter().map(|m| m.mount_id).collect();
     let mut unique = HashMap::new();
@@ -54,7 +55,7 @@ pub(super) fn read(
             Err(e) => return Err(e),
         }
         match foreign::mount_of(id, 0) {
-            Ok(Some(m)) => tell_hidden(found, dev_dir, &m, &place)?,
+            Ok(Some(m)) => tell_hidden(found, dev_dir, &m, &place, host_owned)?,
             Ok(None) => return Ok(unique),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
             Err(e) => return Err(e),
