@@ -79,9 +79,6 @@ pub enum How {
     /// `MknodCovered` with every mount of the namespace shared (made so after the cover): a
     /// copy of the namespace is a peer of it, and an unmount in the copy would reach it.
     MknodSharedCover,
-    /// `MknodCovered` in a namespace a user namespace owns: a copy of it made from outside has
-    /// every mount locked, the cover included.
-    MknodInUserNs,
     /// A process is in it; the bind lies below a bind of a tmpfs's directory `sub`, and the
     /// directory holding it was renamed out of `sub` through the tmpfs's own mount: no path
     /// reaches its mount point, so no table shows it.
@@ -269,7 +266,7 @@ impl BoundElsewhere {
                 crate::sh(&format!("mount --bind /dev/null '{n}'"));
                 bound
             }
-            How::MknodCovered | How::MknodSharedCover | How::MknodInUserNs => {
+            How::MknodCovered | How::MknodSharedCover => {
                 let node = at.with_extension("node");
                 mknod_like(source, &node);
                 let dir = at.with_extension("d").join("x");
@@ -278,11 +275,9 @@ impl BoundElsewhere {
                 if matches!(how, How::MknodSharedCover) {
                     then.push_str(" && mount --make-rshared /");
                 }
-                let user_ns = matches!(how, How::MknodInUserNs);
-                let mut bound =
-                    Self::spawned(keep, &node, &dir.join("tgt"), &then, user_ns, &|m| {
-                        m.contains(" - tmpfs ebs-test-cover ")
-                    });
+                let mut bound = Self::with_process(keep, &node, &dir.join("tgt"), &then, &|m| {
+                    m.contains(" - tmpfs ebs-test-cover ")
+                });
                 bound.at = at.to_path_buf();
                 bound
             }
@@ -571,22 +566,8 @@ impl BoundElsewhere {
         then: &str,
         done: &dyn Fn(&str) -> bool,
     ) -> BoundElsewhere {
-        Self::spawned(keep, source, at, then, false, done)
-    }
-
-    /// `with_process`, in a new user namespace too if `user_ns` (root in it is root outside).
-    fn spawned(
-        keep: &Path,
-        source: &Path,
-        at: &Path,
-        then: &str,
-        user_ns: bool,
-        done: &dyn Fn(&str) -> bool,
-    ) -> BoundElsewhere {
         std::fs::write(at, b"").expect("the bind's target file");
-        let user: &[&str] = if user_ns { &["-U", "-r"] } else { &[] };
         let child = Command::new("unshare")
-            .args(user)
             .args(["-m", "--propagation", "private", "sh", "-c"])
             .arg(format!(
                 "{}; mount --bind '{}' '{}'{then} && exec sleep 600",
