@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+mod scripts;
+
+use scripts::{DISCONNECTED, LONG_PATH, ON_FIRST_ROOT, Removed, THREAD_NS, mknod_like, python};
+
 /// What keeps the other namespace alive.
 enum Holder {
     /// A process in it, killed by its pid.
@@ -85,12 +89,17 @@ pub enum How {
     RenamedAway,
     /// The same with a node made with mknod outside the device filesystem: it cannot be told.
     MknodRenamedAway,
+    /// A process is in it; the bind is of a node opened by its handle on a filesystem of its
+    /// own mounted again since (a disconnected dentry): the table shows "/" as its root.
+    Disconnected,
+    /// The same, with a tmpfs laid over the bind's directory.
+    DisconnectedCovered,
     /// What any user can make in a namespace of its own user namespace: `source` (a plain
     /// file) bound below a tmpfs laid over its directory, and another renamed away.
     UsersOwn,
 }
 
-pub const EVERY_WAY: [How; 17] = [
+pub const EVERY_WAY: [How; 19] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -108,71 +117,9 @@ pub const EVERY_WAY: [How; 17] = [
     How::MknodCovered,
     How::MknodStacked,
     How::RenamedAway,
+    How::Disconnected,
+    How::DisconnectedCovered,
 ];
-
-/// A process whose second thread has a mount namespace of its own with `src` bound at `dst`
-/// there; with `1` as the last argument its first thread then exits (the process lives on).
-const THREAD_NS: &str = r#"
-import ctypes, os, sys, threading, time
-libc = ctypes.CDLL(None, use_errno=True)
-src, dst, ready, leader_exits = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-def inside():
-    if libc.unshare(0x00020000 | 0x00000200) != 0: os._exit(3)
-    if libc.mount(None, b"/", None, 0x4000 | 0x40000, None) != 0: os._exit(4)
-    if libc.mount(src.encode(), dst.encode(), None, 0x1000, None) != 0: os._exit(5)
-    open(ready, "w").close()
-    while True: time.sleep(3600)
-threading.Thread(target=inside).start()
-while not os.path.exists(ready): time.sleep(0.01)
-if leader_exits:
-    libc.syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
-while True: time.sleep(3600)
-"#;
-
-/// Binds argv[1] on the first root of a namespace of its own, below a tmpfs (mounted at argv[2]
-/// first, then moved) laid over that root; removes the bind and its file on SIGTERM.
-const ON_FIRST_ROOT: &str = r#"
-import ctypes, os, sys, signal
-libc = ctypes.CDLL(None, use_errno=True)
-def ck(rc, what):
-    if rc < 0:
-        print("error", what, os.strerror(ctypes.get_errno()), flush=True); os._exit(1)
-    return rc
-src, spare = sys.argv[1].encode(), sys.argv[2].encode()
-ck(libc.unshare(0x20000), "unshare")
-ck(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "private")
-own = ck(os.open("/proc/self/ns/mnt", os.O_RDONLY), "own")
-ck(libc.mount(b"ebs-test-cover", spare, b"tmpfs", 0, None), "tmpfs")
-cover = ck(libc.syscall(428, -100, spare, 1 | 0o2000000), "open_tree cover")
-node = ck(libc.syscall(428, -100, src, 1 | 0o2000000), "open_tree node")
-ck(libc.umount2(spare, 2), "umount spare")
-ck(libc.umount2(b"/", 2), "umount /")
-ck(libc.setns(own, 0x20000), "setns")
-y = b"/ebs-test-bind-%d" % os.getpid()
-os.close(ck(os.open(y, os.O_CREAT | os.O_WRONLY, 0o600), "create"))
-ck(libc.syscall(429, node, b"", -100, y, 4), "move the bind")
-ck(libc.syscall(429, cover, b"", -100, b"/", 4), "move the cover")
-def bye(*_):
-    libc.umount2(y, 2); os.unlink(y); os._exit(0)
-signal.signal(signal.SIGTERM, bye)
-print("ready", flush=True)
-signal.pause()
-"#;
-
-/// Binds the node argv[1] at the end of 20 nested directories of 250-character names made below
-/// argv[2] (run in a private mount namespace of its own).
-const LONG_PATH: &str = r#"
-import ctypes, os, sys, signal
-libc = ctypes.CDLL(None, use_errno=True)
-os.makedirs(sys.argv[2], exist_ok=True); os.chdir(sys.argv[2])
-for _ in range(20):
-    os.makedirs("d" * 250, exist_ok=True); os.chdir("d" * 250)
-open("leaf", "w").close()
-if libc.mount(sys.argv[1].encode(), b"leaf", None, 0x1000, None) != 0:
-    print("error", os.strerror(ctypes.get_errno()), flush=True); os._exit(1)
-print("ready", flush=True)
-signal.pause()
-"#;
 
 impl BoundElsewhere {
     /// `source` bound at `at` in another namespace held `how`; `keep` as in `new`.
@@ -183,7 +130,11 @@ impl BoundElsewhere {
             How::OnCoveredFirstRoot => {
                 let spare = at.with_extension("spare");
                 std::fs::create_dir_all(&spare).expect("the cover's first place");
-                let (child, ready) = python(ON_FIRST_ROOT, source, &spare, None);
+                let (child, ready) = python(
+                    ON_FIRST_ROOT,
+                    &[source.as_os_str(), spare.as_os_str()],
+                    None,
+                );
                 let bound = BoundElsewhere {
                     at: PathBuf::from(format!("/ebs-test-bind-{}", child.id())),
                     holder: Holder::Tidy(child),
@@ -191,11 +142,37 @@ impl BoundElsewhere {
                 assert!(ready, "the bind on the first root was not made");
                 bound
             }
+            How::Disconnected | How::DisconnectedCovered => {
+                let dir = at.with_extension("d").join("x");
+                let work = at.with_extension("fs");
+                std::fs::create_dir_all(&dir).expect("the bind's directory");
+                std::fs::create_dir_all(&work).expect("the filesystem's directory");
+                let tgt = dir.join("tgt");
+                std::fs::write(&tgt, b"").expect("the bind's target file");
+                let cover = if matches!(how, How::DisconnectedCovered) {
+                    "1"
+                } else {
+                    "0"
+                };
+                let args = [source.as_os_str(), tgt.as_os_str(), work.as_os_str()];
+                let (child, ready) = python(
+                    DISCONNECTED,
+                    &[&args[..], &[cover.as_ref()]].concat(),
+                    Some(keep),
+                );
+                let bound = BoundElsewhere {
+                    at: at.to_path_buf(),
+                    holder: Holder::Process(child),
+                };
+                assert!(ready, "the bind of a disconnected node was not made");
+                bound
+            }
             How::LongPath => {
                 let node = at.with_extension("node");
                 mknod_like(source, &node);
                 let deep = at.with_extension("deep");
-                let (child, ready) = python(LONG_PATH, &node, &deep, Some(keep));
+                let (child, ready) =
+                    python(LONG_PATH, &[node.as_os_str(), deep.as_os_str()], Some(keep));
                 let bound = BoundElsewhere {
                     at: at.to_path_buf(),
                     holder: Holder::Tidy(child),
@@ -659,58 +636,5 @@ impl BoundElsewhere {
 impl Drop for BoundElsewhere {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// Runs a helper script with two path arguments (`in_own`: in a private mount namespace of its
-/// own, with the copies of the other tests' mounts dropped but `keep`'s); whether it said it was
-/// ready.
-fn python(script: &str, a: &Path, b: &Path, in_own: Option<&Path>) -> (Child, bool) {
-    let mut command = match in_own {
-        None => Command::new("/usr/bin/python3"),
-        Some(keep) => {
-            let mut c = Command::new("unshare");
-            c.args(["-m", "--propagation", "private", "sh", "-c"])
-                .arg(format!(
-                    "{}; exec \"$@\"",
-                    crate::drop_other_tests_mounts(keep)
-                ))
-                .args(["sh", "/usr/bin/python3"]);
-            c
-        }
-    };
-    let mut child = command
-        .args(["-c", script])
-        .arg(a)
-        .arg(b)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    let out = child.stdout.take().expect("piped");
-    let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
-    (child, line.trim() == "ready")
-}
-
-/// A block device node at `node` with the device numbers of `source`.
-fn mknod_like(source: &Path, node: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let rdev = std::fs::metadata(source).expect("the source device").rdev();
-    let _ = std::fs::remove_file(node);
-    nix::sys::stat::mknod(
-        node,
-        nix::sys::stat::SFlag::S_IFBLK,
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-        rdev,
-    )
-    .expect("mknod");
-}
-
-/// Removes a file on drop (a node made in /dev, also when its test fails).
-struct Removed(PathBuf);
-
-impl Drop for Removed {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }

@@ -77,7 +77,9 @@ pub(super) fn tell_hidden(
         .any
         .entry(m.dev)
         .or_insert_with(|| format!("mounted ({place})"));
-    // A root too long to be asked is no filesystem's "/": a bind.
+    // A root too long to be asked is no filesystem's "/": a bind. A node opened by its handle
+    // with no name in the dentry cache reads "/" too, and with no path to it cannot be told
+    // from a whole filesystem here (docs/design.md, "Known and not yet refused").
     let root = m.root.as_deref().unwrap_or(Path::new("//"));
     if root == Path::new("/") {
         return Ok(());

@@ -21,7 +21,7 @@ use nix::sys::stat::Mode;
 
 use super::Found;
 use super::unveil::Covered;
-use crate::mount::table::MountTable;
+use crate::mount::table::{MountEntry, MountTable};
 use ebs_node_core::DevNum;
 
 /// What a device-filesystem name is in the agent's /dev.
@@ -73,8 +73,10 @@ pub(super) fn record(
             }
             continue;
         }
-        // A bind of a device node has the node as its root, never a filesystem's "/".
-        if m.root == Path::new("/") {
+        // "/" is a whole filesystem's root, or a node opened by its handle with no name in the
+        // dentry cache (a fifty-first fresh review's F1: passed over, a stage took the device
+        // such a bind held): told by its mount point too, where a device node can be one.
+        if m.root == Path::new("/") && !may_be_a_node(m) {
             continue;
         }
         let at = format!("bound at {}", place(&m.mount_point));
@@ -99,6 +101,35 @@ pub(super) fn record(
         }
     }
     out
+}
+
+/// Filesystems that hold no block device node (they have no mknod, or make their own
+/// files only).
+const NO_NODES: [&str; 17] = [
+    "autofs",
+    "binfmt_misc",
+    "bpf",
+    "cgroup",
+    "cgroup2",
+    "configfs",
+    "debugfs",
+    "devpts",
+    "efivarfs",
+    "fusectl",
+    "mqueue",
+    "nsfs",
+    "proc",
+    "pstore",
+    "securityfs",
+    "sysfs",
+    "tracefs",
+];
+
+/// Whether the mount whose root reads "/" may be a bind of a block device node: not on a
+/// filesystem that holds none, nor where no device node opens (`nodev`: its node binds
+/// nothing usable). The rest are asked at their mount point, as a bind is.
+fn may_be_a_node(m: &MountEntry) -> bool {
+    !m.has_mount_option("nodev") && !NO_NODES.contains(&m.fs_type.as_str())
 }
 
 /// What the node at `root` of the device filesystem (whose device is `devtmpfs`) is, looked up
