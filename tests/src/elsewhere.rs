@@ -94,12 +94,18 @@ pub enum How {
     Disconnected,
     /// The same, with a tmpfs laid over the bind's directory.
     DisconnectedCovered,
+    /// `Disconnected`, the bind made `nodev` (a remount takes that off the very mount).
+    DisconnectedNodev,
+    /// `DeletedNode` in a namespace of a user namespace of its own (the copy the agent makes of
+    /// it has every mount locked, so the cover stays on): it cannot be told, and the scan
+    /// fails. Not in `EVERY_WAY`, whose ways are told.
+    DeletedNodeUsersOwn,
     /// What any user can make in a namespace of its own user namespace: `source` (a plain
     /// file) bound below a tmpfs laid over its directory, and another renamed away.
     UsersOwn,
 }
 
-pub const EVERY_WAY: [How; 19] = [
+pub const EVERY_WAY: [How; 20] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -119,6 +125,7 @@ pub const EVERY_WAY: [How; 19] = [
     How::RenamedAway,
     How::Disconnected,
     How::DisconnectedCovered,
+    How::DisconnectedNodev,
 ];
 
 impl BoundElsewhere {
@@ -142,17 +149,17 @@ impl BoundElsewhere {
                 assert!(ready, "the bind on the first root was not made");
                 bound
             }
-            How::Disconnected | How::DisconnectedCovered => {
+            How::Disconnected | How::DisconnectedCovered | How::DisconnectedNodev => {
                 let dir = at.with_extension("d").join("x");
                 let work = at.with_extension("fs");
                 std::fs::create_dir_all(&dir).expect("the bind's directory");
                 std::fs::create_dir_all(&work).expect("the filesystem's directory");
                 let tgt = dir.join("tgt");
                 std::fs::write(&tgt, b"").expect("the bind's target file");
-                let cover = if matches!(how, How::DisconnectedCovered) {
-                    "1"
-                } else {
-                    "0"
+                let cover = match how {
+                    How::DisconnectedCovered => "covered",
+                    How::DisconnectedNodev => "nodev",
+                    _ => "plain",
                 };
                 let args = [source.as_os_str(), tgt.as_os_str(), work.as_os_str()];
                 let (child, ready) = python(
@@ -226,7 +233,7 @@ impl BoundElsewhere {
                 bound
             }
             How::MaskedName => {
-                let (mut bound, node, made) = Self::dev_node_under_cover(keep, source, at);
+                let (mut bound, node, made) = Self::dev_node_under_cover(keep, source, at, false);
                 // The node stays, masked, until the holder's clean-up below removes both.
                 std::mem::forget(made);
                 let n = node.display();
@@ -273,8 +280,9 @@ impl BoundElsewhere {
                 mknod_like(source, &node);
                 Self::covered(keep, &node, at)
             }
-            How::DeletedNode => {
-                let (bound, node, _made) = Self::dev_node_under_cover(keep, source, at);
+            How::DeletedNode | How::DeletedNodeUsersOwn => {
+                let users_own = matches!(how, How::DeletedNodeUsersOwn);
+                let (bound, node, _made) = Self::dev_node_under_cover(keep, source, at, users_own);
                 // From here: the namespace's own copy of /dev refuses (EBUSY).
                 std::fs::remove_file(&node).expect("the node goes");
                 bound
@@ -415,10 +423,12 @@ impl BoundElsewhere {
     /// A node made in /dev with `source`'s numbers, bound in a namespace of its own below a
     /// tmpfs laid over the bind's directory (its mount point then shows nothing); the node is
     /// removed when the returned guard drops.
+    /// With `users_own`, in a user namespace of its own too.
     fn dev_node_under_cover(
         keep: &Path,
         source: &Path,
         at: &Path,
+        users_own: bool,
     ) -> (BoundElsewhere, PathBuf, Removed) {
         let name = at
             .file_name()
@@ -430,12 +440,13 @@ impl BoundElsewhere {
         let made = Removed(node.clone());
         let dir = at.with_extension("d").join("x");
         std::fs::create_dir_all(&dir).expect("the bind's directory");
-        let mut bound = Self::with_process(
+        let mut bound = Self::with_process_as(
             keep,
             &node,
             &dir.join("tgt"),
             &format!(" && mount -t tmpfs ebs-test-cover '{}'", dir.display()),
             &|m| m.contains(" - tmpfs ebs-test-cover "),
+            users_own,
         );
         bound.at = at.to_path_buf();
         (bound, node, made)
@@ -543,8 +554,22 @@ impl BoundElsewhere {
         then: &str,
         done: &dyn Fn(&str) -> bool,
     ) -> BoundElsewhere {
+        Self::with_process_as(keep, source, at, then, done, false)
+    }
+
+    /// `with_process`; with `users_own`, in a user namespace of its own too (root mapped).
+    fn with_process_as(
+        keep: &Path,
+        source: &Path,
+        at: &Path,
+        then: &str,
+        done: &dyn Fn(&str) -> bool,
+        users_own: bool,
+    ) -> BoundElsewhere {
         std::fs::write(at, b"").expect("the bind's target file");
+        let user: &[&str] = if users_own { &["-U", "-r"] } else { &[] };
         let child = Command::new("unshare")
+            .args(user)
             .args(["-m", "--propagation", "private", "sh", "-c"])
             .arg(format!(
                 "{}; mount --bind '{}' '{}'{then} && exec sleep 600",

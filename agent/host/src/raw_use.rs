@@ -64,6 +64,9 @@ pub fn shown(node: &Path, family: &[DevNum], mounts: &[MountEntry]) -> Option<St
     // a raw block volume, another driver's): every namespace's table, by the bound node's
     // numbers. Unreadable tables within the bound time count as a use.
     let uses = crate::device_binds::Uses::scan(crate::device_binds::WITHIN);
+    if let Some(why) = uses.failed() {
+        return Some(format!("as far as the host shows: {why}"));
+    }
     if let Some(at) = family.iter().find_map(|d| uses.bound(*d)) {
         return Some(format!("(its device node is {at})"));
     }

@@ -71,8 +71,8 @@ signal.pause()
 /// Binds at argv[2] (a file) a block device node with argv[1]'s numbers, made on an ext4
 /// filesystem of its own (an image in argv[3]), through a handle opened once that filesystem was
 /// mounted again: its dentry is disconnected, so the table shows "/" as the bind's root, as a
-/// whole filesystem's (a fifty-first fresh review's F1). With argv[4] = "1", a tmpfs is then laid
-/// over argv[2]'s directory. Run in a private mount namespace of its own: the filesystem lives
+/// whole filesystem's (a fifty-first fresh review's F1). argv[4]: "covered" lays a tmpfs over
+/// argv[2]'s directory then; "nodev" makes the bind `nodev` (a remount takes that off again). Run in a private mount namespace of its own: the filesystem lives
 /// only there, and its loop device goes (autoclear) when the namespace does.
 pub(super) const DISCONNECTED: &str = r#"
 import ctypes, os, stat, subprocess, sys, signal
@@ -84,7 +84,7 @@ def ck(rc, what):
 def run(*argv):
     if subprocess.run(argv, stdout=subprocess.DEVNULL).returncode != 0:
         print("error", argv, flush=True); os._exit(1)
-src, tgt, work, cover = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+src, tgt, work, how = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 img, e = os.path.join(work, "fs.img"), os.path.join(work, "e")
 os.makedirs(e, exist_ok=True)
 with open(img, "wb") as f: f.truncate(16 << 20)
@@ -107,8 +107,10 @@ tree = ck(libc.syscall(428, fd, b"", 1 | 0o2000000 | 0x1000), "open_tree")
 ck(libc.syscall(429, tree, b"", -100, tgt.encode(), 4), "move_mount")
 for x in (tree, fd, d): os.close(x)
 ck(libc.umount2(e.encode(), 2), "umount e")
-if cover:
+if how == "covered":
     ck(libc.mount(b"ebs-test-cover", os.path.dirname(tgt).encode(), b"tmpfs", 0, None), "cover")
+if how == "nodev":
+    ck(libc.mount(None, tgt.encode(), None, 0x20 | 0x1000 | 0x4, None), "nodev")
 print("ready", flush=True)
 signal.pause()
 "#;

@@ -242,3 +242,38 @@ async fn a_users_own_namespace_never_refuses_a_free_disk() {
     disk.unstage_handle(&agent).await.expect("unstage");
     drop(theirs);
 }
+
+/// A node of the device filesystem bound below a cover in a namespace of a user namespace of its
+/// own, and deleted since (its device went: a detach): the agent's copy of that namespace has
+/// every mount locked, so the cover stays on, and the name no longer tells the node. The next
+/// disk given the number was staged, and the holder read that volume through its old bind (a
+/// fifty-second fresh review's F1): now every device counts as used until the bind goes.
+#[tokio::test]
+async fn a_deleted_node_covered_in_a_users_namespace_keeps_its_number() {
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_deleted_node_covered_in_a_users_namespace_keeps_its_number") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-users-del");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let disk = crate::Disk::new(&scratch, "held", 64 << 20);
+    let theirs = BoundElsewhere::by(
+        How::DeletedNodeUsersOwn,
+        &scratch.path,
+        &disk.dev,
+        &scratch.join("ctr"),
+    );
+    let before = checksum(&disk.dev);
+    let mounts = mounts_below(&agent.work);
+    let e = disk.stage_handle(&agent).await.expect_err(
+        "a handle took a device a user's namespace binds under a cover, its node deleted since",
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
+    assert_eq!(mounts, mounts_below(&agent.work), "the host changed");
+    drop(theirs);
+    disk.stage_handle(&agent)
+        .await
+        .expect("the stage once the bind is gone");
+    disk.unstage_handle(&agent).await.expect("unstage");
+}

@@ -36,11 +36,6 @@ impl MountEntry {
         has_option(&self.mount_options, "ro")
     }
 
-    /// Whether the per-mount option `name` (e.g. "nodev") is set.
-    pub fn has_mount_option(&self, name: &str) -> bool {
-        has_option(&self.mount_options, name)
-    }
-
     /// True when the filesystem itself is read-only (e.g. ext4 remounted ro
     /// after errors), which affects every mount of it.
     pub fn super_read_only(&self) -> bool {

@@ -75,20 +75,13 @@ pub(super) fn record(
         }
         // "/" is a whole filesystem's root, or a node opened by its handle with no name in the
         // dentry cache (a fifty-first fresh review's F1: passed over, a stage took the device
-        // such a bind held): told by its mount point too, where a device node can be one.
+        // such a bind held): told by its mount point too, on a filesystem that can hold one.
         if m.root == Path::new("/") && !may_be_a_node(m) {
             continue;
         }
         let at = format!("bound at {}", place(&m.mount_point));
-        // The mount point, where it leads to this very mount, shows what is bound: a block
-        // device node, or proof that none is (a character device, a directory).
-        match seen_at(&m.mount_point, m.mount_id) {
-            Seen::Block(devnum) => {
-                note_bind(found, devnum, &at);
-                continue;
-            }
-            Seen::NotBlock => continue,
-            Seen::Elsewhere => {}
+        if told_at_mount_point(found, table, m, &at) {
+            continue;
         }
         // Covered: a node of the device filesystem is known by its name there, if the name
         // still names it; any other is told in a copy of the namespace with the covers off.
@@ -101,6 +94,30 @@ pub(super) fn record(
         }
     }
     out
+}
+
+/// Whether the mount point of `m` (a mount of `table`) tells what `m` binds, and if so notes it:
+/// where it leads to this very mount, it shows a block device node, or proof that none is (a
+/// character device, a directory).
+pub(super) fn told_at_mount_point(
+    found: &mut Found,
+    table: &MountTable,
+    m: &MountEntry,
+    at: &str,
+) -> bool {
+    match seen_at(&m.mount_point, m.mount_id) {
+        Seen::Block(devnum) => {
+            note_bind(found, devnum, at);
+            true
+        }
+        Seen::NotBlock => true,
+        // A mount with mounts stacked on its root, the top one a directory: its root is a
+        // directory too (a mount's root is a directory exactly where what it is mounted on is
+        // one), so it binds no node (a second /dev/shm laid on the first, as this project's CI
+        // host has).
+        Seen::Elsewhere(Some(top)) => top.dir && stacked_on(table, top.mount_id, m),
+        Seen::Elsewhere(None) => false,
+    }
 }
 
 /// Filesystems that hold no block device node (they have no mknod, or make their own
@@ -126,10 +143,11 @@ const NO_NODES: [&str; 17] = [
 ];
 
 /// Whether the mount whose root reads "/" may be a bind of a block device node: not on a
-/// filesystem that holds none, nor where no device node opens (`nodev`: its node binds
-/// nothing usable). The rest are asked at their mount point, as a bind is.
+/// filesystem that holds none. The rest are asked at their mount point, as a bind is; `nodev`
+/// is no exception, as it is none for a bind: a remount takes it off the very mount (a
+/// fifty-second fresh review's F4).
 fn may_be_a_node(m: &MountEntry) -> bool {
-    !m.has_mount_option("nodev") && !NO_NODES.contains(&m.fs_type.as_str())
+    !NO_NODES.contains(&m.fs_type.as_str())
 }
 
 /// What the node at `root` of the device filesystem (whose device is `devtmpfs`) is, looked up
@@ -187,8 +205,35 @@ enum Seen {
     Block(DevNum),
     /// The bind's own root, and no block device node.
     NotBlock,
-    /// Something else (a mount laid over it or over a directory above it), or nothing.
-    Elsewhere,
+    /// Something else (a mount laid over it or over a directory above it), or nothing: what the
+    /// path reached, where it reached something.
+    Elsewhere(Option<Top>),
+}
+
+/// What a mount point's path reached instead of the mount asked about.
+struct Top {
+    /// Its mount id (the table's kind).
+    mount_id: u64,
+    dir: bool,
+}
+
+/// Whether the mount `top` lies on `m`'s root through a stack of mounts at `m`'s mount point,
+/// each on the root of the one below.
+fn stacked_on(table: &MountTable, top: u64, m: &MountEntry) -> bool {
+    let mut at = top;
+    for _ in 0..table.entries().len() {
+        let Some(e) = table.entries().iter().find(|e| u64::from(e.mount_id) == at) else {
+            return false;
+        };
+        if e.mount_point != m.mount_point || e.mount_id == m.mount_id {
+            return false;
+        }
+        if e.parent_id == m.mount_id {
+            return true;
+        }
+        at = u64::from(e.parent_id);
+    }
+    false
 }
 
 /// What the mount point `path` of the mount `mount_id` (the table's id) shows, asked of the
@@ -204,19 +249,23 @@ fn seen_at(path: &Path, mount_id: u32) -> Seen {
         Ok(st) => st,
         Err(rustix::io::Errno::NAMETOOLONG) => {
             let Some((dir, last)) = parent_walked(path) else {
-                return Seen::Elsewhere;
+                return Seen::Elsewhere(None);
             };
             match statx(&dir, last, flags, mask) {
                 Ok(st) => st,
-                Err(_) => return Seen::Elsewhere,
+                Err(_) => return Seen::Elsewhere(None),
             }
         }
-        Err(_) => return Seen::Elsewhere,
+        Err(_) => return Seen::Elsewhere(None),
     };
-    if !StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID)
-        || st.stx_mnt_id != u64::from(mount_id)
-    {
-        return Seen::Elsewhere;
+    if !StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID) {
+        return Seen::Elsewhere(None);
+    }
+    if st.stx_mnt_id != u64::from(mount_id) {
+        return Seen::Elsewhere(Some(Top {
+            mount_id: st.stx_mnt_id,
+            dir: u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR,
+        }));
     }
     if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFBLK {
         Seen::Block(DevNum::new(st.stx_rdev_major, st.stx_rdev_minor))

@@ -7,9 +7,13 @@
 //!
 //! The copy is the agent's alone: its mounts are made private before anything is unmounted, so
 //! no unmount reaches the namespace it was copied from (nor its peers), and it ends with the
-//! thread. A cover the kernel will not unmount (a mount locked by a user namespace's copy, with
-//! what it hides kept from a less privileged owner) leaves the bind untold: every device then
-//! counts as used until the bind goes.
+//! thread. A cover the kernel will not unmount leaves the bind untold: every device then counts
+//! as used until the bind goes. Only namespaces the host's user namespace owns are copied: a
+//! copy of one a user namespace owns has every mount locked (the kernel locks a copy's mounts
+//! whenever its owner changes), so no cover would come off (`mod.rs` `enter`).
+//!
+//! While the copy lives it holds every mount of the namespace, and a filesystem it holds stays
+//! claimed past its unmount elsewhere: a copy is made only for a bind that is still mounted.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -40,6 +44,8 @@ pub(super) struct Covered {
     pub at: String,
     /// Its old id in the namespace's table.
     pub old_id: u32,
+    /// Whether it is a node of the device filesystem (any user can bind one).
+    pub devtmpfs: bool,
 }
 
 /// What is known of the namespace the copy is made of: its id (Linux 6.12), and the unique ids
@@ -47,17 +53,12 @@ pub(super) struct Covered {
 pub(super) struct Originals {
     pub ns_id: Option<u64>,
     pub unique: HashMap<u32, u64>,
-    /// Whether the host's first user namespace owns it: where a user namespace does, any user
-    /// can cover a bind of a file, and the copy has every mount locked, so a bind that cannot
-    /// be told is passed over (a fifty-first fresh review: otherwise one user refuses every
-    /// stage on the node); only a node root made and bound there could be a device's.
-    pub host_owned: bool,
 }
 
 impl Originals {
     /// Whether the bind is still mounted in the namespace the copy was made of; `None`: not
     /// known here.
-    fn still_mounted(&self, bind: &Covered) -> Option<bool> {
+    pub fn still_mounted(&self, bind: &Covered) -> Option<bool> {
         let (ns_id, id) = (self.ns_id?, *self.unique.get(&bind.old_id)?);
         match crate::mount::foreign::old_id_of(id, ns_id) {
             Ok(Some(_)) => Some(true),
@@ -65,6 +66,33 @@ impl Originals {
             Ok(None) | Err(_) => None,
         }
     }
+}
+
+/// The binds of `covered` whose mount point still leads elsewhere, in the namespace's table as
+/// it is now (this thread still in it): a mount made or unmounted while the table was read (the
+/// agent's own publications) reaches this far, and the copy holds every mount of the namespace
+/// while it lives, so a filesystem it holds stays claimed past its unmount (a stage's unstage
+/// was refused as "still mounted elsewhere" in the bench). Mounts gone since bind nothing.
+pub(super) fn still_covered(
+    found: &mut Found,
+    proc_dir: &File,
+    covered: Vec<Covered>,
+) -> io::Result<Vec<Covered>> {
+    let now = table(proc_dir)?;
+    let mut still = Vec::new();
+    for bind in covered {
+        let Some(m) = now
+            .entries()
+            .iter()
+            .find(|m| m.mount_id == bind.old_id && bind.is(m))
+        else {
+            continue;
+        };
+        if !super::record::told_at_mount_point(found, &now, m, &bind.at) {
+            still.push(bind);
+        }
+    }
+    Ok(still)
 }
 
 impl Covered {
@@ -75,6 +103,7 @@ impl Covered {
             dev: DevNum::new(m.major, m.minor),
             at,
             old_id: m.mount_id,
+            devtmpfs: m.fs_type == "devtmpfs",
         }
     }
 
@@ -112,8 +141,7 @@ pub(super) fn tell(
             .filter(|m| bind.is(m))
             .map(|m| m.mount_id)
             .collect();
-        if copies.is_empty() && originals.host_owned && originals.still_mounted(bind) == Some(true)
-        {
+        if copies.is_empty() && originals.still_mounted(bind) == Some(true) {
             return Err(io::Error::other(format!(
                 "{}: its place changed since the table was read",
                 untold(&bind.at)
@@ -123,7 +151,6 @@ pub(super) fn tell(
             match uncovered(proc_dir, id, &bind.mount_point) {
                 Ok(Some(devnum)) => note_bind(found, devnum, &bind.at),
                 Ok(None) => {}
-                Err(_) if !originals.host_owned => {}
                 Err(e) => return Err(io::Error::other(format!("{}: {e}", untold(&bind.at)))),
             }
         }
