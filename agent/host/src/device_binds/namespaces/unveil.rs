@@ -28,7 +28,7 @@ use nix::sys::stat::Mode;
 use rustix::mount::{MountPropagationFlags, UnmountFlags, mount_change, unmount};
 
 use super::Found;
-use super::record::{note_bind, untold};
+use super::record::{AtMountPoint, is_whole, note_bind, told_at_mount_point, untold};
 use crate::mount::table::{MountEntry, MountTable};
 use ebs_node_core::DevNum;
 
@@ -88,8 +88,10 @@ pub(super) fn still_covered(
         else {
             continue;
         };
-        if !super::record::told_at_mount_point(found, &now, m, &bind.at) {
-            still.push(bind);
+        match told_at_mount_point(found, &now, m, &bind.at) {
+            AtMountPoint::Told => {}
+            AtMountPoint::Nowhere if is_whole(m) => {}
+            AtMountPoint::Nowhere | AtMountPoint::Elsewhere => still.push(bind),
         }
     }
     Ok(still)
@@ -141,7 +143,10 @@ pub(super) fn tell(
             .filter(|m| bind.is(m))
             .map(|m| m.mount_id)
             .collect();
-        if copies.is_empty() && originals.still_mounted(bind) == Some(true) {
+        // A whole filesystem's mount the copy cannot tell (its places renamed as the copy
+        // looks) is passed over, as where its mount point leads nowhere (`record.rs`).
+        let whole = bind.root == Path::new("/");
+        if copies.is_empty() && originals.still_mounted(bind) == Some(true) && !whole {
             return Err(io::Error::other(format!(
                 "{}: its place changed since the table was read",
                 untold(&bind.at)
@@ -151,6 +156,7 @@ pub(super) fn tell(
             match uncovered(proc_dir, id, &bind.mount_point) {
                 Ok(Some(devnum)) => note_bind(found, devnum, &bind.at),
                 Ok(None) => {}
+                Err(_) if whole => {}
                 Err(e) => return Err(io::Error::other(format!("{}: {e}", untold(&bind.at)))),
             }
         }
