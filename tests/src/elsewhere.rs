@@ -86,6 +86,12 @@ pub enum How {
     DisconnectedCovered,
     /// `Disconnected`, the bind made `nodev` (a remount takes that off the very mount).
     DisconnectedNodev,
+    /// `Disconnected`, a tmpfs laid over the directory above the bind's, with a symbolic link
+    /// in it that leads the bind's path back into the filesystem below (to a place without it).
+    DisconnectedSymlinked,
+    /// `Disconnected` on an XFS shut down since: a stat of the node fails. It cannot be told,
+    /// and the scan fails: not in `EVERY_WAY`.
+    DisconnectedShutDown,
     /// `DeletedNode` in a namespace of a user namespace of its own (the copy the agent makes of
     /// it has every mount locked, so the cover stays on): it cannot be told, and the scan
     /// fails. Not in `EVERY_WAY`, whose ways are told.
@@ -95,7 +101,7 @@ pub enum How {
     UsersOwn,
 }
 
-pub const EVERY_WAY: [How; 20] = [
+pub const EVERY_WAY: [How; 21] = [
     How::Process,
     How::Covered,
     How::Pinned,
@@ -116,6 +122,7 @@ pub const EVERY_WAY: [How; 20] = [
     How::Disconnected,
     How::DisconnectedCovered,
     How::DisconnectedNodev,
+    How::DisconnectedSymlinked,
 ];
 
 impl BoundElsewhere {
@@ -139,8 +146,12 @@ impl BoundElsewhere {
                 assert!(ready, "the bind on the first root was not made");
                 bound
             }
-            How::Disconnected | How::DisconnectedCovered | How::DisconnectedNodev => {
-                let dir = at.with_extension("d").join("x");
+            How::Disconnected
+            | How::DisconnectedCovered
+            | How::DisconnectedNodev
+            | How::DisconnectedSymlinked
+            | How::DisconnectedShutDown => {
+                let dir = at.with_extension("d").join("y").join("x");
                 let work = at.with_extension("fs");
                 std::fs::create_dir_all(&dir).expect("the bind's directory");
                 std::fs::create_dir_all(&work).expect("the filesystem's directory");
@@ -149,6 +160,8 @@ impl BoundElsewhere {
                 let cover = match how {
                     How::DisconnectedCovered => "covered",
                     How::DisconnectedNodev => "nodev",
+                    How::DisconnectedSymlinked => "symlinked",
+                    How::DisconnectedShutDown => "shutdown",
                     _ => "plain",
                 };
                 let args = [source.as_os_str(), tgt.as_os_str(), work.as_os_str()];

@@ -26,12 +26,7 @@ while True: time.sleep(3600)
 /// Binds argv[1] on the first root of a namespace of its own, below a tmpfs (mounted at argv[2]
 /// first, then moved) laid over that root; removes the bind and its file on SIGTERM.
 pub(super) const ON_FIRST_ROOT: &str = r#"
-import ctypes, os, sys, signal
-libc = ctypes.CDLL(None, use_errno=True)
-def ck(rc, what):
-    if rc < 0:
-        print("error", what, os.strerror(ctypes.get_errno()), flush=True); os._exit(1)
-    return rc
+import signal
 src, spare = sys.argv[1].encode(), sys.argv[2].encode()
 ck(libc.unshare(0x20000), "unshare")
 ck(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "private")
@@ -56,8 +51,7 @@ signal.pause()
 /// Binds the node argv[1] at the end of 20 nested directories of 250-character names made below
 /// argv[2] (run in a private mount namespace of its own).
 pub(super) const LONG_PATH: &str = r#"
-import ctypes, os, sys, signal
-libc = ctypes.CDLL(None, use_errno=True)
+import signal
 os.makedirs(sys.argv[2], exist_ok=True); os.chdir(sys.argv[2])
 for _ in range(20):
     os.makedirs("d" * 250, exist_ok=True); os.chdir("d" * 250)
@@ -72,23 +66,25 @@ signal.pause()
 /// filesystem of its own (an image in argv[3]), through a handle opened once that filesystem was
 /// mounted again: its dentry is disconnected, so the table shows "/" as the bind's root, as a
 /// whole filesystem's (a fifty-first fresh review's F1). argv[4]: "covered" lays a tmpfs over
-/// argv[2]'s directory then; "nodev" makes the bind `nodev` (a remount takes that off again). Run in a private mount namespace of its own: the filesystem lives
-/// only there, and its loop device goes (autoclear) when the namespace does.
+/// argv[2]'s directory then; "nodev" makes the bind `nodev` (a remount takes that off again);
+/// "symlinked" lays a tmpfs over the directory two above argv[2]'s, holding a symbolic link by
+/// the name of the one between back to a directory of the filesystem below; "shutdown" makes the
+/// filesystem XFS and shuts it down (a stat of the node then fails).
+/// Run in a private mount namespace of its own: the filesystem lives only there, and its loop
+/// device goes (autoclear) when the namespace does.
 pub(super) const DISCONNECTED: &str = r#"
-import ctypes, os, stat, subprocess, sys, signal
-libc = ctypes.CDLL(None, use_errno=True)
-def ck(rc, what):
-    if rc < 0:
-        print("error", what, os.strerror(ctypes.get_errno()), flush=True); os._exit(1)
-    return rc
+import stat, subprocess, signal
 def run(*argv):
     if subprocess.run(argv, stdout=subprocess.DEVNULL).returncode != 0:
         print("error", argv, flush=True); os._exit(1)
 src, tgt, work, how = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 img, e = os.path.join(work, "fs.img"), os.path.join(work, "e")
 os.makedirs(e, exist_ok=True)
-with open(img, "wb") as f: f.truncate(16 << 20)
-run("mkfs.ext4", "-q", "-F", img)
+with open(img, "wb") as f: f.truncate((320 if how == "shutdown" else 16) << 20)
+if how == "shutdown":
+    run("mkfs.xfs", "-q", "-f", img)
+else:
+    run("mkfs.ext4", "-q", "-F", img)
 run("mount", "-o", "loop", img, e)
 node = os.path.join(e, "node")
 os.mknod(node, 0o600 | stat.S_IFBLK, os.stat(src).st_rdev)
@@ -106,13 +102,33 @@ if os.readlink("/proc/self/fd/%d" % fd) != "/":
 tree = ck(libc.syscall(428, fd, b"", 1 | 0o2000000 | 0x1000), "open_tree")
 ck(libc.syscall(429, tree, b"", -100, tgt.encode(), 4), "move_mount")
 for x in (tree, fd, d): os.close(x)
+if how == "shutdown":
+    run("xfs_io", "-x", "-c", "shutdown", e)
 ck(libc.umount2(e.encode(), 2), "umount e")
 if how == "covered":
     ck(libc.mount(b"ebs-test-cover", os.path.dirname(tgt).encode(), b"tmpfs", 0, None), "cover")
+if how == "symlinked":
+    # tgt is A/y/x/tgt: A covered, A/y a link to R, where R/x is (and R/x/tgt is not).
+    x = os.path.dirname(tgt); y = os.path.dirname(x); above = os.path.dirname(y)
+    real = os.path.join(work, "real")
+    os.makedirs(os.path.join(real, os.path.basename(x)), exist_ok=True)
+    ck(libc.mount(b"ebs-test-cover", above.encode(), b"tmpfs", 0, None), "cover")
+    os.symlink(real, os.path.join(above, os.path.basename(y)))
 if how == "nodev":
     ck(libc.mount(None, tgt.encode(), None, 0x20 | 0x1000 | 0x4, None), "nodev")
 print("ready", flush=True)
 signal.pause()
+"#;
+
+/// What every script `python` runs starts with: libc, and `ck`, which ends the script with the
+/// error where a call fails.
+const PRELUDE: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def ck(rc, what):
+    if rc < 0:
+        print("error", what, os.strerror(ctypes.get_errno()), flush=True); os._exit(1)
+    return rc
 "#;
 
 /// Runs a helper script with its arguments (`in_own`: in a private mount namespace of its own,
@@ -133,7 +149,8 @@ pub(super) fn python(script: &str, args: &[&OsStr], in_own: Option<&Path>) -> (C
         }
     };
     let mut child = command
-        .args(["-c", script])
+        .arg("-c")
+        .arg(format!("{PRELUDE}{script}"))
         .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()

@@ -6,6 +6,8 @@ use ebs_tests::csi_req::*;
 use ebs_tests::elsewhere::{BoundElsewhere, EVERY_WAY, How};
 use ebs_tests::*;
 
+use std::process::Command;
+
 use tonic::Code;
 
 use super::owners::{DetachOnDrop, rwx_block};
@@ -235,12 +237,78 @@ async fn a_users_own_namespace_never_refuses_a_free_disk() {
     let file = scratch.join("plain");
     std::fs::write(&file, b"plain").expect("a plain file");
     let theirs = BoundElsewhere::by(How::UsersOwn, &scratch.path, &file, &scratch.join("ctr"));
+    // The whole /dev bound there (recursively: its submounts are locked) below a tmpfs: its root
+    // is the device filesystem's own, a directory (a fifty-third fresh review's F1: every stage
+    // on the node was refused).
+    let u = scratch.join("u");
+    std::fs::create_dir_all(u.join("a/x")).expect("the user's directory");
+    let whole_dev = Command::new("unshare")
+        .args(["-U", "-r", "-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount --rbind /dev '{u}/a/x' && mount -t tmpfs ebs-test-cover '{u}/a' && \
+             exec sleep 600",
+            u = u.display()
+        ))
+        .spawn()
+        .expect("unshare");
+    let whole_dev = Killed(whole_dev);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{}/mountinfo", whole_dev.0.id()))
+        .map_or(true, |m| !m.contains(" - tmpfs ebs-test-cover "))
+    {
+        assert!(std::time::Instant::now() < deadline, "/dev was not bound");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let disk = crate::Disk::new(&scratch, "free", 64 << 20);
     if let Err(e) = disk.stage_handle(&agent).await {
         panic!("a free disk refused over a user's own namespace: {e:?}");
     }
     disk.unstage_handle(&agent).await.expect("unstage");
     drop(theirs);
+    drop(whole_dev);
+}
+
+/// A child process killed (and reaped) on drop.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A node bound from a disconnected dentry on an XFS shut down since: the node cannot be asked
+/// at its mount point (a stat fails there), and was passed over as a place renamed away; the
+/// stage was accepted while the bind read and wrote the device (a fifty-third fresh review's
+/// F3). It cannot be told, so every device counts as used until it goes.
+#[tokio::test]
+async fn a_node_bound_from_a_shut_down_filesystem_is_never_passed_over() {
+    let _ns = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_node_bound_from_a_shut_down_filesystem_is_never_passed_over") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-shutdown");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let disk = crate::Disk::new(&scratch, "held", 64 << 20);
+    let theirs = BoundElsewhere::by(
+        How::DisconnectedShutDown,
+        &scratch.path,
+        &disk.dev,
+        &scratch.join("ctr"),
+    );
+    let before = checksum(&disk.dev);
+    let e = disk
+        .stage_handle(&agent)
+        .await
+        .expect_err("a handle took a device bound from a shut-down filesystem");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
+    drop(theirs);
+    disk.stage_handle(&agent)
+        .await
+        .expect("the stage once the bind is gone");
+    disk.unstage_handle(&agent).await.expect("unstage");
 }
 
 /// A node of the device filesystem bound below a cover in a namespace of a user namespace of its

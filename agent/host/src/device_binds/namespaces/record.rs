@@ -147,15 +147,63 @@ pub(super) fn told_at_mount_point(
         Seen::Elsewhere(Some(top)) if top.dir && stacked_on(table, top.mount_id, m) => {
             AtMountPoint::Told
         }
-        // The path ends in the mount it should be mounted on, with no mount there: a place on
-        // it renamed or swapped since the table was read (a cover is a mount of its own).
-        Seen::Elsewhere(Some(top)) if top.mount_id == u64::from(m.parent_id) => {
+        Seen::Elsewhere(_) | Seen::Unresolved if is_whole(m) && renamed_away(table, m) => {
             AtMountPoint::Nowhere
         }
-        Seen::Elsewhere(_) => AtMountPoint::Elsewhere,
-        Seen::Unresolved(Some(dir)) if dir == u64::from(m.parent_id) => AtMountPoint::Nowhere,
-        Seen::Unresolved(_) => AtMountPoint::Elsewhere,
+        Seen::Elsewhere(_) | Seen::Unresolved => AtMountPoint::Elsewhere,
     }
+}
+
+/// Whether a walk of `m`'s mount point, a component at a time and following no symbolic link,
+/// stays in the mounts `m` is below and ends short of `m`: a place on the path renamed or
+/// swapped since the table was read. Through any other mount (a cover, with a symbolic link in
+/// it leading back: a fifty-third fresh review's F2), or reaching `m` itself unasked (a stat that
+/// fails there, as on a shut-down XFS: its F3), it is not.
+fn renamed_away(table: &MountTable, m: &MountEntry) -> bool {
+    use rustix::fs::{AtFlags as Flags, StatxFlags, statx};
+    let by_id = |i: u32| table.entries().iter().find(|e| e.mount_id == i);
+    let mut above = std::collections::HashSet::new();
+    let mut at = by_id(m.parent_id);
+    while let Some(e) = at.filter(|e| above.insert(u64::from(e.mount_id))) {
+        at = by_id(e.parent_id);
+    }
+    let mount_of = |fd: &OwnedFd| {
+        let flags = Flags::EMPTY_PATH | Flags::SYMLINK_NOFOLLOW | Flags::STATX_DONT_SYNC;
+        statx(fd, "", flags, StatxFlags::MNT_ID)
+            .ok()
+            .filter(|st| StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID))
+            .map(|st| st.stx_mnt_id)
+    };
+    let Ok(root) = File::open("/") else {
+        return false;
+    };
+    let mut dir: OwnedFd = root.into();
+    let parts: Vec<&std::ffi::OsStr> = m
+        .mount_point
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    for (i, part) in parts.iter().enumerate() {
+        if !mount_of(&dir).is_some_and(|id| above.contains(&id)) {
+            return false;
+        }
+        let kind = if i + 1 < parts.len() {
+            OFlag::O_DIRECTORY
+        } else {
+            OFlag::empty()
+        };
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | kind;
+        dir = match openat(dir.as_fd(), part.as_bytes(), flags, Mode::empty()) {
+            Ok(next) => next,
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => return true,
+            Err(_) => return false,
+        };
+    }
+    // The walk's end: a symbolic link, or a place in the mounts above, where `m` is not.
+    mount_of(&dir).is_some_and(|id| above.contains(&id))
 }
 
 /// Filesystems that hold no block device node (they have no mknod, or make their own
@@ -194,11 +242,14 @@ fn may_be_a_node(network_places: &[&Path], m: &MountEntry) -> bool {
 }
 
 fn is_network(fs_type: &str) -> bool {
-    NETWORK.iter().any(|n| fs_type.starts_with(n))
+    NETWORK.contains(&fs_type) || fs_type.starts_with("fuse.")
 }
 
-/// Filesystem types whose lookups ask a server (a stat below one may hang).
-const NETWORK: [&str; 6] = ["nfs", "cifs", "smb", "fuse", "ceph", "9p"];
+/// Filesystem types whose lookups ask a server (a stat below one may hang), with `fuse.*`;
+/// by the whole name (`fusectl` and `nfsd` are local: a fifty-third fresh review's F4).
+const NETWORK: [&str; 9] = [
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "9p", "fuse", "fuseblk",
+];
 
 /// What the node at `root` of the device filesystem (whose device is `devtmpfs`) is, looked up
 /// by its name in the agent's own /dev: `Missing` when the name cannot be trusted to name it (a
@@ -215,9 +266,20 @@ pub(super) fn devtmpfs_node(dev_dir: &File, root: &Path, devtmpfs: DevNum) -> No
     // The name must reach the node in /dev's own mount: a mount on the agent's /dev (its devpts,
     // or a mask such as `mount --bind /dev/null /dev/X`) shows something else by that name (a
     // forty-seventh fresh review's F2).
+    // The filesystem's own root ("/": a bind of the whole /dev, which any user may make in a
+    // namespace of its own and cover: a fifty-third fresh review's F1) is /dev itself.
+    let empty = name.as_os_str().is_empty();
+    let at = |name: &Path| {
+        let flags = if empty {
+            flags | Flags::EMPTY_PATH
+        } else {
+            flags
+        };
+        statx(dev_dir, name, flags, mask)
+    };
     let (Ok(dev), Ok(st)) = (
         statx(dev_dir, "", flags | Flags::EMPTY_PATH, mask),
-        statx(dev_dir, name, flags, mask),
+        at(name),
     ) else {
         return Node::Missing;
     };
@@ -258,9 +320,8 @@ enum Seen {
     /// Something else (a mount laid over it or over a directory above it), or nothing: what the
     /// path reached, where it reached something.
     Elsewhere(Option<Top>),
-    /// The path reached nothing: the mount id of the directory above its end, where that is
-    /// known.
-    Unresolved(Option<u64>),
+    /// The path reached nothing (or nothing that could be asked).
+    Unresolved,
 }
 
 /// What a mount point's path reached instead of the mount asked about.
@@ -309,17 +370,7 @@ fn seen_at(path: &Path, mount_id: u32) -> Seen {
                 Err(_) => return Seen::Elsewhere(None),
             }
         }
-        Err(_) => {
-            // Where the walk stopped: in the directory that should hold the mount point (then
-            // the name is gone from there), or below a cover laid over a directory above it.
-            let dir = path
-                .parent()
-                .and_then(|p| statx(rustix::fs::CWD, p, flags, mask).ok());
-            let has_id = |st: &rustix::fs::Statx| {
-                StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID)
-            };
-            return Seen::Unresolved(dir.filter(has_id).map(|st| st.stx_mnt_id));
-        }
+        Err(_) => return Seen::Unresolved,
     };
     if !StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID) {
         return Seen::Elsewhere(None);
