@@ -284,31 +284,8 @@ impl Drop for Killed {
 /// F3). It cannot be told, so every device counts as used until it goes.
 #[tokio::test]
 async fn a_node_bound_from_a_shut_down_filesystem_is_never_passed_over() {
-    let _ns = crate::NAMESPACE_COPY.write().await;
-    if !require_root("a_node_bound_from_a_shut_down_filesystem_is_never_passed_over") {
-        return;
-    }
-    let scratch = Scratch::new("node-local-shutdown");
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let disk = crate::Disk::new(&scratch, "held", 64 << 20);
-    let theirs = BoundElsewhere::by(
-        How::DisconnectedShutDown,
-        &scratch.path,
-        &disk.dev,
-        &scratch.join("ctr"),
-    );
-    let before = checksum(&disk.dev);
-    let e = disk
-        .stage_handle(&agent)
-        .await
-        .expect_err("a handle took a device bound from a shut-down filesystem");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
-    drop(theirs);
-    disk.stage_handle(&agent)
-        .await
-        .expect("the stage once the bind is gone");
-    disk.unstage_handle(&agent).await.expect("unstage");
+    let test = "a_node_bound_from_a_shut_down_filesystem_is_never_passed_over";
+    refused_until_the_bind_goes(test, "node-local-shutdown", How::DisconnectedShutDown).await;
 }
 
 /// A node of the device filesystem bound below a cover in a namespace of a user namespace of its
@@ -318,25 +295,28 @@ async fn a_node_bound_from_a_shut_down_filesystem_is_never_passed_over() {
 /// fifty-second fresh review's F1): now every device counts as used until the bind goes.
 #[tokio::test]
 async fn a_deleted_node_covered_in_a_users_namespace_keeps_its_number() {
+    let test = "a_deleted_node_covered_in_a_users_namespace_keeps_its_number";
+    refused_until_the_bind_goes(test, "node-local-users-del", How::DeletedNodeUsersOwn).await;
+}
+
+/// A handle's stage of a disk bound `how` (a way that cannot be told) is refused, and changes
+/// nothing, until the bind goes; then it is taken.
+async fn refused_until_the_bind_goes(test: &str, label: &str, how: How) {
     let _ns = crate::NAMESPACE_COPY.write().await;
-    if !require_root("a_deleted_node_covered_in_a_users_namespace_keeps_its_number") {
+    if !require_root(test) {
         return;
     }
-    let scratch = Scratch::new("node-local-users-del");
+    let scratch = Scratch::new(label);
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let disk = crate::Disk::new(&scratch, "held", 64 << 20);
-    let theirs = BoundElsewhere::by(
-        How::DeletedNodeUsersOwn,
-        &scratch.path,
-        &disk.dev,
-        &scratch.join("ctr"),
-    );
+    let theirs = BoundElsewhere::by(how, &scratch.path, &disk.dev, &scratch.join("ctr"));
     let before = checksum(&disk.dev);
     let mounts = mounts_below(&agent.work);
-    let e = disk.stage_handle(&agent).await.expect_err(
-        "a handle took a device a user's namespace binds under a cover, its node deleted since",
-    );
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = disk
+        .stage_handle(&agent)
+        .await
+        .expect_err(&format!("{how:?}: a handle took a device bound elsewhere"));
+    assert_eq!(e.code(), Code::FailedPrecondition, "{how:?}: {e:?}");
     assert_eq!(before, checksum(&disk.dev), "the device's bytes changed");
     assert_eq!(mounts, mounts_below(&agent.work), "the host changed");
     drop(theirs);

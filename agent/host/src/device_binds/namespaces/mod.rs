@@ -24,6 +24,7 @@ use super::Found;
 
 mod covered;
 mod listed;
+mod mount_point;
 mod record;
 mod settle;
 mod unreachable;

@@ -28,7 +28,8 @@ use nix::sys::stat::Mode;
 use rustix::mount::{MountPropagationFlags, UnmountFlags, mount_change, unmount};
 
 use super::Found;
-use super::record::{AtMountPoint, is_whole, note_bind, told_at_mount_point, untold};
+use super::mount_point::{AtMountPoint, is_whole, told_at_mount_point};
+use super::record::{note_bind, untold};
 use crate::mount::table::{MountEntry, MountTable};
 use ebs_node_core::DevNum;
 
