@@ -241,20 +241,24 @@ fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
         None => Default::default(),
     };
     // The thread's last act: it leaves the namespace for a copy of it.
-    if !recorded.covered.is_empty() {
-        let ns_id = crate::nsfs::mount_namespace_info(ns)?.map(|(id, _)| id);
-        let originals = unveil::Originals { ns_id, unique };
+    if host_owned && !recorded.covered.is_empty() {
         let covered = unveil::still_covered(&mut found, &proc_dir, recorded.covered)?;
-        if host_owned && !covered.is_empty() {
+        if !covered.is_empty() {
+            let ns_id = crate::nsfs::mount_namespace_info(ns)?.map(|(id, _)| id);
+            let originals = unveil::Originals { ns_id, unique };
             unveil::tell(&mut found, &proc_dir, &covered, &originals)?;
-        } else if let Some(bind) = covered.iter().find(|bind| bind.devtmpfs && !host_owned) {
-            // A copy of a namespace a user namespace owns has every mount locked, so no cover
-            // would come off there (and any user could make the agent copy a thousand covered
-            // mounts at every scan: a fifty-second fresh review). A plain file any user binds
-            // and covers is passed over (the fifty-first's F3); a node of the device
-            // filesystem whose name no longer names it fails the scan, as where no path
-            // reaches it (`covered.rs`): any user can bind a disk's node and cover it, and the
-            // number is the next disk's once the first goes (the fifty-second's F1).
+        }
+    } else if recorded.covered.iter().any(|bind| bind.devtmpfs) {
+        // A copy of a namespace a user namespace owns has every mount locked, so no cover
+        // would come off there (and any user could make the agent copy a thousand covered
+        // mounts at every scan: a fifty-second fresh review). A plain file any user binds and
+        // covers is passed over (the fifty-first's F3), and is not asked again; a node of the
+        // device filesystem whose name no longer names it fails the scan, as where no path
+        // reaches it (`covered.rs`): any user can bind a disk's node and cover it, and the
+        // number is the next disk's once the first goes (the fifty-second's F1).
+        let devtmpfs = recorded.covered.into_iter().filter(|bind| bind.devtmpfs);
+        let covered = unveil::still_covered(&mut found, &proc_dir, devtmpfs.collect())?;
+        if let Some(bind) = covered.first() {
             return Err(record::untold(&bind.at));
         }
     }

@@ -59,7 +59,7 @@ pub(super) struct Originals {
 impl Originals {
     /// Whether the bind is still mounted in the namespace the copy was made of; `None`: not
     /// known here.
-    pub fn still_mounted(&self, bind: &Covered) -> Option<bool> {
+    fn still_mounted(&self, bind: &Covered) -> Option<bool> {
         let (ns_id, id) = (self.ns_id?, *self.unique.get(&bind.old_id)?);
         match crate::mount::foreign::old_id_of(id, ns_id) {
             Ok(Some(_)) => Some(true),
