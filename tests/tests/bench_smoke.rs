@@ -31,8 +31,17 @@ async fn bench_smoke_run() {
         "--restart-rounds",
         "1",
         "--grpc-floor",
+        "--floor-checks",
     ]);
     assert!(ok, "bench failed: {v:#}\nagent log:\n{}", agent.log_text());
+    // Both floors made the host's checks of one owner per device, two a stage.
+    assert_eq!(v["config"]["floor_checks"], true);
+    assert_eq!(v["floor"]["phases"]["checks"]["count"], 6, "{}", v["floor"]);
+    assert_eq!(
+        v["floor"]["phases"]["checks"]["errors"], 0,
+        "{}",
+        v["floor"]
+    );
 
     for rpc in [
         "NodeStageVolume",

@@ -29,7 +29,9 @@ pub struct FloorResult {
     pub check: Series,
     pub mount: Series,
     pub stats: Series,
-    /// probe + check + mount: what NodeStageVolume does on an already-formatted volume.
+    /// The checks of one owner per device (`--floor-checks`), each of the two a stage makes.
+    pub checks: Series,
+    /// (checks +) probe + check + mount: what NodeStageVolume does on an already-formatted volume.
     pub stage: Series,
     /// mkdir + bind: NodePublishVolume.
     pub publish: Series,
@@ -49,6 +51,7 @@ impl FloorResult {
         self.check.merge(o.check);
         self.mount.merge(o.mount);
         self.stats.merge(o.stats);
+        self.checks.merge(o.checks);
         self.stage.merge(o.stage);
         self.publish.merge(o.publish);
         self.unpublish.merge(o.unpublish);
@@ -68,7 +71,7 @@ impl FloorResult {
 }
 
 /// Runs the floor cycle over `volumes` with `concurrency` threads.
-pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType) -> FloorResult {
+pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType, checks: bool) -> FloorResult {
     let tools = FsTools::detect();
     let next = AtomicUsize::new(0);
     let total = Mutex::new(FloorResult::default());
@@ -84,7 +87,7 @@ pub fn run(volumes: &[FloorVolume], concurrency: usize, fs: FsType) -> FloorResu
                     }
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(v) = volumes.get(i) else { break };
-                    if let Err(e) = cycle(&tools, fs, v, &mut mine) {
+                    if let Err(e) = cycle(&tools, fs, checks, v, &mut mine) {
                         mine.first_error
                             .get_or_insert(format!("{}: {e}", v.device.display()));
                         undo(&v.staging, &v.target);
@@ -120,13 +123,25 @@ fn timed<T>(
     }
 }
 
-fn cycle(tools: &FsTools, fs: FsType, v: &FloorVolume, r: &mut FloorResult) -> Result<(), String> {
+fn cycle(
+    tools: &FsTools,
+    fs: FsType,
+    checks: bool,
+    v: &FloorVolume,
+    r: &mut FloorResult,
+) -> Result<(), String> {
     let dev = v.device.as_path();
+    let owned = |series: &mut Series| match checks {
+        true => timed(series, || owned(dev)).map(|(_, d)| d),
+        false => Ok(Duration::ZERO),
+    };
     let stage = (|| {
+        let before = owned(&mut r.checks)?;
         let (_, a) = timed(&mut r.probe, || probe(dev))?;
         let (_, b) = timed(&mut r.check, || check(tools, fs, dev))?;
         let (_, c) = timed(&mut r.mount, || mount(fs, dev, &v.staging))?;
-        Ok::<_, String>(a + b + c)
+        let after = owned(&mut r.checks)?;
+        Ok::<_, String>(before + a + b + c + after)
     })();
     record(&mut r.stage, stage)?;
     let published = timed(&mut Series::default(), || publish(&v.staging, &v.target));
@@ -141,6 +156,22 @@ fn cycle(tools: &FsTools, fs: FsType, v: &FloorVolume, r: &mut FloorResult) -> R
 
 // The host work of each node call, shared by this floor and the gRPC floor (`grpc_floor`), so
 // that both do exactly the same.
+
+/// One owner per device (issue 49), the host's side, as the agent's filesystem stage asks it
+/// before its mount and again after: nothing uses the device raw (a bind of its node in any
+/// mount namespace, a holder), and no other device showing its bytes (a loop device over the
+/// same file, one laid over it) is in use.
+pub fn owned(dev: &Path) -> Result<(), String> {
+    let devnum = ebs_node_host::device::block_devnum(dev).map_err(|e| e.to_string())?;
+    if let Some(used) = ebs_node_host::raw_use::raw_use(dev, devnum).map_err(|e| e.to_string())? {
+        return Err(format!("used raw: {used}"));
+    }
+    let views = ebs_node_host::loopdev::views::views_of(devnum).map_err(|e| e.to_string())?;
+    match views.iter().find(|v| v.in_use.is_some()) {
+        Some(v) => Err(format!("a view of its bytes is in use: {}", v.devnum)),
+        None => Ok(()),
+    }
+}
 
 /// NodeStageVolume's first step: libblkid's probe, as the agent makes it.
 pub fn probe(dev: &Path) -> Result<(), String> {

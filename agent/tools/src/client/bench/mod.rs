@@ -66,6 +66,12 @@ pub struct BenchArgs {
     /// logic; what it spends beyond the bare floor is the protocol's.
     #[arg(long)]
     pub grpc_floor: bool,
+    /// Give both floors the host checks one owner per device needs (issue 49), as the agent's
+    /// filesystem stage makes them, before its mount and after: what uses the device raw in
+    /// every mount namespace, and every other device showing its bytes. Against floors that
+    /// make them, the agent's figures are its own logic alone.
+    #[arg(long)]
+    pub floor_checks: bool,
     /// Run the measured cycle and the floor this many times, alternating, and pool the samples:
     /// a neighbour's load then weighs on both sides alike.
     #[arg(long, default_value_t = 1)]
@@ -294,6 +300,7 @@ async fn measure(
         with_stats: report.with_stats,
         probe_interval: b.probe_interval,
         timeout: csi.timeout,
+        floor_checks: b.floor_checks,
     };
     for round in 0..b.rounds.max(1) {
         if interrupt::stopping() {
@@ -380,7 +387,8 @@ async fn floor_run(
         }
     }
     let concurrency = b.concurrency;
-    tokio::task::spawn_blocking(move || floor::run(&devices, concurrency, fs))
+    let checks = b.floor_checks;
+    tokio::task::spawn_blocking(move || floor::run(&devices, concurrency, fs, checks))
         .await
         .ok()
 }

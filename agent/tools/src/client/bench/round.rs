@@ -17,6 +17,8 @@ pub struct Plan<'a> {
     pub with_stats: bool,
     pub probe_interval: Duration,
     pub timeout: Duration,
+    /// The gRPC floor makes the checks of one owner per device (`--floor-checks`).
+    pub floor_checks: bool,
 }
 
 /// What one or more measured cycles gave.

@@ -69,6 +69,7 @@ impl GrpcFloor {
             .args(["--fs-type", plan.fs_type])
             .arg("--devices")
             .arg(&devices)
+            .args(plan.floor_checks.then_some("--checks"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             // Out of the terminal's process group: a Ctrl-C is the bench's to handle (the

@@ -27,6 +27,9 @@ pub struct ServeArgs {
     /// A file of `volume-id<TAB>device` lines: the device each volume's calls work on.
     #[arg(long)]
     pub devices: PathBuf,
+    /// Make the checks of one owner per device around each stage's mount (`floor::owned`).
+    #[arg(long)]
+    pub checks: bool,
 }
 
 #[derive(Clone)]
@@ -34,6 +37,7 @@ struct GrpcFloor {
     tools: Arc<FsTools>,
     fs: FsType,
     devices: Arc<HashMap<String, PathBuf>>,
+    checks: bool,
 }
 
 /// Serves until killed; returns an error only when it cannot start.
@@ -63,6 +67,7 @@ pub async fn serve(args: &ServeArgs) -> Result<(), String> {
         tools: Arc::new(FsTools::detect()),
         fs,
         devices: Arc::new(devices),
+        checks: args.checks,
     };
     tonic::transport::Server::builder()
         .add_service(csi::identity_server::IdentityServer::new(service.clone()))
@@ -118,9 +123,16 @@ impl csi::node_server::Node for GrpcFloor {
         let (dev, this) = (self.device(&req.volume_id)?, self.clone());
         let stage = move || {
             let staging = Path::new(&req.staging_target_path);
+            if this.checks {
+                floor::owned(&dev)?;
+            }
             floor::probe(&dev)?;
             floor::check(&this.tools, this.fs, &dev)?;
-            floor::mount(this.fs, &dev, staging)
+            floor::mount(this.fs, &dev, staging)?;
+            if this.checks {
+                floor::owned(&dev)?;
+            }
+            Ok(())
         };
         done(stage, csi::NodeStageVolumeResponse {}).await
     }

@@ -32,7 +32,8 @@ impl Report {
             json!({
                 "stage": sum(&f.stage), "publish": sum(&f.publish), "stats": sum(&f.stats),
                 "unpublish": sum(&f.unpublish), "unstage": sum(&f.unstage),
-                "phases": {"probe": sum(&f.probe), "e2fsck": sum(&f.check), "mount": sum(&f.mount)},
+                "phases": {"probe": sum(&f.probe), "e2fsck": sum(&f.check), "mount": sum(&f.mount),
+                    "checks": sum(&f.checks)},
                 "wall_ms": round(ms(f.wall)),
                 "errors": f.errors(),
                 "first_error": f.first_error,

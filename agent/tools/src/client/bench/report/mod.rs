@@ -97,6 +97,7 @@ impl Report {
                 "work_dir": b.work_dir,
                 "probe_interval_ms": b.probe_interval.as_millis() as u64,
                 "host_mounts": b.host_mounts,
+                "floor_checks": b.floor_checks,
             }),
             with_stats,
             warmup: Series::default(),
@@ -330,6 +331,13 @@ impl Report {
                 f.mount.summary().p50,
                 f.stats.summary().p50
             );
+            if f.checks.summary().count > 0 {
+                let _ = writeln!(
+                    o,
+                    "floor checks of one owner per device (two a stage) p50: {:.2} ms",
+                    f.checks.summary().p50
+                );
+            }
             if let Some(e) = &f.first_error {
                 let _ = writeln!(o, "floor error: {e}");
             }
