@@ -141,3 +141,45 @@ pub fn mount_namespace_info(ns: BorrowedFd<'_>) -> std::io::Result<Option<(u64, 
         Err(e) => Err(e.into()),
     }
 }
+
+/// The nsfs file `path` names, opened for `setns` without opening anything else on the way. A
+/// path another user controls (the mount point of a bind of a namespace file, which a mount may
+/// cover; another process's fd, which may be closed and reused) can lead to a FIFO, whose open
+/// for reading waits for a writer for ever (every later scan then waited behind it: a
+/// fifty-fourth fresh review's F3), or to a device, whose open runs its driver (a watchdog's
+/// arms it). So the path is opened `O_PATH` first (nothing is opened; a final link is followed
+/// only with `follow`, as `/proc/<pid>/fd/<n>` needs), checked to be on nsfs and, where
+/// `mount_id` is given, to be the root of that very mount; only then is that file opened,
+/// through the agent's own `/proc` (`proc_dir`). `Ok(None)`: something else is there.
+pub fn open_ns_file(
+    proc_dir: BorrowedFd<'_>,
+    path: &std::path::Path,
+    follow: bool,
+    mount_id: Option<u32>,
+) -> std::io::Result<Option<std::fs::File>> {
+    use rustix::fs::{AtFlags, CWD, Mode, OFlags, StatxFlags};
+    const NSFS_MAGIC: u64 = 0x6e73_6673;
+    let mut flags = OFlags::PATH | OFlags::CLOEXEC;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = rustix::fs::openat(CWD, path, flags, Mode::empty())?;
+    if u64::try_from(rustix::fs::fstatfs(&fd)?.f_type).ok() != Some(NSFS_MAGIC) {
+        return Ok(None);
+    }
+    if let Some(id) = mount_id {
+        let at = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
+        let st = rustix::fs::statx(&fd, "", at, StatxFlags::MNT_ID)?;
+        if st.stx_mnt_id != u64::from(id) {
+            return Ok(None);
+        }
+    }
+    let this = format!("thread-self/fd/{}", fd.as_raw_fd());
+    let file = rustix::fs::openat(
+        proc_dir,
+        this,
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(Some(file.into()))
+}

@@ -8,6 +8,7 @@
 mod bound_elsewhere;
 mod create_retry;
 mod kept_flags;
+mod nodev;
 mod races;
 mod rebuild_names;
 mod rebuild_ro;

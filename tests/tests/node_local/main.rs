@@ -15,6 +15,7 @@ mod hopping;
 mod lifecycle;
 mod moving;
 mod owners;
+mod pins;
 mod raw_use;
 mod rebuild;
 mod refusals;

@@ -28,6 +28,14 @@ use crate::request::{
 use crate::seam::{FsToolError, FsckOutcome};
 use crate::steps::{Op, Step};
 
+/// Every filesystem staging is mounted `nodev`, whatever the mount options say (`dev` is
+/// accepted and changes nothing): a block node carried on a volume's own filesystem (any user
+/// can put one in an image with debugfs; a container with CAP_MKNOD, in its volume) would
+/// otherwise open whatever device it names, another volume's included, with no bind anywhere
+/// for the raw-use question to see. Publications bind the staging with its flags (a
+/// fifty-fourth fresh review's F2).
+const STAGING_BITS: u64 = crate::request::ms::NODEV;
+
 pub struct StageCommand {
     pub volume: VolumeId,
     pub staging: RequestPath,
@@ -312,7 +320,7 @@ impl MountSteps<'_> {
                 .mount_device(
                     device.path(),
                     fs,
-                    self.flags.vfs_bits(),
+                    self.flags.vfs_bits() | STAGING_BITS,
                     &data,
                     self.readonly,
                 )

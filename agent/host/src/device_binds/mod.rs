@@ -33,6 +33,8 @@ pub struct Uses {
 struct Found {
     any: HashMap<DevNum, String>,
     bound: HashMap<DevNum, String>,
+    /// Binds of a mount namespace's file whose mount point leads elsewhere (`namespaces`).
+    hidden_pins: Vec<String>,
 }
 
 /// The tables, looked at again (a few times, briefly) while a namespace another process holds

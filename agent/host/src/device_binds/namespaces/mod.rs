@@ -126,6 +126,13 @@ pub(super) fn scan() -> Result<Found, String> {
     // is taken: every namespace a file keeps alive is on it.
     walk::read_every(&mut found, &mut spaces, !listed)?;
     settle::read_changed(&mut found, &mut spaces, started)?;
+    // A namespace pinned by a bind of its file that its mount point does not lead to (a mount
+    // laid over it) is on the kernel's list; without the list it was read nowhere.
+    if let Some(at) = found.hidden_pins.first().filter(|_| !listed) {
+        return Err(format!(
+            "a namespace pinned at {at} cannot be reached: a mount lies over its pin"
+        ));
+    }
     Ok(found)
 }
 
@@ -175,6 +182,7 @@ fn read_one(found: &mut Found, ns: BorrowedFd<'_>, at: &str) -> Result<ReadOne, 
     for (devnum, at) in theirs.bound {
         found.bound.entry(devnum).or_insert(at);
     }
+    found.hidden_pins.extend(theirs.hidden_pins);
     Ok((table, nested))
 }
 
@@ -229,7 +237,7 @@ fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
     let (table_file, table) = own_table(&proc_dir)?;
     let mut found = Found::default();
     let place = |mp: &Path| format!("{} (mount namespace {at})", mp.display());
-    let recorded = record(&mut found, &table, &dev_dir, &place);
+    let recorded = record(&mut found, &table, (&proc_dir, &dev_dir), &place);
     if let Some(why) = recorded.failed {
         return Err(std::io::Error::other(format!(
             "a namespace pinned at {why}"

@@ -12,6 +12,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -19,6 +20,7 @@ use super::Found;
 use super::mount_point::{AtMountPoint, is_whole, told_at_mount_point};
 use super::unveil::Covered;
 use crate::mount::table::{MountEntry, MountTable};
+use crate::nsfs::open_ns_file;
 use ebs_node_core::DevNum;
 
 /// What a device-filesystem name is in the agent's /dev.
@@ -48,7 +50,7 @@ pub(super) struct Recorded {
 pub(super) fn record(
     found: &mut Found,
     table: &MountTable,
-    dev_dir: &File,
+    (proc_dir, dev_dir): (&File, &File),
     place: &dyn Fn(&Path) -> String,
 ) -> Recorded {
     let mut out = Recorded::default();
@@ -65,13 +67,19 @@ pub(super) fn record(
             .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
         if m.fs_type == "nsfs" && m.root.to_string_lossy().starts_with("mnt:[") {
             // A pin that cannot be opened (the agent's files run out) fails the scan, which
-            // would pass over its namespace; one unmounted since pins nothing.
-            match File::open(&m.mount_point) {
-                Ok(f) => {
+            // would pass over its namespace. One its mount point does not lead to (a mount laid
+            // over it, or unmounted since) is hidden: the kernel's list has its namespace, and
+            // without the list the scan fails (`Found::hidden_pins`).
+            let pin = open_ns_file(proc_dir.as_fd(), &m.mount_point, false, Some(m.mount_id));
+            match pin {
+                Ok(Some(f)) => {
                     let at = format!("pinned at {}", place(&m.mount_point));
                     out.pins.push((f, at));
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Ok(None) => found.hidden_pins.push(place(&m.mount_point)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    found.hidden_pins.push(place(&m.mount_point))
+                }
                 Err(e) => out.failed = Some(format!("{}: {e}", place(&m.mount_point))),
             }
             continue;

@@ -93,6 +93,7 @@ fn gone(e: &std::io::Error) -> bool {
 /// kept alive was formatted, handed out raw and detached under its bind). A file on nsfs is
 /// asked its kind of namespace once a scan.
 fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
+    let proc = File::open("/proc").map_err(|e| format!("/proc: {e}"))?;
     let fds = match std::fs::read_dir(proc_dir.join("fd")) {
         Ok(fds) => fds,
         Err(e) if gone(&e) || e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
@@ -118,9 +119,12 @@ fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
         {
             continue;
         }
-        let f = match File::open(e.path()) {
-            Ok(f) => f,
-            // Closed since it was listed.
+        // Opened only once it is known to be on nsfs: the fd may be closed and taken by a
+        // FIFO or a device since it was asked (`nsfs::open_ns_file`).
+        let f = match crate::nsfs::open_ns_file(proc.as_fd(), &e.path(), true, None) {
+            Ok(Some(f)) => f,
+            // Closed since it was listed, or another file now.
+            Ok(None) => continue,
             Err(err) if gone(&err) => continue,
             Err(err) if err.raw_os_error() == Some(libc::EACCES) => return Ok(()),
             Err(err) => return Err(format!("{}: {err}", e.path().display())),
