@@ -66,21 +66,23 @@ pub(super) fn record(
             .entry(DevNum::new(m.major, m.minor))
             .or_insert_with(|| format!("mounted at {}", place(&m.mount_point)));
         if m.fs_type == "nsfs" && m.root.to_string_lossy().starts_with("mnt:[") {
-            // A pin that cannot be opened (the agent's files run out) fails the scan, which
-            // would pass over its namespace. One its mount point does not lead to (a mount laid
-            // over it, or unmounted since) is hidden: the kernel's list has its namespace, and
-            // without the list the scan fails (`Found::hidden_pins`).
+            // A pin its mount point does not lead to (a mount laid over it with anything at its
+            // name: nothing, a file where a directory was, a link loop; a path past PATH_MAX;
+            // unmounted since) is hidden: the kernel's list has its namespace, and without the
+            // list the scan fails (`Found::hidden_pins`; a fifty-fifth fresh review's F1: any
+            // user refused every stage with a file laid where its directory was). A pin the
+            // agent cannot open for want of its own resources fails the scan, which would
+            // pass over its namespace.
             let pin = open_ns_file(proc_dir.as_fd(), &m.mount_point, false, Some(m.mount_id));
             match pin {
                 Ok(Some(f)) => {
                     let at = format!("pinned at {}", place(&m.mount_point));
                     out.pins.push((f, at));
                 }
-                Ok(None) => found.hidden_pins.push(place(&m.mount_point)),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    found.hidden_pins.push(place(&m.mount_point))
+                Err(e) if out_of_resources(&e) => {
+                    out.failed = Some(format!("{}: {e}", place(&m.mount_point)))
                 }
-                Err(e) => out.failed = Some(format!("{}: {e}", place(&m.mount_point))),
+                Ok(None) | Err(_) => found.hidden_pins.push(place(&m.mount_point)),
             }
             continue;
         }
@@ -112,6 +114,14 @@ pub(super) fn record(
         }
     }
     out
+}
+
+/// The agent's own files or memory ran out: nothing said about the place.
+fn out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    )
 }
 
 /// Filesystems that hold no block device node (they have no mknod, or make their own
