@@ -248,6 +248,16 @@ pub fn rebind_loop(dev: &str, file: &Path) {
     }
 }
 
+/// A child process a test started, killed by its pid and reaped on drop.
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Unmounts, on drop, a mount a test made itself.
 pub struct Unmount(pub PathBuf);
 

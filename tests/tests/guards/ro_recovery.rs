@@ -240,16 +240,6 @@ async fn one_state_path_in_two_namespaces_never_shares_read_only_devices() {
     // The guards go in reverse order: the devices while the namespaces still show their paths.
 }
 
-/// A process in a mount namespace of its own (`unshare -m`), killed by its pid on drop.
-struct Sleeper(std::process::Child);
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The workload's copy of the bind, in its own namespace, is all that is left of the
 /// publication (the agent's bind was unmounted in the agent's namespace only), and the state
 /// was reset: the next start still finds that bind and keeps the device.
@@ -277,7 +267,7 @@ async fn a_bind_only_another_namespace_shows_keeps_its_device() {
         ))
         .await
         .expect("publish readonly");
-    let sleeper = Sleeper(
+    let sleeper = Reaped(
         Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c"])
             .arg(format!(

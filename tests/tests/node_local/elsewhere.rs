@@ -251,7 +251,7 @@ async fn a_users_own_namespace_never_refuses_a_free_disk() {
         ))
         .spawn()
         .expect("unshare");
-    let whole_dev = Killed(whole_dev);
+    let whole_dev = Reaped(whole_dev);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::fs::read_to_string(format!("/proc/{}/mountinfo", whole_dev.0.id()))
         .map_or(true, |m| !m.contains(" - tmpfs ebs-test-cover "))
@@ -266,16 +266,6 @@ async fn a_users_own_namespace_never_refuses_a_free_disk() {
     disk.unstage_handle(&agent).await.expect("unstage");
     drop(theirs);
     drop(whole_dev);
-}
-
-/// A child process killed (and reaped) on drop.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A node bound from a disconnected dentry on an XFS shut down since: the node cannot be asked

@@ -34,10 +34,15 @@ pub(super) fn read_every(
         .ok()
         .and_then(|p| p.to_str()?.parse::<u32>().ok());
 
+    // The agent's own /proc, through which a held-open namespace file is opened for real.
+    let proc = match open_files {
+        true => Some(File::open("/proc").map_err(|e| format!("/proc: {e}"))?),
+        false => None,
+    };
     for pid in pids.into_iter().filter(|p| Some(*p) != own) {
         let proc_dir = Path::new("/proc").join(pid.to_string());
-        if open_files {
-            held_open(&proc_dir, spaces)?;
+        if let Some(proc) = &proc {
+            held_open(proc, &proc_dir, spaces)?;
         }
         let tasks = match std::fs::read_dir(proc_dir.join("task")) {
             Ok(tasks) => tasks,
@@ -92,8 +97,7 @@ fn gone(e: &std::io::Error) -> bool {
 /// `mnt:[N]` (a thirty-fourth fresh review's F1: a device bound in a namespace only such a file
 /// kept alive was formatted, handed out raw and detached under its bind). A file on nsfs is
 /// asked its kind of namespace once a scan.
-fn held_open(proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
-    let proc = File::open("/proc").map_err(|e| format!("/proc: {e}"))?;
+fn held_open(proc: &File, proc_dir: &Path, spaces: &mut Namespaces) -> Result<(), String> {
     let fds = match std::fs::read_dir(proc_dir.join("fd")) {
         Ok(fds) => fds,
         Err(e) if gone(&e) || e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
