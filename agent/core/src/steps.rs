@@ -72,6 +72,8 @@ names! {
         Check = "check",
         /// mount(2) at the staging path (stage).
         Mount = "mount",
+        /// What else uses the device asked again once it is mounted (stage).
+        Recheck = "recheck",
         /// Grow the filesystem to the device (stage, expand).
         Grow = "grow",
         /// The staged record complete (stage).

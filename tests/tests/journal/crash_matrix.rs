@@ -101,7 +101,7 @@ async fn crash_at(fs: &str, op: Op, point: &str) {
     eprintln!("{point}: recovered");
 }
 
-fn stage_points() -> [String; 10] {
+fn stage_points() -> [String; 11] {
     [
         cp::intent(J::Stage, S::ResolveDevice),
         cp::done(J::Stage, S::ResolveDevice),
@@ -112,6 +112,7 @@ fn stage_points() -> [String; 10] {
         cp::done(J::Stage, S::Format),
         cp::intent(J::Stage, S::Mount),
         cp::done(J::Stage, S::Mount),
+        cp::intent(J::Stage, S::Recheck),
         cp::done(J::Stage, S::Staged),
     ]
 }
@@ -217,6 +218,7 @@ async fn crash_matrix_restage_ext4() {
         cp::done(J::Stage, S::Check),
         cp::intent(J::Stage, S::Mount),
         cp::done(J::Stage, S::Mount),
+        cp::intent(J::Stage, S::Recheck),
         cp::done(J::Stage, S::Staged),
     ] {
         crash_restage_at(&p).await;

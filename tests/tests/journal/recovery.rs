@@ -254,3 +254,65 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
         }
     }
 }
+
+/// A filesystem stage killed after its mount and before it asks what else uses the device, and
+/// a bind of the device's node made while the agent is down (any user can make one in a
+/// namespace of its own). Start-up asks before it completes the stage: it takes the mount down
+/// and forgets the stage; a publish is refused and binds nothing, the stage's retry is refused
+/// and mounts nothing, and once the bind goes the stage goes through on the filesystem the cut
+/// stage made (a fifty-sixth fresh review's F1: start-up completed the record, and the publish
+/// handed the device out).
+#[tokio::test]
+async fn a_stage_cut_after_its_mount_is_not_completed_over_a_bind_of_its_device() {
+    if !require_root("a_stage_cut_after_its_mount_is_not_completed_over_a_bind_of_its_device") {
+        return;
+    }
+    let point = cp::intent(J::Stage, S::Recheck);
+    let (scratch, mut agent, c) = agent_with_volume(
+        "cut-after-mount",
+        crash_opts(Some(&point)),
+        "cut",
+        64 << 20,
+        "ext4",
+    )
+    .await;
+    assert!(call(&agent, &c, Op::Stage).await.is_err());
+    agent
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("crashed");
+    assert_eq!(mount_count(&c.staging), 1, "the cut stage had mounted");
+    let uuid = fs_uuid(&c.vol.device);
+    let bound = scratch.join("users-bind");
+    std::fs::write(&bound, b"").expect("the bind's file");
+    sh(&format!(
+        "mount --bind {} {}",
+        c.vol.device,
+        bound.display()
+    ));
+    let unbind = Unmount(bound.clone());
+    agent.restart(Some(crash_opts(None))).await;
+    let log = agent.log_text();
+    assert_eq!(
+        mount_count(&c.staging),
+        0,
+        "start-up left the mount:\n{log}"
+    );
+    assert!(log.contains("in use elsewhere; unstaged"), "{log}");
+    let e = call(&agent, &c, Op::Publish).await.expect_err("published");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(mount_count(&c.target), 0, "the publish bound something");
+    let e = call(&agent, &c, Op::Stage).await.expect_err("staged");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("raw use"), "{e:?}");
+    assert_eq!(mount_count(&c.staging), 0, "the refused retry mounted");
+    drop(unbind);
+    call(&agent, &c, Op::Stage)
+        .await
+        .expect("the stage, the bind gone");
+    assert_eq!(fs_uuid(&c.vol.device), uuid, "formatted again");
+    call(&agent, &c, Op::Publish).await.expect("publish");
+    call(&agent, &c, Op::Unpublish).await.expect("unpublish");
+    call(&agent, &c, Op::Unstage).await.expect("unstage");
+    assert_eq!(agent.log_text().matches(" formatted").count(), 1);
+}

@@ -13,6 +13,7 @@ pub mod format;
 pub mod grow;
 pub mod host;
 pub mod identity;
+mod interrupted;
 pub mod journal;
 mod known;
 mod locks;

@@ -12,6 +12,7 @@ use crate::records::{AccessRecord, DeviceIdentity, Durability, Progress, StagedV
 use super::NodeCtx;
 use super::backend::Shown;
 use super::compat::staged_mount_present;
+use super::interrupted::{self, Verdict};
 use super::ownership::{Expected, Holder, holder};
 use super::path_handles;
 use crate::error::Result;
@@ -65,13 +66,38 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
                 ctx.claims.forget(vol, staging);
                 report.dropped_staging = true;
             }
+            // The stage mounted the volume and was cut before its completion, perhaps before
+            // its post-mount questions: asked here before the record is completed.
             (Progress::InProgress, true) if matches!(staged.access, AccessRecord::Mount { .. }) => {
-                let mut done = staged.clone();
-                done.progress = Progress::Complete;
-                write(ctx, |w| w.put_staged(&done))?;
-                report.completed += 1;
-                tracing::info!(volume = vol, staging = %staging.display(),
-                    "recovery: the stage had mounted the volume; record completed");
+                match interrupted::judge(ctx, &staged) {
+                    Verdict::Complete => {
+                        let mut done = staged.clone();
+                        done.progress = Progress::Complete;
+                        write(ctx, |w| w.put_staged(&done))?;
+                        report.completed += 1;
+                        tracing::info!(volume = vol, staging = %staging.display(),
+                            "recovery: the stage had mounted the volume and nothing else uses its device; record completed");
+                    }
+                    Verdict::Refused {
+                        refusal,
+                        unstaged: Ok(()),
+                    } => {
+                        tracing::warn!(volume = vol, staging = %staging.display(), error = %refusal,
+                            "recovery: the stage had mounted the volume, but its device is in use elsewhere; unstaged, the next NodeStageVolume asks again");
+                        report.dropped_staging = true;
+                    }
+                    Verdict::Refused {
+                        refusal,
+                        unstaged: Err(e),
+                    } => {
+                        tracing::warn!(volume = vol, staging = %staging.display(), error = %refusal, unstage = %e,
+                            "recovery: the stage had mounted the volume, but its device is in use elsewhere, and the mount could not be taken down; left in progress (no publish takes it), NodeUnstageVolume takes it down");
+                    }
+                    Verdict::Unanswered(e) => {
+                        tracing::warn!(volume = vol, staging = %staging.display(), error = %e,
+                            "recovery: the stage had mounted the volume, but what else uses its device cannot be told now; left in progress (no publish takes it), the next NodeStageVolume asks again");
+                    }
+                }
             }
             // A stage cut before its mount (or failed at it), with nothing of it on the host and
             // no publication resting on it: nothing for the record to guard. Kept, it held the

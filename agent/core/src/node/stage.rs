@@ -336,27 +336,33 @@ impl MountSteps<'_> {
                     )
                 })
         });
-        // A view of the bytes attached since the first scan and used before this mount: the
-        // mount comes down again (it is this call's own, just made) and the stage is refused.
-        let mounted = mounted.and_then(|()| {
-            device.recheck_views(ctx).inspect_err(|_| {
+        // A view of the bytes attached since the first scan and used before this mount, or a
+        // bind of the node made meanwhile: the mount comes down again (it is this call's own,
+        // just made) and the stage is refused. A step of its own, so that a crash between the
+        // mount and this answer is a point the crash matrix reaches: recovery asks it again
+        // before it completes the stage (`interrupted`).
+        let failed = mounted.map_err(|e| (Step::Mount, e)).and_then(|()| {
+            journal.note(Step::Mount, Phase::Done, facts.clone());
+            journal.note(Step::Recheck, Phase::Intent, facts.clone());
+            device.recheck_views(ctx).map_err(|e| {
                 if let Err(undo) = staging.unmount() {
                     tracing::warn!(volume = %vol, error = %undo,
                         "the mount of a refused stage could not be taken down; the next unstage does");
                 }
+                (Step::Recheck, e)
             })
         });
-        if let Err(e) = mounted {
-            // Nothing was mounted: the record goes, so that a corrected retry (other options,
+        if let Err((step, e)) = failed {
+            // Nothing is mounted: the record goes, so that a corrected retry (other options,
             // another path) is not held to this one.
             let mut failed = facts;
             failed.insert("error".into(), e.to_string());
-            let _ = journal.record(Step::Mount, Phase::Failed, failed, Durability::Lazy, |w| {
+            let _ = journal.record(step, Phase::Failed, failed, Durability::Lazy, |w| {
                 w.delete_staged(vol.as_str())
             });
             return Err(e);
         }
-        journal.note(Step::Mount, Phase::Done, facts);
+        journal.note(Step::Recheck, Phase::Done, facts);
         Ok(size_settled)
     }
 

@@ -112,12 +112,23 @@ fn an_idempotent_repeat_makes_no_host_call() {
     assert_eq!(h.host.mounts_at(h.target("p1").as_path()), 1);
 }
 
+/// A stage is complete only once it has asked, after its mount, what else uses the device: one
+/// cut in between (a crash) is not staged for a publish, its mount there or not (a fifty-sixth
+/// fresh review's F1). Recovery, or the stage's retry, asks and completes it.
 #[test]
-fn an_in_progress_stage_whose_mount_is_there_counts_as_staged() {
+fn an_in_progress_stage_is_not_staged_for_a_publish_even_with_its_mount_there() {
     let h = Harness::new();
     h.staged(VOL);
-    // The stage's completion line was lazy and lost; its mount intent wrote the record.
     stage_in_progress(&h);
+    let e = h
+        .publish(&writer_cmd(&h, "p1"))
+        .expect_err("published an in-progress stage");
+    assert!(matches!(e, Error::NotStaged { .. }), "{e}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+    assert!(h.ledger.all_publications().is_empty());
+    // The retried stage asks, completes, and the publish goes through.
+    h.stage(&h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter)))
+        .expect("the retried stage");
     h.publish(&writer_cmd(&h, "p1")).expect("publish");
     assert_eq!(h.host.calls(), vec![format!("bind {VOL} on mount")]);
 }

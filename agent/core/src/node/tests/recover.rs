@@ -4,6 +4,7 @@
 //! crash matrix and `power_loss`.
 
 use super::*;
+use crate::error::Error;
 use crate::ledger::{Changes, Ledger};
 use crate::node::recover::{VolumeReport, recover_volume};
 use crate::records::{Durability, Progress};
@@ -327,4 +328,67 @@ fn a_stage_cut_before_its_mount_with_no_publication_is_dropped_and_frees_its_dev
     // Nothing holds the device now: a handle naming it is taken (the volume let go).
     h.stage(&h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter)))
         .expect("the retried stage starts afresh");
+}
+
+/// A bind of the volume's device node at `elsewhere` (any user's, in a namespace of its own).
+fn bind_elsewhere(h: &Harness) {
+    let devnum = h.host.devnum(&h.backend.device_of(VOL));
+    let mut bind = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    bind.node.kind = crate::seam::FileKind::BlockDevice;
+    bind.node.rdev = devnum;
+    let at = h.dir.join("elsewhere");
+    h.host.state().mounts.insert(at, vec![bind]);
+}
+
+/// A crash between a filesystem stage's mount and its post-mount questions, with the device's
+/// node bound elsewhere meanwhile: recovery asks them before it completes the record, and
+/// unstages the mount instead (a fifty-sixth fresh review's F1: it completed the record, and a
+/// publish handed the device out).
+#[test]
+fn an_interrupted_stage_whose_device_is_bound_elsewhere_is_unstaged_not_completed() {
+    let h = Harness::new();
+    h.staged(VOL);
+    stage_in_progress(&h);
+    bind_elsewhere(&h);
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(r.dropped_staging && r.completed == 0, "{r:?}");
+    assert_eq!(records(&h), (None, None));
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0);
+    assert_eq!(h.host.calls(), vec![format!("unmount {VOL}")]);
+    assert!(
+        h.journal(VOL)
+            .contains(&"unstage/unstaged:done".to_string())
+    );
+    let publish = h.publish_cmd(VOL, "pod", mount(AccessMode::SingleNodeWriter));
+    let e = h.publish(&publish).expect_err("published");
+    assert!(matches!(e, Error::NotStaged { .. }), "{e}");
+    let stage = h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter));
+    let e = h.stage(&stage).expect_err("staged under the bind");
+    assert!(matches!(e, Error::DeviceStillBound { .. }), "{e}");
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0);
+    // The bind gone, the stage goes through.
+    h.host.state().mounts.remove(&h.dir.join("elsewhere"));
+    h.stage(&stage).expect("the stage once the bind is gone");
+    h.publish(&publish).expect("publish");
+}
+
+/// The same, when the mount cannot be taken down: the record stays in progress, which no publish
+/// takes for staged, and the unstage takes it down later.
+#[test]
+fn an_interrupted_stage_it_cannot_take_down_stays_in_progress_and_unpublishable() {
+    let h = Harness::new();
+    h.staged(VOL);
+    stage_in_progress(&h);
+    bind_elsewhere(&h);
+    h.host.state().fail.insert("unmount", "EBUSY".into());
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(!r.dropped_staging && r.completed == 0, "{r:?}");
+    assert_eq!(records(&h), (Some(Progress::InProgress), None));
+    let publish = h.publish_cmd(VOL, "pod", mount(AccessMode::SingleNodeWriter));
+    let e = h.publish(&publish).expect_err("published");
+    assert!(matches!(e, Error::NotStaged { .. }), "{e}");
+    h.host.state().fail.clear();
+    h.unstage(VOL).expect("unstage");
+    assert_eq!(records(&h), (None, None));
+    assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0);
 }

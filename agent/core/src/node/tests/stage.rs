@@ -21,6 +21,8 @@ const FIRST_STAGE: &[&str] = &[
     "stage/format:done",
     "stage/mount:intent",
     "stage/mount:done",
+    "stage/recheck:intent",
+    "stage/recheck:done",
     "stage/staged:done",
 ];
 

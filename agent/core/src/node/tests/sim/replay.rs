@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 19] = [
+    let runs: [(&str, Vec<Action>); 20] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -402,6 +402,18 @@ fn shrunk_reproductions_stay_fixed() {
                     call: Box::new(at("p2", call("unstage", handle_a, false))),
                 },
             ],
+        ),
+        (
+            // A fifty-sixth fresh review's F1, found by the simulation once a user could bind a
+            // device while the agent was down (seed 440 of its first run, with recovery's
+            // post-mount questions off): the stage died after its mount (mkfs, then mount),
+            // before it asked what else uses the device, and start-up completed its record with
+            // the user's bind there.
+            "a stage cut after its mount, its device bound while the agent was down",
+            vec![Action::BoundWhileDown {
+                at: 2,
+                call: Box::new(call("stage", "vol-a", false)),
+            }],
         ),
     ];
     for (what, actions) in runs {
