@@ -3,6 +3,7 @@
 //! blocking, so async callers wrap it in `spawn_blocking`.
 
 mod bounds;
+mod checked_read;
 mod creation;
 mod error;
 mod live;
@@ -47,9 +48,8 @@ pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition:
 
 enum Db {
     ReadWrite(Arc<live::LiveDb>),
+    /// A checked private copy's bytes under the file's own locks (`checked_read`).
     ReadOnly(redb::ReadOnlyDatabase),
-    /// A repaired private copy of a file a crashed agent left: readable, never written.
-    RepairedCopy(redb::Database),
 }
 
 pub struct Store {
@@ -109,7 +109,8 @@ impl Store {
     /// redb trusts the pages of a read-only open: a damaged page reaches an `unreachable!` or an
     /// out-of-bounds index (a panic, an abort in release builds) instead of an error. Only a
     /// checked open verifies every page's checksum, and a checked open writes, so it runs on a
-    /// private copy first; the file itself is opened only once its bytes proved sound.
+    /// private copy; the reader then reads that copy's bytes, holding the file's own locks
+    /// (`checked_read`): the file's pages are never parsed unchecked.
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
         if !path.exists() {
             return Err(StoreError::Missing(path.to_path_buf()));
@@ -124,36 +125,36 @@ impl Store {
                 }
             }
         }
-        let checked = Self::open_checked_copy(path)?;
-        match redb::Database::builder().open_read_only(path) {
-            Ok(db) => {
-                let store = Store {
-                    db: Db::ReadOnly(db),
-                    path: path.to_path_buf(),
-                    scratch_copy: None,
-                    group: Default::default(),
-                    flusher: None,
-                    last_durable: Default::default(),
-                };
-                store.check_schema_version()?;
-                Ok(store)
+        let copy = Self::checked_copy(path)?;
+        let opened = checked_read::CheckedRead::new(path, &copy)
+            .and_then(|backend| redb::Database::builder().open_read_only_with_backend(backend));
+        let db = match opened {
+            Ok(db) => db,
+            Err(e) => {
+                let _ = std::fs::remove_file(&copy);
+                return Err(StoreError::open(path, e));
             }
-            // Left by a crashed agent: a read-only open cannot repair; the checked copy did.
-            Err(redb::DatabaseError::RepairAborted) => {
-                checked.check_schema_version()?;
-                Ok(checked)
-            }
-            Err(e) => Err(StoreError::open(path, e)),
-        }
+        };
+        let store = Store {
+            db: Db::ReadOnly(db),
+            path: path.to_path_buf(),
+            scratch_copy: Some(copy),
+            group: Default::default(),
+            flusher: None,
+            last_durable: Default::default(),
+        };
+        store.check_schema_version()?;
+        Ok(store)
     }
 
-    /// A private copy, opened with every page checked (and repaired if a crash left it so). A
-    /// copy taken while an agent commits can be torn: a few tries tell that from a damaged file.
-    fn open_checked_copy(path: &Path) -> Result<Self, StoreError> {
+    /// A private copy, opened with every page checked (and repaired if a crash left it so), and
+    /// closed again. A copy taken while an agent commits can be torn: a few tries tell that
+    /// from a damaged file.
+    fn checked_copy(path: &Path) -> Result<PathBuf, StoreError> {
         let mut tries = 0;
         loop {
             tries += 1;
-            match Self::open_checked_copy_once(path) {
+            match Self::checked_copy_once(path) {
                 Err(StoreError::Corrupt { .. }) if tries < 3 => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -162,7 +163,7 @@ impl Store {
         }
     }
 
-    fn open_checked_copy_once(path: &Path) -> Result<Self, StoreError> {
+    fn checked_copy_once(path: &Path) -> Result<PathBuf, StoreError> {
         let copy = std::env::temp_dir().join(format!(
             "ebs-node-agent-state-{}-{}.redb",
             std::process::id(),
@@ -175,23 +176,19 @@ impl Store {
                 detail: format!("cannot copy it for a read-only check: {e}"),
             }
         })?;
-        let store = Store {
-            db: Db::RepairedCopy(
-                redb::Database::builder()
-                    .set_check_integrity_on_open(true)
-                    .create(&copy)
-                    .map_err(|e| {
-                        let _ = std::fs::remove_file(&copy);
-                        StoreError::open(path, e)
-                    })?,
-            ),
-            path: path.to_path_buf(),
-            scratch_copy: Some(copy),
-            group: Default::default(),
-            flusher: None,
-            last_durable: Default::default(),
-        };
-        Ok(store)
+        // Closed at once: while a checked (writable) open holds it, the copy reads as left by a
+        // crash, and a read-only open refuses it.
+        match redb::Database::builder()
+            .set_check_integrity_on_open(true)
+            .create(&copy)
+        {
+            Ok(db) => drop(db),
+            Err(e) => {
+                let _ = std::fs::remove_file(&copy);
+                return Err(StoreError::open(path, e));
+            }
+        }
+        Ok(copy)
     }
 
     pub fn path(&self) -> &Path {
@@ -238,7 +235,6 @@ impl Store {
         Ok(match &self.db {
             Db::ReadWrite(live) => live.get()?.begin_read()?,
             Db::ReadOnly(db) => db.begin_read()?,
-            Db::RepairedCopy(db) => db.begin_read()?,
         })
     }
 

@@ -423,3 +423,30 @@ fn sync_makes_lazy_writes_durable() {
         "the sync did not make the lazy record durable"
     );
 }
+
+/// A read-only open reads a checked copy's bytes (`checked_read`), but its locks are the file's
+/// own: while an agent holds the file, `status` and `recover` are told it is in use; while a
+/// reader holds it, no agent opens it.
+#[test]
+fn a_read_only_open_holds_the_files_own_locks() {
+    let dir = TempDir::new("read-only-locks");
+    let path = dir.0.join("state.redb");
+    let live = Store::open(&path).unwrap();
+    live.write(Durability::Immediate, |w| w.put_staged(&staged("v1", 1)))
+        .unwrap();
+    match Store::open_read_only(&path) {
+        Err(StoreError::Locked { .. }) => {}
+        Err(e) => panic!("while an agent holds it: {e}"),
+        Ok(_) => panic!("opened while an agent holds it"),
+    }
+    drop(live);
+    let reader = Store::open_read_only(&path).unwrap();
+    assert_eq!(reader.all_staged().unwrap().len(), 1);
+    match Store::open(&path) {
+        Err(StoreError::Locked { .. }) => {}
+        Err(e) => panic!("while a reader holds it: {e}"),
+        Ok(_) => panic!("an agent opened it while a reader holds it"),
+    }
+    drop(reader);
+    Store::open(&path).expect("the reader gone");
+}
