@@ -14,6 +14,7 @@ mod elsewhere;
 mod hopping;
 mod lifecycle;
 mod moving;
+mod own_copies;
 mod owners;
 mod pins;
 mod raw_use;

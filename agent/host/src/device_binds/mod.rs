@@ -23,6 +23,13 @@ mod namespaces;
 /// hangs): past it, every device counts as used.
 pub const WITHIN: Duration = Duration::from_secs(5);
 
+/// Waits (`limit` at most) until no private copy of a mount namespace this agent's scans made
+/// may still hold a mount (`namespaces::copies`); whether one might have held one meanwhile, so
+/// that a device seen claimed is worth asking again.
+pub fn own_copies_settled(limit: Duration) -> bool {
+    namespaces::copies_settled(limit)
+}
+
 /// Where each device is bound or mounted, as the mount tables of every namespace show.
 pub struct Uses {
     found: Arc<Result<Found, String>>,

@@ -78,7 +78,12 @@ impl HostOps for RealHost {
     }
 
     fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool {
-        held.map_or_else(|| device::still_claimed(devnum), device::held_still_claimed)
+        let ask = || held.map_or_else(|| device::still_claimed(devnum), device::held_still_claimed);
+        // A private copy this agent's own scan made of a mount namespace holds every mount of
+        // it while it lives: a filesystem unmounted meanwhile stays claimed by the agent itself
+        // (an unstage was refused "still mounted elsewhere": rehearsal 71). Asked again once no
+        // such copy may live.
+        ask() && (!crate::device_binds::own_copies_settled(crate::device_binds::WITHIN) || ask())
     }
 
     fn device_exists(&self, devnum: DevNum) -> bool {

@@ -22,6 +22,7 @@ use nix::sys::stat::Mode;
 
 use super::Found;
 
+mod copies;
 mod covered;
 mod listed;
 mod mount_point;
@@ -31,6 +32,7 @@ mod unreachable;
 mod unveil;
 mod walk;
 
+pub(super) use copies::settled as copies_settled;
 use record::record;
 
 /// A namespace to enter: its nsfs file, and whose it is.
@@ -163,7 +165,9 @@ fn read_all(found: &mut Found, spaces: &mut Namespaces) -> Result<(), String> {
 /// Reads the namespace `ns` (`at` says whose) into `found`: its table file, open since just
 /// before the table was read, and the namespaces with no process the table pins.
 fn read_one(found: &mut Found, ns: BorrowedFd<'_>, at: &str) -> Result<ReadOne, String> {
-    let entered = std::thread::scope(|s| s.spawn(|| enter(ns, at)).join());
+    // Dropped only once the thread is joined: a copy it made counts until then (`copies`).
+    let slot = copies::Slot::default();
+    let entered = std::thread::scope(|s| s.spawn(|| enter(ns, at, &slot)).join());
     let Entered {
         found: mut theirs,
         nested,
@@ -224,7 +228,7 @@ struct Entered {
 /// In a thread of its own: enters the pinned namespace and reads its table there (paths then
 /// resolve in it); also says which mount the thread's root is. The thread ends after; nothing
 /// else runs in it.
-fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
+fn enter(ns: BorrowedFd<'_>, at: &str, slot: &copies::Slot) -> std::io::Result<Entered> {
     // Opened before entering: the table is the one of the namespace this thread is in when it
     // opens the file, through the agent's own /proc; device-filesystem names are looked up in
     // the agent's own /dev (a container's /dev is often a tmpfs of its own).
@@ -254,6 +258,7 @@ fn enter(ns: BorrowedFd<'_>, at: &str) -> std::io::Result<Entered> {
         if !covered.is_empty() {
             let ns_id = crate::nsfs::mount_namespace_info(ns)?.map(|(id, _)| id);
             let originals = unveil::Originals { ns_id, unique };
+            slot.made();
             unveil::tell(&mut found, &proc_dir, &covered, &originals)?;
         }
     } else if recorded.covered.iter().any(|bind| bind.devtmpfs) {
