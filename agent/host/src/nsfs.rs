@@ -100,25 +100,9 @@ pub fn owned_by_host_users(ns: BorrowedFd<'_>) -> bool {
 /// the open file), from the attributes the kernel holds: `AT_STATX_DONT_SYNC` asks no network
 /// filesystem's server, so a process's file on a dead NFS mount does not hang the caller.
 pub fn cached_file_id(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: c_path is a NUL-terminated path that outlives the call; buf is a writable statx
-    // buffer of the right size that outlives it.
-    let rc = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c_path.as_ptr(),
-            libc::AT_STATX_DONT_SYNC | libc::AT_NO_AUTOMOUNT,
-            libc::STATX_INO,
-            buf.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statx returned 0, so the kernel filled the buffer.
-    let st = unsafe { buf.assume_init() };
+    use rustix::fs::{AtFlags, CWD, StatxFlags};
+    let at = AtFlags::STATX_DONT_SYNC | AtFlags::NO_AUTOMOUNT;
+    let st = rustix::fs::statx(CWD, path, at, StatxFlags::INO)?;
     Ok((
         libc::makedev(st.stx_dev_major, st.stx_dev_minor),
         st.stx_ino,
@@ -182,4 +166,21 @@ pub fn open_ns_file(
         Mode::empty(),
     )?;
     Ok(Some(file.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    /// The kernel's cached attributes name the same file a stat does, through a link followed
+    /// (`/proc/self/ns/mnt` leads to the nsfs file) and for a plain file alike.
+    #[test]
+    fn cached_file_id_names_the_file_a_stat_does() {
+        for path in ["/proc/self/ns/mnt", "/proc/self/exe"] {
+            let st = std::fs::metadata(path).expect("stat");
+            let id = super::cached_file_id(std::path::Path::new(path)).expect("statx");
+            assert_eq!(id, (st.dev(), st.ino()), "{path}");
+        }
+        assert!(super::cached_file_id(std::path::Path::new("/nonexistent/x")).is_err());
+    }
 }

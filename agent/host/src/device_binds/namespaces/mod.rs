@@ -132,7 +132,8 @@ pub(super) fn scan() -> Result<Found, String> {
     // laid over it) is on the kernel's list; without the list it was read nowhere.
     if let Some(at) = found.hidden_pins.first().filter(|_| !listed) {
         return Err(format!(
-            "a namespace pinned at {at} cannot be reached: a mount lies over its pin"
+            "a namespace pinned at {at}: the pin cannot be opened, and without the kernel's \
+             list of mount namespaces (Linux 6.12) the namespace is read nowhere"
         ));
     }
     Ok(found)

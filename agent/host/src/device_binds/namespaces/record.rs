@@ -82,7 +82,13 @@ pub(super) fn record(
                 Err(e) if out_of_resources(&e) => {
                     out.failed = Some(format!("{}: {e}", place(&m.mount_point)))
                 }
-                Ok(None) | Err(_) => found.hidden_pins.push(place(&m.mount_point)),
+                Ok(None) => found.hidden_pins.push(format!(
+                    "{}: its place leads to something else (a mount laid over it?)",
+                    place(&m.mount_point)
+                )),
+                Err(e) => found
+                    .hidden_pins
+                    .push(format!("{}: {e}", place(&m.mount_point))),
             }
             continue;
         }
