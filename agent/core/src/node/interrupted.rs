@@ -4,11 +4,11 @@
 //! only the mount for recovery to find: completing the record then, without asking, let a
 //! publish hand out a device bound elsewhere (a fifty-sixth fresh review's F1). So recovery asks
 //! the same questions first, and on a hit unstages the mount, through the unstage every door
-//! uses; a question it cannot answer leaves the stage in progress, which a publish does not take
-//! for staged, and which the stage's retry, asking them itself, completes or refuses.
+//! uses; a question it cannot answer leaves the stage in progress, and the next publish (kubelet
+//! stages a volume once, and publishes it for every pod) or the stage's retry asks again.
 
 use crate::error::{Error, Result};
-use crate::records::StagedVolume;
+use crate::records::{Durability, Progress, StagedVolume};
 use crate::request::{RequestPath, VolumeId};
 
 use super::NodeCtx;
@@ -69,4 +69,30 @@ fn take_down(ctx: &NodeCtx, staged: &StagedVolume) -> Result<()> {
     let raw = staged.staging_path.to_str().unwrap_or_default();
     let staging = RequestPath::parse("staging_target_path", raw, &ctx.roots)?;
     unstage(ctx, &UnstageCommand { volume, staging })
+}
+
+/// A publish's way through an interrupted stage: the questions asked, the record completed
+/// (durably: a publication will rest on it), or the refusal (the stage unstaged if it could be)
+/// or the reason they could not be answered.
+pub fn finish(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
+    match judge(ctx, staged) {
+        Verdict::Complete => complete(ctx, staged),
+        Verdict::Refused { refusal, unstaged } => {
+            if let Err(e) = unstaged {
+                tracing::warn!(volume = %staged.volume_id, error = %e,
+                    "an interrupted stage whose device is in use elsewhere could not be unstaged");
+            }
+            Err(refusal)
+        }
+        Verdict::Unanswered(e) => Err(e),
+    }
+}
+
+/// Writes the interrupted stage's record as complete, once its questions found nothing.
+pub fn complete(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
+    let mut done = staged.clone();
+    done.progress = Progress::Complete;
+    ctx.ledger
+        .write(Durability::Immediate, Box::new(|w| w.put_staged(&done)))?;
+    Ok(done)
 }

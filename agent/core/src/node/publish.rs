@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use crate::records::{Durability, Phase, Progress, Publication, StagedVolume, now_unix_ms};
 
 use super::claims::Use;
-use super::compat::{access_record, same_kind};
+use super::compat::{access_record, same_kind, staged_mount_present};
 use super::host::{Entry, OpenEntry};
+use super::interrupted;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
 use super::volume_device::VolumeDevice;
@@ -212,17 +213,17 @@ pub fn check_publish_paths(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
 }
 
 /// The staged record, checked against the request: staged, at this staging path, for this kind
-/// of access. A stage still in progress is not staged, its mount there or not: a stage
-/// completes only once it has asked, after its mount, what else uses the device (a crash
-/// between the two left the mount for a publish to hand out: a fifty-sixth fresh review's F1).
-/// Recovery, or the stage's retry, asks and completes it.
+/// of access. A stage completes only once it has asked, after its mount, what else uses the
+/// device; one a crash cut in between (its mount there, its record in progress: recovery could
+/// not answer) is asked here first, as recovery asks, and unstaged on a hit (a fifty-sixth fresh
+/// review's F1: the mount was handed out).
 fn staged_here(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<StagedVolume> {
     let vol = &cmd.volume;
     let not_staged = || Error::NotStaged {
         volume: vol.to_string(),
     };
-    let staged = ctx.ledger.staged(vol.as_str())?.ok_or_else(not_staged)?;
-    if staged.progress != Progress::Complete {
+    let mut staged = ctx.ledger.staged(vol.as_str())?.ok_or_else(not_staged)?;
+    if staged.progress != Progress::Complete && !staged_mount_present(ctx, &staged)? {
         return Err(not_staged());
     }
     if staged.staging_path != cmd.staging.as_path() && !staged.staging_path.as_os_str().is_empty() {
@@ -236,6 +237,9 @@ fn staged_here(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<StagedVolume> {
         return Err(Error::StagedForOtherAccess {
             volume: vol.to_string(),
         });
+    }
+    if staged.progress != Progress::Complete {
+        staged = interrupted::finish(ctx, &staged)?;
     }
     Ok(staged)
 }

@@ -71,9 +71,7 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             (Progress::InProgress, true) if matches!(staged.access, AccessRecord::Mount { .. }) => {
                 match interrupted::judge(ctx, &staged) {
                     Verdict::Complete => {
-                        let mut done = staged.clone();
-                        done.progress = Progress::Complete;
-                        write(ctx, |w| w.put_staged(&done))?;
+                        interrupted::complete(ctx, &staged)?;
                         report.completed += 1;
                         tracing::info!(volume = vol, staging = %staging.display(),
                             "recovery: the stage had mounted the volume and nothing else uses its device; record completed");
@@ -91,11 +89,11 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
                         unstaged: Err(e),
                     } => {
                         tracing::warn!(volume = vol, staging = %staging.display(), error = %refusal, unstage = %e,
-                            "recovery: the stage had mounted the volume, but its device is in use elsewhere, and the mount could not be taken down; left in progress (no publish takes it), NodeUnstageVolume takes it down");
+                            "recovery: the stage had mounted the volume, but its device is in use elsewhere, and the mount could not be taken down; left in progress (a publish asks again and refuses), NodeUnstageVolume takes it down");
                     }
                     Verdict::Unanswered(e) => {
                         tracing::warn!(volume = vol, staging = %staging.display(), error = %e,
-                            "recovery: the stage had mounted the volume, but what else uses its device cannot be told now; left in progress (no publish takes it), the next NodeStageVolume asks again");
+                            "recovery: the stage had mounted the volume, but what else uses its device cannot be told now; left in progress, the next NodePublishVolume or NodeStageVolume asks again");
                     }
                 }
             }

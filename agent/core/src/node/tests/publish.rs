@@ -113,24 +113,37 @@ fn an_idempotent_repeat_makes_no_host_call() {
 }
 
 /// A stage is complete only once it has asked, after its mount, what else uses the device: one
-/// cut in between (a crash) is not staged for a publish, its mount there or not (a fifty-sixth
-/// fresh review's F1). Recovery, or the stage's retry, asks and completes it.
+/// a crash cut in between (recovery could not answer) is asked by the publish first (kubelet
+/// stages once and publishes for every pod): published once nothing else uses the device,
+/// refused and unstaged while its node is bound elsewhere (a fifty-sixth fresh review's F1).
 #[test]
-fn an_in_progress_stage_is_not_staged_for_a_publish_even_with_its_mount_there() {
+fn an_in_progress_stage_is_published_only_once_its_questions_are_asked() {
     let h = Harness::new();
     h.staged(VOL);
     stage_in_progress(&h);
-    let e = h
-        .publish(&writer_cmd(&h, "p1"))
-        .expect_err("published an in-progress stage");
-    assert!(matches!(e, Error::NotStaged { .. }), "{e}");
-    assert_eq!(h.host.calls(), Vec::<String>::new());
-    assert!(h.ledger.all_publications().is_empty());
-    // The retried stage asks, completes, and the publish goes through.
-    h.stage(&h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter)))
-        .expect("the retried stage");
     h.publish(&writer_cmd(&h, "p1")).expect("publish");
     assert_eq!(h.host.calls(), vec![format!("bind {VOL} on mount")]);
+    let staged = h.ctx.ledger.staged(VOL).unwrap().expect("staged");
+    assert_eq!(staged.progress, Progress::Complete);
+
+    let h = Harness::new();
+    h.staged(VOL);
+    stage_in_progress(&h);
+    let devnum = h.host.devnum(&h.backend.device_of(VOL));
+    let mut bind = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+    bind.node.kind = crate::seam::FileKind::BlockDevice;
+    bind.node.rdev = devnum;
+    h.host
+        .state()
+        .mounts
+        .insert(h.dir.join("elsewhere"), vec![bind]);
+    let e = h
+        .publish(&writer_cmd(&h, "p1"))
+        .expect_err("published a device bound elsewhere");
+    assert!(matches!(e, Error::DeviceStillBound { .. }), "{e}");
+    assert_eq!(h.host.calls(), vec![format!("unmount {VOL}")]);
+    assert!(h.ctx.ledger.staged(VOL).unwrap().is_none());
+    assert!(h.ledger.all_publications().is_empty());
 }
 
 #[test]

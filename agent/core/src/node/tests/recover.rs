@@ -372,8 +372,8 @@ fn an_interrupted_stage_whose_device_is_bound_elsewhere_is_unstaged_not_complete
     h.publish(&publish).expect("publish");
 }
 
-/// The same, when the mount cannot be taken down: the record stays in progress, which no publish
-/// takes for staged, and the unstage takes it down later.
+/// The same, when the mount cannot be taken down: the record stays in progress, a publish asks
+/// again and refuses, and the unstage takes it down later.
 #[test]
 fn an_interrupted_stage_it_cannot_take_down_stays_in_progress_and_unpublishable() {
     let h = Harness::new();
@@ -386,7 +386,7 @@ fn an_interrupted_stage_it_cannot_take_down_stays_in_progress_and_unpublishable(
     assert_eq!(records(&h), (Some(Progress::InProgress), None));
     let publish = h.publish_cmd(VOL, "pod", mount(AccessMode::SingleNodeWriter));
     let e = h.publish(&publish).expect_err("published");
-    assert!(matches!(e, Error::NotStaged { .. }), "{e}");
+    assert!(matches!(e, Error::DeviceStillBound { .. }), "{e}");
     h.host.state().fail.clear();
     h.unstage(VOL).expect("unstage");
     assert_eq!(records(&h), (None, None));
