@@ -8,6 +8,13 @@
 //! the ones proven sound: the read-only database reads those, while it takes and holds the
 //! file's own locks, so an agent running on the file is still told (`Locked`), and none starts
 //! on it while the reader lives.
+//!
+//! The locks come first: a reader over an empty database's bytes takes them (`hold_locks`)
+//! before the file is read at all, so whatever the copy meets after (a damaged file, no memory)
+//! never hides an agent that holds the file. The copy is an anonymous memory file: no name for
+//! anyone to take first, no temporary directory to depend on (a fifty-seventh fresh review's
+//! F2: an unprivileged user who took the copy's predictable name in /tmp turned "in use" into
+//! "corrupt", and `recover --reset` moved a live agent's file aside).
 
 use std::fs::File;
 use std::io;
@@ -26,13 +33,43 @@ pub struct CheckedRead {
 }
 
 impl CheckedRead {
-    pub fn new(file: &Path, checked_copy: &Path) -> Result<Self, redb::DatabaseError> {
-        let locks = FileBackend::new(File::open(file)?)?;
-        Ok(CheckedRead {
-            locks,
-            bytes: File::open(checked_copy)?,
-        })
+    pub fn new(file: &Path, bytes: File) -> Result<Self, redb::DatabaseError> {
+        let locks = FileBackend::new(open_for_locks(file)?)?;
+        Ok(CheckedRead { locks, bytes })
     }
+}
+
+/// The file opened only to take its locks: never blocking (a FIFO), nothing read.
+fn open_for_locks(file: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(file)
+}
+
+/// A memory file with no name.
+pub fn anonymous(name: &str) -> io::Result<File> {
+    Ok(rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?.into())
+}
+
+/// Takes the read-only locks of the file at `file`, reading none of its bytes (the reader's are
+/// an empty database's): `DatabaseAlreadyOpen` while an agent holds it. Held until dropped.
+pub fn hold_locks(file: &Path) -> Result<redb::ReadOnlyDatabase, redb::DatabaseError> {
+    let empty = anonymous("ebs-node-agent-lock-probe")?;
+    let backend = FileBackend::new(empty.try_clone()?)?;
+    drop(redb::Database::builder().create_with_backend(backend)?);
+    redb::Database::builder().open_read_only_with_backend(CheckedRead::new(file, empty)?)
+}
+
+/// `bytes` opened with every page checked (and repaired, if a crash left them so), then closed:
+/// while a checked (writable) open holds them, they read as left by a crash.
+pub fn check(bytes: &File) -> Result<(), redb::DatabaseError> {
+    let db = redb::Database::builder()
+        .set_check_integrity_on_open(true)
+        .create_with_backend(FileBackend::new(bytes.try_clone()?)?)?;
+    drop(db);
+    Ok(())
 }
 
 fn read_only() -> io::Error {

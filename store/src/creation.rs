@@ -28,16 +28,57 @@ pub(crate) enum Shape {
     /// without the magic number, and every page past the header page zero, never held a record.
     /// (A committed file that lost its magic number has data pages, and stays refused.)
     CreationCutShort,
+    /// Not a regular file (a FIFO, a device, a directory: a read of it may never end), or larger
+    /// than any state file the agent writes.
+    NotAFile(String),
     /// Anything else: redb decides (and refuses what is damaged).
     Other,
+}
+
+/// The most a state file may hold: its tables are bounded (issue 41) to a few megabytes; a
+/// file far beyond that is not one the agent wrote, and a copy of it would fill a tmpfs.
+pub(crate) const MAX_STATE_BYTES: u64 = 1 << 30;
+
+/// Opens the file at the state file's name for reading, without blocking on a FIFO, only if it
+/// is a regular file the agent could have written: `Err` says why not (a fifty-seventh fresh
+/// review's F4: a FIFO there hung `status`, `/dev/zero` hung it too, `/dev/urandom` filled
+/// /tmp with its copy).
+pub(crate) fn open_regular(path: &Path) -> std::io::Result<Result<std::fs::File, String>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        if meta.len() > MAX_STATE_BYTES {
+            return Ok(Err(format!(
+                "it holds {} bytes, more than any state file ({MAX_STATE_BYTES})",
+                meta.len()
+            )));
+        }
+        return Ok(Ok(file));
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    };
+    Ok(Err(format!("it is {what}, not a regular file")))
 }
 
 const MAGIC_LEN: usize = 9;
 const HEADER_PAGE: usize = 4096;
 
 pub(crate) fn shape(path: &Path) -> Shape {
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return Shape::Other;
+    let mut f = match open_regular(path) {
+        Ok(Ok(f)) => f,
+        Ok(Err(why)) => return Shape::NotAFile(why),
+        Err(_) => return Shape::Other,
     };
     let mut buf = vec![0u8; 64 << 10];
     let mut seen = 0usize;
@@ -72,6 +113,12 @@ pub(crate) fn refusal(path: &Path, shape: &Shape) -> Option<StoreError> {
     let detail = match shape {
         Shape::Empty => "it is empty (0 bytes)",
         Shape::NoHeader => "it has no header: every byte is zero",
+        Shape::NotAFile(why) => {
+            return Some(StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("{why}; the agent writes its state file as a regular file"),
+            });
+        }
         Shape::CreationCutShort | Shape::Other => return None,
     };
     Some(StoreError::Corrupt {

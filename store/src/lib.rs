@@ -52,10 +52,21 @@ enum Db {
     ReadOnly(redb::ReadOnlyDatabase),
 }
 
+/// The read-only locks of a state file, held (`Store::hold_locks`): no agent starts on the file
+/// while this lives.
+pub struct LockHeld {
+    _reader: redb::ReadOnlyDatabase,
+}
+
+impl std::fmt::Debug for LockHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LockHeld")
+    }
+}
+
 pub struct Store {
     db: Db,
     path: PathBuf,
-    scratch_copy: Option<PathBuf>,
     group: Arc<group_commit::GroupCommit>,
     /// Commits the lazy writes nobody waits for (`overlay`); only for the live file.
     flusher: Option<std::thread::JoinHandle<()>>,
@@ -72,9 +83,6 @@ impl Drop for Store {
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
-        if let Some(copy) = self.scratch_copy.take() {
-            let _ = std::fs::remove_file(copy);
-        }
     }
 }
 
@@ -87,7 +95,6 @@ impl Store {
         let mut store = Store {
             db: Db::ReadWrite(live.clone()),
             path: path.to_path_buf(),
-            scratch_copy: None,
             group: group.clone(),
             flusher: None,
             last_durable: Default::default(),
@@ -109,12 +116,10 @@ impl Store {
     /// redb trusts the pages of a read-only open: a damaged page reaches an `unreachable!` or an
     /// out-of-bounds index (a panic, an abort in release builds) instead of an error. Only a
     /// checked open verifies every page's checksum, and a checked open writes, so it runs on a
-    /// private copy; the reader then reads that copy's bytes, holding the file's own locks
-    /// (`checked_read`): the file's pages are never parsed unchecked.
+    /// private copy in memory; the reader then reads that copy's bytes, holding the file's own
+    /// locks, taken before anything of the file is read (`checked_read`).
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
-        if !path.exists() {
-            return Err(StoreError::Missing(path.to_path_buf()));
-        }
+        let _locks = Self::hold_locks(path)?;
         match creation::shape(path) {
             creation::Shape::CreationCutShort => {
                 return Err(StoreError::Unfinished(path.to_path_buf()));
@@ -125,20 +130,19 @@ impl Store {
                 }
             }
         }
-        let copy = Self::checked_copy(path)?;
-        let opened = checked_read::CheckedRead::new(path, &copy)
-            .and_then(|backend| redb::Database::builder().open_read_only_with_backend(backend));
-        let db = match opened {
-            Ok(db) => db,
-            Err(e) => {
-                let _ = std::fs::remove_file(&copy);
-                return Err(StoreError::open(path, e));
-            }
+        let corrupt = |detail: String| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
         };
+        let copy = Self::copy_in_memory(path)
+            .map_err(|e| corrupt(format!("cannot copy it for a read-only check: {e}")))?;
+        checked_read::check(&copy).map_err(|e| StoreError::open(path, e))?;
+        let db = checked_read::CheckedRead::new(path, copy)
+            .and_then(|backend| redb::Database::builder().open_read_only_with_backend(backend))
+            .map_err(|e| StoreError::open(path, e))?;
         let store = Store {
             db: Db::ReadOnly(db),
             path: path.to_path_buf(),
-            scratch_copy: Some(copy),
             group: Default::default(),
             flusher: None,
             last_durable: Default::default(),
@@ -147,46 +151,27 @@ impl Store {
         Ok(store)
     }
 
-    /// A private copy, opened with every page checked (and repaired if a crash left it so), and
-    /// closed again. A copy taken while an agent commits can be torn: a few tries tell that
-    /// from a damaged file.
-    fn checked_copy(path: &Path) -> Result<PathBuf, StoreError> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match Self::checked_copy_once(path) {
-                Err(StoreError::Corrupt { .. }) if tries < 3 => {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => return other,
-            }
+    /// Proves no agent holds the state file at `path`, and keeps it so while the answer lives
+    /// (an agent's start is refused meanwhile): `Locked` while one does; any other error means
+    /// it could not be told, which `recover` takes as a refusal too.
+    pub fn hold_locks(path: &Path) -> Result<LockHeld, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Missing(path.to_path_buf()));
         }
+        checked_read::hold_locks(path)
+            .map(|reader| LockHeld { _reader: reader })
+            .map_err(|e| StoreError::open(path, e))
     }
 
-    fn checked_copy_once(path: &Path) -> Result<PathBuf, StoreError> {
-        let copy = std::env::temp_dir().join(format!(
-            "ebs-node-agent-state-{}-{}.redb",
-            std::process::id(),
-            now_unix_ms()
-        ));
-        live::private_copy(path, &copy).map_err(|e| {
-            let _ = std::fs::remove_file(&copy);
-            StoreError::Corrupt {
-                path: path.to_path_buf(),
-                detail: format!("cannot copy it for a read-only check: {e}"),
-            }
-        })?;
-        // Closed at once: while a checked (writable) open holds it, the copy reads as left by a
-        // crash, and a read-only open refuses it.
-        match redb::Database::builder()
-            .set_check_integrity_on_open(true)
-            .create(&copy)
-        {
-            Ok(db) => drop(db),
-            Err(e) => {
-                let _ = std::fs::remove_file(&copy);
-                return Err(StoreError::open(path, e));
-            }
+    /// The file's bytes in an anonymous memory file, if it is a regular file of a state file's
+    /// size at most.
+    fn copy_in_memory(path: &Path) -> std::io::Result<std::fs::File> {
+        let mut from = creation::open_regular(path)?.map_err(std::io::Error::other)?;
+        let mut copy = checked_read::anonymous("ebs-node-agent-state-copy")?;
+        let limit = creation::MAX_STATE_BYTES + 1;
+        let copied = std::io::copy(&mut std::io::Read::take(&mut from, limit), &mut copy)?;
+        if copied >= limit {
+            return Err(std::io::Error::other("it grew past any state file's size"));
         }
         Ok(copy)
     }

@@ -50,20 +50,6 @@ pub(crate) fn open_or_create(path: &Path) -> Result<redb::Database, StoreError> 
     open_database(path)
 }
 
-/// Copies the state file to `copy`, a new file only its owner can read (the copy lies in the
-/// temporary directory, and the file names paths, UUIDs and devices).
-pub(crate) fn private_copy(path: &Path, copy: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut from = std::fs::File::open(path)?;
-    let mut to = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(copy)?;
-    std::io::copy(&mut from, &mut to)?;
-    Ok(())
-}
-
 /// Opens the existing file: never `create`, which would take an emptied file for a new one.
 pub(crate) fn open_database(path: &Path) -> Result<redb::Database, StoreError> {
     redb::Database::builder()

@@ -450,3 +450,35 @@ fn a_read_only_open_holds_the_files_own_locks() {
     drop(reader);
     Store::open(&path).expect("the reader gone");
 }
+
+/// What is at the state file's name when it is no regular file: `status` (a read-only open) and
+/// the agent's own open answer at once that it is none, where a FIFO hung them, a link to
+/// /dev/zero read for ever and one to /dev/urandom filled /tmp with its copy (a fifty-seventh
+/// fresh review's F4).
+#[test]
+fn a_state_file_that_is_no_regular_file_is_refused_at_once() {
+    let dir = TempDir::new("not-a-file");
+    let fifo = dir.0.join("fifo.redb");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let zero = dir.0.join("zero.redb");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let random = dir.0.join("random.redb");
+    std::os::unix::fs::symlink("/dev/urandom", &random).unwrap();
+    for path in [&fifo, &zero, &random] {
+        for open in [Store::open_read_only, Store::open] {
+            match open(path) {
+                Err(StoreError::Corrupt { detail, .. }) => {
+                    assert!(detail.contains("not a regular file"), "{detail}")
+                }
+                Err(e) => panic!("{}: {e}", path.display()),
+                Ok(_) => panic!("{} opened", path.display()),
+            }
+        }
+    }
+}

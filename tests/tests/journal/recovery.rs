@@ -316,3 +316,121 @@ async fn a_stage_cut_after_its_mount_is_not_completed_over_a_bind_of_its_device(
     call(&agent, &c, Op::Unstage).await.expect("unstage");
     assert_eq!(agent.log_text().matches(" formatted").count(), 1);
 }
+
+/// The same cut stage and bind, through `recover --from-mounts` (a fifty-seventh fresh review's
+/// F1: the rebuilt staging was complete, start-up asked nothing, and the publish handed the
+/// device out). A rebuilt filesystem staging is in progress until start-up asks its questions;
+/// and the bind itself is none of the volume's publications (its F3: it was rebuilt as a block
+/// publication that held the volume for good).
+#[tokio::test]
+async fn recover_from_mounts_asks_before_a_rebuilt_stage_is_handed_out() {
+    if !require_root("recover_from_mounts_asks_before_a_rebuilt_stage_is_handed_out") {
+        return;
+    }
+    let point = cp::intent(J::Stage, S::Recheck);
+    let (scratch, mut agent, c) = agent_with_volume(
+        "rebuilt-cut",
+        crash_opts(Some(&point)),
+        "cut",
+        64 << 20,
+        "ext4",
+    )
+    .await;
+    assert!(call(&agent, &c, Op::Stage).await.is_err());
+    agent
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("crashed");
+    let bound = scratch.join("users-bind");
+    std::fs::write(&bound, b"").expect("the bind's file");
+    sh(&format!(
+        "mount --bind {} {}",
+        c.vol.device,
+        bound.display()
+    ));
+    let unbind = Unmount(bound.clone());
+    let out = std::process::Command::new(agent_bin())
+        .args(["recover", "--from-mounts", "--state-dir"])
+        .arg(&agent.state_dir)
+        .output()
+        .expect("recover");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    agent.restart(Some(crash_opts(None))).await;
+    let log = agent.log_text();
+    assert_eq!(
+        mount_count(&c.staging),
+        0,
+        "start-up left the mount:\n{log}"
+    );
+    let e = call(&agent, &c, Op::Publish).await.expect_err("published");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(mount_count(&c.target), 0, "the publish bound something");
+    assert!(said.contains("none of its publications"), "{said}");
+    drop(unbind);
+    call(&agent, &c, Op::Stage)
+        .await
+        .expect("the stage, the bind gone");
+    call(&agent, &c, Op::Publish).await.expect("publish");
+    call(&agent, &c, Op::Unpublish).await.expect("unpublish");
+    call(&agent, &c, Op::Unstage).await.expect("unstage");
+    assert_eq!(agent.log_text().matches(" formatted").count(), 1);
+}
+
+/// `recover` moves the state file aside only once no agent holds it is proven, and `status`
+/// reading the file says a running agent holds it, whatever the temporary directory is (a
+/// fifty-seventh fresh review's F2: the read-only check's copy had a predictable name in /tmp;
+/// any user who took it first, or a TMPDIR that did not exist, turned "in use" into "corrupt",
+/// and `recover --reset` moved a live agent's file aside).
+#[tokio::test]
+async fn recover_and_status_never_take_a_running_agents_file_for_a_broken_one() {
+    if !require_root("recover_and_status_never_take_a_running_agents_file_for_a_broken_one") {
+        return;
+    }
+    let (_scratch, agent, c) =
+        agent_with_volume("held", AgentOpts::default(), "held", 64 << 20, "ext4").await;
+    call(&agent, &c, Op::Stage).await.unwrap();
+    let state = agent.state_dir.join("state.redb");
+    use std::os::unix::fs::MetadataExt;
+    let before = std::fs::metadata(&state).expect("state file").ino();
+    for tmp in ["/nonexistent", "/proc"] {
+        let out = std::process::Command::new(agent_bin())
+            .args(["recover", "--reset", "--state-dir"])
+            .arg(&agent.state_dir)
+            .env("TMPDIR", tmp)
+            .output()
+            .expect("recover");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "TMPDIR={tmp}: {err}");
+        assert!(
+            err.contains("in use: stop the agent first"),
+            "TMPDIR={tmp}: {err}"
+        );
+        let out = std::process::Command::new(agent_bin())
+            .args([
+                "status",
+                "--endpoint",
+                "unix:///nonexistent/csi.sock",
+                "--state-dir",
+            ])
+            .arg(&agent.state_dir)
+            .env("TMPDIR", tmp)
+            .output()
+            .expect("status");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("in use"), "TMPDIR={tmp}: {said}");
+        assert!(!said.contains("corrupt"), "TMPDIR={tmp}: {said}");
+    }
+    assert_eq!(std::fs::metadata(&state).expect("state file").ino(), before);
+    call(&agent, &c, Op::Unstage)
+        .await
+        .expect("the agent carries on");
+}

@@ -63,10 +63,25 @@ pub fn run(args: RecoverArgs) -> i32 {
 }
 
 fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, String> {
-    if path.exists() {
-        if let Err(ebs_store::StoreError::Locked { .. }) = Store::open_read_only(path) {
-            return Err("the state file is in use: stop the agent first".into());
+    // Held until the file is moved aside: no agent starts on it meanwhile. Only a lock proven
+    // free lets the file go; any other answer refuses (a fifty-seventh fresh review's F2: a
+    // check that failed for another reason let `--reset` move a live agent's file aside).
+    let _held = if path.exists() {
+        match Store::hold_locks(path) {
+            Ok(held) => Some(held),
+            Err(ebs_store::StoreError::Locked { .. }) => {
+                return Err("the state file is in use: stop the agent first".into());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot tell whether an agent holds the state file ({e}); nothing was changed"
+                ));
+            }
         }
+    } else {
+        None
+    };
+    if path.exists() {
         let aside = path.with_extension(format!("redb.broken-{}", now_unix_ms()));
         std::fs::rename(path, &aside)
             .map_err(|e| format!("cannot move {} aside: {e}", path.display()))?;
@@ -283,6 +298,22 @@ fn rebuild_mounts(
             None => (k.volume_id.as_str(), None),
         };
         let first = !staging_of.contains_key(vol);
+        // A bind of the node of a device whose first mount is a filesystem's is none of the
+        // volume's publications: a filesystem volume is published by binds of its staging (a
+        // fifty-seventh fresh review's F3: rebuilt as a block publication, it held the volume
+        // from its unstage and the controller's detach, and no call could remove it).
+        if block_bind
+            && staging_of
+                .get(vol)
+                .is_some_and(|at| !at.as_os_str().is_empty())
+        {
+            println!(
+                "volume {vol}: a bind of its device node at {} is none of its publications (it \
+                 is staged with a filesystem); left alone",
+                m.mount_point.display()
+            );
+            continue;
+        }
         if first && chosen.is_none() && !said_by_kubelet(&m.mount_point) {
             println!(
                 "volume {vol}: {} does not say whether it was made through the volume's own id or a \
@@ -312,7 +343,16 @@ fn rebuild_mounts(
                 access,
                 access_mode: 0,
                 readonly: m.is_read_only(),
-                progress: Progress::Complete,
+                // A filesystem staging rebuilt from a mount is in progress: the next start asks
+                // the stage's post-mount questions (is the device's node bound anywhere, another
+                // view of its bytes used) before it completes it, as for a stage a crash cut
+                // after its mount (a fifty-seventh fresh review's F1: rebuilt complete, a publish
+                // handed out a device bound elsewhere). A raw block staging has binds of its own.
+                progress: if block_bind {
+                    Progress::Complete
+                } else {
+                    Progress::InProgress
+                },
                 at_unix_ms: now_unix_ms(),
                 // A device with no identity to prove is kept across restarts by its attachment.
                 attachment: (k.identity == DeviceIdentity::Unverified)
