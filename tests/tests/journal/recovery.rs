@@ -434,3 +434,64 @@ async fn recover_and_status_never_take_a_running_agents_file_for_a_broken_one() 
         .await
         .expect("the agent carries on");
 }
+
+/// mkfs finished and the agent was killed before its record said so; meanwhile the filesystem
+/// was mounted and written (root, while the agent was down). The retried stage uses it as
+/// found, checked, and never formats it again: a redo is only for an xfs whose mkfs never
+/// finished (a fifty-ninth fresh review's F2: the retry formatted it, and the file was gone).
+#[tokio::test]
+async fn a_finished_mkfs_whose_record_was_lost_is_never_formatted_again() {
+    if !require_root("a_finished_mkfs_whose_record_was_lost_is_never_formatted_again") {
+        return;
+    }
+    for fs in ["ext4", "xfs"] {
+        let size = if fs == "xfs" { 320 << 20 } else { 64 << 20 };
+        // Killed right after the intent; mkfs then runs as the agent's would have (with the
+        // intent's UUID), which is the state a kill between mkfs's end and its record leaves.
+        let point = cp::intent(J::Stage, S::Format);
+        let (scratch, mut agent, c) = agent_with_volume(
+            &format!("mkfs-used-{fs}"),
+            crash_opts(Some(&point)),
+            "u",
+            size,
+            fs,
+        )
+        .await;
+        assert!(call(&agent, &c, Op::Stage).await.is_err(), "{fs}");
+        agent
+            .wait_exit(Duration::from_secs(20))
+            .await
+            .expect("crashed");
+        let v = agent.status_json();
+        assert_eq!(
+            v["volumes"][0]["filesystem"]["state"], "intent",
+            "{fs}: {v}"
+        );
+        let uuid = v["volumes"][0]["filesystem"]["uuid"]
+            .as_str()
+            .expect("the intent's UUID")
+            .to_string();
+        match fs {
+            "xfs" => sh(&format!("mkfs.xfs -q -f -m uuid={uuid} {}", c.vol.device)),
+            _ => sh(&format!("mkfs.ext4 -q -F -U {uuid} {}", c.vol.device)),
+        };
+        let mnt = scratch.join("operators-mount");
+        std::fs::create_dir_all(&mnt).expect("mount point");
+        sh(&format!("mount -t {fs} {} {}", c.vol.device, mnt.display()));
+        let unmount = Unmount(mnt.clone());
+        std::fs::write(mnt.join("precious"), b"written while the agent was down").unwrap();
+        drop(unmount);
+        agent.restart(Some(crash_opts(None))).await;
+        call(&agent, &c, Op::Stage)
+            .await
+            .unwrap_or_else(|e| panic!("{fs}: {e:?}\n{}", agent.log_text()));
+        assert_eq!(
+            std::fs::read(c.staging.join("precious")).ok().as_deref(),
+            Some(&b"written while the agent was down"[..]),
+            "{fs}: formatted again:\n{}",
+            agent.log_text()
+        );
+        assert_eq!(agent.log_text().matches(" formatted").count(), 0, "{fs}");
+        call(&agent, &c, Op::Unstage).await.expect("unstage");
+    }
+}

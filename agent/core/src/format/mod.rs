@@ -216,10 +216,28 @@ pub fn decide(
                     f.uuid
                 ))),
                 // Our mkfs was interrupted (or finished just before its record), on this very
-                // attachment, and the device was never handed out since: redo it.
-                Some(f) if !f.done && !readonly => Ok(Decision::Format {
-                    uuid: f.uuid.to_string(),
-                }),
+                // attachment, and the device was never handed out since. Only an xfs whose mkfs
+                // never finished (its superblock still says so) is redone: a filesystem the probe
+                // finds whole is mkfs's finished work (mke2fs writes the primary superblock last),
+                // so it is used as found, checked and recorded; a redo threw away whatever a
+                // mount of it wrote since (a fifty-ninth fresh review's F2: root mounted it while
+                // the agent was down and wrote a file, and the retried stage formatted it again).
+                Some(f) if !f.done && !readonly => {
+                    let unfinished = dev.xfs_mkfs_unfinished().map_err(|e| {
+                        FormatError::io(format!("reading {}", dev.path().display()), e)
+                    })?;
+                    Ok(if unfinished {
+                        Decision::Format {
+                            uuid: f.uuid.to_string(),
+                        }
+                    } else {
+                        Decision::Check(Existing {
+                            uuid: found.clone(),
+                            adopt: true,
+                            fs_bytes,
+                        })
+                    })
+                }
                 Some(_) => existing(false),
                 None => existing(true),
             }

@@ -256,12 +256,26 @@ fn a_requested_filesystem_is_used_as_found_or_refused_never_redone_without_licen
         )
         .reads(&[]),
         row(
-            "intent on this attachment: mkfs redone with its UUID",
+            "intent on this attachment, a whole filesystem: mkfs finished, used and recorded",
+            fs_sig("ext4", OURS),
+            intent(OURS, Some(NOW)),
+            Want::Check {
+                uuid: OURS,
+                adopt: true,
+            },
+        )
+        .reads(&["attachment", "xfs_mkfs_unfinished"]),
+        row(
+            "intent on this attachment, an xfs whose mkfs never finished: redone with its UUID",
             fs_sig("ext4", OURS),
             intent(OURS, Some(NOW)),
             Want::Format(OURS),
         )
-        .reads(&["attachment"]),
+        .device(Double {
+            unfinished: true,
+            ..d()
+        })
+        .reads(&["attachment", "xfs_mkfs_unfinished"]),
         row(
             "intent on this attachment, read-only: used, not redone",
             fs_sig("ext4", OURS),

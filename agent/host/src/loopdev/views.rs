@@ -410,19 +410,29 @@ fn disk_relatives(d: DevNum) -> Vec<DevNum> {
 /// EBUSY names the one in use.
 pub fn hold(device: DevNum, views: &[DevNum]) -> io::Result<Vec<File>> {
     let relatives = disk_relatives(device);
-    views
-        .iter()
+    let mut held = Vec::new();
+    for d in views {
+        let dev = crate::device::open_devnum(*d)?;
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("{d}: {e}"));
+        // Writes made through a view may still sit in its own page cache, where no read of the
+        // device or of its file sees them, and reach the bytes after the call's blank proof (a
+        // fifty-ninth fresh review's F1: a second loop device over the volume's file held a
+        // workload's buffered writes; the stage formatted the file, and their writeback then
+        // broke the new filesystem). Each is flushed first, as the blank proof flushes the
+        // device itself.
+        dev.sync_all().map_err(named)?;
         // The device's own whole disk or partitions: held, they would keep the device itself
         // from being claimed (by the call's own mkfs or mount, or its check that nothing else
         // claims it). They are checked for use all the same.
-        .filter(|d| !relatives.contains(d))
-        .map(|d| {
-            let dev = crate::device::open_devnum(*d)?;
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_EXCL)
-                .open(format!("/proc/self/fd/{}", dev.as_raw_fd()))
-                .map_err(|e| io::Error::new(e.kind(), format!("{d}: {e}")))
-        })
-        .collect()
+        if relatives.contains(d) {
+            continue;
+        }
+        let exclusive = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(format!("/proc/self/fd/{}", dev.as_raw_fd()))
+            .map_err(named)?;
+        held.push(exclusive);
+    }
+    Ok(held)
 }

@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 20] = [
+    let runs: [(&str, Vec<Action>); 21] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -414,6 +414,45 @@ fn shrunk_reproductions_stay_fixed() {
                 at: 2,
                 call: Box::new(call("stage", "vol-a", false)),
             }],
+        ),
+        (
+            // Seed 14213 of a long run (the model's, not the agent's): after a reset the
+            // orchestrator still believed a read-write publication at p1 that the agent no longer
+            // knew; a read-only publish of p1 cut by a crash left its bind there, and a workload's
+            // write through the believed publication met it. The agent is held only to the
+            // publications it records after a reset.
+            "a believed publication after a reset, a read-only one bound at its target",
+            vec![
+                Action::Concurrent {
+                    at: 1,
+                    first: Box::new(call("stage", handle_a, false)),
+                    second: Box::new(at("p2", call("unstage", handle_a, true))),
+                },
+                Action::Crash {
+                    at: 3,
+                    call: Box::new(call("unpublish", handle_b, false)),
+                },
+                call("publish", handle_a, false),
+                Action::Reset,
+                Action::Crash {
+                    at: 2,
+                    call: Box::new(at("p2", call("unstage", handle_a, false))),
+                },
+                Action::PowerCut,
+                Action::CrashMidStep {
+                    at: 2,
+                    call: Box::new(at("p2", call("unstage", handle_a, false))),
+                },
+                at("p2", call("stage", handle_a, false)),
+                Action::CrashMidStep {
+                    at: 1,
+                    call: Box::new(call("publish", handle_a, true)),
+                },
+                Action::Write {
+                    id: handle_a.into(),
+                    over_start: true,
+                },
+            ],
         ),
     ];
     for (what, actions) in runs {
