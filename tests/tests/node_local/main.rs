@@ -11,6 +11,7 @@ mod controller;
 mod ebs;
 mod ebs_partitions;
 mod elsewhere;
+mod fuse_view;
 mod hopping;
 mod lifecycle;
 mod moving;
