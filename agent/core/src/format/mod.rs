@@ -25,7 +25,8 @@ pub trait DeviceEvidence {
     fn size(&self) -> io::Result<u64>;
     /// Whether an xfs superblock is the one mkfs.xfs writes first and rewrites last.
     fn xfs_mkfs_unfinished(&self) -> io::Result<bool>;
-    /// Whether a superblock (even one libblkid rejects) carries exactly this UUID.
+    /// Whether a superblock (even one libblkid rejects) carries exactly this UUID and was never
+    /// mounted (mkfs's own work, not a used filesystem's torn or damaged superblock).
     fn carries_uuid(&self, uuid: &str) -> io::Result<bool>;
     /// The blank proof over `size` bytes: every allocated byte of a backing file where there
     /// is one, bounded windows otherwise. [`FormatError::Unprovable`] when it cannot be made.

@@ -28,19 +28,27 @@ const MIB: u64 = 1 << 20;
 const MIB_LEN: usize = 1 << 20;
 
 /// Whether the device carries a superblock (even one libblkid rejects: a checksum not yet
-/// written by an interrupted mkfs) with exactly this UUID: ext's at byte 1024, xfs's at 0.
+/// written by an interrupted mkfs) with exactly this UUID, never mounted: ext's at byte 1024,
+/// xfs's at 0.
 pub fn carries_uuid(device: &File, uuid: &str) -> io::Result<bool> {
     let Some(want) = parse_uuid(uuid) else {
         return Ok(false);
     };
+    // Only a superblock never mounted is mkfs's own work: a mount writes its marks into the
+    // very sector that holds the UUID (ext: the last mount time and the mount count; xfs: the
+    // superblock's LSN, 0 until a mount logs it), so a torn or damaged superblock of a used
+    // filesystem that libblkid rejects is never taken for an interrupted mkfs (a sixtieth fresh
+    // review's note: newer libblkid rejects a superblock whose checksum does not match).
     let mut sb = [0u8; 1024];
     device.read_exact_at(&mut sb, 1024)?;
     if sb[0x38..0x3a] == [0x53, 0xef] && sb[0x68..0x78] == want {
-        return Ok(true);
+        let mount_time = sb[0x2c..0x30].iter().chain(&sb[0x275..0x276]);
+        let mount_count = &sb[0x34..0x36];
+        return Ok(mount_time.chain(mount_count).all(|b| *b == 0));
     }
-    let mut xfs = [0u8; 64];
+    let mut xfs = [0u8; 248];
     device.read_exact_at(&mut xfs, 0)?;
-    Ok(&xfs[0..4] == b"XFSB" && xfs[32..48] == want)
+    Ok(&xfs[0..4] == b"XFSB" && xfs[32..48] == want && xfs[240..248] == [0; 8])
 }
 
 /// Whether the device carries an xfs primary superblock whose mkfs never finished

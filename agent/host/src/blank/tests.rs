@@ -58,6 +58,20 @@ fn a_superblock_carrying_the_uuid_is_recognised() {
     poke(&xfs, 32, &bytes);
     assert!(carries_uuid(&open(&xfs), uuid).unwrap());
     assert!(!carries_uuid(&open(&xfs), "not-a-uuid").unwrap());
+    // Mounted since: not mkfs's own work, whatever the UUID.
+    poke(&ext, 1024 + 0x34, &[1, 0]);
+    assert!(
+        !carries_uuid(&open(&ext), uuid).unwrap(),
+        "an ext mount count"
+    );
+    poke(&ext, 1024 + 0x34, &[0, 0]);
+    poke(&ext, 1024 + 0x2c, &[0x10, 0x20, 0x30, 0x40]);
+    assert!(
+        !carries_uuid(&open(&ext), uuid).unwrap(),
+        "an ext mount time"
+    );
+    poke(&xfs, 240, &[0, 0, 0, 1, 0, 0, 0, 2]);
+    assert!(!carries_uuid(&open(&xfs), uuid).unwrap(), "an xfs LSN");
 }
 
 #[test]
