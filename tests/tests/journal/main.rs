@@ -106,6 +106,7 @@ async fn call_on(
 }
 
 mod crash_matrix;
+mod interrupted;
 mod recovery;
 mod releases;
 mod storm;

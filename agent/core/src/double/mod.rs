@@ -171,6 +171,18 @@ impl Harness {
         self.host.add_device(&format!("dev-{volume}"), GIB)
     }
 
+    /// A bind of `volume`'s device node at `elsewhere` below the test's directory (an
+    /// operator's, or any user's in a namespace of its own): raw use the stage must refuse.
+    pub fn bind_node_elsewhere(&self, volume: &str) -> PathBuf {
+        let devnum = self.host.devnum(&self.backend.device_of(volume));
+        let mut bind = host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
+        bind.node.kind = crate::seam::FileKind::BlockDevice;
+        bind.node.rdev = devnum;
+        let at = self.dir.join("elsewhere");
+        self.host.state().mounts.insert(at.clone(), vec![bind]);
+        at
+    }
+
     pub fn path(&self, field: &'static str, rel: &str) -> RequestPath {
         let raw = self.dir.join("allowed").join(rel);
         RequestPath::parse(field, &raw.display().to_string(), &self.roots).expect("path")

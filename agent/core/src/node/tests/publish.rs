@@ -129,14 +129,7 @@ fn an_in_progress_stage_is_published_only_once_its_questions_are_asked() {
     let h = Harness::new();
     h.staged(VOL);
     stage_in_progress(&h);
-    let devnum = h.host.devnum(&h.backend.device_of(VOL));
-    let mut bind = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
-    bind.node.kind = crate::seam::FileKind::BlockDevice;
-    bind.node.rdev = devnum;
-    h.host
-        .state()
-        .mounts
-        .insert(h.dir.join("elsewhere"), vec![bind]);
+    h.bind_node_elsewhere(VOL);
     let e = h
         .publish(&writer_cmd(&h, "p1"))
         .expect_err("published a device bound elsewhere");

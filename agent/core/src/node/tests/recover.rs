@@ -330,16 +330,6 @@ fn a_stage_cut_before_its_mount_with_no_publication_is_dropped_and_frees_its_dev
         .expect("the retried stage starts afresh");
 }
 
-/// A bind of the volume's device node at `elsewhere` (any user's, in a namespace of its own).
-fn bind_elsewhere(h: &Harness) {
-    let devnum = h.host.devnum(&h.backend.device_of(VOL));
-    let mut bind = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
-    bind.node.kind = crate::seam::FileKind::BlockDevice;
-    bind.node.rdev = devnum;
-    let at = h.dir.join("elsewhere");
-    h.host.state().mounts.insert(at, vec![bind]);
-}
-
 /// A crash between a filesystem stage's mount and its post-mount questions, with the device's
 /// node bound elsewhere meanwhile: recovery asks them before it completes the record, and
 /// unstages the mount instead (a fifty-sixth fresh review's F1: it completed the record, and a
@@ -349,7 +339,7 @@ fn an_interrupted_stage_whose_device_is_bound_elsewhere_is_unstaged_not_complete
     let h = Harness::new();
     h.staged(VOL);
     stage_in_progress(&h);
-    bind_elsewhere(&h);
+    h.bind_node_elsewhere(VOL);
     let r = recover_volume(&h.ctx, VOL).expect("recover");
     assert!(r.dropped_staging && r.completed == 0, "{r:?}");
     assert_eq!(records(&h), (None, None));
@@ -379,7 +369,7 @@ fn an_interrupted_stage_it_cannot_take_down_stays_in_progress_and_unpublishable(
     let h = Harness::new();
     h.staged(VOL);
     stage_in_progress(&h);
-    bind_elsewhere(&h);
+    h.bind_node_elsewhere(VOL);
     h.host.state().fail.insert("unmount", "EBUSY".into());
     let r = recover_volume(&h.ctx, VOL).expect("recover");
     assert!(!r.dropped_staging && r.completed == 0, "{r:?}");

@@ -109,16 +109,8 @@ fn a_first_stage_refuses_a_device_bound_raw_elsewhere() {
         block(AccessMode::SingleNodeWriter),
     ] {
         let h = Harness::new();
-        let dev = h.attach(VOL);
-        let devnum = h.host.devnum(&dev);
-        let mut bind =
-            crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
-        bind.node.kind = crate::seam::FileKind::BlockDevice;
-        bind.node.rdev = devnum;
-        h.host
-            .state()
-            .mounts
-            .insert(h.dir.join("elsewhere"), vec![bind]);
+        h.attach(VOL);
+        h.bind_node_elsewhere(VOL);
         let e = h
             .stage(&h.stage_cmd(VOL, capability))
             .expect_err("staged a device bound raw elsewhere");
@@ -133,17 +125,11 @@ fn a_first_stage_refuses_a_device_bound_raw_elsewhere() {
 #[test]
 fn a_filesystem_re_stage_refuses_a_device_bound_raw_elsewhere() {
     let h = Harness::new();
-    let dev = h.attach(VOL);
+    h.attach(VOL);
     let cmd = h.stage_cmd(VOL, mount(AccessMode::SingleNodeWriter));
     h.stage(&cmd).expect("the first stage");
     h.host.state().mounts.clear();
-    let mut bind = crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
-    bind.node.kind = crate::seam::FileKind::BlockDevice;
-    bind.node.rdev = h.host.devnum(&dev);
-    h.host
-        .state()
-        .mounts
-        .insert(h.dir.join("elsewhere"), vec![bind]);
+    h.bind_node_elsewhere(VOL);
     h.host.state().calls.clear();
     let e = h.stage(&cmd).expect_err("re-staged under a raw bind");
     assert!(matches!(e, Error::DeviceStillBound { .. }), "{e}");
