@@ -11,7 +11,7 @@ mod controller;
 mod ebs;
 mod ebs_partitions;
 mod elsewhere;
-mod fuse_view;
+mod flushed_views;
 mod hopping;
 mod lifecycle;
 mod moving;

@@ -1,12 +1,15 @@
-//! A loop device an operator laid over a file of a FUSE filesystem shows bytes the agent cannot
-//! tell (FUSE may show any file), so it is a view of every volume's bytes, held idle while a
-//! stage runs. The stage flushes the views known to show its volume's bytes before the blank
-//! proof; this one's flush would be a request to the FUSE server, with no bound: a server that
-//! never answers it hung every stage on the node (a sixtieth fresh review's F1).
+//! Other devices showing a volume's bytes ("views") may hold writes in their own page caches,
+//! which no read of the device or its file sees: the stage flushes the views known to show its
+//! volume's bytes before the blank proof (a fifty-ninth fresh review's F1). A loop device an
+//! operator laid over a file of a FUSE filesystem shows bytes the agent cannot tell (FUSE may
+//! show any file), so it is a view of every volume's bytes; its flush would be a request to the
+//! FUSE server, with no bound, and a server that never answers it hung every stage on the node
+//! (a sixtieth fresh review's F1): it is not flushed.
 
 use csi::volume_capability::access_mode::Mode;
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
+use tonic::Code;
 
 use super::owners::{DetachOnDrop, SIZE};
 
@@ -129,4 +132,65 @@ async fn an_operators_loop_device_over_an_unanswering_fuse_file_holds_up_no_stag
         .node_unstage_volume(unstage_req(&v, &staging))
         .await
         .expect("unstage");
+}
+
+/// A second loop device over a loop volume's file holds a workload's buffered writes in its own
+/// page cache, its file still open: the stage flushes every view of the bytes before the blank
+/// proof, sees the data, and formats nothing (a fifty-ninth fresh review's F1: the stage
+/// formatted the file, and the writes' later writeback broke the new filesystem).
+#[tokio::test]
+async fn a_view_holding_unwritten_data_is_flushed_before_the_blank_proof() {
+    let _shared = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_view_holding_unwritten_data_is_flushed_before_the_blank_proof") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-dirty-view");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "dirty", SIZE).await;
+    let img = agent
+        .state_dir
+        .join("volumes")
+        .join(format!("{}.img", v.id));
+    let second = DetachOnDrop(super::losetup("", img.display()));
+    // Buffered writes at 0 and 8 MiB, the device kept open so its last close does not flush.
+    let ready = scratch.join("written");
+    let writer = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys,time\n\
+             fd=os.open(sys.argv[1],os.O_WRONLY)\n\
+             for off in (0, 8<<20): os.pwrite(fd, b'USERDATA'*512, off)\n\
+             open(sys.argv[2],'w').close()\n\
+             time.sleep(600)",
+            &second.0,
+            &ready.display().to_string(),
+        ])
+        .spawn()
+        .expect("the writer");
+    let _writer = Reaped(writer);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ready.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(ready.exists(), "the writer did not write");
+    let staging = agent.work.join("dirty/staging");
+    let e = agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(
+            &v,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        ))
+        .await
+        .expect_err("formatted over a view's unwritten data");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(!super::is_mounted(&staging), "staged anyway");
+    assert!(
+        !agent.log_text().contains(" formatted"),
+        "{}",
+        agent.log_text()
+    );
+    let head = std::fs::read(&img).expect("the volume file");
+    assert_eq!(&head[..8], b"USERDATA", "the workload's bytes");
 }
