@@ -13,12 +13,17 @@ use tonic::Code;
 
 use super::owners::{DetachOnDrop, SIZE};
 
-/// A FUSE server of one 16 MiB file, `img`, that answers everything a loop device needs, and
-/// FSYNC too until the file named by its second argument exists (then never, as a stopped
-/// daemon or an unreachable NFS server would not).
+/// A FUSE server of one file, `img`, that answers everything a loop device needs, and FSYNC too
+/// until the file named by its second argument exists (then never, as a stopped daemon or an
+/// unreachable NFS server would not). With a third argument, `img` passes through to that file
+/// (reads, writes and fsync), as a passthrough filesystem shows another's files; without, it is
+/// 16 MiB of its own memory.
 const SERVER: &str = r#"
 import os, sys, struct, ctypes, errno
-mnt = sys.argv[1]; hang = sys.argv[2]; SIZE = 16 << 20; data = bytearray(SIZE)
+mnt = sys.argv[1]; hang = sys.argv[2]
+back = os.open(sys.argv[3], os.O_RDWR) if len(sys.argv) > 3 else None
+SIZE = os.fstat(back).st_size if back is not None else 16 << 20
+data = bytearray(0 if back is not None else SIZE)
 fd = os.open('/dev/fuse', os.O_RDWR)
 libc = ctypes.CDLL(None, use_errno=True)
 opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
@@ -54,13 +59,19 @@ while True:
         reply(unique, 0, struct.pack('<QIi', 0, 0, 0))
     elif op == 15:
         fh, off, size = struct.unpack_from('<QQI', arg)
-        reply(unique, 0, bytes(data[off:off + size]))
+        got = os.pread(back, size, off) if back is not None else bytes(data[off:off + size])
+        reply(unique, 0, got)
     elif op == 16:
         fh, off, size = struct.unpack_from('<QQI', arg)
-        data[off:off + size] = arg[40:40 + size]
+        if back is not None:
+            os.pwrite(back, arg[40:40 + size], off)
+        else:
+            data[off:off + size] = arg[40:40 + size]
         reply(unique, 0, struct.pack('<II', size, 0))
     elif op == 20:
         if not os.path.exists(hang):
+            if back is not None:
+                os.fsync(back)
             reply(unique, 0)
     elif op in (25, 18, 29):
         reply(unique, 0)
@@ -84,47 +95,117 @@ impl Drop for Lazily {
     }
 }
 
+/// The FUSE server at `scratch/fuse` (passing through to `backing`, if any), its mount and an
+/// operator's loop device over its `img`. Dropped in reverse: the server first (its connection
+/// aborts, and a flush waiting on it fails), then the loop device, then the mount.
+struct FuseView {
+    _mount: Lazily,
+    pub loop_device: DetachOnDrop,
+    server: Option<Reaped>,
+    hang: std::path::PathBuf,
+}
+
+impl FuseView {
+    fn new(scratch: &Scratch, backing: Option<&std::path::Path>) -> FuseView {
+        let mnt = scratch.join("fuse");
+        let hang = scratch.join("hang");
+        std::fs::create_dir_all(&mnt).expect("the FUSE mount point");
+        let mount = Lazily(mnt.clone());
+        let mut args = vec![
+            "-c".to_string(),
+            SERVER.to_string(),
+            mnt.display().to_string(),
+            hang.display().to_string(),
+        ];
+        args.extend(backing.map(|b| b.display().to_string()));
+        let mut server = std::process::Command::new("python3")
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the FUSE server");
+        let out = server.stdout.take().expect("its stdout");
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+        let server = Reaped(server);
+        assert_eq!(line.trim(), "mounted", "the FUSE server did not mount");
+        let loop_device = DetachOnDrop(super::losetup("", mnt.join("img").display()));
+        FuseView {
+            _mount: mount,
+            loop_device,
+            server: Some(server),
+            hang,
+        }
+    }
+
+    /// From now on the server never answers FSYNC.
+    fn stop_answering_fsync(&self) {
+        std::fs::write(&self.hang, b"").expect("the hang flag");
+    }
+
+    /// The server dies: its connection aborts, and a flush waiting on it fails.
+    fn kill_server(&mut self) {
+        drop(self.server.take());
+    }
+}
+
+impl Drop for FuseView {
+    fn drop(&mut self) {
+        self.kill_server();
+    }
+}
+
+/// A stage of `v` at its own staging path, answered within 15 s (never hung).
+async fn stage_within(
+    agent: &Agent,
+    v: &Vol,
+    staging: &std::path::Path,
+) -> Result<(), tonic::Status> {
+    let mut node = agent.node().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let stage = node.node_stage_volume(stage_req(v, staging, cap));
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(15), stage).await;
+    answered
+        .expect("the stage hung on the FUSE server's flush")
+        .map(drop)
+}
+
+/// The server stops answering FSYNC: a stage is refused (its view that may show the volume's
+/// bytes cannot be flushed), never hung, and so is the next at once; once the server is gone,
+/// a stage goes through (nothing of that cache can reach any file any more).
 #[tokio::test]
 async fn an_operators_loop_device_over_an_unanswering_fuse_file_holds_up_no_stage() {
-    let _shared = crate::NAMESPACE_COPY.read().await;
+    // Alone: a loop device over a FUSE file is a view of every volume's bytes, and while its
+    // server does not answer every other test's stage would be refused.
+    let _alone = crate::NAMESPACE_COPY.write().await;
     if !require_root("an_operators_loop_device_over_an_unanswering_fuse_file_holds_up_no_stage") {
         return;
     }
     let scratch = Scratch::new("node-local-fuse-view");
-    let mnt = scratch.join("fuse");
-    let hang = scratch.join("hang");
-    std::fs::create_dir_all(&mnt).expect("the FUSE mount point");
-    // Dropped in reverse: the server first (its connection aborts, its waiters fail, the
-    // agent's too if it waits on it), then the loop device, the agent, the mount.
-    let _mount = Lazily(mnt.clone());
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let mut server = std::process::Command::new("python3")
-        .args([
-            "-c",
-            SERVER,
-            &mnt.display().to_string(),
-            &hang.display().to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("the FUSE server");
-    let out = server.stdout.take().expect("its stdout");
-    let mut line = String::new();
-    let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
-    let server = Reaped(server);
-    assert_eq!(line.trim(), "mounted", "the FUSE server did not mount");
-    let _operators = DetachOnDrop(super::losetup("", mnt.join("img").display()));
-    let _server = server;
-    std::fs::write(&hang, b"").expect("from now on FSYNC is never answered");
-
+    let mut fuse = FuseView::new(&scratch, None);
+    fuse.stop_answering_fsync();
     let v = create_attached(&agent, "beside-fuse", SIZE).await;
     let staging = agent.work.join("beside-fuse/staging");
-    let mut node = agent.node().await;
-    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
-    let stage = node.node_stage_volume(stage_req(&v, &staging, cap));
-    let answered = tokio::time::timeout(std::time::Duration::from_secs(15), stage).await;
-    let answer = answered.expect("the stage hung on the FUSE server's flush");
-    answer.expect("the stage beside an operator's loop device over FUSE");
+    for attempt in ["first", "second"] {
+        let e = stage_within(&agent, &v, &staging)
+            .await
+            .expect_err("staged past a view it could not flush");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{attempt}: {e:?}");
+        assert!(e.message().contains("flush"), "{attempt}: {e:?}");
+        assert!(!super::is_mounted(&staging), "{attempt}: staged anyway");
+    }
+    fuse.kill_server();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match stage_within(&agent, &v, &staging).await {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() < until => {
+                let _ = e;
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("not staged once the server was gone: {e:?}"),
+        }
+    }
     assert!(super::is_mounted(&staging), "not staged");
     agent
         .node()
@@ -132,6 +213,65 @@ async fn an_operators_loop_device_over_an_unanswering_fuse_file_holds_up_no_stag
         .node_unstage_volume(unstage_req(&v, &staging))
         .await
         .expect("unstage");
+    drop(fuse);
+}
+
+/// An operator's loop device over a FUSE file that passes through to the volume's own file holds
+/// a workload's buffered writes in its page cache: the stage flushes it too (its backing cannot
+/// be told, so through the bounded wait), sees the data, and formats nothing (a sixty-first
+/// fresh review's F1: such a view was skipped, formatted over, and its writeback broke the new
+/// filesystem).
+#[tokio::test]
+async fn a_fuse_passthrough_view_of_the_volume_is_flushed_before_the_blank_proof() {
+    // Alone: a loop device over a FUSE file is a view of every volume's bytes, and while its
+    // server does not answer every other test's stage would be refused.
+    let _alone = crate::NAMESPACE_COPY.write().await;
+    if !require_root("a_fuse_passthrough_view_of_the_volume_is_flushed_before_the_blank_proof") {
+        return;
+    }
+    let scratch = Scratch::new("node-local-fuse-passthrough");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "passed", SIZE).await;
+    let img = agent
+        .state_dir
+        .join("volumes")
+        .join(format!("{}.img", v.id));
+    let fuse = FuseView::new(&scratch, Some(&img));
+    let ready = scratch.join("written");
+    let writer = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys,time\n\
+             fd=os.open(sys.argv[1],os.O_WRONLY)\n\
+             for off in (0, 8<<20): os.pwrite(fd, b'USERDATA'*512, off)\n\
+             open(sys.argv[2],'w').close()\n\
+             time.sleep(600)",
+            &fuse.loop_device.0,
+            &ready.display().to_string(),
+        ])
+        .spawn()
+        .expect("the writer");
+    let _writer = Reaped(writer);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ready.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(ready.exists(), "the writer did not write");
+    let staging = agent.work.join("passed/staging");
+    let e = stage_within(&agent, &v, &staging)
+        .await
+        .expect_err("formatted over a passthrough view's unwritten data");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("not blank"), "{e:?}");
+    assert!(!super::is_mounted(&staging), "staged anyway");
+    assert!(
+        !agent.log_text().contains(" formatted"),
+        "{}",
+        agent.log_text()
+    );
+    let head = std::fs::read(&img).expect("the volume file");
+    assert_eq!(&head[..8], b"USERDATA", "the workload's bytes");
+    drop(fuse);
 }
 
 /// A second loop device over a loop volume's file holds a workload's buffered writes in its own

@@ -372,6 +372,7 @@ pub fn set_capacity(device: &Path) -> Result<(), LoopError> {
 }
 
 mod backing_fs;
+mod flush;
 pub mod overlay;
 pub mod stacking;
 pub mod views;

@@ -420,19 +420,19 @@ pub fn hold(device: DevNum, views: &[DevNum]) -> io::Result<Vec<File>> {
         // device or of its file sees them, and reach the bytes after the call's blank proof (a
         // fifty-ninth fresh review's F1: a second loop device over the volume's file held a
         // workload's buffered writes; the stage formatted the file, and their writeback then
-        // broke the new filesystem). Each view known to show these bytes is flushed first, as
-        // the blank proof flushes the device itself. Not a loop device that is a view only
-        // because what it shows cannot be told (over FUSE, NFS, overlayfs, or its status did not
-        // come): its flush is a request to that filesystem's server, with no bound, and a
-        // stopped one hung every stage on the node (a sixtieth fresh review's F1).
-        // (A partition of such a loop device is asked by its disk.)
+        // broke the new filesystem). Each is flushed first, as the blank proof flushes the
+        // device itself; a loop device whose backing cannot be told (over FUSE, NFS, overlayfs,
+        // or its status did not come; a partition of one is asked by its disk) through a
+        // bounded wait, since its flush is a request to that filesystem's server (`flush`).
         let whole = crate::raw_use::disk_family(*d).0;
-        let flush = loops
+        let told = loops
             .iter()
             .find(|l| l.devnum == *d || l.devnum == whole)
             .is_none_or(|l| !l.indistinct && !l.hung);
-        if flush {
+        if told {
             dev.sync_all().map_err(named)?;
+        } else {
+            super::flush::bounded(*d, &dev)?;
         }
         // The device's own whole disk or partitions: held, they would keep the device itself
         // from being claimed (by the call's own mkfs or mount, or its check that nothing else

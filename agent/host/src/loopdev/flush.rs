@@ -1,0 +1,69 @@
+//! Flushing a view of a volume's bytes whose backing cannot be told (a loop device over a FUSE,
+//! NFS or overlayfs file, or one whose status did not come). It may show the volume's bytes (a
+//! FUSE passthrough of the volume's file), so writes in its page cache must reach them before a
+//! blank proof (a sixty-first fresh review's F1: skipped, they were formatted over); but its
+//! flush is a request to that filesystem's server, with no bound (a sixtieth fresh review's F1:
+//! one that never answered hung every stage on the node). So it runs on a thread of its own,
+//! waited for `WITHIN`: past that the take is refused (never let through unflushed), and while
+//! it still waits every later take of any volume is refused at once, without a second thread.
+//! A flush that fails is let be: the server is gone, and nothing of that cache can reach any
+//! file through it any more.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io;
+use std::sync::{Mutex, mpsc};
+use std::time::Duration;
+
+use ebs_node_core::DevNum;
+
+/// How long a flush is waited for.
+const WITHIN: Duration = Duration::from_secs(2);
+
+/// The views whose flush is still waiting on their server.
+static WAITING: Mutex<BTreeSet<DevNum>> = Mutex::new(BTreeSet::new());
+
+fn waiting() -> std::sync::MutexGuard<'static, BTreeSet<DevNum>> {
+    WAITING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Flushes `view` (the device `devnum`), waiting `WITHIN` at most; `Err` when it did not finish.
+pub fn bounded(devnum: DevNum, view: &File) -> io::Result<()> {
+    if !waiting().insert(devnum) {
+        return Err(io::Error::other(format!(
+            "{devnum}: an earlier flush of it still waits on the server of its backing file"
+        )));
+    }
+    let file = match view.try_clone() {
+        Ok(f) => f,
+        Err(e) => {
+            waiting().remove(&devnum);
+            return Err(e);
+        }
+    };
+    let (done, answer) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("view-flush".into())
+        .spawn(move || {
+            let flushed = file.sync_all();
+            waiting().remove(&devnum);
+            let _ = done.send(flushed);
+        });
+    if let Err(e) = spawned {
+        waiting().remove(&devnum);
+        return Err(e);
+    }
+    match answer.recv_timeout(WITHIN) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::info!(view = %devnum, error = %e,
+                "a view of unknown backing could not be flushed: its server is gone, so nothing of its cache reaches any file");
+            Ok(())
+        }
+        Err(_) => Err(io::Error::other(format!(
+            "{devnum}: its flush did not finish within {} s (the server of its backing file does \
+             not answer); a view that may show the volume's bytes is never let through unflushed",
+            WITHIN.as_secs()
+        ))),
+    }
+}
