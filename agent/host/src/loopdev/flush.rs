@@ -67,3 +67,34 @@ pub fn bounded(devnum: DevNum, view: &File) -> io::Result<()> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flush that answers is waited for, and leaves nothing waiting behind it.
+    #[test]
+    fn a_flush_that_answers_is_waited_for_and_forgotten() {
+        let dir = std::env::temp_dir().join(format!("ebs-flush-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let file = File::open(&path).unwrap();
+        let devnum = DevNum::new(4095, 4095);
+        bounded(devnum, &file).expect("flushed");
+        bounded(devnum, &file).expect("flushed again: nothing still waits");
+        assert!(!waiting().contains(&devnum));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// While a flush of a view still waits, another take of it is refused at once.
+    #[test]
+    fn a_view_whose_flush_still_waits_is_refused_at_once() {
+        let devnum = DevNum::new(4094, 4094);
+        waiting().insert(devnum);
+        let file = File::open("/proc/self/stat").unwrap();
+        let e = bounded(devnum, &file).expect_err("a second flush beside the first");
+        assert!(e.to_string().contains("still waits"), "{e}");
+        waiting().remove(&devnum);
+    }
+}
