@@ -99,8 +99,10 @@ impl Drop for Lazily {
 /// operator's loop device over its `img`. Dropped in reverse: the server first (its connection
 /// aborts, and a flush waiting on it fails), then the loop device, then the mount.
 struct FuseView {
-    _mount: Lazily,
+    /// Loop devices laid over `loop_device` (`lay_over`), detached first.
+    laid_over: Vec<DetachOnDrop>,
     pub loop_device: DetachOnDrop,
+    _mount: Lazily,
     server: Option<Reaped>,
     hang: std::path::PathBuf,
 }
@@ -128,13 +130,28 @@ impl FuseView {
         let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
         let server = Reaped(server);
         assert_eq!(line.trim(), "mounted", "the FUSE server did not mount");
-        let loop_device = DetachOnDrop(super::losetup("", mnt.join("img").display()));
+        // At a high number, so that a loop device laid over it (`lay_over`) takes a lower one
+        // and is held and flushed first (the sixty-second review's order).
+        let high = (200..400)
+            .find(|n| !std::path::Path::new(&format!("/sys/block/loop{n}/loop")).exists())
+            .expect("a free loop device number");
+        let img = mnt.join("img");
+        sh(&format!("losetup /dev/loop{high} {}", img.display()));
+        let loop_device = DetachOnDrop(format!("/dev/loop{high}"));
         FuseView {
-            _mount: mount,
+            laid_over: Vec::new(),
             loop_device,
+            _mount: mount,
             server: Some(server),
             hang,
         }
+    }
+
+    /// A loop device laid over the FUSE file's loop device (it looks told: it lies over a block
+    /// device), whose flush reaches the server all the same.
+    fn lay_over(&mut self) {
+        let over = super::losetup("", &self.loop_device.0);
+        self.laid_over.push(DetachOnDrop(over));
     }
 
     /// From now on the server never answers FSYNC.
@@ -183,6 +200,9 @@ async fn an_operators_loop_device_over_an_unanswering_fuse_file_holds_up_no_stag
     let scratch = Scratch::new("node-local-fuse-view");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
     let mut fuse = FuseView::new(&scratch, None);
+    // And one laid over it, which looks told (a sixty-second fresh review's F1: its plain flush
+    // hung every stage).
+    fuse.lay_over();
     fuse.stop_answering_fsync();
     let v = create_attached(&agent, "beside-fuse", SIZE).await;
     let staging = agent.work.join("beside-fuse/staging");

@@ -1,9 +1,10 @@
-//! Flushing a view of a volume's bytes whose backing cannot be told (a loop device over a FUSE,
-//! NFS or overlayfs file, or one whose status did not come). It may show the volume's bytes (a
-//! FUSE passthrough of the volume's file), so writes in its page cache must reach them before a
-//! blank proof (a sixty-first fresh review's F1: skipped, they were formatted over); but its
-//! flush is a request to that filesystem's server, with no bound (a sixtieth fresh review's F1:
-//! one that never answered hung every stage on the node). So it runs on a thread of its own,
+//! Flushing a view of a volume's bytes. Writes in its page cache must reach the bytes before a
+//! blank proof, whatever its backing (a sixty-first fresh review's F1: a loop device over a FUSE
+//! passthrough of the volume's file was skipped, and its writes formatted over); but a flush
+//! that reaches a FUSE, NFS or overlayfs file, directly or through the devices it is laid over,
+//! is a request to that filesystem's server, with no bound (a sixtieth fresh review's F1: one
+//! that never answered hung every stage on the node; the sixty-second's: through a loop device
+//! laid over such a loop device, which looks told). So every flush runs on a thread of its own,
 //! waited for `WITHIN`: past that the take is refused (never let through unflushed), and while
 //! it still waits every later take of any volume is refused at once, without a second thread.
 //! A flush that fails is let be: the server is gone, and nothing of that cache can reach any
@@ -28,11 +29,13 @@ fn waiting() -> std::sync::MutexGuard<'static, BTreeSet<DevNum>> {
 }
 
 /// Flushes `view` (the device `devnum`), waiting `WITHIN` at most; `Err` when it did not finish.
-pub fn bounded(devnum: DevNum, view: &File) -> io::Result<()> {
+/// A flush that fails is an error only for a view whose backing is `told` (a local file or
+/// device); for the others it means their server is gone.
+pub fn bounded(devnum: DevNum, view: &File, told: bool) -> io::Result<()> {
     if !waiting().insert(devnum) {
-        return Err(io::Error::other(format!(
-            "{devnum}: an earlier flush of it still waits on the server of its backing file"
-        )));
+        return Err(io::Error::other(
+            "an earlier flush of it still waits on the server of its backing file",
+        ));
     }
     let file = match view.try_clone() {
         Ok(f) => f,
@@ -55,14 +58,15 @@ pub fn bounded(devnum: DevNum, view: &File) -> io::Result<()> {
     }
     match answer.recv_timeout(WITHIN) {
         Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if told => Err(e),
         Ok(Err(e)) => {
             tracing::info!(view = %devnum, error = %e,
                 "a view of unknown backing could not be flushed: its server is gone, so nothing of its cache reaches any file");
             Ok(())
         }
         Err(_) => Err(io::Error::other(format!(
-            "{devnum}: its flush did not finish within {} s (the server of its backing file does \
-             not answer); a view that may show the volume's bytes is never let through unflushed",
+            "its flush did not finish within {} s (the server of a file behind it does not \
+             answer); a view that may show the volume's bytes is never let through unflushed",
             WITHIN.as_secs()
         ))),
     }
@@ -81,8 +85,8 @@ mod tests {
         std::fs::write(&path, b"x").unwrap();
         let file = File::open(&path).unwrap();
         let devnum = DevNum::new(4095, 4095);
-        bounded(devnum, &file).expect("flushed");
-        bounded(devnum, &file).expect("flushed again: nothing still waits");
+        bounded(devnum, &file, true).expect("flushed");
+        bounded(devnum, &file, true).expect("flushed again: nothing still waits");
         assert!(!waiting().contains(&devnum));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -93,7 +97,7 @@ mod tests {
         let devnum = DevNum::new(4094, 4094);
         waiting().insert(devnum);
         let file = File::open("/proc/self/stat").unwrap();
-        let e = bounded(devnum, &file).expect_err("a second flush beside the first");
+        let e = bounded(devnum, &file, true).expect_err("a second flush beside the first");
         assert!(e.to_string().contains("still waits"), "{e}");
         waiting().remove(&devnum);
     }

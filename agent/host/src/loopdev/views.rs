@@ -92,6 +92,27 @@ type Walk = Result<Vec<Loop>, (io::ErrorKind, String)>;
 
 static WALKS: Flight<Walk> = Flight::new();
 
+/// Whether what `devnum` shows is told all the way down: no loop device it is, or lies over
+/// (through partitions and devices laid over others), is over a file that cannot be told or
+/// gave no status. A flush of one that is not may reach a filesystem's server.
+fn told_all_the_way(loops: &[Loop], devnum: DevNum) -> bool {
+    let mut at = devnum;
+    for _ in 0..MOST {
+        let whole = crate::raw_use::disk_family(at).0;
+        let Some(l) = loops.iter().find(|l| l.devnum == at || l.devnum == whole) else {
+            return true;
+        };
+        if l.indistinct || l.hung {
+            return false;
+        }
+        if l.over_device == DevNum::new(0, 0) {
+            return true;
+        }
+        at = l.over_device;
+    }
+    false
+}
+
 /// The loop devices as a walk started after this call saw them, shared with the callers asking
 /// at once (`flight`): every filesystem stage walks them three times (its views, and its raw
 /// use before and after the mount), and sixteen stages at once walked 128 devices each time.
@@ -421,19 +442,11 @@ pub fn hold(device: DevNum, views: &[DevNum]) -> io::Result<Vec<File>> {
         // fifty-ninth fresh review's F1: a second loop device over the volume's file held a
         // workload's buffered writes; the stage formatted the file, and their writeback then
         // broke the new filesystem). Each is flushed first, as the blank proof flushes the
-        // device itself; a loop device whose backing cannot be told (over FUSE, NFS, overlayfs,
-        // or its status did not come; a partition of one is asked by its disk) through a
-        // bounded wait, since its flush is a request to that filesystem's server (`flush`).
-        let whole = crate::raw_use::disk_family(*d).0;
-        let told = loops
-            .iter()
-            .find(|l| l.devnum == *d || l.devnum == whole)
-            .is_none_or(|l| !l.indistinct && !l.hung);
-        if told {
-            dev.sync_all().map_err(named)?;
-        } else {
-            super::flush::bounded(*d, &dev)?;
-        }
+        // device itself, through a bounded wait: a flush may reach a filesystem's server
+        // (`flush`). One whose backing cannot be told (over FUSE, NFS, overlayfs, or its status
+        // did not come; a partition of one is asked by its disk) may fail when that server is
+        // gone, which lets the take go on.
+        super::flush::bounded(*d, &dev, told_all_the_way(loops, *d)).map_err(named)?;
         // The device's own whole disk or partitions: held, they would keep the device itself
         // from being claimed (by the call's own mkfs or mount, or its check that nothing else
         // claims it). They are checked for use all the same.
