@@ -234,3 +234,74 @@ fn bind_its_node(scratch: &Scratch, c: &Cycle) -> Unmount {
     ));
     Unmount(bound)
 }
+
+/// An xfs whose mkfs never finished (its superblock still says so, with the intent's UUID) is
+/// redone only while nothing lies past mkfs's first writes: raw writes made behind it while the
+/// agent was down are refused, not formatted over (a sixty-second fresh review's F2: 8 of 64
+/// markers overwritten); with its superblock alone, the redo goes through.
+#[tokio::test]
+async fn an_unfinished_xfs_is_redone_only_over_its_own_first_writes() {
+    if !require_root("an_unfinished_xfs_is_redone_only_over_its_own_first_writes") {
+        return;
+    }
+    for written in [true, false] {
+        let point = cp::intent(J::Stage, S::Format);
+        let prefix = format!("xfs-unfinished-{written}");
+        let (scratch, mut agent, c) =
+            agent_with_volume(&prefix, crash_opts(Some(&point)), "x", 320 << 20, "xfs").await;
+        assert!(call(&agent, &c, Op::Stage).await.is_err());
+        agent
+            .wait_exit(Duration::from_secs(20))
+            .await
+            .expect("crashed");
+        let v = agent.status_json();
+        let uuid = v["volumes"][0]["filesystem"]["uuid"]
+            .as_str()
+            .expect("the intent's UUID")
+            .to_string();
+        // What mkfs.xfs writes first: its superblock, marked in progress, with the UUID. Made
+        // on a copy, and only its first sector laid on the device.
+        let head = scratch.join("head.img");
+        sh(&format!("truncate -s 320M {}", head.display()));
+        sh(&format!(
+            "mkfs.xfs -q -f -K -m uuid={uuid} {}",
+            head.display()
+        ));
+        sh(&format!(
+            "xfs_db -x -c 'sb 0' -c 'write inprogress 1' {} >/dev/null",
+            head.display()
+        ));
+        sh(&format!(
+            "dd if={} of={} bs=512 count=1 conv=notrunc,fsync status=none",
+            head.display(),
+            c.vol.device
+        ));
+        if written {
+            sh(&format!(
+                "printf 'USERDATA-must-survive' | dd of={} bs=1 seek=$((64 << 20)) conv=notrunc,fsync status=none",
+                c.vol.device
+            ));
+        }
+        agent.restart(Some(crash_opts(None))).await;
+        let r = call(&agent, &c, Op::Stage).await;
+        if written {
+            let e = r.expect_err("formatted over data written behind the superblock");
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert!(
+                !agent.log_text().contains(" formatted"),
+                "{}",
+                agent.log_text()
+            );
+            let out = sh(&format!(
+                "dd if={} bs=1 skip=$((64 << 20)) count=21 status=none",
+                c.vol.device
+            ));
+            assert_eq!(&out.stdout[..], b"USERDATA-must-survive", "the data");
+        } else {
+            r.unwrap_or_else(|e| panic!("the redo of our own first writes: {e:?}"));
+            assert_eq!(agent.log_text().matches(" formatted").count(), 1);
+            assert_eq!(fs_uuid(&c.vol.device), uuid);
+            call(&agent, &c, Op::Unstage).await.expect("unstage");
+        }
+    }
+}

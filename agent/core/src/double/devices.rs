@@ -102,6 +102,10 @@ impl DeviceEvidence for DoubleEvidence<'_> {
             .is_some_and(|u| u == uuid))
     }
     fn prove_blank(&self, size: u64) -> std::result::Result<Proof, FormatError> {
+        self.prove_blank_past(0, size)
+    }
+    /// What a workload wrote lies in the middle of the device (past any mkfs's first writes).
+    fn prove_blank_past(&self, _from: u64, size: u64) -> std::result::Result<Proof, FormatError> {
         let found = self
             .host
             .state()

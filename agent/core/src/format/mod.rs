@@ -31,6 +31,8 @@ pub trait DeviceEvidence {
     /// The blank proof over `size` bytes: every allocated byte of a backing file where there
     /// is one, bounded windows otherwise. [`FormatError::Unprovable`] when it cannot be made.
     fn prove_blank(&self, size: u64) -> Result<Proof, FormatError>;
+    /// The same proof of the bytes from device offset `from` on.
+    fn prove_blank_past(&self, from: u64, size: u64) -> Result<Proof, FormatError>;
     /// A UUID for a filesystem that no record names yet.
     fn fresh_uuid(&self) -> Result<String, FormatError>;
 }
@@ -227,7 +229,23 @@ pub fn decide(
                     let unfinished = dev.xfs_mkfs_unfinished().map_err(|e| {
                         FormatError::io(format!("reading {}", dev.path().display()), e)
                     })?;
+                    // An unfinished one is redone only while nothing lies past mkfs's first
+                    // writes: beyond them its partial metadata cannot be told from data written
+                    // since (a sixty-second fresh review's F2: raw writes made while the agent
+                    // was down were formatted over).
                     Ok(if unfinished {
+                        if let Some(more) = past_mkfs_head(dev)? {
+                            return Err(FormatError::NotBlank {
+                                device: dev.path().to_path_buf(),
+                                found: format!(
+                                    "an xfs (UUID {found}) whose mkfs never finished, and {} past \
+                                     its first writes: mkfs's own metadata cannot be told from \
+                                     data written since. If that data is not wanted, wipe the \
+                                     whole device and stage again",
+                                    more.what
+                                ),
+                            });
+                        }
                         Decision::Format {
                             uuid: f.uuid.to_string(),
                         }
@@ -297,8 +315,12 @@ fn blank_or_ours(
         });
     };
     // Only our own mkfs wrote the superblock with the UUID it chose: the device was proven blank
-    // before that mkfs ran, and it was neither mounted, handed out raw nor detached since.
-    if dev.carries_uuid(f.uuid).map_err(read_err)? {
+    // before that mkfs ran, and it was neither mounted, handed out raw nor detached since. The
+    // licence covers mkfs's first writes and nothing past them.
+    if found.offset < MKFS_HEAD
+        && dev.carries_uuid(f.uuid).map_err(read_err)?
+        && past_mkfs_head(dev)?.is_none()
+    {
         return Ok(Decision::Format {
             uuid: f.uuid.to_string(),
         });
@@ -313,6 +335,21 @@ fn blank_or_ours(
             found.what, f.uuid
         ),
     })
+}
+
+/// What an interrupted mkfs writes before anything else: xfs's superblock and its first
+/// allocation group's headers (the sectors after it), ext's superblock at 1024. An intent's
+/// licence to redo covers these bytes and nothing beyond.
+pub const MKFS_HEAD: u64 = 4096;
+
+/// What the device holds past `MKFS_HEAD`, if anything (`None`: proven blank there).
+fn past_mkfs_head(
+    dev: &(impl DeviceEvidence + ?Sized),
+) -> Result<Option<crate::blank::NonBlank>, FormatError> {
+    let size = dev
+        .size()
+        .map_err(|e| FormatError::io(format!("sizing {}", dev.path().display()), e))?;
+    Ok(dev.prove_blank_past(MKFS_HEAD, size)?.found)
 }
 
 /// Whether a format record is an intent that still proves its mkfs was the last to write the

@@ -27,6 +27,10 @@ struct Double {
     carries: Option<&'static str>,
     /// Ok(None): proven blank; Ok(Some(what)): something found; Err: no proof possible.
     proof: std::result::Result<Option<&'static str>, &'static str>,
+    /// Where the first thing found lies (past mkfs's first writes unless set lower).
+    found_at: u64,
+    /// What lies past mkfs's first writes (`prove_blank_past`), if anything.
+    past_head: Option<&'static str>,
     calls: RefCell<Vec<&'static str>>,
 }
 
@@ -38,6 +42,8 @@ impl Default for Double {
             unfinished: false,
             carries: None,
             proof: Ok(None),
+            found_at: 4096,
+            past_head: None,
             calls: RefCell::new(Vec::new()),
         }
     }
@@ -78,7 +84,7 @@ impl DeviceEvidence for Double {
         match self.proof {
             Ok(found) => Ok(Proof {
                 found: found.map(|what| NonBlank {
-                    offset: 4096,
+                    offset: self.found_at,
                     what: what.into(),
                 }),
                 coverage,
@@ -88,6 +94,20 @@ impl DeviceEvidence for Double {
                 why: why.into(),
             }),
         }
+    }
+    fn prove_blank_past(&self, from: u64, _size: u64) -> Result<Proof, FormatError> {
+        self.read("prove_blank_past");
+        assert_eq!(from, crate::format::MKFS_HEAD);
+        Ok(Proof {
+            found: self.past_head.map(|what| NonBlank {
+                offset: from,
+                what: what.into(),
+            }),
+            coverage: Coverage::Windows {
+                windows: 256,
+                read: 1 << 24,
+            },
+        })
     }
     fn fresh_uuid(&self) -> Result<String, FormatError> {
         self.read("fresh_uuid");
@@ -275,7 +295,29 @@ fn a_requested_filesystem_is_used_as_found_or_refused_never_redone_without_licen
             unfinished: true,
             ..d()
         })
-        .reads(&["attachment", "xfs_mkfs_unfinished"]),
+        .reads(&[
+            "attachment",
+            "xfs_mkfs_unfinished",
+            "size",
+            "prove_blank_past",
+        ]),
+        row(
+            "intent on this attachment, an unfinished xfs with data past its first writes: refused",
+            fs_sig("ext4", OURS),
+            intent(OURS, Some(NOW)),
+            Want::NotBlank("whose mkfs never finished, and written data"),
+        )
+        .device(Double {
+            unfinished: true,
+            past_head: Some("written data"),
+            ..d()
+        })
+        .reads(&[
+            "attachment",
+            "xfs_mkfs_unfinished",
+            "size",
+            "prove_blank_past",
+        ]),
         row(
             "intent on this attachment, read-only: used, not redone",
             fs_sig("ext4", OURS),
@@ -510,17 +552,58 @@ fn a_device_blkid_calls_blank_is_formatted_only_when_proven_blank_or_ours() {
         )
         .reads(&["attachment", "size", "prove_blank"]),
         row(
-            "licensed intent, our superblock: mkfs redone",
+            "licensed intent, our superblock alone: mkfs redone",
             blank(),
             intent(OURS, Some(NOW)),
             Want::Format(OURS),
         )
         .device(Double {
             proof: Ok(Some("non-zero bytes")),
+            found_at: 1024,
             carries: Some(OURS),
             ..d()
         })
-        .reads(&["attachment", "size", "prove_blank", "carries_uuid"]),
+        .reads(&[
+            "attachment",
+            "size",
+            "prove_blank",
+            "carries_uuid",
+            "size",
+            "prove_blank_past",
+        ]),
+        row(
+            "licensed intent, our superblock and data past it: refused",
+            blank(),
+            intent(OURS, Some(NOW)),
+            Want::NotBlank("an earlier mkfs of volume vol"),
+        )
+        .device(Double {
+            proof: Ok(Some("non-zero bytes")),
+            found_at: 1024,
+            carries: Some(OURS),
+            past_head: Some("written data"),
+            ..d()
+        })
+        .reads(&[
+            "attachment",
+            "size",
+            "prove_blank",
+            "carries_uuid",
+            "size",
+            "prove_blank_past",
+        ]),
+        row(
+            "licensed intent, our superblock, data found first past mkfs's first writes: refused",
+            blank(),
+            intent(OURS, Some(NOW)),
+            Want::NotBlank("an earlier mkfs of volume vol"),
+        )
+        .device(Double {
+            proof: Ok(Some("non-zero bytes")),
+            carries: Some(OURS),
+            ..d()
+        })
+        .reads(&["attachment", "size", "prove_blank"]),
         row(
             "licensed intent, data that is not ours: refused",
             blank(),
@@ -529,6 +612,7 @@ fn a_device_blkid_calls_blank_is_formatted_only_when_proven_blank_or_ours() {
         )
         .device(Double {
             proof: Ok(Some("non-zero bytes")),
+            found_at: 1024,
             carries: Some(OTHER),
             ..d()
         })

@@ -22,12 +22,33 @@ use ebs_node_core::seam::BackingFile;
 
 /// Proves the `size` bytes of `device` blank through its backing file.
 pub fn prove_backing(device: &File, backing: &BackingFile, size: u64) -> io::Result<Proof> {
-    prove_extents(device, backing, size, EXTENT_READ_BUDGET)
+    prove_backing_past(device, backing, 0, size)
 }
 
+/// The same proof of the bytes from device offset `from` on.
+pub fn prove_backing_past(
+    device: &File,
+    backing: &BackingFile,
+    from: u64,
+    size: u64,
+) -> io::Result<Proof> {
+    prove_extents_past(device, backing, from, size, EXTENT_READ_BUDGET)
+}
+
+#[cfg(test)]
 pub(super) fn prove_extents(
     device: &File,
     backing: &BackingFile,
+    size: u64,
+    budget: u64,
+) -> io::Result<Proof> {
+    prove_extents_past(device, backing, 0, size, budget)
+}
+
+fn prove_extents_past(
+    device: &File,
+    backing: &BackingFile,
+    from: u64,
     size: u64,
     budget: u64,
 ) -> io::Result<Proof> {
@@ -38,7 +59,7 @@ pub(super) fn prove_extents(
     let (first, end) = (backing.offset, backing.offset.saturating_add(size));
     let mut read = 0u64;
     let mut buf = vec![0u8; MIB_LEN];
-    let mut pos = first;
+    let mut pos = first.saturating_add(from).min(end);
     while pos < end {
         let data = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
             Ok(d) => d,

@@ -20,8 +20,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 
 use ebs_node_core::blank::{Coverage, NonBlank, Proof};
-pub use extents::{EXTENT_READ_BUDGET, prove_backing};
-pub use windows::prove_windows;
+pub use extents::{EXTENT_READ_BUDGET, prove_backing, prove_backing_past};
+pub use windows::{prove_windows, prove_windows_past};
 
 const MIB: u64 = 1 << 20;
 /// A MiB as a buffer length.

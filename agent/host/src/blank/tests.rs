@@ -308,3 +308,39 @@ fn an_xfs_whose_mkfs_never_finished_is_told_apart() {
     assert!(super::xfs_mkfs_unfinished(&f).unwrap());
     let _ = std::fs::remove_file(&path);
 }
+
+/// The proof past mkfs's first writes: a superblock alone there leaves the rest blank to it, and
+/// anything past them is found, by both proofs.
+#[test]
+fn the_proof_past_a_head_sees_only_what_lies_past_it() {
+    let size = 64 * MIB;
+    let t = TempFile::sparse("past-head", size);
+    poke(&t, 1024 + 0x38, &[0x53, 0xef]);
+    let dev = open(&t);
+    let backing = BackingFile {
+        file: open(&t),
+        offset: 0,
+    };
+    assert!(
+        prove_backing_past(&dev, &backing, 0, size)
+            .unwrap()
+            .found
+            .is_some()
+    );
+    assert_eq!(
+        prove_backing_past(&dev, &backing, 4096, size)
+            .unwrap()
+            .found,
+        None
+    );
+    assert_eq!(prove_windows_past(&dev, 4096, size).unwrap().found, None);
+    poke(&t, 8 * MIB, b"data");
+    let dev = open(&t);
+    let hit = prove_backing_past(&dev, &backing, 4096, size)
+        .unwrap()
+        .found
+        .unwrap();
+    assert_eq!(hit.offset, 8 * MIB);
+    let hit = prove_windows_past(&dev, 4096, size).unwrap().found.unwrap();
+    assert_eq!(hit.offset, 8 * MIB);
+}

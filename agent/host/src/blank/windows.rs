@@ -32,7 +32,19 @@ const EXT_GROUP_4K: u64 = 32768 * 4096;
 
 /// Reads every window of [`layout`] and reports the first non-zero byte.
 pub fn prove_windows(device: &File, size: u64) -> io::Result<Proof> {
-    let layout = layout(size);
+    prove_windows_past(device, 0, size)
+}
+
+/// The same proof of the windows' bytes from device offset `from` on.
+pub fn prove_windows_past(device: &File, from: u64, size: u64) -> io::Result<Proof> {
+    let layout: Vec<(u64, u64)> = layout(size)
+        .into_iter()
+        .filter(|(start, len)| start + len > from)
+        .map(|(start, len)| {
+            let skip = from.saturating_sub(start);
+            (start + skip, len - skip)
+        })
+        .collect();
     let read = layout.iter().map(|(_, len)| len).sum();
     let coverage = Coverage::Windows {
         windows: layout.len(),

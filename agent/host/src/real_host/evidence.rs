@@ -39,6 +39,10 @@ impl DeviceEvidence for HeldEvidence<'_> {
     }
 
     fn prove_blank(&self, size: u64) -> Result<Proof, FormatError> {
+        self.prove_blank_past(0, size)
+    }
+
+    fn prove_blank_past(&self, from: u64, size: u64) -> Result<Proof, FormatError> {
         let path = self.device.path();
         let dev = self.device.held.file();
         let backing = self
@@ -50,8 +54,8 @@ impl DeviceEvidence for HeldEvidence<'_> {
             })?;
         let started = Instant::now();
         let proof = match &backing {
-            Some(b) => blank::prove_backing(dev, b, size),
-            None => blank::prove_windows(dev, size),
+            Some(b) => blank::prove_backing_past(dev, b, from, size),
+            None => blank::prove_windows_past(dev, from, size),
         }
         .map_err(|e| FormatError::io(format!("proving {} blank", path.display()), e))?;
         tracing::debug!(device = %path.display(), blank = proof.found.is_none(),
