@@ -171,6 +171,32 @@ impl Drop for FuseView {
     }
 }
 
+/// A workload's buffered writes at 0 and 8 MiB through `device`, left in its page cache: the
+/// device stays open (its last close would flush them) until the writer is dropped.
+fn buffered_writer(scratch: &Scratch, device: &str) -> Reaped {
+    let ready = scratch.join("written");
+    let writer = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys,time\n\
+             fd=os.open(sys.argv[1],os.O_WRONLY)\n\
+             for off in (0, 8<<20): os.pwrite(fd, b'USERDATA'*512, off)\n\
+             open(sys.argv[2],'w').close()\n\
+             time.sleep(600)",
+            device,
+            &ready.display().to_string(),
+        ])
+        .spawn()
+        .expect("the writer");
+    let writer = Reaped(writer);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ready.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(ready.exists(), "the writer did not write");
+    writer
+}
+
 /// A stage of `v` at its own staging path, answered within 15 s (never hung).
 async fn stage_within(
     agent: &Agent,
@@ -257,26 +283,7 @@ async fn a_fuse_passthrough_view_of_the_volume_is_flushed_before_the_blank_proof
         .join("volumes")
         .join(format!("{}.img", v.id));
     let fuse = FuseView::new(&scratch, Some(&img));
-    let ready = scratch.join("written");
-    let writer = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import os,sys,time\n\
-             fd=os.open(sys.argv[1],os.O_WRONLY)\n\
-             for off in (0, 8<<20): os.pwrite(fd, b'USERDATA'*512, off)\n\
-             open(sys.argv[2],'w').close()\n\
-             time.sleep(600)",
-            &fuse.loop_device.0,
-            &ready.display().to_string(),
-        ])
-        .spawn()
-        .expect("the writer");
-    let _writer = Reaped(writer);
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !ready.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(ready.exists(), "the writer did not write");
+    let _writer = buffered_writer(&scratch, &fuse.loop_device.0);
     let staging = agent.work.join("passed/staging");
     let e = stage_within(&agent, &v, &staging)
         .await
@@ -312,27 +319,7 @@ async fn a_view_holding_unwritten_data_is_flushed_before_the_blank_proof() {
         .join("volumes")
         .join(format!("{}.img", v.id));
     let second = DetachOnDrop(super::losetup("", img.display()));
-    // Buffered writes at 0 and 8 MiB, the device kept open so its last close does not flush.
-    let ready = scratch.join("written");
-    let writer = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import os,sys,time\n\
-             fd=os.open(sys.argv[1],os.O_WRONLY)\n\
-             for off in (0, 8<<20): os.pwrite(fd, b'USERDATA'*512, off)\n\
-             open(sys.argv[2],'w').close()\n\
-             time.sleep(600)",
-            &second.0,
-            &ready.display().to_string(),
-        ])
-        .spawn()
-        .expect("the writer");
-    let _writer = Reaped(writer);
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !ready.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(ready.exists(), "the writer did not write");
+    let _writer = buffered_writer(&scratch, &second.0);
     let staging = agent.work.join("dirty/staging");
     let e = agent
         .node()
