@@ -1,8 +1,6 @@
 //! The read-only open of `status` and `recover`: never a panic on a damaged file, never a hang
 //! on what is no regular file, and the file's own locks held (an agent running on it is told).
 
-use std::collections::BTreeMap;
-
 use ebs_node_core::records::*;
 use ebs_store::*;
 
@@ -16,16 +14,7 @@ use common::*;
 fn a_damaged_page_is_an_error_for_read_only_opens_not_a_panic() {
     let dir = TempDir::new("damaged-page");
     let path = dir.0.join("state.redb");
-    {
-        let store = Store::open(&path).unwrap();
-        store
-            .write(Durability::Immediate, |w| {
-                w.put_staged(&staged("v1", 1))?;
-                w.step("v1", "stage", "mount", Phase::Done, BTreeMap::new())?;
-                Ok(())
-            })
-            .unwrap();
-    }
+    one_staged_volume(&path);
     let good = std::fs::read(&path).unwrap();
     let damaged = dir.0.join("damaged.redb");
     let mut refused = 0;

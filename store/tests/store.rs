@@ -11,16 +11,7 @@ use common::*;
 fn records_survive_reopen() {
     let dir = TempDir::new("reopen");
     let path = dir.0.join("state.redb");
-    {
-        let store = Store::open(&path).unwrap();
-        store
-            .write(Durability::Immediate, |w| {
-                w.put_staged(&staged("v1", 1))?;
-                w.step("v1", "stage", "mount", Phase::Done, BTreeMap::new())?;
-                Ok(())
-            })
-            .unwrap();
-    }
+    one_staged_volume(&path);
     let store = Store::open(&path).unwrap();
     assert_eq!(store.staged("v1").unwrap(), Some(staged("v1", 1)));
     assert_eq!(store.journal("v1").unwrap().len(), 1);

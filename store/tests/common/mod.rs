@@ -78,3 +78,15 @@ pub fn line(w: &mut Writer, id: &str, n: &str) -> Result<(), StoreError> {
     let detail = BTreeMap::from([("n".to_string(), n.to_string())]);
     w.step(id, "stage", "mount", Phase::Done, detail)
 }
+
+/// A state file at `path` holding one staged volume, `v1`, and one line of its journal, closed.
+pub fn one_staged_volume(path: &std::path::Path) {
+    let store = Store::open(path).unwrap();
+    store
+        .write(Durability::Immediate, |w| {
+            w.put_staged(&staged("v1", 1))?;
+            w.step("v1", "stage", "mount", Phase::Done, BTreeMap::new())?;
+            Ok(())
+        })
+        .unwrap();
+}

@@ -191,74 +191,20 @@ pub fn decide(
         }
         ProbeOutcome::Found(sig) if is_requested(&sig, fs) => {
             let found = sig.uuid.clone().unwrap_or_default();
-            let existing = |adopt| {
-                // Not redone (no intent licenses it): an xfs whose mkfs never finished is
-                // nothing to mount, and is left for the operator.
-                let unfinished = dev
-                    .xfs_mkfs_unfinished()
-                    .map_err(|e| FormatError::io(format!("reading {}", dev.path().display()), e))?;
-                if unfinished {
-                    return Err(FormatError::NotBlank {
-                        device: dev.path().to_path_buf(),
-                        found: format!(
-                            "an xfs (UUID {found}) whose mkfs never finished, and no format \
-                             intent of this attachment vouches that it was ours; if it is not \
-                             wanted, wipe the whole device and stage again"
-                        ),
-                    });
-                }
-                Ok(Decision::Check(Existing {
-                    uuid: found.clone(),
-                    adopt,
-                    fs_bytes,
-                }))
-            };
             match format {
                 Some(f) if f.uuid != found => Err(wrong(format!(
                     "it carries {fs} UUID {found}, but the volume was formatted with UUID {}",
                     f.uuid
                 ))),
                 // Our mkfs was interrupted (or finished just before its record), on this very
-                // attachment, and the device was never handed out since. Only an xfs whose mkfs
-                // never finished (its superblock still says so) is redone: a filesystem the probe
-                // finds whole is mkfs's finished work (mke2fs writes the primary superblock last),
-                // so it is used as found, checked and recorded; a redo threw away whatever a
-                // mount of it wrote since (a fifty-ninth fresh review's F2: root mounted it while
-                // the agent was down and wrote a file, and the retried stage formatted it again).
-                Some(f) if !f.done && !readonly => {
-                    let unfinished = dev.xfs_mkfs_unfinished().map_err(|e| {
-                        FormatError::io(format!("reading {}", dev.path().display()), e)
-                    })?;
-                    // An unfinished one is redone only while nothing lies past mkfs's first
-                    // writes: beyond them its partial metadata cannot be told from data written
-                    // since (a sixty-second fresh review's F2: raw writes made while the agent
-                    // was down were formatted over).
-                    Ok(if unfinished {
-                        if let Some(more) = past_mkfs_head(dev)? {
-                            return Err(FormatError::NotBlank {
-                                device: dev.path().to_path_buf(),
-                                found: format!(
-                                    "an xfs (UUID {found}) whose mkfs never finished, and {} past \
-                                     its first writes: mkfs's own metadata cannot be told from \
-                                     data written since. If that data is not wanted, wipe the \
-                                     whole device and stage again",
-                                    more.what
-                                ),
-                            });
-                        }
-                        Decision::Format {
-                            uuid: f.uuid.to_string(),
-                        }
-                    } else {
-                        Decision::Check(Existing {
-                            uuid: found.clone(),
-                            adopt: true,
-                            fs_bytes,
-                        })
-                    })
-                }
-                Some(_) => existing(false),
-                None => existing(true),
+                // attachment, and the device was never handed out since.
+                Some(f) if !f.done && !readonly => requested_found(dev, found, Some(f), fs_bytes),
+                Some(_) => requested_found(dev, found, None, fs_bytes).map(|d| match d {
+                    // A finished record vouches for the filesystem: nothing to adopt.
+                    Decision::Check(e) => Decision::Check(Existing { adopt: false, ..e }),
+                    other => other,
+                }),
+                None => requested_found(dev, found, None, fs_bytes),
             }
         }
         ProbeOutcome::Found(sig) => Err(FormatError::NotBlank {
@@ -280,6 +226,59 @@ pub fn decide(
             intent => blank_or_ours(dev, vol, intent, stale_uuid),
         },
     }
+}
+
+/// A filesystem of the requested type with the record's UUID (or no record) is on the device.
+/// Only an xfs whose mkfs never finished (its superblock still says so) is redone, and only under
+/// `intent`, the licence of our own interrupted mkfs: a filesystem the probe finds whole is mkfs's
+/// finished work (mke2fs writes the primary superblock last), so it is used as found, checked and
+/// recorded; a redo threw away whatever a mount of it wrote since (a fifty-ninth fresh review's
+/// F2: root mounted it while the agent was down and wrote a file, and the retried stage formatted
+/// it again).
+fn requested_found(
+    dev: &(impl DeviceEvidence + ?Sized),
+    found: String,
+    intent: Option<FormatView<'_>>,
+    fs_bytes: Option<u64>,
+) -> Result<Decision, FormatError> {
+    let unfinished = dev
+        .xfs_mkfs_unfinished()
+        .map_err(|e| FormatError::io(format!("reading {}", dev.path().display()), e))?;
+    if !unfinished {
+        return Ok(Decision::Check(Existing {
+            uuid: found,
+            adopt: true,
+            fs_bytes,
+        }));
+    }
+    let Some(f) = intent else {
+        // Nothing to mount, and no intent licenses a redo: left for the operator.
+        return Err(FormatError::NotBlank {
+            device: dev.path().to_path_buf(),
+            found: format!(
+                "an xfs (UUID {found}) whose mkfs never finished, and no format intent of this \
+                 attachment vouches that it was ours; if it is not wanted, wipe the whole device \
+                 and stage again"
+            ),
+        });
+    };
+    // Redone only while nothing lies past mkfs's first writes: beyond them its partial metadata
+    // cannot be told from data written since (a sixty-second fresh review's F2: raw writes made
+    // while the agent was down were formatted over).
+    if let Some(more) = past_mkfs_head(dev)? {
+        return Err(FormatError::NotBlank {
+            device: dev.path().to_path_buf(),
+            found: format!(
+                "an xfs (UUID {found}) whose mkfs never finished, and {} past its first writes: \
+                 mkfs's own metadata cannot be told from data written since. If that data is \
+                 not wanted, wipe the whole device and stage again",
+                more.what
+            ),
+        });
+    }
+    Ok(Decision::Format {
+        uuid: f.uuid.to_string(),
+    })
 }
 
 fn blank_or_ours(
