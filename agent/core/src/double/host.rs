@@ -1,11 +1,12 @@
-//! The recording double of the host (its devices, evidence and backend are in `devices`).
+//! The recording double of the host (its devices, evidence and backend are in `devices`, what it
+//! holds in `state`, the views of a device's bytes in `views`).
 //! Devices are plain files given device numbers; the mount table is a stack of mounts per path;
 //! every call that changes the host is recorded with the journal line committed last before it
 //! (so a test sees what was durable when the host was touched). Failures are scripted by call
 //! name.
 
 use crate::DevNum;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use crate::seam::FileKind as FileType;
 use super::devices::{DoubleDevice, DoubleEvidence, signature};
 use super::entries::resolve;
 use super::ledger::MemLedger;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::DeviceEvidence;
 use crate::format::Probed;
 use crate::node::backend::Backend;
@@ -33,6 +34,8 @@ use crate::seam::{EntryStat, FsToolError, FsckOutcome, ReadOutcome};
 pub(super) const DEVTMPFS: DevNum = DevNum::new(0, 5);
 pub const GIB: u64 = 1 << 30;
 
+pub use super::state::State;
+
 /// One call that changed the host, with the last journal line committed before it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Call {
@@ -40,93 +43,6 @@ pub struct Call {
     pub after: Option<String>,
     /// The last write before the call was durable (so was every line before it).
     pub durable: bool,
-}
-
-#[derive(Default)]
-pub struct State {
-    /// The simulation's crash after this many more host changes (mkfs, mount, bind, unmount,
-    /// grow), each done on the host and not yet recorded.
-    pub crash_after_acts: Option<u32>,
-    /// Mounts per path, the top-most last.
-    pub mounts: HashMap<PathBuf, Vec<MountFacts>>,
-    /// Device files and their numbers.
-    pub devices: HashMap<PathBuf, DevNum>,
-    /// Device sizes (bytes); the filesystem sizes mkfs made.
-    pub device_bytes: HashMap<DevNum, u64>,
-    pub fs_bytes: HashMap<DevNum, u64>,
-    /// What a probe finds on each device.
-    pub probes: HashMap<DevNum, ProbeOutcome>,
-    /// Devices whose blank proof finds data.
-    pub not_blank: HashSet<DevNum>,
-    /// Devices something else claims (mounted elsewhere, a mapper).
-    pub claimed: HashSet<DevNum>,
-    /// Views another call holds claimed exclusively (`hold_views`), how many times.
-    pub view_holds: HashMap<DevNum, usize>,
-    /// Read-only devices laid over a volume's: (ro, under).
-    pub read_only: Vec<(DevNum, DevNum)>,
-    /// Each read-only device's tag: a removal takes only its own.
-    pub ro_tags: HashMap<DevNum, String>,
-    /// The UUID each device's last mkfs wrote: its backup superblocks carry it even after the
-    /// primary one is overwritten (what `carries_uuid` finds).
-    pub uuids: HashMap<DevNum, String>,
-    /// What each device's bytes lie on (a loop device's backing, a mapper's slaves).
-    pub lies_on: HashMap<DevNum, Vec<Under>>,
-    /// The mappers sysfs shows built on each device.
-    pub holders: HashMap<DevNum, Vec<DevNum>>,
-    /// The backing file (st_dev, st_ino) of devices that are loop devices over a file.
-    pub loop_files: HashMap<DevNum, (u64, u64)>,
-    /// What loop devices show of the agent that made them.
-    pub loop_origins: HashMap<DevNum, LoopOrigin>,
-    /// Devices with no identity (a disk without a serial): proven by their numbers only.
-    pub unverified: HashSet<DevNum>,
-    /// Call names that fail, with the error's text.
-    pub fail: HashMap<&'static str, String>,
-    pub calls: Vec<Call>,
-    pub(super) next_minor: u32,
-    /// Power cuts so far: a reboot ends every attachment (`attachment`).
-    pub boot: u32,
-    /// Volumes' usage and health (`health`).
-    pub health: super::health::Health,
-}
-
-impl State {
-    /// The device at the bottom of `dev`'s stack (itself when it lies on nothing).
-    pub fn bottom(&self, mut dev: DevNum) -> DevNum {
-        for _ in 0..8 {
-            match self.lies_on.get(&dev).and_then(|l| l.first()) {
-                Some(Under::Device(d)) => dev = *d,
-                _ => break,
-            }
-        }
-        dev
-    }
-
-    /// Every device that shows `dev`'s bytes: those with its bottom (itself included).
-    pub fn same_bytes(&self, dev: DevNum) -> Vec<DevNum> {
-        let bottom = self.bottom(dev);
-        let mut all: Vec<DevNum> = (self.devices.values().copied())
-            .filter(|d| self.bottom(*d) == bottom)
-            .collect();
-        all.push(dev);
-        all.sort();
-        all.dedup();
-        all
-    }
-}
-
-impl DoubleHost {
-    /// What uses `devnum`'s bytes raw: a bind of the node of a device showing them (the real
-    /// host's `raw_use`; a device laid over it is a view, `views_of`).
-    pub fn raw_use_of(&self, devnum: DevNum) -> Option<String> {
-        let s = self.state();
-        let family = s.same_bytes(devnum);
-        s.mounts.iter().find_map(|(at, stack)| {
-            stack
-                .iter()
-                .any(|m| m.node.kind == FileType::BlockDevice && family.contains(&m.node.rdev))
-                .then(|| format!("bound at {}", at.display()))
-        })
-    }
 }
 
 pub struct DoubleHost {
@@ -259,59 +175,11 @@ impl HostOps for DoubleHost {
     }
 
     fn views_of(&self, devnum: DevNum) -> io::Result<Vec<View>> {
-        let s = self.state();
-        let bottom = s.bottom(devnum);
-        let mut views: Vec<DevNum> = (s.devices.values().copied())
-            .filter(|d| *d != devnum && s.bottom(*d) == bottom)
-            .collect();
-        views.extend(
-            (s.read_only.iter())
-                .filter(|(_, under)| s.bottom(*under) == bottom)
-                .map(|(ro, _)| *ro),
-        );
-        views.sort();
-        views.dedup();
-        Ok(views
-            .into_iter()
-            .map(|d| {
-                let mounted = s.mounts.values().flatten().any(|m| {
-                    m.dev == d || (m.node.kind == FileType::BlockDevice && m.node.rdev == d)
-                });
-                let over = s.read_only.iter().find(|(ro, _)| *ro == d).map(|(_, u)| *u);
-                View {
-                    devnum: d,
-                    name: s.ro_tags.get(&d).cloned().unwrap_or_default(),
-                    read_only: over.is_some(),
-                    lies_over: over,
-                    in_use: (mounted || s.claimed.contains(&d) || s.view_holds.contains_key(&d))
-                        .then(|| "mounted or claimed exclusively".to_string()),
-                }
-            })
-            .collect())
+        self.views_of_bytes(devnum)
     }
 
-    /// Each view claimed as O_EXCL claims it: refused while mounted or claimed, and claimed
-    /// (`still_claimed`, in use to `views_of`, a mount of it refused) until the hold drops.
     fn hold_views(&self, _device: DevNum, views: &[DevNum]) -> io::Result<HeldViews> {
-        let mut s = self.state();
-        if views
-            .iter()
-            .any(|v| s.claimed.contains(v) || s.view_holds.contains_key(v))
-        {
-            return Err(io::Error::from_raw_os_error(super::devices::EBUSY));
-        }
-        for v in views {
-            *s.view_holds.entry(*v).or_default() += 1;
-        }
-        drop(s);
-        let host = self.me.upgrade().expect("the double outlives its calls");
-        Ok(HeldViews {
-            claims: vec![Box::new(super::devices::ViewHold {
-                host,
-                devnums: views.to_vec(),
-            })],
-            devnums: views.to_vec(),
-        })
+        self.hold_views_of(views)
     }
 
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {
@@ -337,38 +205,11 @@ impl HostOps for DoubleHost {
         tag: &str,
         _retry: bool,
     ) -> Result<ReadOnlyDevice> {
-        self.act(
-            format!("lay read-only over {}", Self::name(device.path())),
-            "lay",
-        )
-        .map_err(|e| Error::LoopDevice {
-            op: "laying a read-only loop device".into(),
-            source: Box::new(e),
-        })?;
-        let n = self.state().read_only.len();
-        let path = self.add_device(&format!("ro-{n}"), 0);
-        let ro = self.devnum(&path);
-        let mut s = self.state();
-        s.read_only.push((ro, device.devnum()));
-        s.ro_tags.insert(ro, tag.to_string());
-        drop(s);
-        let file = File::open(&path).map_err(|e| Error::io("opening", e))?;
-        Ok(ReadOnlyDevice { file, path })
+        self.lay_read_only_over(device, tag)
     }
 
     fn remove_read_only(&self, tag: &str) -> Result<usize> {
-        self.act("remove read-only".into(), "remove_ro")
-            .map_err(|e| Error::LoopDevice {
-                op: "removing read-only loop devices".into(),
-                source: Box::new(e),
-            })?;
-        let mut s = self.state();
-        let State {
-            read_only, ro_tags, ..
-        } = &mut *s;
-        let before = read_only.len();
-        read_only.retain(|(ro, _)| ro_tags.get(ro).is_some_and(|t| t != tag));
-        Ok(before - read_only.len())
+        self.remove_read_only_tagged(tag)
     }
 
     fn read_only_lies_over(&self, devnum: DevNum) -> Option<DevNum> {

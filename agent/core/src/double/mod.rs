@@ -16,6 +16,8 @@ pub mod host;
 pub mod ledger;
 pub mod mounts;
 pub mod scripting;
+pub mod state;
+pub mod views;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
