@@ -178,8 +178,9 @@ impl HostOps for DoubleHost {
         self.views_of_bytes(devnum)
     }
 
-    fn hold_views(&self, _device: DevNum, views: &[DevNum]) -> io::Result<HeldViews> {
-        self.hold_views_of(views)
+    fn hold_views(&self, _device: DevNum, views: &[View]) -> io::Result<HeldViews> {
+        let views: Vec<DevNum> = views.iter().map(|v| v.devnum).collect();
+        self.hold_views_of(&views)
     }
 
     fn device_bytes(&self, device: &Path) -> io::Result<u64> {

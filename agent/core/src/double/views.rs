@@ -39,6 +39,7 @@ impl DoubleHost {
                     lies_over: over,
                     in_use: (mounted || s.claimed.contains(&d) || s.view_holds.contains_key(&d))
                         .then(|| "mounted or claimed exclusively".to_string()),
+                    told: true,
                 }
             })
             .collect())

@@ -153,6 +153,10 @@ pub struct View {
     pub lies_over: Option<DevNum>,
     /// What uses it, as the host shows it (mounted or claimed, a device-node bind, a holder).
     pub in_use: Option<String>,
+    /// What it shows is told all the way down (no loop device it is, or lies over, is over a file
+    /// of a filesystem that may show another's files, or gave no status): a flush of it reaches
+    /// no filesystem's server, so a failed one is an error (`HostOps::hold_views`).
+    pub told: bool,
 }
 
 /// Views claimed exclusively for the length of a call (`HostOps::hold_views`): nothing mounts
@@ -242,7 +246,7 @@ pub trait HostOps: Send + Sync {
     /// Claims `device`'s `views` exclusively until the answer drops (all but the whole disk of
     /// a partition: its claim would keep `device` itself from being claimed); an error when one
     /// is in use.
-    fn hold_views(&self, device: DevNum, views: &[DevNum]) -> io::Result<HeldViews>;
+    fn hold_views(&self, device: DevNum, views: &[View]) -> io::Result<HeldViews>;
     /// The device's size in bytes, by path (right after it was proven).
     fn device_bytes(&self, device: &Path) -> io::Result<u64>;
     /// The attachment a device's numbers stand for now (sysfs `diskseq`), when the kernel says.

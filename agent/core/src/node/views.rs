@@ -13,7 +13,7 @@ use crate::DevNum;
 use crate::error::{Error, Result};
 
 use super::NodeCtx;
-use super::host::HeldViews;
+use super::host::{HeldViews, View};
 
 /// Refuses when another view of `devnum` is in use by anything but `volume`'s read-only devices;
 /// holds the others until the answer drops.
@@ -60,7 +60,7 @@ fn idle_views(
     devnum: DevNum,
     device: &Path,
     held: &[DevNum],
-) -> Result<Vec<DevNum>> {
+) -> Result<Vec<View>> {
     let views = ctx.host.views_of(devnum).map_err(|e| {
         refusal(
             volume,
@@ -73,9 +73,7 @@ fn idle_views(
         return Ok(Vec::new());
     }
     let tags = own_read_only_tags(ctx, volume)?;
-    let own = |v: &super::host::View| {
-        tags.contains(&v.name) && v.read_only && v.lies_over == Some(devnum)
-    };
+    let own = |v: &View| tags.contains(&v.name) && v.read_only && v.lies_over == Some(devnum);
     let mut idle = Vec::new();
     for view in views
         .into_iter()
@@ -97,7 +95,7 @@ fn idle_views(
         }
         match view.in_use {
             Some(what) => return Err(refusal(volume, device, view.devnum, what)),
-            None => idle.push(view.devnum),
+            None => idle.push(view),
         }
     }
     Ok(idle)

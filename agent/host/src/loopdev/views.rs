@@ -360,6 +360,7 @@ pub fn views_of(devnum: DevNum) -> io::Result<Vec<View>> {
                 read_only: l.is_some_and(|l| l.read_only),
                 lies_over: l.map(|l| l.over_device).filter(|o| *o != DevNum::new(0, 0)),
                 in_use: use_of(d, &binds),
+                told: told_all_the_way(loops, d),
             }
         })
         .collect())
@@ -429,12 +430,13 @@ fn disk_relatives(d: DevNum) -> Vec<DevNum> {
 
 /// Claims each of `device`'s `views` exclusively, so nothing mounts them while the call runs;
 /// EBUSY names the one in use.
-pub fn hold(device: DevNum, views: &[DevNum]) -> io::Result<Vec<File>> {
+pub fn hold(device: DevNum, views: &[View]) -> io::Result<Vec<File>> {
     let relatives = disk_relatives(device);
-    let walk = walked();
-    let loops = loops_in(&walk)?;
     let mut held = Vec::new();
-    for d in views {
+    for View {
+        devnum: d, told, ..
+    } in views
+    {
         let dev = crate::device::open_devnum(*d)?;
         let named = |e: io::Error| io::Error::new(e.kind(), format!("{d}: {e}"));
         // Writes made through a view may still sit in its own page cache, where no read of the
@@ -444,9 +446,9 @@ pub fn hold(device: DevNum, views: &[DevNum]) -> io::Result<Vec<File>> {
         // broke the new filesystem). Each is flushed first, as the blank proof flushes the
         // device itself, through a bounded wait: a flush may reach a filesystem's server
         // (`flush`). One whose backing cannot be told (over FUSE, NFS, overlayfs, or its status
-        // did not come; a partition of one is asked by its disk) may fail when that server is
-        // gone, which lets the take go on.
-        super::flush::bounded(*d, &dev, told_all_the_way(loops, *d)).map_err(named)?;
+        // did not come; a partition of one is asked by its disk: `View::told`, from the walk that
+        // found the view) may fail when that server is gone, which lets the take go on.
+        super::flush::bounded(*d, &dev, *told).map_err(named)?;
         // The device's own whole disk or partitions: held, they would keep the device itself
         // from being claimed (by the call's own mkfs or mount, or its check that nothing else
         // claims it). They are checked for use all the same.

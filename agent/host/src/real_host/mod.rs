@@ -121,14 +121,14 @@ impl HostOps for RealHost {
     fn hold_views(
         &self,
         device: DevNum,
-        views: &[DevNum],
+        views: &[ebs_node_core::node::host::View],
     ) -> io::Result<ebs_node_core::node::host::HeldViews> {
         let files = crate::loopdev::views::hold(device, views)?;
         Ok(ebs_node_core::node::host::HeldViews {
             claims: (files.into_iter())
                 .map(|f| Box::new(f) as Box<dyn ebs_node_core::node::host::ViewClaim>)
                 .collect(),
-            devnums: views.to_vec(),
+            devnums: views.iter().map(|v| v.devnum).collect(),
         })
     }
 
