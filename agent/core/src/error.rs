@@ -233,8 +233,9 @@ pub enum Error {
          nothing else uses it: unpublish it first"
     )]
     FilesystemInUse { volume: String },
-    /// The staging path stopped holding the volume's filesystem between the mount and the grow.
-    #[error("{path} no longer holds volume {volume}'s filesystem; it was not grown")]
+    /// A staging or target stopped holding the volume's filesystem between its check and an act on
+    /// it (a grow, the attributes of a mount adopted).
+    #[error("{path} no longer holds volume {volume}'s filesystem; it was left as it is")]
     StagingChanged { path: PathBuf, volume: String },
     /// What is mounted at a path cannot be read (EIO, ENOTCONN below a dead mount, EACCES).
     #[error("cannot tell what is mounted at {path} ({source}); refusing to act on it")]

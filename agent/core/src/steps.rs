@@ -78,6 +78,9 @@ names! {
         Grow = "grow",
         /// The staged record complete (stage).
         Staged = "staged",
+        /// A mount found there made read-only as asked, and nodev, before it is adopted (stage,
+        /// publish, recovery).
+        Restrict = "restrict",
         /// The bind onto the target path (publish).
         Bind = "bind",
         /// The read-only device laid over a raw block volume (publish).

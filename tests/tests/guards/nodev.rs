@@ -2,6 +2,9 @@
 //! `nodev`, whatever the mount options say (`dev` included), and its publications keep it (a
 //! fifty-fourth fresh review's F2: a node carried on volume B's filesystem, which any user can
 //! put in an image with debugfs, read volume A's bytes as `nobody` through B's publication).
+//! So does a staging the agent adopts rather than mounts: root's own mount of the volume at its
+//! staging path, found by a stage or by start-up recovery completing a stage cut before its
+//! mount (a sixty-third fresh review's F1).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -58,6 +61,114 @@ async fn a_device_node_on_a_volume_opens_nothing() {
         node.node_unstage_volume(unstage_req(&b, &staging))
             .await
             .expect("unstage");
+    }
+}
+
+/// Root mounts volume B at its staging path by hand (`dev`, read-write), with no record of it, or
+/// while the agent is down after a stage of it was cut at its mount's intent; the stage that
+/// finds it, or start-up recovery, adopts it only made `nodev` (read-only too when the stage is a
+/// reader's), and its publication is `nodev`: the node carried on B opens nothing (the review's
+/// F1: it read volume A's bytes as `nobody`; its F3: a reader's stage adopted a read-write mount).
+/// With the new mount API, and without it (a filter denies it, as a kernel before 5.12 lacks it).
+#[tokio::test]
+async fn a_staging_mounted_by_hand_is_adopted_only_made_nodev() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_staging_mounted_by_hand_is_adopted_only_made_nodev") {
+        return;
+    }
+    use ebs_tests::seccomp::{EPERM, MOUNT_SETATTR, MOVE_MOUNT, OPEN_TREE, filtered};
+    adopted_by_hand("g-nodev-hand", Vec::new()).await;
+    let denied = filtered(&[
+        (OPEN_TREE, EPERM),
+        (MOVE_MOUNT, EPERM),
+        (MOUNT_SETATTR, EPERM),
+    ]);
+    adopted_by_hand("g-nodev-hand-old", denied).await;
+}
+
+async fn adopted_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
+    use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
+    let scratch = Scratch::new(name);
+    let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
+    agent.wrapper = wrapper;
+    agent.spawn().await;
+    let a = create_attached(&agent, "hand-a", 64 * MIB).await;
+    let b = create_attached(&agent, "hand-b", 64 * MIB).await;
+    let a_dev = std::fs::metadata(&a.device).expect("A's device").rdev();
+    // B formatted by the agent, and unstaged.
+    let first = agent.work.join("staging/first");
+    let mut node = agent.node().await;
+    let writer = || mount_cap_flags("ext4", Mode::SingleNodeWriter, &[]);
+    node.node_stage_volume(stage_req(&b, &first, writer()))
+        .await
+        .expect("the first stage");
+    node.node_unstage_volume(unstage_req(&b, &first))
+        .await
+        .expect("the first unstage");
+    for (case, mode, cut) in [
+        ("writer", Mode::SingleNodeWriter, false),
+        ("reader", Mode::SingleNodeReaderOnly, false),
+        ("cut", Mode::SingleNodeWriter, true),
+    ] {
+        let staging = agent.work.join(format!("staging/{case}"));
+        let cap = || mount_cap_flags("ext4", mode, &[]);
+        if cut {
+            let point = cp::intent(J::Stage, S::Mount);
+            let mut opts = AgentOpts::default();
+            opts.args.extend(["--crash-after".to_string(), point]);
+            agent.restart(Some(opts)).await;
+            let mut node = agent.node().await;
+            assert!(
+                node.node_stage_volume(stage_req(&b, &staging, cap()))
+                    .await
+                    .is_err()
+            );
+            agent
+                .wait_exit(std::time::Duration::from_secs(20))
+                .await
+                .expect("crashed");
+        }
+        std::fs::create_dir_all(&staging).expect("the staging directory");
+        sh(&format!(
+            "mount -o dev,rw {} {}",
+            b.device,
+            staging.display()
+        ));
+        let carried = staging.join("node");
+        let _ = std::fs::remove_file(&carried);
+        mknod(
+            &carried,
+            SFlag::S_IFBLK,
+            Perm::from_bits_truncate(0o666),
+            a_dev,
+        )
+        .expect("a block node on the volume");
+        if cut {
+            agent.restart(Some(AgentOpts::default())).await;
+            let log = agent.log_text();
+            assert!(log.contains("record completed"), "{case}: {log}");
+        }
+        let mut node = agent.node().await;
+        node.node_stage_volume(stage_req(&b, &staging, cap()))
+            .await
+            .unwrap_or_else(|e| panic!("{case}: stage: {e:?}\n{}", agent.log_text()));
+        let target = agent.work.join(format!("pods/{case}/mount"));
+        let readonly = mode == Mode::SingleNodeReaderOnly;
+        node.node_publish_volume(publish_req(&b, &staging, &target, cap(), readonly))
+            .await
+            .unwrap_or_else(|e| panic!("{case}: publish: {e:?}\n{}", agent.log_text()));
+        for place in [&staging, &target] {
+            opens_nothing(case, place);
+        }
+        let opts = mount_options(&staging).unwrap_or_default();
+        assert_eq!(opts.iter().any(|o| o == "ro"), readonly, "{case}: {opts:?}");
+        node.node_unpublish_volume(unpublish_req(&b, &target))
+            .await
+            .expect("unpublish");
+        node.node_unstage_volume(unstage_req(&b, &staging))
+            .await
+            .expect("unstage");
+        assert_eq!(mount_options(&staging), None, "{case}: the staging stayed");
     }
 }
 

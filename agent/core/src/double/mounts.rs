@@ -19,6 +19,24 @@ impl DoubleHost {
         }
     }
 
+    /// Records the attributes added (` ro`, ` nodev`); read-only reaches the top mount.
+    pub(super) fn restrict_at(&self, path: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
+        let nodev = vfs_bits & crate::request::ms::NODEV != 0;
+        let what = format!(
+            "restrict {}{}{}",
+            Self::name(path),
+            if readonly { " ro" } else { "" },
+            if nodev { " nodev" } else { "" }
+        );
+        self.act(what, "restrict")?;
+        if readonly && let Some(top) = self.state().mounts.get_mut(path).and_then(|m| m.last_mut())
+        {
+            top.read_only = true;
+        }
+        self.after_act();
+        Ok(())
+    }
+
     pub(super) fn mount_device(
         &self,
         device: &Path,

@@ -8,12 +8,15 @@
 //! stages a volume once, and publishes it for every pod) or the stage's retry asks again.
 
 use crate::error::{Error, Result};
-use crate::records::{Durability, Progress, StagedVolume};
-use crate::request::{RequestPath, VolumeId};
+use crate::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
+use crate::request::{FsType, MountFlags, RequestPath, VolumeId};
+use crate::steps::{Op, Step};
 
-use super::NodeCtx;
+use super::journal::{Journal, detail};
+use super::ownership::Expected;
 use super::unstage::{UnstageCommand, unstage};
 use super::volume_device::VolumeDevice;
+use super::{NodeCtx, path_handles, path_string};
 
 /// What recovery made of an interrupted stage whose mount is there.
 #[derive(Debug)]
@@ -88,11 +91,45 @@ pub fn finish(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
     }
 }
 
-/// Writes the interrupted stage's record as complete, once its questions found nothing.
+/// Writes the interrupted stage's record as complete, once its questions found nothing and its
+/// mount has the attributes the stage gives one (the mount may be anyone's made since: root's,
+/// without `nodev`, while the agent was down).
 pub fn complete(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
+    let volume = VolumeId::parse(&staged.volume_id)?;
+    let journal = Journal::new(ctx, &volume, Op::Stage);
+    let path = &staged.staging_path;
+    // A raw block staging mounts nothing of its own: nothing to adopt.
+    if let AccessRecord::Mount {
+        fs_type,
+        mount_flags,
+    } = &staged.access
+    {
+        let damaged = |source| Error::DamagedRecord {
+            record: "staged",
+            volume: volume.to_string(),
+            source,
+        };
+        let fs = FsType::parse(fs_type).map_err(damaged)?;
+        let vfs_bits = MountFlags::parse(fs, mount_flags)
+            .map_err(damaged)?
+            .vfs_bits();
+        let Some(entry) = path_handles::lookup_recorded(ctx, path)? else {
+            return Err(Error::StagingChanged {
+                path: path.clone(),
+                volume: volume.to_string(),
+            });
+        };
+        let expected = Expected::of(ctx, volume.as_str(), Some(staged));
+        super::adopted::adopt(ctx, &journal, &*entry, &expected, staged.readonly, vfs_bits)?;
+    }
     let mut done = staged.clone();
     done.progress = Progress::Complete;
-    ctx.ledger
-        .write(Durability::Immediate, Box::new(|w| w.put_staged(&done)))?;
+    journal.record(
+        Step::Staged,
+        Phase::Done,
+        detail([("staging", path_string(path))]),
+        Durability::Immediate,
+        |w| w.put_staged(&done),
+    )?;
     Ok(done)
 }

@@ -4,6 +4,7 @@
 //! no host calls, no store: the daemon wires in the real ones, the unit tests (`tests/`) a
 //! recording double of each.
 
+mod adopted;
 pub mod backend;
 pub mod claims;
 pub mod compat;

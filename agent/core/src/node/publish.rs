@@ -49,9 +49,10 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let staged = staged_here(ctx, cmd)?;
     let block = cmd.capability.is_block();
     let (flags_raw, vfs_bits, ro_flag) = match &cmd.capability.access {
+        // Bound `nodev` whatever the staging has (`adopted`).
         AccessType::Mount { flags, .. } => (
             flags.raw().to_vec(),
-            flags.vfs_bits(),
+            flags.vfs_bits() | super::adopted::NO_DEVICES,
             flags.wants_read_only(),
         ),
         AccessType::Block => (Vec::new(), 0, false),
@@ -110,6 +111,16 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     path: target_path.to_path_buf(),
                     readonly: m.read_only,
                 });
+            }
+            // Found bound with no complete record of the bind (recovery rebuilt it, or an
+            // earlier version made it: its binds kept the staging's flags): given what a bind of
+            // this call gets. A repeat of a complete publish touches nothing.
+            if !block
+                && prior
+                    .as_ref()
+                    .is_none_or(|p| p.progress != Progress::Complete)
+            {
+                super::adopted::adopt(ctx, &journal, &*target, &expected, readonly, vfs_bits)?;
             }
         }
         Holder::Foreign(what) => {

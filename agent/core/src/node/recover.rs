@@ -33,6 +33,18 @@ fn same_attachment(ctx: &NodeCtx, staged: &StagedVolume) -> bool {
         .is_ok_and(|devnum| super::identity::same_attachment(ctx, staged, devnum))
 }
 
+/// Whether something other than the volume is mounted at its staging path.
+fn staging_covered(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool> {
+    let Some(entry) = path_handles::lookup_recorded(ctx, &staged.staging_path)? else {
+        return Ok(false);
+    };
+    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
+    Ok(matches!(
+        holder(ctx, &*entry, &expected)?,
+        Holder::Foreign(_)
+    ))
+}
+
 /// Checks one volume's records against the host and completes or drops them. Runs under the
 /// volume's guard, on a blocking thread (it walks recorded paths).
 pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
@@ -102,10 +114,13 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             // device from every other door after the CO had moved on (an unstage answered OK
             // while a failed stage's lazy clean-up was still in memory: the simulation's
             // "a failed stage, its unstage, then a crash"). The retry starts afresh; a format
-            // intent, a record of its own, still judges the device.
+            // intent, a record of its own, still judges the device. Not under a mount laid over
+            // the staging path: the stage's own may lie below it (a sixty-third fresh review's
+            // F2: the record was dropped, and the unstage then answered OK over the hidden mount).
             (Progress::InProgress, false)
                 if matches!(staged.access, AccessRecord::Mount { .. })
-                    && store.publications(vol)?.is_empty() =>
+                    && store.publications(vol)?.is_empty()
+                    && !staging_covered(ctx, &staged)? =>
             {
                 tracing::warn!(volume = vol, staging = %staging.display(),
                     "recovery: a stage was cut before its mount; record dropped, the next NodeStageVolume starts afresh");

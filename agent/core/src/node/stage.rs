@@ -28,14 +28,6 @@ use crate::request::{
 use crate::seam::{FsToolError, FsckOutcome};
 use crate::steps::{Op, Step};
 
-/// Every filesystem staging is mounted `nodev`, whatever the mount options say (`dev` is
-/// accepted and changes nothing): a block node carried on a volume's own filesystem (any user
-/// can put one in an image with debugfs; a container with CAP_MKNOD, in its volume) would
-/// otherwise open whatever device it names, another volume's included, with no bind anywhere
-/// for the raw-use question to see. Publications bind the staging with its flags (a
-/// fifty-fourth fresh review's F2).
-const STAGING_BITS: u64 = crate::request::ms::NODEV;
-
 pub struct StageCommand {
     pub volume: VolumeId,
     pub staging: RequestPath,
@@ -170,7 +162,17 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
     // Whether this stage already knows the filesystem fills the device: mkfs made it so, or the
     // offline check before the mount compared the two.
     let mut size_settled = false;
-    if !already {
+    if already {
+        // Found mounted with no complete record of this stage (the records lost, or a crash
+        // cut the stage after its mount): the mount may be anyone's, made while the agent was
+        // down. A repeat of a complete stage touches nothing.
+        let completed = (ctx.ledger.staged(vol.as_str())?)
+            .is_some_and(|s| s.progress == Progress::Complete && s.staging_path == staging_path);
+        if !completed {
+            let bits = flags.vfs_bits();
+            super::adopted::adopt(ctx, &journal, &*staging, &expected, readonly, bits)?;
+        }
+    } else {
         let steps = MountSteps {
             ctx,
             journal: &journal,
@@ -320,7 +322,7 @@ impl MountSteps<'_> {
                 .mount_device(
                     device.path(),
                     fs,
-                    self.flags.vfs_bits() | STAGING_BITS,
+                    self.flags.vfs_bits() | super::adopted::NO_DEVICES,
                     &data,
                     self.readonly,
                 )

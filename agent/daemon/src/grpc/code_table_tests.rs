@@ -306,7 +306,7 @@ fn the_newly_named_refusals_keep_their_words() {
                 path: p(),
                 volume: "vol".into(),
             },
-            "/k/p no longer holds volume vol's filesystem; it was not grown",
+            "/k/p no longer holds volume vol's filesystem; it was left as it is",
         ),
         (
             Error::MountUnreadable {

@@ -141,9 +141,13 @@ fn each_state_a_crash_or_a_reboot_leaves_is_kept_completed_or_dropped() {
             "{what}"
         );
         assert_eq!(records(&h), after, "{what}");
+        // A stage it completes has its mount made nodev (the mount may be root's, made while
+        // the agent was down: a sixty-third fresh review's F1); nothing else is touched.
+        let restricted = (what == "the stage mounted, its completion was lost")
+            .then(|| format!("restrict {VOL} nodev"));
         assert_eq!(
             h.host.calls(),
-            Vec::<String>::new(),
+            Vec::from_iter(restricted),
             "{what}: recovery touched the host"
         );
     }
@@ -381,4 +385,23 @@ fn an_interrupted_stage_it_cannot_take_down_stays_in_progress_and_unpublishable(
     h.unstage(VOL).expect("unstage");
     assert_eq!(records(&h), (None, None));
     assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0);
+}
+
+/// A stage cut after its mount, with a mount laid over its staging path while the agent was
+/// down: its record is kept in progress (the volume's mount lies below, and its device stays the
+/// volume's), never dropped as a stage cut before its mount (a sixty-third fresh review's F2: the
+/// unstage then answered OK over the hidden mount). Nothing is touched.
+#[test]
+fn a_cut_stage_under_a_cover_keeps_its_record() {
+    let h = Harness::new();
+    h.staged(VOL);
+    stage_in_progress(&h);
+    let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+    let at = h.staging(VOL).as_path().to_path_buf();
+    h.host.state().mounts.entry(at).or_default().push(foreign);
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(!r.dropped_staging);
+    let kept = h.ledger.staged(VOL).expect("read").map(|s| s.progress);
+    assert_eq!(kept, Some(Progress::InProgress));
+    assert_eq!(h.host.calls(), Vec::<String>::new());
 }

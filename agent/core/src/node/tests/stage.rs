@@ -76,8 +76,10 @@ fn a_repeat_of_a_completed_stage_touches_nothing() {
     assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
 }
 
+/// Taken as it is, but for the attributes a stage gives its mount: the mount may be root's, made
+/// without `nodev` (a sixty-third fresh review's F1).
 #[test]
-fn a_staging_mount_found_without_its_record_is_taken_as_is() {
+fn a_staging_mount_found_without_its_record_is_taken_as_is_and_made_nodev() {
     let h = Harness::new();
     h.staged(VOL);
     h.ctx
@@ -88,7 +90,11 @@ fn a_staging_mount_found_without_its_record_is_taken_as_is() {
         )
         .unwrap();
     h.stage(&h.stage_cmd(VOL, mount(RWO))).expect("stage");
-    assert_eq!(h.host.calls(), Vec::<String>::new(), "mounted again");
+    assert_eq!(
+        h.host.calls(),
+        vec![format!("restrict {VOL} nodev")],
+        "mounted again, or not made nodev"
+    );
     let staged = h.ctx.ledger.staged(VOL).unwrap().expect("record again");
     assert_eq!(staged.progress, crate::records::Progress::Complete);
 }

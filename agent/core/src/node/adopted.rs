@@ -1,0 +1,71 @@
+//! Every filesystem staging and publication is `nodev`, whatever the mount options say (`dev` is
+//! accepted and changes nothing): a block node carried on a volume's own filesystem (any user can
+//! put one in an image with debugfs; a container with CAP_MKNOD, in its volume) would otherwise
+//! open whatever device it names, another volume's included, with no bind anywhere for the
+//! raw-use question to see (a fifty-fourth fresh review's F2). A stage mounts with it, and a
+//! publish binds with it whatever the staging has.
+//!
+//! A mount the agent finds there and adopts, instead of making it (a stage that finds the volume
+//! mounted at its staging path, recovery or a publish completing a stage a crash cut after its
+//! mount, a publish that finds its bind there), gets the attributes the agent would have made it
+//! with, added to its own, before it is recorded as the volume's: root's own mount of a volume at
+//! its staging path, without `nodev`, was adopted and its publications carried it on (a
+//! sixty-third fresh review's F1), and a read-only stage adopted a read-write mount (its F3).
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::records::Durability;
+use crate::steps::Step;
+
+use super::host::{Entry, OpenEntry};
+use super::journal::{Journal, detail};
+use super::ownership::{Expected, Holder, holder_of};
+use super::{NodeCtx, path_string};
+
+/// The bits every filesystem mount of a volume carries.
+pub const NO_DEVICES: u64 = crate::request::ms::NODEV;
+
+/// Gives the mount at `entry` (proven the volume's through the descriptor that is then used)
+/// read-only when `readonly`, `nodev`, and the nosuid and noexec of `vfs_bits`, journaled.
+pub fn adopt(
+    ctx: &NodeCtx,
+    journal: &Journal,
+    entry: &dyn Entry,
+    expected: &Expected,
+    readonly: bool,
+    vfs_bits: u64,
+) -> Result<()> {
+    let path = entry.path();
+    let root = entry
+        .open_entry()
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    if !matches!(holder_of(ctx, &*root, entry, expected)?, Holder::Volume(_)) {
+        return Err(Error::StagingChanged {
+            path: path.to_path_buf(),
+            volume: journal.volume().to_string(),
+        });
+    }
+    restrict(journal, &*root, path, readonly, vfs_bits)
+}
+
+fn restrict(
+    journal: &Journal,
+    root: &dyn OpenEntry,
+    path: &Path,
+    readonly: bool,
+    vfs_bits: u64,
+) -> Result<()> {
+    journal.step(
+        Step::Restrict,
+        detail([
+            ("path", path_string(path)),
+            ("readonly", readonly.to_string()),
+        ]),
+        Durability::Lazy,
+        || {
+            root.restrict(readonly, vfs_bits | NO_DEVICES)
+                .map_err(|e| Error::io(format!("making the mount at {} nodev", path.display()), e))
+        },
+    )
+}
