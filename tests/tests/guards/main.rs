@@ -5,6 +5,7 @@
 //! sizing (item 10). Issue 49: read-only raw block devices kept through a rebuilt or reset
 //! state and through another agent's start, and following a resize (`ro_recovery`, `ro_resize`).
 
+mod adopted;
 mod bound_elsewhere;
 mod create_retry;
 mod kept_flags;

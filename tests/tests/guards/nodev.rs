@@ -173,7 +173,7 @@ async fn adopted_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
 }
 
 /// The mount at `place` is `nodev`, and the node on it is refused EACCES even to root.
-fn opens_nothing(case: &str, place: &Path) {
+pub(super) fn opens_nothing(case: &str, place: &Path) {
     let opts = mount_options(place).unwrap_or_default();
     assert!(
         opts.iter().any(|o| o == "nodev"),

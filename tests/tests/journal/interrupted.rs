@@ -208,44 +208,56 @@ async fn a_finished_mkfs_whose_record_was_lost_is_never_formatted_again() {
     }
 }
 
-/// A stage cut after its mount, and a filesystem laid over its staging path while the agent is
-/// down: start-up keeps the record (in progress), the unstage is refused while the stage's own
-/// mount lies below the cover, and once the cover goes the retry adopts that mount (a sixty-third
-/// fresh review's F2: the record was dropped as a stage cut before its mount, and the unstage
-/// then answered OK over the hidden mount).
+/// A stage cut after its mount, and a filesystem laid over its staging path, or over the
+/// directory above it, while the agent is down: start-up keeps the record (in progress), the
+/// unstage is refused while the stage's own mount lies below the cover, and once the cover goes
+/// the retry adopts that mount (a sixty-third fresh review's F2 and a sixty-fourth's F4: the
+/// record was dropped as a stage cut before its mount, and the unstage then answered OK over the
+/// hidden mount).
 #[tokio::test]
 async fn a_stage_cut_after_its_mount_and_covered_keeps_its_record() {
     if !require_root("a_stage_cut_after_its_mount_and_covered_keeps_its_record") {
         return;
     }
-    let (scratch, mut agent, c) = cut_after_its_mount("cut-covered").await;
-    let image = scratch.join("cover.img");
-    sh(&format!(
-        "truncate -s 32M {0} && mkfs.ext4 -q {0}",
-        image.display()
-    ));
-    // A loop device with autoclear: it goes with the cover's unmount.
-    sh(&format!(
-        "mount -o loop {} {}",
-        image.display(),
-        c.staging.display()
-    ));
-    let cover = Unmount(c.staging.clone());
-    agent.restart(Some(crash_opts(None))).await;
-    let log = agent.log_text();
-    assert!(!log.contains("record dropped"), "{log}");
-    let e = call(&agent, &c, Op::Unstage)
-        .await
-        .expect_err("unstaged over the hidden mount");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert_eq!(mount_count(&c.staging), 2, "the unstage took a mount down");
-    drop(cover);
-    call(&agent, &c, Op::Stage).await.expect("the retry");
-    call(&agent, &c, Op::Publish).await.expect("publish");
-    call(&agent, &c, Op::Unpublish).await.expect("unpublish");
-    call(&agent, &c, Op::Unstage).await.expect("unstage");
-    assert_eq!(mount_count(&c.staging), 0);
-    assert_eq!(agent.log_text().matches(" formatted").count(), 1);
+    for parent in [false, true] {
+        let case = if parent { "parent" } else { "path" };
+        let (scratch, mut agent, c) = cut_after_its_mount(&format!("cut-covered-{case}")).await;
+        let cover_at = match parent {
+            true => c.staging.parent().expect("a parent").to_path_buf(),
+            false => c.staging.clone(),
+        };
+        let image = scratch.join("cover.img");
+        sh(&format!(
+            "truncate -s 32M {0} && mkfs.ext4 -q {0}",
+            image.display()
+        ));
+        // A loop device with autoclear: it goes with the cover's unmount.
+        sh(&format!(
+            "mount -o loop {} {}",
+            image.display(),
+            cover_at.display()
+        ));
+        let cover = Unmount(cover_at.clone());
+        agent.restart(Some(crash_opts(None))).await;
+        let log = agent.log_text();
+        assert!(!log.contains("record dropped"), "{case}: {log}");
+        let e = call(&agent, &c, Op::Unstage)
+            .await
+            .expect_err("unstaged over the hidden mount");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{case}: {e:?}");
+        drop(cover);
+        assert_eq!(
+            mount_count(&c.staging),
+            1,
+            "{case}: the stage's own mount went"
+        );
+        call(&agent, &c, Op::Stage).await.expect("the retry");
+        call(&agent, &c, Op::Publish).await.expect("publish");
+        call(&agent, &c, Op::Unpublish).await.expect("unpublish");
+        call(&agent, &c, Op::Unstage).await.expect("unstage");
+        assert_eq!(mount_count(&c.staging), 0, "{case}");
+        assert_eq!(agent.log_text().matches(" formatted").count(), 1, "{case}");
+    }
 }
 
 /// An agent killed right after a filesystem stage's mount, before it asked what else uses the

@@ -142,8 +142,8 @@ impl Entry for DoubleEntry {
     fn mounted_at(&self) -> io::Result<Option<MountFacts>> {
         self.host.mounted_at(&self.path)
     }
-    fn bind_here(&self, source: &Path, readonly: bool, _vfs_bits: u64) -> io::Result<()> {
-        self.host.bind(source, &self.path, readonly)
+    fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
+        self.host.bind(source, &self.path, readonly, vfs_bits)
     }
     fn unmount(&self) -> io::Result<Unmounted> {
         self.host.unmount(&self.path)
@@ -185,12 +185,12 @@ impl OpenEntry for DoubleOpen {
         &self,
         device: &Path,
         fs: FsType,
-        _vfs_bits: u64,
+        vfs_bits: u64,
         data: &[String],
         readonly: bool,
     ) -> io::Result<()> {
         self.host
-            .mount_device(device, &self.path, fs, data, readonly)
+            .mount_device(device, &self.path, fs, data, readonly, vfs_bits)
     }
     fn fs_usage(&self) -> io::Result<FsUsage> {
         self.host.usage_at(&self.path)

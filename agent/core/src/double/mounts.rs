@@ -1,8 +1,9 @@
 //! The double's mount table: mounts and binds pushed onto a stack per path, unmounts popping the
 //! top, a path's ancestry, and the simulation's crash in the middle of a step.
 
+use std::collections::HashSet;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::host::{DEVTMPFS, DoubleHost, mount_facts, place};
 use crate::DevNum;
@@ -29,6 +30,9 @@ impl DoubleHost {
             if nodev { " nodev" } else { "" }
         );
         self.act(what, "restrict")?;
+        if nodev {
+            self.state().dev_allowed.remove(path);
+        }
         if readonly && let Some(top) = self.state().mounts.get_mut(path).and_then(|m| m.last_mut())
         {
             top.read_only = true;
@@ -44,6 +48,7 @@ impl DoubleHost {
         fs: FsType,
         data: &[String],
         readonly: bool,
+        vfs_bits: u64,
     ) -> io::Result<()> {
         let what = format!(
             "mount {} {} on {}{}{}",
@@ -74,12 +79,20 @@ impl DoubleHost {
             .entry(target_path.to_path_buf())
             .or_default()
             .push(facts);
+        devices_open(&mut s.dev_allowed, target_path, vfs_bits, true);
         drop(s);
         self.after_act();
         Ok(())
     }
 
-    pub(super) fn bind(&self, source: &Path, target: &Path, readonly: bool) -> io::Result<()> {
+    /// A bind keeps its source's `dev` (open_tree's clone) unless it is given `nodev`.
+    pub(super) fn bind(
+        &self,
+        source: &Path,
+        target: &Path,
+        readonly: bool,
+        vfs_bits: u64,
+    ) -> io::Result<()> {
         // The source is a /proc/self/fd path: the entry or device file it names.
         let from = std::fs::read_link(source)?;
         let what = format!(
@@ -109,6 +122,8 @@ impl DoubleHost {
             .entry(target.to_path_buf())
             .or_default()
             .push(facts);
+        let source_dev = s.dev_allowed.contains(&from);
+        devices_open(&mut s.dev_allowed, target, vfs_bits, source_dev);
         drop(s);
         self.after_act();
         Ok(())
@@ -118,6 +133,7 @@ impl DoubleHost {
         self.act(format!("unmount {}", Self::name(path)), "unmount")?;
         let mut s = self.state();
         let popped = s.mounts.get_mut(path).and_then(Vec::pop);
+        s.dev_allowed.remove(path);
         let Some(gone) = popped else {
             return Ok(Unmounted::NotMounted);
         };
@@ -169,6 +185,16 @@ impl DoubleHost {
             Some(n) => s.crash_after_acts = Some(n - 1),
             None => {}
         }
+    }
+}
+
+/// Whether the mount just made at `path` lets device nodes open: not with `nodev` in `vfs_bits`,
+/// nor where `inherited` says its source did not.
+fn devices_open(dev_allowed: &mut HashSet<PathBuf>, path: &Path, vfs_bits: u64, inherited: bool) {
+    if inherited && vfs_bits & crate::request::ms::NODEV == 0 {
+        dev_allowed.insert(path.to_path_buf());
+    } else {
+        dev_allowed.remove(path);
     }
 }
 

@@ -18,6 +18,8 @@ pub struct State {
     pub crash_after_acts: Option<u32>,
     /// Mounts per path, the top-most last.
     pub mounts: HashMap<PathBuf, Vec<MountFacts>>,
+    /// Paths whose top-most mount lets device nodes open (made without `nodev`).
+    pub dev_allowed: HashSet<PathBuf>,
     /// Device files and their numbers.
     pub devices: HashMap<PathBuf, DevNum>,
     /// Device sizes (bytes); the filesystem sizes mkfs made.

@@ -15,8 +15,9 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::records::Durability;
-use crate::steps::Step;
+use crate::records::{AccessRecord, Durability, Publication, StagedVolume};
+use crate::request::{FsType, MountFlags, VolumeId};
+use crate::steps::{Op, Step};
 
 use super::host::{Entry, OpenEntry};
 use super::journal::{Journal, detail};
@@ -47,6 +48,45 @@ pub fn adopt(
         });
     }
     restrict(journal, &*root, path, readonly, vfs_bits)
+}
+
+/// A publication's bind found with no complete record (start-up after a publish cut past its
+/// bind intent; `recover --from-mounts`): given what a bind of the publish gets, read-only as
+/// recorded. A raw block publication binds a device node: nothing to add.
+pub fn adopt_publication(
+    ctx: &NodeCtx,
+    publication: &Publication,
+    staged: Option<&StagedVolume>,
+    entry: &dyn Entry,
+    expected: &Expected,
+) -> Result<()> {
+    if publication.block {
+        return Ok(());
+    }
+    let volume = VolumeId::parse(&publication.volume_id)?;
+    let journal = Journal::new(ctx, &volume, Op::Publish);
+    let fs_type = match staged.map(|s| &s.access) {
+        Some(AccessRecord::Mount { fs_type, .. }) => fs_type.as_str(),
+        _ => "",
+    };
+    let bits = recorded_bits(&volume, "publication", fs_type, &publication.mount_flags)?;
+    adopt(ctx, &journal, entry, expected, publication.readonly, bits)
+}
+
+/// The per-mount bits a record's mount flags ask for.
+pub fn recorded_bits(
+    volume: &VolumeId,
+    record: &'static str,
+    fs_type: &str,
+    flags: &[String],
+) -> Result<u64> {
+    let damaged = |source| Error::DamagedRecord {
+        record,
+        volume: volume.to_string(),
+        source,
+    };
+    let fs = FsType::parse(fs_type).map_err(damaged)?;
+    Ok(MountFlags::parse(fs, flags).map_err(damaged)?.vfs_bits())
 }
 
 fn restrict(

@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::records::{AccessRecord, Durability, Phase, Progress, StagedVolume};
-use crate::request::{FsType, MountFlags, RequestPath, VolumeId};
+use crate::request::{RequestPath, VolumeId};
 use crate::steps::{Op, Step};
 
 use super::journal::{Journal, detail};
@@ -104,15 +104,7 @@ pub fn complete(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
         mount_flags,
     } = &staged.access
     {
-        let damaged = |source| Error::DamagedRecord {
-            record: "staged",
-            volume: volume.to_string(),
-            source,
-        };
-        let fs = FsType::parse(fs_type).map_err(damaged)?;
-        let vfs_bits = MountFlags::parse(fs, mount_flags)
-            .map_err(damaged)?
-            .vfs_bits();
+        let vfs_bits = super::adopted::recorded_bits(&volume, "staged", fs_type, mount_flags)?;
         let Some(entry) = path_handles::lookup_recorded(ctx, path)? else {
             return Err(Error::StagingChanged {
                 path: path.clone(),

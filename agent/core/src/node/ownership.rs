@@ -184,22 +184,24 @@ fn judge(ctx: &NodeCtx, facts: Option<MountFacts>, expected: &Expected) -> Holde
     let Some(facts) = facts else {
         return Holder::Nothing;
     };
+    // A device other than the one recorded is never the volume's, whatever it shows: a second
+    // loop device over the volume's file shows the same identity, and a mount of it found at a
+    // target was handed out as the volume's, a second filesystem over the same bytes (a
+    // sixty-fourth fresh review's F3).
+    let is_volumes =
+        |dev: DevNum| expected.recorded.is_none_or(|r| r == dev) && expected.is_device(ctx, dev);
     if facts.node.kind == FileKind::BlockDevice {
         let dev = facts.node.rdev;
         // A read-only block publication binds the agent's read-only device laid over the
         // volume's (see `read_only`).
-        let ours = expected.is_device(ctx, dev)
-            || ctx
-                .host
-                .read_only_lies_over(dev)
-                .is_some_and(|under| expected.is_device(ctx, under));
+        let ours = is_volumes(dev) || ctx.host.read_only_lies_over(dev).is_some_and(is_volumes);
         return if ours {
             Holder::Volume(facts)
         } else {
             Holder::Foreign(format!("a bind of block device {}", dev))
         };
     }
-    if facts.root != std::path::Path::new("/") || !expected.is_device(ctx, facts.dev) {
+    if facts.root != std::path::Path::new("/") || !is_volumes(facts.dev) {
         return Holder::Foreign(facts.describe());
     }
     Holder::Volume(facts)

@@ -33,16 +33,19 @@ fn same_attachment(ctx: &NodeCtx, staged: &StagedVolume) -> bool {
         .is_ok_and(|devnum| super::identity::same_attachment(ctx, staged, devnum))
 }
 
-/// Whether something other than the volume is mounted at its staging path.
-fn staging_covered(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool> {
-    let Some(entry) = path_handles::lookup_recorded(ctx, &staged.staging_path)? else {
-        return Ok(false);
-    };
+/// Whether the stage's own mount may lie where no lookup of its staging path sees it: something
+/// else is mounted at the path, or the recorded device is mounted (or claimed) somewhere, as
+/// below a mount laid over the path or over a directory above it.
+fn stage_may_be_mounted(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool> {
     let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
-    Ok(matches!(
-        holder(ctx, &*entry, &expected)?,
-        Holder::Foreign(_)
-    ))
+    if let Some(entry) = path_handles::lookup_recorded(ctx, &staged.staging_path)?
+        && matches!(holder(ctx, &*entry, &expected)?, Holder::Foreign(_))
+    {
+        return Ok(true);
+    }
+    Ok(expected
+        .recorded_devnum()
+        .is_some_and(|d| ctx.host.still_claimed(d, None)))
 }
 
 /// Checks one volume's records against the host and completes or drops them. Runs under the
@@ -114,13 +117,14 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             // device from every other door after the CO had moved on (an unstage answered OK
             // while a failed stage's lazy clean-up was still in memory: the simulation's
             // "a failed stage, its unstage, then a crash"). The retry starts afresh; a format
-            // intent, a record of its own, still judges the device. Not under a mount laid over
-            // the staging path: the stage's own may lie below it (a sixty-third fresh review's
-            // F2: the record was dropped, and the unstage then answered OK over the hidden mount).
+            // intent, a record of its own, still judges the device. Not while its own mount may
+            // lie hidden: below a mount laid over the staging path, or over a directory above it
+            // (a sixty-third fresh review's F2 and a sixty-fourth's F4: the record was dropped,
+            // and the unstage then answered OK over the hidden mount).
             (Progress::InProgress, false)
                 if matches!(staged.access, AccessRecord::Mount { .. })
                     && store.publications(vol)?.is_empty()
-                    && !staging_covered(ctx, &staged)? =>
+                    && !stage_may_be_mounted(ctx, &staged)? =>
             {
                 tracing::warn!(volume = vol, staging = %staging.display(),
                     "recovery: a stage was cut before its mount; record dropped, the next NodeStageVolume starts afresh");
@@ -157,8 +161,8 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             Ok(None) => false,
             Err(_) => true,
         });
-        let found = match entry {
-            Some(entry) => holder(ctx, &*entry, &expected)?,
+        let found = match &entry {
+            Some(entry) => holder(ctx, &**entry, &expected)?,
             None => Holder::Nothing,
         };
         match found {
@@ -166,7 +170,25 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
                 tracing::info!(volume = vol, target = %target.display(), "recovery: published as recorded");
             }
             Holder::Volume(_) => {
-                // The bind intent was durable and the bind is there: only the completion was lost.
+                // The bind intent was durable and the bind is there: only the completion was
+                // lost. The bind may be anyone's made while the agent was down (root's mount of
+                // the volume at the target, without `nodev`: a sixty-fourth fresh review's F2):
+                // given what the publish's bind gets first.
+                let adopted = match &entry {
+                    Some(entry) => super::adopted::adopt_publication(
+                        ctx,
+                        &publication,
+                        staged.as_ref(),
+                        &**entry,
+                        &expected,
+                    ),
+                    None => Ok(()),
+                };
+                if let Err(e) = adopted {
+                    tracing::warn!(volume = vol, target = %target.display(), error = %e,
+                        "recovery: the publication's bind is there but could not be made nodev; left in progress, the next NodePublishVolume asks again");
+                    continue;
+                }
                 let mut done = publication.clone();
                 done.progress = Progress::Complete;
                 write(ctx, |w| w.put_publication(&done))?;

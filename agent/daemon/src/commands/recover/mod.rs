@@ -421,7 +421,15 @@ fn rebuild_mounts(
             readonly: m.is_read_only() || read_only_device,
             access_mode: 0,
             mount_flags: Vec::new(),
-            progress: Progress::Complete,
+            // A filesystem publication rebuilt from a bind is in progress: the next start
+            // makes the bind what a publish's is (`nodev`) before it completes it (a
+            // sixty-fourth fresh review's F1: root's own bind, rebuilt complete, was handed
+            // out as it was).
+            progress: if block_bind {
+                Progress::Complete
+            } else {
+                Progress::InProgress
+            },
             at_unix_ms: now_unix_ms(),
         };
         store

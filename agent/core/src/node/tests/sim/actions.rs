@@ -46,6 +46,10 @@ pub enum Action {
     /// node in a place of its own (in a namespace of its own, during e2fsck: a fifty-sixth fresh
     /// review's F1); the bind goes once the orchestrator's retries are made.
     BoundWhileDown { at: u32, call: Box<Action> },
+    /// As `CrashMidStep`, and while the agent is down root mounts the call's volume by hand at
+    /// its staging path without `nodev`, or remounts the cut stage's own mount so: what start-up
+    /// or the retry adopts is made `nodev` first (a sixty-third fresh review's F1).
+    MountedWhileDown { at: u32, call: Box<Action> },
     /// Mounts, read-only devices and claims gone, a new boot; the orchestrator retries.
     PowerCut,
     /// `first` waits inside the agent at its `at`-th journaled step while `second` runs.
@@ -200,6 +204,10 @@ impl Sim {
                 at: u32::try_from(self.rng.below(3) + 1).unwrap_or(1),
                 call: Box::new(call(&mut self.rng)),
             },
+            "crash" if self.rng.below(7) == 0 => Action::MountedWhileDown {
+                at: u32::try_from(self.rng.below(3) + 1).unwrap_or(1),
+                call: Box::new(call(&mut self.rng)),
+            },
             "crash" if self.rng.below(2) == 0 => Action::CrashMidStep {
                 at: u32::try_from(self.rng.below(3) + 1).unwrap_or(1),
                 call: Box::new(call(&mut self.rng)),
@@ -237,6 +245,7 @@ impl Sim {
             Action::Crash { call, .. }
             | Action::CrashMidStep { call, .. }
             | Action::BoundWhileDown { call, .. }
+            | Action::MountedWhileDown { call, .. }
             | Action::Fail { call, .. } => match &**call {
                 Action::Call { id, .. } | Action::Inspect { id, .. } => (id.as_str(), "fault"),
                 _ => ("", "fault"),
@@ -282,6 +291,10 @@ impl Sim {
                 self.h.host.state().crash_after_acts = Some(*at);
                 self.dies_bound(call);
             }
+            Action::MountedWhileDown { at, call } => {
+                self.h.host.state().crash_after_acts = Some(*at);
+                self.dies_mounted(call);
+            }
         }
         // A mount either of two calls at once took away was taken by its owner's own call.
         let second = match action {
@@ -303,6 +316,13 @@ impl Sim {
     /// Runs `call` until the crash set up for it (or to its end), then the agent restarts and
     /// the orchestrator retries what it believes.
     fn dies_during(&mut self, call: &Action) {
+        self.run_to_crash(call);
+        self.crash();
+        self.converge();
+    }
+
+    /// Runs `call` until the crash set up for it (or to its end); any other panic goes on.
+    pub(super) fn run_to_crash(&mut self, call: &Action) {
         let result = catch_unwind(AssertUnwindSafe(|| self.call_action(call)));
         self.h.host.state().crash_after_acts = None;
         if let Err(payload) = result
@@ -310,74 +330,6 @@ impl Sim {
         {
             std::panic::resume_unwind(payload);
         }
-        self.crash();
-        self.converge();
-    }
-
-    /// `dies_during`, with a user's bind of the call's volume's device made while the agent is
-    /// down (`Action::BoundWhileDown`). A stage the agent never answered OK may be completed by
-    /// start-up only once it has asked what else uses the device.
-    fn dies_bound(&mut self, call: &Action) {
-        let result = catch_unwind(AssertUnwindSafe(|| self.call_action(call)));
-        self.h.host.state().crash_after_acts = None;
-        if let Err(payload) = result
-            && payload.downcast_ref::<Crash>().is_none()
-        {
-            std::panic::resume_unwind(payload);
-        }
-        let (Action::Call { id, .. } | Action::Inspect { id, .. }) = call else {
-            return self.crash();
-        };
-        let bind = self.user_bind(id);
-        let staged = |sim: &Self| {
-            crate::ledger::Ledger::staged(&*sim.h.ledger, id)
-                .ok()
-                .flatten()
-        };
-        let before = staged(self);
-        self.crash();
-        if let Some((devnum, _)) = &bind
-            && let Some(s) = staged(self)
-            && before.is_some_and(|b| b.progress == crate::records::Progress::InProgress)
-            && s.progress == crate::records::Progress::Complete
-            && s.devnum.map(crate::DevNum::from) == Some(*devnum)
-            && matches!(s.access, crate::records::AccessRecord::Mount { .. })
-        {
-            self.fail(format!(
-                "start-up completed {id}'s stage while a user binds its device"
-            ));
-        }
-        self.converge();
-        if let Some((_, at)) = bind {
-            self.h.host.state().mounts.remove(&at);
-        }
-    }
-
-    /// A user's bind of `id`'s device node, unless the orchestrator believes `id` staged or
-    /// published, or another id's records name the device's bytes (a bind made after a stage
-    /// answered OK refuses its idempotent retries, as it should, and the orchestrator's retries
-    /// are held to succeed).
-    fn user_bind(&mut self, id: &str) -> Option<(crate::DevNum, std::path::PathBuf)> {
-        let believed = self.belief.staged.contains_key(id)
-            || self.belief.published.keys().any(|(v, _)| v == id);
-        let device = self.h.backend.device_of(id);
-        let others: Vec<crate::DevNum> = (self.h.ledger.all_staged().into_iter())
-            .filter(|st| st.volume_id != id)
-            .filter_map(|st| st.devnum.map(crate::DevNum::from))
-            .collect();
-        let mut s = self.h.host.state();
-        let devnum = s.devices.get(&device).copied()?;
-        let family = s.same_bytes(devnum);
-        if believed || others.iter().any(|d| family.contains(d)) {
-            return None;
-        }
-        let mut bind =
-            crate::double::host::mount_facts(crate::DevNum::new(0, 5), "devtmpfs", false);
-        bind.node.kind = crate::seam::FileKind::BlockDevice;
-        bind.node.rdev = devnum;
-        let at = self.h.dir.join("user-bind");
-        s.mounts.insert(at.clone(), vec![bind]);
-        Some((devnum, at))
     }
 
     pub(super) fn call_action(&mut self, action: &Action) -> crate::error::Result<()> {

@@ -150,6 +150,7 @@ impl Sim {
         {
             let mut s = self.h.host.state();
             s.mounts.clear();
+            s.dev_allowed.clear();
             s.claimed.clear();
             s.read_only.clear();
             s.boot += 1;

@@ -6,13 +6,16 @@
 //! memory lost, the lazy writes with it), power cuts (mounts, read-only devices and the
 //! non-durable writes gone, a new boot) and state resets (`recover --reset`: the ledger empty,
 //! the host as it was), and two calls at once (`concurrent`: the first waits inside the agent at
-//! one of its journaled steps while the second runs). After every call it checks, against what
-//! the orchestrator believes:
+//! one of its journaled steps while the second runs), and what users and root do while a crashed
+//! agent is down (`down`: a bind of a volume's device node, a volume mounted by hand at its
+//! staging path without `nodev`). After every call it checks, against what the orchestrator
+//! believes:
 //!
 //! 1. mkfs never runs on a device a workload wrote to;
 //! 2. no device has two owners, no call takes away a mount another id's records placed, and no
 //!    read-only device a bind shows is detached;
-//! 3. a read-only publication is never writable;
+//! 3. a read-only publication is never writable, and no filesystem staging or publication the
+//!    records vouch for lets a device node open (it is `nodev`);
 //! 4. after a crash or a power cut, the orchestrator's retries of what it believes (every stage,
 //!    then every publication) all succeed, and the records then say what it believes.
 //!
@@ -31,6 +34,7 @@ mod actions;
 mod calls;
 mod checks;
 mod concurrent;
+mod down;
 mod events;
 mod inspect;
 mod replay;

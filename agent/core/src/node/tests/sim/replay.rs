@@ -80,7 +80,7 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 21] = [
+    let runs: [(&str, Vec<Action>); 22] = [
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
@@ -414,6 +414,22 @@ fn shrunk_reproductions_stay_fixed() {
                 at: 2,
                 call: Box::new(call("stage", "vol-a", false)),
             }],
+        ),
+        (
+            // A sixty-third fresh review's F1, found by the simulation once root could mount a
+            // volume by hand while the agent was down (seed 44 of its first run, with the
+            // adopted mount's `restrict` a no-op): a stage died after mkfs, root mounted the
+            // volume at its staging path without `nodev`, and start-up completed the stage over
+            // that mount as it was; a stage that finds it mounted with no record is the same.
+            "a stage cut after mkfs, its volume mounted by hand while the agent was down",
+            vec![
+                Action::MountedWhileDown {
+                    at: 1,
+                    call: Box::new(call("stage", "vol-a", false)),
+                },
+                Action::Reset,
+                call("stage", "vol-a", false),
+            ],
         ),
         (
             // Seed 14213 of a long run (the model's, not the agent's): after a reset the

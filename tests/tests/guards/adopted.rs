@@ -1,0 +1,204 @@
+//! Publications the agent adopts instead of making: root's own mounts at a target, made while
+//! the agent was down, rebuilt by `recover --from-mounts` or found by start-up after a publish
+//! cut past its bind intent, are made what a publish's bind is (`nodev`, read-only as recorded)
+//! before they are recorded (a sixty-fourth fresh review's F1 and F2); and a mount of a second
+//! loop device over the volume's file, found at a target, is never the volume's publication
+//! (its F3: two filesystems over the same bytes were handed out as the volume).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use nix::sys::stat::{Mode as Perm, SFlag, mknod};
+
+use super::MIB;
+use super::nodev::opens_nothing;
+use super::ro_peer::mount_options;
+
+fn writer() -> csi::VolumeCapability {
+    mount_cap_flags("ext4", Mode::SingleNodeWriter, &[])
+}
+
+/// A block node naming `other`'s device, put on the filesystem mounted at `place` (root may,
+/// where the mount is its own and `dev`).
+fn carry_node(place: &Path, other: &Vol) {
+    let dev = std::fs::metadata(&other.device)
+        .expect("the other device")
+        .rdev();
+    let node = place.join("node");
+    let _ = std::fs::remove_file(&node);
+    mknod(&node, SFlag::S_IFBLK, Perm::from_bits_truncate(0o666), dev).expect("a block node");
+}
+
+/// `recover --from-mounts` over root's own staging mount and bind of volume B, both `dev`: the
+/// next start makes both `nodev` before it completes them (the review's F1: the bind was rebuilt
+/// complete and handed out as it was; `nobody` read another volume through a node on it).
+#[tokio::test]
+async fn binds_rebuilt_from_roots_own_mounts_are_made_nodev() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("binds_rebuilt_from_roots_own_mounts_are_made_nodev") {
+        return;
+    }
+    let scratch = Scratch::new("g-adopt-rebuilt");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let a = create_attached(&agent, "rebuilt-a", 64 * MIB).await;
+    let b = create_attached(&agent, "rebuilt-b", 64 * MIB).await;
+    let staging = agent.work.join("staging/b");
+    let target = agent.work.join("pods/b/mount");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&b, &staging, writer()))
+        .await
+        .expect("stage");
+    node.node_publish_volume(publish_req(&b, &staging, &target, writer(), false))
+        .await
+        .expect("publish");
+    agent.kill();
+    sh(&format!(
+        "umount {t} && umount {s} && mount -o dev {d} {s} && mount --bind {s} {t}",
+        t = target.display(),
+        s = staging.display(),
+        d = b.device
+    ));
+    carry_node(&staging, &a);
+    agent.recover("--from-mounts");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(&b, &staging, &target, writer(), false))
+        .await
+        .unwrap_or_else(|e| panic!("the publish's retry: {e:?}\n{}", agent.log_text()));
+    for place in [&staging, &target] {
+        opens_nothing("rebuilt", place);
+    }
+    node.node_unpublish_volume(unpublish_req(&b, &target))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&b, &staging))
+        .await
+        .expect("unstage");
+}
+
+/// A publish cut past its bind intent, and root's own mount of the volume at the target while
+/// the agent is down (`dev`, read-write): start-up completes the publication only made `nodev`,
+/// and read-only for a read-only publish (the review's F2: completed as it was; the read-only
+/// one was recorded read-only over a read-write mount).
+#[tokio::test]
+async fn a_publication_cut_past_its_intent_is_completed_only_made_nodev() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_publication_cut_past_its_intent_is_completed_only_made_nodev") {
+        return;
+    }
+    let scratch = Scratch::new("g-adopt-cut");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let a = create_attached(&agent, "cut-a", 64 * MIB).await;
+    let b = create_attached(&agent, "cut-b", 64 * MIB).await;
+    let staging = agent.work.join("staging/b");
+    let multi = || mount_cap_flags("ext4", Mode::SingleNodeMultiWriter, &[]);
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&b, &staging, multi()))
+        .await
+        .expect("stage");
+    for readonly in [false, true] {
+        let case = if readonly { "read-only" } else { "read-write" };
+        let target = agent.work.join(format!("pods/{case}/mount"));
+        let mut opts = AgentOpts::default();
+        opts.args
+            .extend(["--crash-after".into(), cp::intent(J::Publish, S::Bind)]);
+        agent.restart(Some(opts)).await;
+        let mut node = agent.node().await;
+        let publish = || publish_req(&b, &staging, &target, multi(), readonly);
+        assert!(node.node_publish_volume(publish()).await.is_err());
+        agent
+            .wait_exit(std::time::Duration::from_secs(20))
+            .await
+            .expect("crashed");
+        std::fs::create_dir_all(&target).expect("the target");
+        sh(&format!(
+            "mount -o dev,rw {} {}",
+            b.device,
+            target.display()
+        ));
+        carry_node(&target, &a);
+        agent.restart(Some(AgentOpts::default())).await;
+        let log = agent.log_text();
+        assert!(log.contains("record completed"), "{case}: {log}");
+        opens_nothing(case, &target);
+        let opts = mount_options(&target).unwrap_or_default();
+        assert_eq!(opts.iter().any(|o| o == "ro"), readonly, "{case}: {opts:?}");
+        let mut node = agent.node().await;
+        node.node_publish_volume(publish())
+            .await
+            .unwrap_or_else(|e| panic!("{case}: the retry: {e:?}\n{}", agent.log_text()));
+        node.node_unpublish_volume(unpublish_req(&b, &target))
+            .await
+            .expect("unpublish");
+    }
+    let mut node = agent.node().await;
+    node.node_unstage_volume(unstage_req(&b, &staging))
+        .await
+        .expect("unstage");
+}
+
+/// A second loop device over volume B's file (root's `losetup`), mounted or its node bound at a
+/// target, shows B's identity: a publish there is refused, and records nothing (the review's F3:
+/// it answered OK, a second ext4 over B's bytes recorded as B's publication; a raw block publish
+/// recorded a device the controller never attached).
+#[tokio::test]
+async fn a_mount_of_another_loop_device_over_the_volumes_file_is_never_its_publication() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root(
+        "a_mount_of_another_loop_device_over_the_volumes_file_is_never_its_publication",
+    ) {
+        return;
+    }
+    let scratch = Scratch::new("g-adopt-sibling");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let mut node = agent.node().await;
+    for block in [false, true] {
+        let case = if block { "block" } else { "mount" };
+        let b = create_attached(&agent, &format!("sib-{case}"), 64 * MIB).await;
+        let staging = agent.work.join(format!("staging/{case}"));
+        let target = agent.work.join(format!("pods/{case}/mount"));
+        let cap = || match block {
+            true => block_cap(Mode::SingleNodeMultiWriter),
+            false => mount_cap_flags("ext4", Mode::SingleNodeMultiWriter, &[]),
+        };
+        node.node_stage_volume(stage_req(&b, &staging, cap()))
+            .await
+            .expect("stage");
+        let file = sh(&format!("losetup -nO BACK-FILE {}", b.device));
+        let file = String::from_utf8_lossy(&file.stdout).trim().to_string();
+        let sibling = sh(&format!("losetup -f --show {file}"));
+        let sibling = String::from_utf8_lossy(&sibling.stdout).trim().to_string();
+        if block {
+            std::fs::create_dir_all(target.parent().expect("a parent")).expect("its directory");
+            std::fs::write(&target, b"").expect("the target file");
+            sh(&format!("mount --bind {sibling} {}", target.display()));
+        } else {
+            std::fs::create_dir_all(&target).expect("the target");
+            sh(&format!("mount {sibling} {}", target.display()));
+        }
+        let e = node
+            .node_publish_volume(publish_req(&b, &staging, &target, cap(), false))
+            .await
+            .expect_err("published a mount of another device");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{case}: {e:?}");
+        let status = agent.status_json();
+        assert!(!status.is_null(), "{case}: no status");
+        let status = status.to_string();
+        assert!(
+            !status.contains(&*target.to_string_lossy()),
+            "{case}: {status}"
+        );
+        sh(&format!(
+            "umount {} && losetup -d {sibling}",
+            target.display()
+        ));
+        node.node_unstage_volume(unstage_req(&b, &staging))
+            .await
+            .expect("unstage");
+    }
+}
