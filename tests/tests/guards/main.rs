@@ -6,6 +6,7 @@
 //! state and through another agent's start, and following a resize (`ro_recovery`, `ro_resize`).
 
 mod adopted;
+mod adopted_block;
 mod bound_elsewhere;
 mod create_retry;
 mod kept_flags;

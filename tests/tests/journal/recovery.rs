@@ -254,3 +254,56 @@ async fn interrupted_mkfs_is_redone_only_over_its_own_work() {
         }
     }
 }
+
+/// A complete stage whose mount a filesystem laid over its staging path, or over the directory
+/// above it, hides while the agent is down: start-up keeps the record (the device is still
+/// mounted), the unstage is refused while the hidden mount lives, and once the cover goes the
+/// cycle goes on (a sixty-fifth fresh review's F3: the record was dropped as "gone (reboot?)", and
+/// the unstage answered OK over the live mount).
+#[tokio::test]
+async fn a_complete_stage_hidden_by_a_cover_keeps_its_record() {
+    if !require_root("a_complete_stage_hidden_by_a_cover_keeps_its_record") {
+        return;
+    }
+    for parent in [false, true] {
+        let case = if parent { "parent" } else { "path" };
+        let (scratch, mut agent, c) = agent_with_volume(
+            &format!("hidden-{case}"),
+            AgentOpts::default(),
+            "hidden",
+            64 << 20,
+            "ext4",
+        )
+        .await;
+        call(&agent, &c, Op::Stage).await.expect("stage");
+        // The stage's completion is lazy: the publish's durable intent carries it.
+        call(&agent, &c, Op::Publish).await.expect("publish");
+        call(&agent, &c, Op::Unpublish).await.expect("unpublish");
+        agent.kill();
+        let cover_at = match parent {
+            true => c.staging.parent().expect("a parent").to_path_buf(),
+            false => c.staging.clone(),
+        };
+        sh(&format!("mount -t tmpfs cover {}", cover_at.display()));
+        let cover = Unmount(cover_at);
+        agent.spawn().await;
+        let log = agent.log_text();
+        assert!(!log.contains("staging mount is gone"), "{case}: {log}");
+        assert!(log.contains("record kept"), "{case}: {log}");
+        let e = call(&agent, &c, Op::Unstage)
+            .await
+            .expect_err("unstaged over the hidden mount");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{case}: {e:?}");
+        drop(cover);
+        assert_eq!(
+            mount_count(&c.staging),
+            1,
+            "{case}: the stage's own mount went"
+        );
+        call(&agent, &c, Op::Publish).await.expect("publish");
+        call(&agent, &c, Op::Unpublish).await.expect("unpublish");
+        call(&agent, &c, Op::Unstage).await.expect("unstage");
+        assert_eq!(mount_count(&c.staging), 0, "{case}");
+        drop((c, agent, scratch));
+    }
+}

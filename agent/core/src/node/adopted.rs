@@ -22,7 +22,10 @@ use crate::steps::{Op, Step};
 use super::host::{Entry, OpenEntry};
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder_of};
+use super::volume_device::VolumeDevice;
 use super::{NodeCtx, path_string};
+use crate::DevNum;
+use crate::seam::MountFacts;
 
 /// The bits every filesystem mount of a volume carries.
 pub const NO_DEVICES: u64 = crate::request::ms::NODEV;
@@ -52,16 +55,18 @@ pub fn adopt(
 
 /// A publication's bind found with no complete record (start-up after a publish cut past its
 /// bind intent; `recover --from-mounts`): given what a bind of the publish gets, read-only as
-/// recorded. A raw block publication binds a device node: nothing to add.
+/// recorded; a raw block one, `adopt_block`.
 pub fn adopt_publication(
     ctx: &NodeCtx,
     publication: &Publication,
     staged: Option<&StagedVolume>,
     entry: &dyn Entry,
     expected: &Expected,
+    bound: &MountFacts,
 ) -> Result<()> {
     if publication.block {
-        return Ok(());
+        let target = &publication.target_path;
+        return adopt_block(ctx, staged, target, bound.node.rdev, publication.readonly);
     }
     let volume = VolumeId::parse(&publication.volume_id)?;
     let journal = Journal::new(ctx, &volume, Op::Publish);
@@ -71,6 +76,34 @@ pub fn adopt_publication(
     };
     let bits = recorded_bits(&volume, "publication", fs_type, &publication.mount_flags)?;
     adopt(ctx, &journal, entry, expected, publication.readonly, bits)
+}
+
+/// A raw block publication's bind found with no complete record. A bind's read-only flag does
+/// not reach a device node: a read-only publication binds the agent's read-only device laid over
+/// the volume's, so the bind found must be of that, never of the volume's own node; and no other
+/// view of the volume's bytes may be in use, as for the agent's own bind (a sixty-fifth fresh
+/// review's F1: root's read-only bind of the writable node was recorded as a read-only
+/// publication, and a bind was taken while another device showing the bytes was mounted).
+pub fn adopt_block(
+    ctx: &NodeCtx,
+    staged: Option<&StagedVolume>,
+    target: &Path,
+    bound: DevNum,
+    readonly: bool,
+) -> Result<()> {
+    let overlay = ctx.host.read_only_lies_over(bound).is_some();
+    let volume = staged.map(|s| s.volume_id.clone()).unwrap_or_default();
+    if overlay != readonly {
+        return Err(Error::PublishedWithOtherReadonly {
+            volume,
+            path: target.to_path_buf(),
+            readonly: overlay,
+        });
+    }
+    match staged {
+        Some(staged) => VolumeDevice::hold_recorded(ctx, staged)?.hold_views(ctx),
+        None => Ok(()),
+    }
 }
 
 /// The per-mount bits a record's mount flags ask for.

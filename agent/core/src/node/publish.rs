@@ -105,21 +105,29 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     let journal = Journal::new(ctx, vol, Op::Publish);
     match published_here {
         Holder::Volume(m) => {
-            if m.read_only != readonly {
+            // A bind's read-only flag does not reach a device node: a raw block publication is
+            // read-only by the agent's read-only device it binds.
+            let bound_read_only = match block {
+                true => ctx.host.read_only_lies_over(m.node.rdev).is_some(),
+                false => m.read_only,
+            };
+            if bound_read_only != readonly {
                 return Err(Error::PublishedWithOtherReadonly {
                     volume: vol.to_string(),
                     path: target_path.to_path_buf(),
-                    readonly: m.read_only,
+                    readonly: bound_read_only,
                 });
             }
-            // Found bound with no complete record of the bind (recovery rebuilt it, or an
-            // earlier version made it: its binds kept the staging's flags): given what a bind of
-            // this call gets. A repeat of a complete publish touches nothing.
-            if !block
-                && prior
-                    .as_ref()
-                    .is_none_or(|p| p.progress != Progress::Complete)
-            {
+            // Found bound with no complete record of the bind (a publish cut past its intent,
+            // `recover --from-mounts`, root's own bind): made what a bind of this call is, or
+            // refused. A repeat of a complete publish touches nothing.
+            let adopting = prior
+                .as_ref()
+                .is_none_or(|p| p.progress != Progress::Complete);
+            if adopting && block {
+                let bound = m.node.rdev;
+                super::adopted::adopt_block(ctx, Some(&staged), target_path, bound, readonly)?;
+            } else if adopting {
                 super::adopted::adopt(ctx, &journal, &*target, &expected, readonly, vfs_bits)?;
             }
         }

@@ -45,7 +45,7 @@ fn stage_may_be_mounted(ctx: &NodeCtx, staged: &StagedVolume) -> Result<bool> {
     }
     Ok(expected
         .recorded_devnum()
-        .is_some_and(|d| ctx.host.still_claimed(d, None)))
+        .is_some_and(|d| ctx.host.still_claimed(d, None) && expected.is_device(ctx, d)))
 }
 
 /// Checks one volume's records against the host and completes or drops them. Runs under the
@@ -73,6 +73,17 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
         match (staged.progress, present) {
             (Progress::Complete, true) => {
                 tracing::info!(volume = vol, staging = %staging.display(), "recovery: staged and mounted as recorded");
+            }
+            // Its own mount may lie below a mount laid over the staging path, or over a
+            // directory above it: kept, and the unstage refuses while the device is in use (a
+            // sixty-fifth fresh review's F3: the record was dropped, the unstage then answered
+            // OK over the live mount).
+            (Progress::Complete, false)
+                if matches!(staged.access, AccessRecord::Mount { .. })
+                    && stage_may_be_mounted(ctx, &staged)? =>
+            {
+                tracing::warn!(volume = vol, staging = %staging.display(),
+                    "recovery: the staging mount is not seen at its path, but the volume's device is mounted or claimed (a mount laid over the path?); record kept, NodeUnstageVolume refuses until the device is free");
             }
             (Progress::Complete, false) => {
                 tracing::warn!(volume = vol, staging = %staging.display(),
@@ -169,7 +180,7 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             Holder::Volume(_) if publication.progress == Progress::Complete => {
                 tracing::info!(volume = vol, target = %target.display(), "recovery: published as recorded");
             }
-            Holder::Volume(_) => {
+            Holder::Volume(bound) => {
                 // The bind intent was durable and the bind is there: only the completion was
                 // lost. The bind may be anyone's made while the agent was down (root's mount of
                 // the volume at the target, without `nodev`: a sixty-fourth fresh review's F2):
@@ -181,12 +192,13 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
                         staged.as_ref(),
                         &**entry,
                         &expected,
+                        &bound,
                     ),
                     None => Ok(()),
                 };
                 if let Err(e) = adopted {
                     tracing::warn!(volume = vol, target = %target.display(), error = %e,
-                        "recovery: the publication's bind is there but could not be made nodev; left in progress, the next NodePublishVolume asks again");
+                        "recovery: the publication's bind is there but is not what the publish would bind (nodev, its read-only device), or could not be made so; left in progress, the next NodePublishVolume asks again");
                     continue;
                 }
                 let mut done = publication.clone();

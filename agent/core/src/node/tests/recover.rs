@@ -410,3 +410,20 @@ fn a_cut_stage_under_a_cover_keeps_its_record() {
     assert_eq!(kept, Some(Progress::InProgress));
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+/// A complete stage whose mount a mount laid over its staging path hides: its device is still
+/// mounted, so its record is kept, not dropped as gone with a reboot (a sixty-fifth fresh
+/// review's F3: the unstage then answered OK over the live mount). Nothing is touched.
+#[test]
+fn a_complete_stage_under_a_cover_keeps_its_record() {
+    let h = Harness::new();
+    h.staged(VOL);
+    let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+    let at = h.staging(VOL).as_path().to_path_buf();
+    h.host.state().mounts.entry(at).or_default().push(foreign);
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert!(!r.dropped_staging);
+    let kept = h.ledger.staged(VOL).expect("read").map(|s| s.progress);
+    assert_eq!(kept, Some(Progress::Complete));
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}

@@ -254,6 +254,14 @@ fn rebuild_mounts(
     let mut owner_of: HashMap<String, Option<String>> = HashMap::new();
     let mut handles: HashMap<DevNum, Known> = HashMap::new();
     let (mut staged, mut published) = (0, 0);
+    // The devices a filesystem is mounted from, wherever in the table: a bind of such a device's
+    // node is none of its volume's publications, whichever was made first (a sixty-fifth fresh
+    // review's F2: a bind made before the filesystem's mount rebuilt the volume as a raw block
+    // staging, and a block publish then handed out the node of a mounted ext4).
+    let fs_mounted: std::collections::HashSet<DevNum> = (table.entries().iter())
+        .filter(|m| m.fs_type != "devtmpfs" && m.fs_type != "tmpfs")
+        .map(|m| DevNum::new(m.major, m.minor))
+        .collect();
     // mountinfo lists mounts in the order they were made: a volume's first mount is its staging.
     for m in table.entries() {
         let block_bind = m.fs_type == "devtmpfs" || m.fs_type == "tmpfs";
@@ -303,9 +311,10 @@ fn rebuild_mounts(
         // fifty-seventh fresh review's F3: rebuilt as a block publication, it held the volume
         // from its unstage and the controller's detach, and no call could remove it).
         if block_bind
-            && staging_of
+            && (staging_of
                 .get(vol)
                 .is_some_and(|at| !at.as_os_str().is_empty())
+                || block_devnum(&k.device).is_ok_and(|d| fs_mounted.contains(&d)))
         {
             println!(
                 "volume {vol}: a bind of its device node at {} is none of its publications (it \
@@ -418,18 +427,20 @@ fn rebuild_mounts(
             target_path: m.mount_point.clone(),
             staging_path: staging_of.get(vol).cloned().unwrap_or_default(),
             block: block_bind,
-            readonly: m.is_read_only() || read_only_device,
+            // A bind's read-only flag does not reach a device node: a raw block publication is
+            // read-only by the agent's read-only device it binds.
+            readonly: match block_bind {
+                true => read_only_device,
+                false => m.is_read_only(),
+            },
             access_mode: 0,
             mount_flags: Vec::new(),
-            // A filesystem publication rebuilt from a bind is in progress: the next start
-            // makes the bind what a publish's is (`nodev`) before it completes it (a
-            // sixty-fourth fresh review's F1: root's own bind, rebuilt complete, was handed
-            // out as it was).
-            progress: if block_bind {
-                Progress::Complete
-            } else {
-                Progress::InProgress
-            },
+            // A publication rebuilt from a bind is in progress: the next start makes the bind
+            // what a publish's is (`nodev`; for raw block, the agent's read-only device where
+            // read-only, no other view of the bytes in use) before it completes it (a
+            // sixty-fourth fresh review's F1: root's own bind, rebuilt complete, was handed out
+            // as it was; a sixty-fifth's F1, its raw block form).
+            progress: Progress::InProgress,
             at_unix_ms: now_unix_ms(),
         };
         store
