@@ -157,3 +157,68 @@ async fn a_node_bound_before_the_filesystems_mount_is_never_rebuilt_as_raw_block
         .await
         .expect("unstage");
 }
+
+/// A raw block publish never hands out the writable node of a device root mounted a filesystem
+/// from, on records alone: a publication whose bind a reboot took (its record kept for the file
+/// the agent made) exempts nothing, nor does a bind found at the target (a sixty-sixth fresh
+/// review's F1 and F2: each let a publish through beside root's ext4 mount of the device).
+#[tokio::test]
+async fn a_mounted_devices_node_is_never_handed_out_raw_on_records_alone() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_mounted_devices_node_is_never_handed_out_raw_on_records_alone") {
+        return;
+    }
+    let scratch = Scratch::new("g-adopt-claimed");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "claimed", 64 * MIB).await;
+    let staging = agent.work.join("staging/claimed");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
+        .await
+        .expect("stage");
+    sh(&format!("mkfs.ext4 -q {}", v.device));
+    let publish =
+        |target: &std::path::Path| publish_req(&v, &staging, target, multi_block(), false);
+    let rebooted = agent.work.join("pods/rebooted/dev");
+    node.node_publish_volume(publish(&rebooted))
+        .await
+        .expect("publish");
+    agent.kill();
+    sh(&format!("umount {}", rebooted.display()));
+    let other = agent.work.join("other");
+    std::fs::create_dir_all(&other).expect("a mount point");
+    sh(&format!("mount {} {}", v.device, other.display()));
+    let mounted = Unmount(other.clone());
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    let fresh = agent.work.join("pods/fresh/dev");
+    let e = node
+        .node_publish_volume(publish(&fresh))
+        .await
+        .expect_err("exempt by a record whose bind is gone");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let found = agent.work.join("pods/found/dev");
+    sh(&format!(
+        "mkdir -p {0} && touch {1} && mount --bind {2} {1}",
+        found.parent().expect("a parent").display(),
+        found.display(),
+        v.device
+    ));
+    let e = node
+        .node_publish_volume(publish(&found))
+        .await
+        .expect_err("a bind found beside a mounted filesystem");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    drop(mounted);
+    node.node_publish_volume(publish(&found))
+        .await
+        .expect("the bind adopted, the filesystem gone");
+    for target in [&found, &rebooted] {
+        node.node_unpublish_volume(unpublish_req(&v, target))
+            .await
+            .expect("unpublish");
+    }
+    node.node_unstage_volume(unstage_req(&v, &staging))
+        .await
+        .expect("unstage");
+}

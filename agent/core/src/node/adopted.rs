@@ -100,10 +100,40 @@ pub fn adopt_block(
             readonly: overlay,
         });
     }
-    match staged {
-        Some(staged) => VolumeDevice::hold_recorded(ctx, staged)?.hold_views(ctx),
-        None => Ok(()),
+    let Some(staged) = staged else {
+        return Ok(());
+    };
+    let mut device = VolumeDevice::hold_recorded(ctx, staged)?;
+    device.hold_views(ctx)?;
+    if !bound_by_its_publications(ctx, staged, target)? {
+        device.refuse_if_used_raw(ctx)?;
     }
+    Ok(())
+}
+
+/// Whether a publication of the volume other than the one at `except` binds its device now: a
+/// workload may mount its raw device inside its own namespace, which claims the device, so a
+/// further publication of a volume already handed out raw does not ask whether the device is
+/// claimed. Records alone exempt nothing: a record kept after a reboot for the file the agent
+/// made, an adopted bind, or a cut publish let a fresh publish hand out the writable node of a
+/// device root had mounted a filesystem from (a sixty-sixth fresh review's F1 and F2).
+pub fn bound_by_its_publications(
+    ctx: &NodeCtx,
+    staged: &StagedVolume,
+    except: &Path,
+) -> Result<bool> {
+    let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
+    for p in ctx.ledger.publications(&staged.volume_id)? {
+        if p.target_path == except {
+            continue;
+        }
+        if let Some(entry) = super::path_handles::lookup_recorded(ctx, &p.target_path)?
+            && super::ownership::holder(ctx, &*entry, &expected)?.is_volume()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The per-mount bits a record's mount flags ask for.

@@ -139,7 +139,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
             });
         }
         Holder::Nothing => {
-            let source = source(ctx, &staged, &expected, block)?;
+            let source = source(ctx, &staged, &expected, block, target_path)?;
             let facts = detail([
                 ("source", path_string(&source_of(&staged, block))),
                 ("target", path_string(target_path)),
@@ -294,6 +294,7 @@ fn source(
     staged: &StagedVolume,
     expected: &Expected,
     block: bool,
+    target: &std::path::Path,
 ) -> Result<Source> {
     if block {
         let mut device = VolumeDevice::hold_recorded(ctx, staged).map_err(|e| match e {
@@ -308,8 +309,7 @@ fn source(
         // device itself, unless the volume's own publications use it (a workload may mount its
         // raw device inside its own namespace).
         device.hold_views(ctx)?;
-        let first = ctx.ledger.publications(&staged.volume_id)?.is_empty();
-        if first {
+        if !super::adopted::bound_by_its_publications(ctx, staged, target)? {
             device.refuse_if_used_raw(ctx)?;
         }
         return Ok(Source::Device(Box::new(device)));
