@@ -18,6 +18,7 @@ mod interrupted;
 pub mod journal;
 mod known;
 mod locks;
+mod mount_steps;
 pub mod ownership;
 pub mod path_handles;
 mod publish;
