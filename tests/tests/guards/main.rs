@@ -15,6 +15,7 @@ mod races;
 mod rebuild_names;
 mod rebuild_ro;
 mod ro_block;
+mod ro_block_views;
 mod ro_flags;
 mod ro_peer;
 mod ro_recovery;

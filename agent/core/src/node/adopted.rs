@@ -100,8 +100,9 @@ pub fn adopt_block(
             readonly: overlay,
         });
     }
+    // With no staging record nothing says which device the bind must be of.
     let Some(staged) = staged else {
-        return Ok(());
+        return Err(Error::NotStaged { volume });
     };
     let mut device = VolumeDevice::hold_recorded(ctx, staged)?;
     device.hold_views(ctx)?;
@@ -122,13 +123,21 @@ pub fn bound_by_its_publications(
     staged: &StagedVolume,
     except: &Path,
 ) -> Result<bool> {
+    // Only a bind of the device's own node: a read-only publication's workload holds the
+    // agent's read-only device, and can claim nothing of the device itself (a sixty-seventh
+    // fresh review's F2: a live read-only publication let a writable one through beside root's
+    // read-write ext4 mount of the device).
     let expected = Expected::of(ctx, &staged.volume_id, Some(staged));
+    let Some(device) = expected.recorded_devnum() else {
+        return Ok(false);
+    };
     for p in ctx.ledger.publications(&staged.volume_id)? {
         if p.target_path == except {
             continue;
         }
         if let Some(entry) = super::path_handles::lookup_recorded(ctx, &p.target_path)?
-            && super::ownership::holder(ctx, &*entry, &expected)?.is_volume()
+            && let Holder::Volume(bound) = super::ownership::holder(ctx, &*entry, &expected)?
+            && bound.node.rdev == device
         {
             return Ok(true);
         }

@@ -6,8 +6,8 @@
 //! another loop device had mounted read-write, or bound raw, elsewhere). The volume's own
 //! read-only devices (its read-only raw block publications', by their tags) are its own use.
 
-use std::collections::HashSet;
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use crate::DevNum;
 use crate::error::{Error, Result};
@@ -73,7 +73,17 @@ fn idle_views(
         return Ok(Vec::new());
     }
     let tags = own_read_only_tags(ctx, volume)?;
-    let own = |v: &View| tags.contains(&v.name) && v.read_only && v.lies_over == Some(devnum);
+    // In use, it is the volume's own use only while its publication binds it (a sixty-seventh
+    // fresh review's F1: a read-only publication whose bind was gone, its record kept by a
+    // refused unpublish, exempted its device mounted by an operator, and a writable one was
+    // handed out beside that mount).
+    let own = |v: &View| {
+        let target = tags.get(&v.name);
+        target.is_some()
+            && v.read_only
+            && v.lies_over == Some(devnum)
+            && (v.in_use.is_none() || target.is_some_and(|t| binds(ctx, t, v.devnum)))
+    };
     let mut idle = Vec::new();
     for view in views
         .into_iter()
@@ -110,14 +120,31 @@ fn refusal(volume: &str, device: &Path, view: DevNum, what: String) -> Error {
     }
 }
 
-/// The tags of `volume`'s read-only devices, by its read-only raw block publications.
-fn own_read_only_tags(ctx: &NodeCtx, volume: &str) -> Result<HashSet<String>> {
-    let mut tags = HashSet::new();
+/// The tags of `volume`'s read-only devices, by its read-only raw block publications, each with
+/// its publication's target.
+fn own_read_only_tags(ctx: &NodeCtx, volume: &str) -> Result<HashMap<String, PathBuf>> {
+    let mut tags = HashMap::new();
     for p in ctx.ledger.publications(volume)? {
         if p.block && p.readonly {
-            tags.insert(ctx.agent_tag.tag(volume, &p.target_path));
-            tags.insert(ctx.agent_tag.legacy_tag(volume, &p.target_path));
+            tags.insert(
+                ctx.agent_tag.tag(volume, &p.target_path),
+                p.target_path.clone(),
+            );
+            let legacy = ctx.agent_tag.legacy_tag(volume, &p.target_path);
+            tags.insert(legacy, p.target_path);
         }
     }
     Ok(tags)
+}
+
+/// Whether the mount at `target` is a bind of the device `view`.
+fn binds(ctx: &NodeCtx, target: &Path, view: DevNum) -> bool {
+    let Ok(Some(entry)) = super::path_handles::lookup_recorded(ctx, target) else {
+        return false;
+    };
+    entry
+        .mounted_at()
+        .ok()
+        .flatten()
+        .is_some_and(|m| m.node.kind == crate::seam::FileKind::BlockDevice && m.node.rdev == view)
 }

@@ -134,7 +134,10 @@ pub(super) fn rebuild_mounts(
                 identity: k.identity.clone(),
                 access,
                 access_mode: 0,
-                readonly: m.is_read_only(),
+                // A raw block staging's binds are its publications, each read-only or not on its
+                // own (a sixty-seventh fresh review's F3: a read-only one's bind, rebuilt first,
+                // made every later publication read-only).
+                readonly: !block_bind && m.is_read_only(),
                 // A filesystem staging rebuilt from a mount is in progress: the next start asks
                 // the stage's post-mount questions (is the device's node bound anywhere, another
                 // view of its bytes used) before it completes it, as for a stage a crash cut

@@ -1,0 +1,133 @@
+//! A read-only raw block publication exempts from the in-use questions only what it binds now:
+//! its read-only device while its bind is there, and nothing of the device itself; `recover
+//! --from-mounts` keeps a raw block staging writable whatever its publications' binds are (a
+//! sixty-seventh fresh review's F1 to F3).
+
+use std::os::unix::fs::MetadataExt;
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+use super::MIB;
+
+fn multi_block() -> csi::VolumeCapability {
+    block_cap(Mode::MultiNodeMultiWriter)
+}
+
+/// Root's read-write mount of the volume's device beside a live read-only publication, and an
+/// operator's mount of that publication's read-only device once its bind is gone (a refused
+/// unpublish keeps the record): a writable publish is refused beside either (the review's F2
+/// and F1: each was handed out).
+#[tokio::test]
+async fn a_read_only_publication_exempts_only_what_it_binds_now() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_read_only_publication_exempts_only_what_it_binds_now") {
+        return;
+    }
+    let scratch = Scratch::new("g-ro-views");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "rov", 64 * MIB).await;
+    let staging = agent.work.join("staging/rov");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
+        .await
+        .expect("stage");
+    sh(&format!("mkfs.ext4 -q {}", v.device));
+    let publish = |target: &std::path::Path, readonly| {
+        publish_req(&v, &staging, target, multi_block(), readonly)
+    };
+    let reader = agent.work.join("pods/reader/dev");
+    let writer = agent.work.join("pods/writer/dev");
+    node.node_publish_volume(publish(&reader, true))
+        .await
+        .expect("the read-only publish");
+    let inspect = agent.work.join("inspect");
+    std::fs::create_dir_all(&inspect).expect("a mount point");
+
+    sh(&format!("mount {} {}", v.device, inspect.display()));
+    let mounted = Unmount(inspect.clone());
+    let e = node
+        .node_publish_volume(publish(&writer, false))
+        .await
+        .expect_err("a writable node beside root's read-write mount of the device");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    drop(mounted);
+
+    sh(&format!(
+        "mount -o ro,noload {} {}",
+        reader.display(),
+        inspect.display()
+    ));
+    let mounted = Unmount(inspect.clone());
+    let e = node
+        .node_unpublish_volume(unpublish_req(&v, &reader))
+        .await
+        .expect_err("unpublished with its read-only device mounted");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = node
+        .node_publish_volume(publish(&writer, false))
+        .await
+        .expect_err("a writable node beside the mounted read-only device");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    drop(mounted);
+    node.node_unpublish_volume(unpublish_req(&v, &reader))
+        .await
+        .expect("the unpublish, the mount gone");
+    node.node_publish_volume(publish(&writer, false))
+        .await
+        .expect("the writable publish, nothing else using the bytes");
+    node.node_unpublish_volume(unpublish_req(&v, &writer))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&v, &staging))
+        .await
+        .expect("unstage");
+}
+
+/// `recover --from-mounts` over a raw block volume whose only publication is read-only: a later
+/// writable publish binds the volume's own node, not another read-only device (the review's F3:
+/// the staging was rebuilt read-only, and every later publication silently read-only).
+#[tokio::test]
+async fn a_raw_block_staging_rebuilt_from_a_read_only_bind_stays_writable() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_raw_block_staging_rebuilt_from_a_read_only_bind_stays_writable") {
+        return;
+    }
+    let scratch = Scratch::new("g-ro-rebuilt");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let v = create_attached(&agent, "rorb", 64 * MIB).await;
+    let staging = agent.work.join("staging/rorb");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
+        .await
+        .expect("stage");
+    let reader = agent.work.join("pods/reader/dev");
+    node.node_publish_volume(publish_req(&v, &staging, &reader, multi_block(), true))
+        .await
+        .expect("the read-only publish");
+    agent.kill();
+    agent.recover("--from-mounts");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    let writer = agent.work.join("pods/writer/dev");
+    node.node_publish_volume(publish_req(&v, &staging, &writer, multi_block(), false))
+        .await
+        .unwrap_or_else(|e| panic!("the writable publish: {e:?}\n{}", agent.log_text()));
+    let device = std::fs::metadata(&v.device).expect("the device").rdev();
+    let bound = std::fs::metadata(&writer).expect("the target").rdev();
+    assert_eq!(
+        bound, device,
+        "the writable publication binds another device"
+    );
+    for target in [&writer, &reader] {
+        node.node_unpublish_volume(unpublish_req(&v, target))
+            .await
+            .expect("unpublish");
+    }
+    node.node_unstage_volume(unstage_req(&v, &staging))
+        .await
+        .expect("unstage");
+}
