@@ -131,3 +131,65 @@ async fn a_raw_block_staging_rebuilt_from_a_read_only_bind_stays_writable() {
         .await
         .expect("unstage");
 }
+
+/// A raw block volume attached read-only and published without `readonly` (a static PV marked
+/// read-only, a pod that is not): the publication binds a read-only device of its own, never the
+/// shared attachment's node, whose backing any workload holding it could swap for every other
+/// publication (LOOP_CHANGE_FD needs only a read-only open: a sixty-eighth fresh review's F1).
+#[tokio::test]
+async fn a_read_only_attachment_is_never_bound_raw_to_a_workload() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("a_read_only_attachment_is_never_bound_raw_to_a_workload") {
+        return;
+    }
+    let scratch = Scratch::new("g-ro-attach");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let id = create_volume(&agent, "roat", 64 * MIB, &[]).await;
+    let node_id = node_id(&agent).await;
+    let r = agent
+        .controller()
+        .await
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id,
+            volume_capability: Some(multi_block()),
+            readonly: true,
+            ..Default::default()
+        })
+        .await
+        .expect("a read-only attach")
+        .into_inner();
+    let v = Vol {
+        id,
+        device: r.publish_context["devicePath"].clone(),
+    };
+    let staging = agent.work.join("staging/roat");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
+        .await
+        .expect("stage");
+    let target = agent.work.join("pods/writer/dev");
+    node.node_publish_volume(publish_req(&v, &staging, &target, multi_block(), false))
+        .await
+        .expect("publish");
+    let device = std::fs::metadata(&v.device).expect("the device").rdev();
+    let bound = std::fs::metadata(&target).expect("the target").rdev();
+    assert_ne!(
+        bound, device,
+        "the shared read-only attachment bound into a workload"
+    );
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&target)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"written"));
+    assert!(
+        written.is_err(),
+        "the publication of a read-only attachment is writable"
+    );
+    node.node_unpublish_volume(unpublish_req(&v, &target))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&v, &staging))
+        .await
+        .expect("unstage");
+}

@@ -144,6 +144,10 @@ impl HostOps for DoubleHost {
         self.state().devices.values().any(|d| *d == devnum)
     }
 
+    fn device_read_only(&self, devnum: DevNum) -> bool {
+        self.state().read_only.iter().any(|(ro, _)| *ro == devnum)
+    }
+
     fn whole_disk(&self, devnum: DevNum) -> DevNum {
         devnum
     }

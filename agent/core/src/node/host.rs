@@ -232,6 +232,9 @@ pub trait HostOps: Send + Sync {
     fn still_claimed(&self, devnum: DevNum, held: Option<&File>) -> bool;
     /// Whether a device with these numbers exists now.
     fn device_exists(&self, devnum: DevNum) -> bool;
+    /// Whether the kernel keeps the device read-only (a read-only attachment); one that cannot
+    /// be asked counts as read-only.
+    fn device_read_only(&self, devnum: DevNum) -> bool;
     /// The disk a partition is of: the device itself when it is a whole disk, or when the host
     /// cannot tell.
     fn whole_disk(&self, devnum: DevNum) -> DevNum;

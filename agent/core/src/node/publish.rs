@@ -59,7 +59,18 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
     };
     // `ro` among the mount flags is a read-only request like the `readonly` field: the bind
     // drops MS_RDONLY from the flags and applies only this.
-    let readonly = cmd.readonly || ro_flag || cmd.capability.mode.is_read_only() || staged.readonly;
+    // A raw block volume the kernel keeps read-only (a read-only attachment) is published
+    // read-only, through a read-only device of the publication's own: its node bound itself, a
+    // workload could swap what every publication of it reads (LOOP_CHANGE_FD needs only a
+    // read-only open of a read-only loop device: a sixty-eighth fresh review's F1).
+    let block_read_only = block
+        && super::ownership::recorded_devnum(ctx, &staged)
+            .is_none_or(|d| ctx.host.device_read_only(d));
+    let readonly = cmd.readonly
+        || ro_flag
+        || cmd.capability.mode.is_read_only()
+        || staged.readonly
+        || block_read_only;
     let mut record = Publication {
         volume_id: vol.to_string(),
         target_path: target_path.to_path_buf(),

@@ -90,6 +90,11 @@ impl HostOps for RealHost {
         Path::new(&format!("/sys/dev/block/{}", devnum)).exists()
     }
 
+    fn device_read_only(&self, devnum: DevNum) -> bool {
+        std::fs::read_to_string(format!("/sys/dev/block/{devnum}/ro"))
+            .map_or(true, |ro| ro.trim() != "0")
+    }
+
     fn lies_on(&self, devnum: DevNum) -> io::Result<Vec<Under>> {
         crate::loopdev::stacking::lies_on(devnum)
     }
