@@ -43,12 +43,8 @@ async fn a_bind_found_at_a_block_target_is_taken_only_as_the_publish_would_bind(
     }
     let scratch = Scratch::new("g-adopt-block");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let v = create_attached(&agent, "blk", 32 * MIB).await;
-    let staging = agent.work.join("staging/blk");
+    let (v, staging) = super::staged(&agent, "blk", 32 * MIB, multi_block()).await;
     let mut node = agent.node().await;
-    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
-        .await
-        .expect("stage");
     let publish = |target: &std::path::Path, readonly| {
         publish_req(&v, &staging, target, multi_block(), readonly)
     };
@@ -170,12 +166,8 @@ async fn a_mounted_devices_node_is_never_handed_out_raw_on_records_alone() {
     }
     let scratch = Scratch::new("g-adopt-claimed");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let v = create_attached(&agent, "claimed", 64 * MIB).await;
-    let staging = agent.work.join("staging/claimed");
+    let (v, staging) = super::staged(&agent, "claimed", 64 * MIB, multi_block()).await;
     let mut node = agent.node().await;
-    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
-        .await
-        .expect("stage");
     sh(&format!("mkfs.ext4 -q {}", v.device));
     let publish =
         |target: &std::path::Path| publish_req(&v, &staging, target, multi_block(), false);

@@ -75,3 +75,23 @@ pub fn write_fails(path: &Path) -> Result<(), String> {
         },
     }
 }
+
+/// A volume of `bytes`, attached and staged with `cap` at `staging/<name>`: the volume and its
+/// staging path.
+pub async fn staged(
+    agent: &Agent,
+    name: &str,
+    bytes: i64,
+    cap: ebs_tests::csi::VolumeCapability,
+) -> (ebs_tests::csi_req::Vol, std::path::PathBuf) {
+    use ebs_tests::csi_req::{create_attached, stage_req};
+    let v = create_attached(agent, name, bytes).await;
+    let staging = agent.work.join(format!("staging/{name}"));
+    agent
+        .node()
+        .await
+        .node_stage_volume(stage_req(&v, &staging, cap))
+        .await
+        .expect("stage");
+    (v, staging)
+}

@@ -29,12 +29,8 @@ async fn a_read_only_publication_exempts_only_what_it_binds_now() {
     }
     let scratch = Scratch::new("g-ro-views");
     let agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let v = create_attached(&agent, "rov", 64 * MIB).await;
-    let staging = agent.work.join("staging/rov");
+    let (v, staging) = super::staged(&agent, "rov", 64 * MIB, multi_block()).await;
     let mut node = agent.node().await;
-    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
-        .await
-        .expect("stage");
     sh(&format!("mkfs.ext4 -q {}", v.device));
     let publish = |target: &std::path::Path, readonly| {
         publish_req(&v, &staging, target, multi_block(), readonly)
@@ -98,12 +94,8 @@ async fn a_raw_block_staging_rebuilt_from_a_read_only_bind_stays_writable() {
     }
     let scratch = Scratch::new("g-ro-rebuilt");
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
-    let v = create_attached(&agent, "rorb", 64 * MIB).await;
-    let staging = agent.work.join("staging/rorb");
+    let (v, staging) = super::staged(&agent, "rorb", 64 * MIB, multi_block()).await;
     let mut node = agent.node().await;
-    node.node_stage_volume(stage_req(&v, &staging, multi_block()))
-        .await
-        .expect("stage");
     let reader = agent.work.join("pods/reader/dev");
     node.node_publish_volume(publish_req(&v, &staging, &reader, multi_block(), true))
         .await
@@ -143,7 +135,7 @@ async fn a_read_only_attachment_is_never_bound_raw_to_a_workload() {
         return;
     }
     let scratch = Scratch::new("g-ro-attach");
-    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let id = create_volume(&agent, "roat", 64 * MIB, &[]).await;
     let node_id = node_id(&agent).await;
     let r = agent
@@ -186,9 +178,33 @@ async fn a_read_only_attachment_is_never_bound_raw_to_a_workload() {
         written.is_err(),
         "the publication of a read-only attachment is writable"
     );
-    node.node_unpublish_volume(unpublish_req(&v, &target))
+    // Root's bind of the shared node, rebuilt by `recover --from-mounts`: never completed as a
+    // publication (a sixty-ninth fresh review's F1: it was, read-write).
+    let shared = agent.work.join("pods/shared/dev");
+    sh(&format!(
+        "mkdir -p {2} && touch {0} && mount --bind {1} {0}",
+        shared.display(),
+        v.device,
+        shared.parent().expect("a parent").display()
+    ));
+    let bound = Unmount(shared.clone());
+    agent.kill();
+    agent.recover("--from-mounts");
+    agent.spawn().await;
+    let log = agent.log_text();
+    assert!(log.contains("is not what the publish would bind"), "{log}");
+    let mut node = agent.node().await;
+    let e = node
+        .node_publish_volume(publish_req(&v, &staging, &shared, multi_block(), false))
         .await
-        .expect("unpublish");
+        .expect_err("the shared node's bind taken for a publication");
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    drop(bound);
+    for t in [&target, &shared] {
+        node.node_unpublish_volume(unpublish_req(&v, t))
+            .await
+            .expect("unpublish");
+    }
     node.node_unstage_volume(unstage_req(&v, &staging))
         .await
         .expect("unstage");

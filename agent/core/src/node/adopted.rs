@@ -93,7 +93,11 @@ pub fn adopt_block(
 ) -> Result<()> {
     let overlay = ctx.host.read_only_lies_over(bound).is_some();
     let volume = staged.map(|s| s.volume_id.clone()).unwrap_or_default();
-    if overlay != readonly {
+    // A device the kernel keeps read-only is bound only through a read-only device of the
+    // publication's own, as the publish binds it (a sixty-ninth fresh review's F1: root's bind
+    // of a read-only attachment's shared node, rebuilt by `recover --from-mounts`, was completed
+    // as a writable publication).
+    if overlay != readonly || (!overlay && ctx.host.device_read_only(bound)) {
         return Err(Error::PublishedWithOtherReadonly {
             volume,
             path: target.to_path_buf(),

@@ -392,38 +392,25 @@ fn an_interrupted_stage_it_cannot_take_down_stays_in_progress_and_unpublishable(
     assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 0);
 }
 
-/// A stage cut after its mount, with a mount laid over its staging path while the agent was
-/// down: its record is kept in progress (the volume's mount lies below, and its device stays the
-/// volume's), never dropped as a stage cut before its mount (a sixty-third fresh review's F2: the
-/// unstage then answered OK over the hidden mount). Nothing is touched.
+/// A stage whose mount a mount laid over its staging path hides, complete or cut after its
+/// mount: its device is still mounted, so its record is kept as it was, never dropped as gone with
+/// a reboot or as a stage cut before its mount (a sixty-third fresh review's F2 and a
+/// sixty-fifth's F3: the unstage then answered OK over the hidden mount). Nothing is touched.
 #[test]
-fn a_cut_stage_under_a_cover_keeps_its_record() {
-    let h = Harness::new();
-    h.staged(VOL);
-    stage_in_progress(&h);
-    let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
-    let at = h.staging(VOL).as_path().to_path_buf();
-    h.host.state().mounts.entry(at).or_default().push(foreign);
-    let r = recover_volume(&h.ctx, VOL).expect("recover");
-    assert!(!r.dropped_staging);
-    let kept = h.ledger.staged(VOL).expect("read").map(|s| s.progress);
-    assert_eq!(kept, Some(Progress::InProgress));
-    assert_eq!(h.host.calls(), Vec::<String>::new());
-}
-
-/// A complete stage whose mount a mount laid over its staging path hides: its device is still
-/// mounted, so its record is kept, not dropped as gone with a reboot (a sixty-fifth fresh
-/// review's F3: the unstage then answered OK over the live mount). Nothing is touched.
-#[test]
-fn a_complete_stage_under_a_cover_keeps_its_record() {
-    let h = Harness::new();
-    h.staged(VOL);
-    let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
-    let at = h.staging(VOL).as_path().to_path_buf();
-    h.host.state().mounts.entry(at).or_default().push(foreign);
-    let r = recover_volume(&h.ctx, VOL).expect("recover");
-    assert!(!r.dropped_staging);
-    let kept = h.ledger.staged(VOL).expect("read").map(|s| s.progress);
-    assert_eq!(kept, Some(Progress::Complete));
-    assert_eq!(h.host.calls(), Vec::<String>::new());
+fn a_stage_under_a_cover_keeps_its_record() {
+    for progress in [Progress::Complete, Progress::InProgress] {
+        let h = Harness::new();
+        h.staged(VOL);
+        if progress == Progress::InProgress {
+            stage_in_progress(&h);
+        }
+        let foreign = crate::double::host::mount_facts(crate::DevNum::new(8, 42), "ext4", false);
+        let at = h.staging(VOL).as_path().to_path_buf();
+        h.host.state().mounts.entry(at).or_default().push(foreign);
+        let r = recover_volume(&h.ctx, VOL).expect("recover");
+        assert!(!r.dropped_staging, "{progress:?}");
+        let kept = h.ledger.staged(VOL).expect("read").map(|s| s.progress);
+        assert_eq!(kept, Some(progress));
+        assert_eq!(h.host.calls(), Vec::<String>::new(), "{progress:?}");
+    }
 }
