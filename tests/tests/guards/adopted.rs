@@ -5,33 +5,18 @@
 //! loop device over the volume's file, found at a target, is never the volume's publication
 //! (its F3: two filesystems over the same bytes were handed out as the volume).
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
-
 use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
 
 use csi::volume_capability::access_mode::Mode;
-use nix::sys::stat::{Mode as Perm, SFlag, mknod};
 
 use super::MIB;
-use super::nodev::opens_nothing;
+use super::nodev::{carry_node, opens_nothing};
 use super::ro_peer::mount_options;
 
 fn writer() -> csi::VolumeCapability {
     mount_cap_flags("ext4", Mode::SingleNodeWriter, &[])
-}
-
-/// A block node naming `other`'s device, put on the filesystem mounted at `place` (root may,
-/// where the mount is its own and `dev`).
-fn carry_node(place: &Path, other: &Vol) {
-    let dev = std::fs::metadata(&other.device)
-        .expect("the other device")
-        .rdev();
-    let node = place.join("node");
-    let _ = std::fs::remove_file(&node);
-    mknod(&node, SFlag::S_IFBLK, Perm::from_bits_truncate(0o666), dev).expect("a block node");
 }
 
 /// `recover --from-mounts` over root's own staging mount and bind of volume B, both `dev`: the

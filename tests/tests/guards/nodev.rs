@@ -29,7 +29,6 @@ async fn a_device_node_on_a_volume_opens_nothing() {
     // A's device is what the node on B names; A needs no staging for its bytes to be read.
     let a = create_attached(&agent, "nodev-a", 64 * MIB).await;
     let b = create_attached(&agent, "nodev-b", 64 * MIB).await;
-    let a_dev = std::fs::metadata(&a.device).expect("A's device").rdev();
     let mut node = agent.node().await;
     for (case, flags) in [("plain", &[][..]), ("dev", &["dev"][..])] {
         let staging = agent.work.join(format!("staging/{case}"));
@@ -37,14 +36,8 @@ async fn a_device_node_on_a_volume_opens_nothing() {
         node.node_stage_volume(stage_req(&b, &staging, cap()))
             .await
             .unwrap_or_else(|e| panic!("{case}: stage: {e:?}\n{}", agent.log_text()));
+        carry_node(&staging, &a);
         let carried = staging.join("node");
-        mknod(
-            &carried,
-            SFlag::S_IFBLK,
-            Perm::from_bits_truncate(0o666),
-            a_dev,
-        )
-        .expect("a block node on the volume");
         let target = agent.work.join(format!("pods/{case}/mount"));
         for readonly in [false, true] {
             node.node_publish_volume(publish_req(&b, &staging, &target, cap(), readonly))
@@ -94,7 +87,6 @@ async fn adopted_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
     agent.spawn().await;
     let a = create_attached(&agent, "hand-a", 64 * MIB).await;
     let b = create_attached(&agent, "hand-b", 64 * MIB).await;
-    let a_dev = std::fs::metadata(&a.device).expect("A's device").rdev();
     // B formatted by the agent, and unstaged.
     let first = agent.work.join("staging/first");
     let mut node = agent.node().await;
@@ -134,15 +126,7 @@ async fn adopted_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
             b.device,
             staging.display()
         ));
-        let carried = staging.join("node");
-        let _ = std::fs::remove_file(&carried);
-        mknod(
-            &carried,
-            SFlag::S_IFBLK,
-            Perm::from_bits_truncate(0o666),
-            a_dev,
-        )
-        .expect("a block node on the volume");
+        carry_node(&staging, &a);
         if cut {
             agent.restart(Some(AgentOpts::default())).await;
             let log = agent.log_text();
@@ -184,4 +168,15 @@ pub(super) fn opens_nothing(case: &str, place: &Path) {
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => {}
         other => panic!("{case}: the node at {} opened: {other:?}", place.display()),
     }
+}
+
+/// A block node naming `other`'s device, put on the filesystem mounted at `place` (root may,
+/// where the mount is its own and `dev`).
+pub(super) fn carry_node(place: &Path, other: &Vol) {
+    let dev = std::fs::metadata(&other.device)
+        .expect("the other device")
+        .rdev();
+    let node = place.join("node");
+    let _ = std::fs::remove_file(&node);
+    mknod(&node, SFlag::S_IFBLK, Perm::from_bits_truncate(0o666), dev).expect("a block node");
 }
