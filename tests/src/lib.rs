@@ -205,8 +205,11 @@ fn detach_loops_below(dir: &Path) {
             .unwrap_or_default();
         let still_ours = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
             .is_ok_and(|b| {
-                let backing = Path::new(b.trim().trim_end_matches(" (deleted)"));
-                backing.starts_with(dir) || backing.starts_with("/dev/loop")
+                let backing = b.trim().trim_end_matches(" (deleted)");
+                // A string's prefix: `Path::starts_with` compares whole components, and
+                // "/dev/loop1" does not start with the component "loop" (the read-only devices
+                // laid over a test's loop devices were left attached after a failure).
+                Path::new(backing).starts_with(dir) || backing.starts_with("/dev/loop")
             });
         if still_ours {
             // Mounted devices only get autoclear here and go when their last user does.

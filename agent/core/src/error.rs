@@ -194,6 +194,17 @@ pub enum Error {
          on this node"
     )]
     SinglePublication { volume: String, at: PathBuf },
+    /// A mount of the volume found where the agent would have made its own, but not as it
+    /// would have made it (`node::adopted`).
+    #[error(
+        "volume {volume} is already mounted at {path}, but not as this agent mounts it (it lacks \
+         {lacks}); refusing to take it as the volume's: unmount it, and the call makes its own"
+    )]
+    MountedNotAsMade {
+        volume: String,
+        path: PathBuf,
+        lacks: String,
+    },
     #[error("volume {volume} is already mounted at {path} with readonly={readonly}")]
     PublishedWithOtherReadonly {
         volume: String,

@@ -75,6 +75,8 @@ pub struct MountFacts {
     /// The path inside the filesystem that is mounted: "/" unless a bind of a subdirectory.
     pub root: PathBuf,
     pub read_only: bool,
+    /// Which of nosuid, nodev and noexec the mount carries, as mount(2)'s bits (`request::ms`).
+    pub vfs_bits: u64,
     /// The filesystem itself is read-only (remounted so, or after errors), for every mount of it.
     pub super_read_only: bool,
     /// The entry as the mount shows it: for a block publication a device node, whose `rdev` is

@@ -78,8 +78,9 @@ names! {
         Grow = "grow",
         /// The staged record complete (stage).
         Staged = "staged",
-        /// A mount found there made read-only as asked, and nodev, before it is adopted (stage,
-        /// publish, recovery).
+        /// A mount found there made read-only as asked, and nodev, before it was adopted: no
+        /// longer written (a found mount is taken only as it is, `node::adopted`), still read in
+        /// the journals of earlier versions.
         Restrict = "restrict",
         /// The bind onto the target path (publish).
         Bind = "bind",

@@ -1,9 +1,11 @@
-//! Publications the agent adopts instead of making: root's own mounts at a target, made while
-//! the agent was down, rebuilt by `recover --from-mounts` or found by start-up after a publish
-//! cut past its bind intent, are made what a publish's bind is (`nodev`, read-only as recorded)
-//! before they are recorded (a sixty-fourth fresh review's F1 and F2); and a mount of a second
-//! loop device over the volume's file, found at a target, is never the volume's publication
-//! (its F3: two filesystems over the same bytes were handed out as the volume).
+//! Publications the agent finds instead of making them: root's own mounts at a target, made
+//! while the agent was down, rebuilt by `recover --from-mounts` or found by start-up after a
+//! publish cut past its bind intent, are recorded only if they are what a publish's bind is
+//! (`nodev`, read-only as recorded), and refused and left as they are otherwise (a sixty-fourth
+//! fresh review's F1 and F2; a seventieth's F1: made so after the fact, one mount's copies in
+//! other mount namespaces stayed `dev` and writable); and a mount of a second loop device over
+//! the volume's file, found at a target, is never the volume's publication (the sixty-fourth's
+//! F3: two filesystems over the same bytes were handed out as the volume).
 
 use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
 use ebs_tests::csi_req::*;
@@ -20,12 +22,14 @@ fn writer() -> csi::VolumeCapability {
 }
 
 /// `recover --from-mounts` over root's own staging mount and bind of volume B, both `dev`: the
-/// next start makes both `nodev` before it completes them (the review's F1: the bind was rebuilt
-/// complete and handed out as it was; `nobody` read another volume through a node on it).
+/// next start completes neither, the publish's retry is refused and both are left as they were;
+/// once root unmounts them, the retries make the agent's own, `nodev` (the sixty-fourth review's
+/// F1: the bind was rebuilt complete and handed out as it was; `nobody` read another volume
+/// through a node on it).
 #[tokio::test]
-async fn binds_rebuilt_from_roots_own_mounts_are_made_nodev() {
+async fn binds_rebuilt_from_roots_own_mounts_are_refused_not_adopted() {
     let _ns = crate::NAMESPACE_COPY.read().await;
-    if !require_root("binds_rebuilt_from_roots_own_mounts_are_made_nodev") {
+    if !require_root("binds_rebuilt_from_roots_own_mounts_are_refused_not_adopted") {
         return;
     }
     let scratch = Scratch::new("g-adopt-rebuilt");
@@ -49,9 +53,28 @@ async fn binds_rebuilt_from_roots_own_mounts_are_made_nodev() {
         d = b.device
     ));
     carry_node(&staging, &a);
+    let before = [mount_options(&staging), mount_options(&target)];
     agent.recover("--from-mounts");
     agent.spawn().await;
     let mut node = agent.node().await;
+    let e = node
+        .node_publish_volume(publish_req(&b, &staging, &target, writer(), false))
+        .await
+        .expect_err("published over root's own mounts");
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
+    assert_eq!(
+        [mount_options(&staging), mount_options(&target)],
+        before,
+        "root's mounts were changed"
+    );
+    sh(&format!(
+        "umount {} && umount {}",
+        target.display(),
+        staging.display()
+    ));
+    node.node_stage_volume(stage_req(&b, &staging, writer()))
+        .await
+        .unwrap_or_else(|e| panic!("the stage's retry: {e:?}\n{}", agent.log_text()));
     node.node_publish_volume(publish_req(&b, &staging, &target, writer(), false))
         .await
         .unwrap_or_else(|e| panic!("the publish's retry: {e:?}\n{}", agent.log_text()));
@@ -67,13 +90,14 @@ async fn binds_rebuilt_from_roots_own_mounts_are_made_nodev() {
 }
 
 /// A publish cut past its bind intent, and root's own mount of the volume at the target while
-/// the agent is down (`dev`, read-write): start-up completes the publication only made `nodev`,
-/// and read-only for a read-only publish (the review's F2: completed as it was; the read-only
-/// one was recorded read-only over a read-write mount).
+/// the agent is down (`dev`, read-write): start-up leaves the publication in progress, the
+/// retry is refused and the mount left as it is; once root unmounts it, the retry binds the
+/// agent's own, `nodev`, read-only for a read-only publish (the sixty-fourth review's F2:
+/// completed as it was; the read-only one was recorded read-only over a read-write mount).
 #[tokio::test]
-async fn a_publication_cut_past_its_intent_is_completed_only_made_nodev() {
+async fn a_publication_cut_past_its_intent_is_never_completed_over_roots_mount() {
     let _ns = crate::NAMESPACE_COPY.read().await;
-    if !require_root("a_publication_cut_past_its_intent_is_completed_only_made_nodev") {
+    if !require_root("a_publication_cut_past_its_intent_is_never_completed_over_roots_mount") {
         return;
     }
     let scratch = Scratch::new("g-adopt-cut");
@@ -107,16 +131,28 @@ async fn a_publication_cut_past_its_intent_is_completed_only_made_nodev() {
             target.display()
         ));
         carry_node(&target, &a);
+        let before = mount_options(&target);
         agent.restart(Some(AgentOpts::default())).await;
         let log = agent.log_text();
-        assert!(log.contains("record completed"), "{case}: {log}");
-        opens_nothing(case, &target);
-        let opts = mount_options(&target).unwrap_or_default();
-        assert_eq!(opts.iter().any(|o| o == "ro"), readonly, "{case}: {opts:?}");
+        assert!(log.contains("left in progress"), "{case}: {log}");
         let mut node = agent.node().await;
+        let e = node
+            .node_publish_volume(publish())
+            .await
+            .expect_err("root's mount taken as the publication");
+        assert_eq!(e.code(), tonic::Code::AlreadyExists, "{case}: {e:?}");
+        assert_eq!(
+            mount_options(&target),
+            before,
+            "{case}: root's mount changed"
+        );
+        sh(&format!("umount {}", target.display()));
         node.node_publish_volume(publish())
             .await
             .unwrap_or_else(|e| panic!("{case}: the retry: {e:?}\n{}", agent.log_text()));
+        opens_nothing(case, &target);
+        let opts = mount_options(&target).unwrap_or_default();
+        assert_eq!(opts.iter().any(|o| o == "ro"), readonly, "{case}: {opts:?}");
         node.node_unpublish_volume(unpublish_req(&b, &target))
             .await
             .expect("unpublish");

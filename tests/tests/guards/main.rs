@@ -7,6 +7,7 @@
 
 mod adopted;
 mod adopted_block;
+mod adopted_copies;
 mod bound_elsewhere;
 mod create_retry;
 mod kept_flags;
@@ -20,6 +21,7 @@ mod ro_flags;
 mod ro_peer;
 mod ro_recovery;
 mod ro_resize;
+mod ro_tags;
 mod v01_retry;
 
 use std::path::Path;

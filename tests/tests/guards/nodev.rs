@@ -2,9 +2,9 @@
 //! `nodev`, whatever the mount options say (`dev` included), and its publications keep it (a
 //! fifty-fourth fresh review's F2: a node carried on volume B's filesystem, which any user can
 //! put in an image with debugfs, read volume A's bytes as `nobody` through B's publication).
-//! So does a staging the agent adopts rather than mounts: root's own mount of the volume at its
-//! staging path, found by a stage or by start-up recovery completing a stage cut before its
-//! mount (a sixty-third fresh review's F1).
+//! A staging the agent did not mount (root's own mount of the volume at its staging path, found
+//! by a stage or by start-up recovery of a stage cut before its mount) is refused unless it is
+//! exactly what the agent would have made (a sixty-third fresh review's F1, a seventieth's F1).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -57,29 +57,33 @@ async fn a_device_node_on_a_volume_opens_nothing() {
     }
 }
 
-/// Root mounts volume B at its staging path by hand (`dev`, read-write), with no record of it, or
-/// while the agent is down after a stage of it was cut at its mount's intent; the stage that
-/// finds it, or start-up recovery, adopts it only made `nodev` (read-only too when the stage is a
-/// reader's), and its publication is `nodev`: the node carried on B opens nothing (the review's
-/// F1: it read volume A's bytes as `nobody`; its F3: a reader's stage adopted a read-write mount).
-/// With the new mount API, and without it (a filter denies it, as a kernel before 5.12 lacks it).
+/// Root mounts volume B at its staging path by hand (`dev`, or read-write for a reader), with no
+/// record of it, or while the agent is down after a stage of it was cut at its mount's intent:
+/// the stage that finds it, and start-up recovery, refuse to take it as the volume's and leave it
+/// as it is (ALREADY_EXISTS, naming what it lacks); once root unmounts it, the stage makes its
+/// own, and its publication is `nodev`: the node carried on B opens nothing (a sixty-third fresh
+/// review's F1: it read volume A's bytes as `nobody`; its F3: a reader's stage adopted a
+/// read-write mount; a seventieth's F1: a mount made `nodev` or read-only after the fact stays
+/// `dev` and writable in its copies in other mount namespaces, and a read-only mount over a
+/// read-write filesystem). With the new mount API, and without it (a filter denies it, as a
+/// kernel before 5.12 lacks it).
 #[tokio::test]
-async fn a_staging_mounted_by_hand_is_adopted_only_made_nodev() {
+async fn a_staging_mounted_by_hand_is_refused_never_adopted() {
     let _ns = crate::NAMESPACE_COPY.read().await;
-    if !require_root("a_staging_mounted_by_hand_is_adopted_only_made_nodev") {
+    if !require_root("a_staging_mounted_by_hand_is_refused_never_adopted") {
         return;
     }
     use ebs_tests::seccomp::{EPERM, MOUNT_SETATTR, MOVE_MOUNT, OPEN_TREE, filtered};
-    adopted_by_hand("g-nodev-hand", Vec::new()).await;
+    refused_by_hand("g-nodev-hand", Vec::new()).await;
     let denied = filtered(&[
         (OPEN_TREE, EPERM),
         (MOVE_MOUNT, EPERM),
         (MOUNT_SETATTR, EPERM),
     ]);
-    adopted_by_hand("g-nodev-hand-old", denied).await;
+    refused_by_hand("g-nodev-hand-old", denied).await;
 }
 
-async fn adopted_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
+async fn refused_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
     use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
     let scratch = Scratch::new(name);
     let mut agent = Agent::unstarted(&scratch, AgentOpts::default());
@@ -97,10 +101,16 @@ async fn adopted_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
     node.node_unstage_volume(unstage_req(&b, &first))
         .await
         .expect("the first unstage");
-    for (case, mode, cut) in [
-        ("writer", Mode::SingleNodeWriter, false),
-        ("reader", Mode::SingleNodeReaderOnly, false),
-        ("cut", Mode::SingleNodeWriter, true),
+    for (case, mode, by_hand, lacks, cut) in [
+        ("writer", Mode::SingleNodeWriter, "dev,rw", "nodev", false),
+        (
+            "reader",
+            Mode::SingleNodeReaderOnly,
+            "nodev,rw",
+            "read-only",
+            false,
+        ),
+        ("cut", Mode::SingleNodeWriter, "dev,rw", "nodev", true),
     ] {
         let staging = agent.work.join(format!("staging/{case}"));
         let cap = || mount_cap_flags("ext4", mode, &[]);
@@ -122,22 +132,38 @@ async fn adopted_by_hand(name: &str, wrapper: Vec<std::ffi::OsString>) {
         }
         std::fs::create_dir_all(&staging).expect("the staging directory");
         sh(&format!(
-            "mount -o dev,rw {} {}",
+            "mount -o {by_hand} {} {}",
             b.device,
             staging.display()
         ));
         carry_node(&staging, &a);
+        let before = mount_options(&staging);
         if cut {
             agent.restart(Some(AgentOpts::default())).await;
             let log = agent.log_text();
-            assert!(log.contains("record completed"), "{case}: {log}");
+            assert!(log.contains("not as the stage mounts it"), "{case}: {log}");
         }
         let mut node = agent.node().await;
+        let e = node
+            .node_stage_volume(stage_req(&b, &staging, cap()))
+            .await
+            .expect_err("a mount made by hand taken as the volume's");
+        assert_eq!(e.code(), tonic::Code::AlreadyExists, "{case}: {e:?}");
+        assert!(e.message().contains(lacks), "{case}: {e:?}");
+        assert_eq!(
+            mount_options(&staging),
+            before,
+            "{case}: the mount was changed"
+        );
+        let target = agent.work.join(format!("pods/{case}/mount"));
+        let readonly = mode == Mode::SingleNodeReaderOnly;
+        node.node_publish_volume(publish_req(&b, &staging, &target, cap(), readonly))
+            .await
+            .expect_err("published from a mount made by hand");
+        sh(&format!("umount {}", staging.display()));
         node.node_stage_volume(stage_req(&b, &staging, cap()))
             .await
             .unwrap_or_else(|e| panic!("{case}: stage: {e:?}\n{}", agent.log_text()));
-        let target = agent.work.join(format!("pods/{case}/mount"));
-        let readonly = mode == Mode::SingleNodeReaderOnly;
         node.node_publish_volume(publish_req(&b, &staging, &target, cap(), readonly))
             .await
             .unwrap_or_else(|e| panic!("{case}: publish: {e:?}\n{}", agent.log_text()));

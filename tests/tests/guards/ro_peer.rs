@@ -36,7 +36,7 @@ fn erofs(path: &Path) -> Result<(), String> {
 
 /// `shared`, a tmpfs made a shared mount, and `peer`, a bind of it (so in its peer group):
 /// whatever is mounted below one appears below the other. Scratch's drop unmounts both.
-fn shared_pair(shared: &Path, peer: &Path) {
+pub(super) fn shared_pair(shared: &Path, peer: &Path) {
     std::fs::create_dir_all(shared).unwrap();
     std::fs::create_dir_all(peer).unwrap();
     sh(&format!(

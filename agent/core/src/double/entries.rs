@@ -201,7 +201,4 @@ impl OpenEntry for DoubleOpen {
     fn trim_free_space(&self) -> Result<u64, TrimError> {
         self.host.trim_at(&self.path)
     }
-    fn restrict(&self, readonly: bool, vfs_bits: u64) -> io::Result<()> {
-        self.host.restrict_at(&self.path, readonly, vfs_bits)
-    }
 }

@@ -62,6 +62,7 @@ pub fn mount_facts(dev: DevNum, fs_type: &str, read_only: bool) -> MountFacts {
         fs_type: fs_type.to_string(),
         root: PathBuf::from("/"),
         read_only,
+        vfs_bits: 0,
         super_read_only: false,
         node: EntryStat {
             kind: FileType::Directory,

@@ -20,27 +20,6 @@ impl DoubleHost {
         }
     }
 
-    /// Records the attributes added (` ro`, ` nodev`); read-only reaches the top mount.
-    pub(super) fn restrict_at(&self, path: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
-        let nodev = vfs_bits & crate::request::ms::NODEV != 0;
-        let what = format!(
-            "restrict {}{}{}",
-            Self::name(path),
-            if readonly { " ro" } else { "" },
-            if nodev { " nodev" } else { "" }
-        );
-        self.act(what, "restrict")?;
-        if nodev {
-            self.state().dev_allowed.remove(path);
-        }
-        if readonly && let Some(top) = self.state().mounts.get_mut(path).and_then(|m| m.last_mut())
-        {
-            top.read_only = true;
-        }
-        self.after_act();
-        Ok(())
-    }
-
     pub(super) fn mount_device(
         &self,
         device: &Path,
@@ -73,7 +52,12 @@ impl DoubleHost {
         let facts = match s.fail.get("mount_lands_foreign") {
             // Something else ends up on top (another mount raced in over ours).
             Some(_) => mount_facts(DevNum::new(8, 99), "ext4", false),
-            None => mount_facts(dev, fs.name(), readonly),
+            None => MountFacts {
+                vfs_bits: vfs_bits & KEPT,
+                // A first mount read-only makes the filesystem itself read-only.
+                super_read_only: readonly,
+                ..mount_facts(dev, fs.name(), readonly)
+            },
         };
         s.mounts
             .entry(target_path.to_path_buf())
@@ -111,6 +95,7 @@ impl DoubleHost {
         } else if let Some(top) = s.mounts.get(&from).and_then(|m| m.last()) {
             MountFacts {
                 read_only: readonly,
+                vfs_bits: top.vfs_bits | vfs_bits & KEPT,
                 ..top.clone()
             }
         } else {
@@ -187,6 +172,9 @@ impl DoubleHost {
         }
     }
 }
+
+/// The per-mount bits a mount records (nodev is `State::dev_allowed`'s).
+const KEPT: u64 = crate::request::ms::NOSUID | crate::request::ms::NOEXEC;
 
 /// Whether the mount just made at `path` lets device nodes open: not with `nodev` in `vfs_bits`,
 /// nor where `inherited` says its source did not.

@@ -119,11 +119,15 @@ impl DoubleHost {
         }
     }
 
+    /// The top mount at `path`; `nodev` unless `State::dev_allowed` says otherwise.
     pub(super) fn top(&self, path: &Path) -> Option<MountFacts> {
-        self.state()
-            .mounts
-            .get(path)
-            .and_then(|m| m.last().cloned())
+        let s = self.state();
+        let mut top = s.mounts.get(path).and_then(|m| m.last().cloned())?;
+        top.vfs_bits &= !crate::request::ms::NODEV;
+        if !s.dev_allowed.contains(path) {
+            top.vfs_bits |= crate::request::ms::NODEV;
+        }
+        Some(top)
     }
 
     pub(super) fn name(path: &Path) -> String {

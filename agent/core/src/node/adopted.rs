@@ -5,77 +5,122 @@
 //! raw-use question to see (a fifty-fourth fresh review's F2). A stage mounts with it, and a
 //! publish binds with it whatever the staging has.
 //!
-//! A mount the agent finds there and adopts, instead of making it (a stage that finds the volume
-//! mounted at its staging path, recovery or a publish completing a stage a crash cut after its
-//! mount, a publish that finds its bind there), gets the attributes the agent would have made it
-//! with, added to its own, before it is recorded as the volume's: root's own mount of a volume at
-//! its staging path, without `nodev`, was adopted and its publications carried it on (a
-//! sixty-third fresh review's F1), and a read-only stage adopted a read-write mount (its F3).
+//! A mount the agent finds there instead of making it (a stage that finds the volume mounted at
+//! its staging path, recovery or a publish completing a stage a crash cut after its mount, a
+//! publish that finds its bind there, a repeat of a complete publish) is taken as the volume's
+//! only when it already is what the agent would have made: `nodev`, the nosuid and noexec asked
+//! for, read-only where recorded so (for a reader's stage, the filesystem itself, as its own
+//! mount makes it). Nothing is changed to make it so: a change to one mount does not reach its
+//! copies in other mount namespaces (a shared or slave mount's, made when it was), nor the
+//! filesystem below a read-only mount (a seventieth fresh review's F1: root's bind, adopted and
+//! made read-only, stayed writable in a peer namespace; a reader's stage adopted a read-write
+//! filesystem). Root's own mount made otherwise is refused, never recorded (a sixty-third fresh
+//! review's F1 and F3: adopted without `nodev`; read-write for a reader).
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::records::{AccessRecord, Durability, Publication, StagedVolume};
-use crate::request::{FsType, MountFlags, VolumeId};
-use crate::steps::{Op, Step};
+use crate::records::{AccessRecord, Publication, StagedVolume};
+use crate::request::{FsType, MountFlags, VolumeId, ms};
 
-use super::host::{Entry, OpenEntry};
-use super::journal::{Journal, detail};
-use super::ownership::{Expected, Holder, holder_of};
+use super::NodeCtx;
+use super::host::Entry;
+use super::ownership::{Expected, Holder, holder};
 use super::volume_device::VolumeDevice;
-use super::{NodeCtx, path_string};
 use crate::DevNum;
 use crate::seam::MountFacts;
 
 /// The bits every filesystem mount of a volume carries.
-pub const NO_DEVICES: u64 = crate::request::ms::NODEV;
+pub const NO_DEVICES: u64 = ms::NODEV;
 
-/// Gives the mount at `entry` (proven the volume's through the descriptor that is then used)
-/// read-only when `readonly`, `nodev`, and the nosuid and noexec of `vfs_bits`, journaled.
+/// What the agent's own mount would have been.
+#[derive(Clone, Copy, Debug)]
+pub struct AsMade {
+    pub readonly: bool,
+    /// The nosuid and noexec asked for (`nodev` is always wanted).
+    pub vfs_bits: u64,
+    /// The filesystem itself read-only too: a reader's staging mount.
+    pub whole_read_only: bool,
+}
+
+impl AsMade {
+    /// What `found` lacks of it, or `None` when nothing.
+    fn lacks(&self, found: &MountFacts) -> Option<String> {
+        let wanted = (self.vfs_bits | NO_DEVICES) & (ms::NOSUID | ms::NODEV | ms::NOEXEC);
+        let mut lacks: Vec<&str> = [
+            (ms::NOSUID, "nosuid"),
+            (ms::NODEV, "nodev"),
+            (ms::NOEXEC, "noexec"),
+        ]
+        .iter()
+        .filter(|(bit, _)| wanted & bit != 0 && found.vfs_bits & bit == 0)
+        .map(|(_, name)| *name)
+        .collect();
+        if self.readonly && !found.read_only && !found.super_read_only {
+            lacks.push("ro");
+        }
+        if self.whole_read_only && !found.super_read_only {
+            lacks.push("a read-only filesystem");
+        }
+        (!lacks.is_empty()).then(|| lacks.join(", "))
+    }
+}
+
+/// Refuses a mount found at `path` that is not what the agent would have made there.
+pub fn as_made(volume: &str, path: &Path, found: &MountFacts, made: AsMade) -> Result<()> {
+    match made.lacks(found) {
+        None => Ok(()),
+        Some(lacks) => Err(Error::MountedNotAsMade {
+            volume: volume.to_string(),
+            path: path.to_path_buf(),
+            lacks,
+        }),
+    }
+}
+
+/// The mount at `entry` if it is the volume's and what the agent would have made; refused
+/// otherwise.
 pub fn adopt(
     ctx: &NodeCtx,
-    journal: &Journal,
     entry: &dyn Entry,
     expected: &Expected,
-    readonly: bool,
-    vfs_bits: u64,
+    volume: &str,
+    made: AsMade,
 ) -> Result<()> {
     let path = entry.path();
-    let root = entry
-        .open_entry()
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-    if !matches!(holder_of(ctx, &*root, entry, expected)?, Holder::Volume(_)) {
-        return Err(Error::StagingChanged {
+    match holder(ctx, entry, expected)? {
+        Holder::Volume(found) => as_made(volume, path, &found, made),
+        _ => Err(Error::StagingChanged {
             path: path.to_path_buf(),
-            volume: journal.volume().to_string(),
-        });
+            volume: volume.to_string(),
+        }),
     }
-    restrict(journal, &*root, path, readonly, vfs_bits)
 }
 
 /// A publication's bind found with no complete record (start-up after a publish cut past its
-/// bind intent; `recover --from-mounts`): given what a bind of the publish gets, read-only as
-/// recorded; a raw block one, `adopt_block`.
+/// bind intent; `recover --from-mounts`): taken only if it is what a bind of the publish is; a
+/// raw block one, `adopt_block`.
 pub fn adopt_publication(
     ctx: &NodeCtx,
     publication: &Publication,
     staged: Option<&StagedVolume>,
-    entry: &dyn Entry,
-    expected: &Expected,
     bound: &MountFacts,
 ) -> Result<()> {
+    let target = &publication.target_path;
     if publication.block {
-        let target = &publication.target_path;
         return adopt_block(ctx, staged, target, bound.node.rdev, publication.readonly);
     }
     let volume = VolumeId::parse(&publication.volume_id)?;
-    let journal = Journal::new(ctx, &volume, Op::Publish);
     let fs_type = match staged.map(|s| &s.access) {
         Some(AccessRecord::Mount { fs_type, .. }) => fs_type.as_str(),
         _ => "",
     };
-    let bits = recorded_bits(&volume, "publication", fs_type, &publication.mount_flags)?;
-    adopt(ctx, &journal, entry, expected, publication.readonly, bits)
+    let made = AsMade {
+        readonly: publication.readonly,
+        vfs_bits: recorded_bits(&volume, "publication", fs_type, &publication.mount_flags)?,
+        whole_read_only: false,
+    };
+    as_made(volume.as_str(), target, bound, made)
 }
 
 /// A raw block publication's bind found with no complete record. A bind's read-only flag does
@@ -163,25 +208,4 @@ pub fn recorded_bits(
     };
     let fs = FsType::parse(fs_type).map_err(damaged)?;
     Ok(MountFlags::parse(fs, flags).map_err(damaged)?.vfs_bits())
-}
-
-fn restrict(
-    journal: &Journal,
-    root: &dyn OpenEntry,
-    path: &Path,
-    readonly: bool,
-    vfs_bits: u64,
-) -> Result<()> {
-    journal.step(
-        Step::Restrict,
-        detail([
-            ("path", path_string(path)),
-            ("readonly", readonly.to_string()),
-        ]),
-        Durability::Lazy,
-        || {
-            root.restrict(readonly, vfs_bits | NO_DEVICES)
-                .map_err(|e| Error::io(format!("making the mount at {} nodev", path.display()), e))
-        },
-    )
 }

@@ -83,9 +83,6 @@ pub trait OpenEntry: Debug + Send + Sync {
     fn sync_fs(&self) -> io::Result<()>;
     /// FITRIM of the filesystem it is on: the bytes the filesystem says it discarded.
     fn trim_free_space(&self) -> std::result::Result<u64, TrimError>;
-    /// Adds per-mount attributes to the mount whose root it is (read-only when asked; the
-    /// nosuid, nodev and noexec of `vfs_bits`), never clearing one; that mount alone.
-    fn restrict(&self, readonly: bool, vfs_bits: u64) -> io::Result<()>;
 }
 
 /// Why a request or recorded path cannot be held.

@@ -104,7 +104,11 @@ pub fn complete(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
         mount_flags,
     } = &staged.access
     {
-        let vfs_bits = super::adopted::recorded_bits(&volume, "staged", fs_type, mount_flags)?;
+        let made = super::adopted::AsMade {
+            readonly: staged.readonly,
+            vfs_bits: super::adopted::recorded_bits(&volume, "staged", fs_type, mount_flags)?,
+            whole_read_only: staged.readonly,
+        };
         let Some(entry) = path_handles::lookup_recorded(ctx, path)? else {
             return Err(Error::StagingChanged {
                 path: path.clone(),
@@ -112,7 +116,7 @@ pub fn complete(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
             });
         };
         let expected = Expected::of(ctx, volume.as_str(), Some(staged));
-        super::adopted::adopt(ctx, &journal, &*entry, &expected, staged.readonly, vfs_bits)?;
+        super::adopted::adopt(ctx, &*entry, &expected, volume.as_str(), made)?;
     }
     let mut done = staged.clone();
     done.progress = Progress::Complete;

@@ -130,16 +130,23 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 });
             }
             // Found bound with no complete record of the bind (a publish cut past its intent,
-            // `recover --from-mounts`, root's own bind): made what a bind of this call is, or
-            // refused. A repeat of a complete publish touches nothing.
+            // `recover --from-mounts`, root's own bind): taken only if it is what a bind of this
+            // call is. A repeat of a complete publish touches nothing, and answers OK only while
+            // the bind is still what it made (root's remount of it with `dev`: a seventieth
+            // fresh review's F1).
             let adopting = prior
                 .as_ref()
                 .is_none_or(|p| p.progress != Progress::Complete);
             if adopting && block {
                 let bound = m.node.rdev;
                 super::adopted::adopt_block(ctx, Some(&staged), target_path, bound, readonly)?;
-            } else if adopting {
-                super::adopted::adopt(ctx, &journal, &*target, &expected, readonly, vfs_bits)?;
+            } else if !block {
+                let made = super::adopted::AsMade {
+                    readonly,
+                    vfs_bits,
+                    whole_read_only: false,
+                };
+                super::adopted::as_made(vol.as_str(), target_path, &m, made)?;
             }
         }
         Holder::Foreign(what) => {

@@ -15,7 +15,7 @@ use super::compat::staged_mount_present;
 use super::interrupted::{self, Verdict};
 use super::ownership::{Expected, Holder, holder};
 use super::path_handles;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What the check of one volume did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -96,12 +96,19 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
             // its post-mount questions: asked here before the record is completed.
             (Progress::InProgress, true) if matches!(staged.access, AccessRecord::Mount { .. }) => {
                 match interrupted::judge(ctx, &staged) {
-                    Verdict::Complete => {
-                        interrupted::complete(ctx, &staged)?;
-                        report.completed += 1;
-                        tracing::info!(volume = vol, staging = %staging.display(),
-                            "recovery: the stage had mounted the volume and nothing else uses its device; record completed");
-                    }
+                    Verdict::Complete => match interrupted::complete(ctx, &staged) {
+                        Ok(_) => {
+                            report.completed += 1;
+                            tracing::info!(volume = vol, staging = %staging.display(),
+                                "recovery: the stage had mounted the volume and nothing else uses its device; record completed");
+                        }
+                        // Root's mount made otherwise while the agent was down: never recorded.
+                        Err(e @ Error::MountedNotAsMade { .. }) => {
+                            tracing::warn!(volume = vol, staging = %staging.display(), error = %e,
+                                "recovery: the volume is mounted at its staging path, but not as the stage mounts it; left in progress, NodeStageVolume refuses until it is unmounted");
+                        }
+                        Err(e) => return Err(e),
+                    },
                     Verdict::Refused {
                         refusal,
                         unstaged: Ok(()),
@@ -184,21 +191,12 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
                 // The bind intent was durable and the bind is there: only the completion was
                 // lost. The bind may be anyone's made while the agent was down (root's mount of
                 // the volume at the target, without `nodev`: a sixty-fourth fresh review's F2):
-                // given what the publish's bind gets first.
-                let adopted = match &entry {
-                    Some(entry) => super::adopted::adopt_publication(
-                        ctx,
-                        &publication,
-                        staged.as_ref(),
-                        &**entry,
-                        &expected,
-                        &bound,
-                    ),
-                    None => Ok(()),
-                };
+                // completed only if it is what the publish binds.
+                let adopted =
+                    super::adopted::adopt_publication(ctx, &publication, staged.as_ref(), &bound);
                 if let Err(e) = adopted {
                     tracing::warn!(volume = vol, target = %target.display(), error = %e,
-                        "recovery: the publication's bind is there but is not what the publish would bind (nodev, its read-only device), or could not be made so; left in progress, the next NodePublishVolume asks again");
+                        "recovery: the publication's bind is there but is not what the publish would bind (nodev, read-only, its read-only device); left in progress, the next NodePublishVolume asks again");
                     continue;
                 }
                 let mut done = publication.clone();

@@ -163,8 +163,12 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
         let completed = (ctx.ledger.staged(vol.as_str())?)
             .is_some_and(|s| s.progress == Progress::Complete && s.staging_path == staging_path);
         if !completed {
-            let bits = flags.vfs_bits();
-            super::adopted::adopt(ctx, &journal, &*staging, &expected, readonly, bits)?;
+            let made = super::adopted::AsMade {
+                readonly,
+                vfs_bits: flags.vfs_bits(),
+                whole_read_only: readonly,
+            };
+            super::adopted::adopt(ctx, &*staging, &expected, vol.as_str(), made)?;
         }
     } else {
         let steps = MountSteps {

@@ -119,6 +119,14 @@ fn each_named_refusal_has_its_csi_code() {
             Code::AlreadyExists,
         ),
         (
+            Error::MountedNotAsMade {
+                volume: v(),
+                path: p(),
+                lacks: "nodev".into(),
+            },
+            Code::AlreadyExists,
+        ),
+        (
             Error::DeviceBusy {
                 path: p(),
                 devnum: ebs_node_core::DevNum::new(7, 3),

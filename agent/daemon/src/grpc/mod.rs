@@ -45,7 +45,8 @@ pub fn to_status(err: &Error) -> Status {
         Error::AlreadyStagedAt { .. }
         | Error::StagedWithOtherCapability { .. }
         | Error::PublishedWithOtherArguments { .. }
-        | Error::PublishedWithOtherReadonly { .. } => Code::AlreadyExists,
+        | Error::PublishedWithOtherReadonly { .. }
+        | Error::MountedNotAsMade { .. } => Code::AlreadyExists,
         Error::StagingPathRequired
         | Error::NodeIdentityUnknown { .. }
         | Error::ReadOnlyDeviceDidNotFollow { .. }

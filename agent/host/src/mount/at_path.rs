@@ -74,6 +74,7 @@ fn facts(
             fs_type: m.fs_type,
             root: m.root,
             read_only: m.read_only,
+            vfs_bits: m.vfs_bits,
             super_read_only: m.super_read_only || emergency,
             node,
         }));
@@ -110,6 +111,7 @@ fn facts_of(e: &MountEntry, node: EntryStat) -> MountFacts {
         fs_type: e.fs_type.clone(),
         root: e.root.clone(),
         read_only: e.is_read_only(),
+        vfs_bits: e.vfs_bits(),
         super_read_only: e.super_read_only() || emergency_ro(&e.super_options),
         node,
     }

@@ -163,51 +163,6 @@ fn kept_from(source: &Path) -> io::Result<MsFlags> {
     Ok(kept)
 }
 
-/// Adds per-mount attributes (read-only when asked, and the nosuid, nodev and noexec of
-/// `vfs_bits`) to the mount whose root `root` is, never clearing one: for a mount the agent found
-/// already there and adopts. That mount alone changes (no propagation carries per-mount
-/// attributes), and only through the descriptor proven the volume's. Without the mount API, a
-/// bind remount, which sets those bits to exactly what it is given: the mount's own are kept.
-pub fn restrict(root: &EntryFd, read_only: bool, vfs_bits: u64) -> io::Result<()> {
-    let attr = setattr::attr_from_ms(vfs_bits, read_only);
-    // Added only: no atime mode (a mode is set, not added).
-    let wanted = attr.attr_set
-        & (setattr::MOUNT_ATTR_RDONLY
-            | setattr::MOUNT_ATTR_NOSUID
-            | setattr::MOUNT_ATTR_NODEV
-            | setattr::MOUNT_ATTR_NOEXEC);
-    if wanted == 0 {
-        return Ok(());
-    }
-    if sandbox::mount_api_usable() {
-        let only = setattr::MountAttr {
-            attr_set: wanted,
-            ..Default::default()
-        };
-        match setattr::set_attr(root, &only) {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                let errno = e.raw_os_error();
-                if !sandbox::unavailable(Newer::MountSetattr, errno) {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    let path = root.proc_path();
-    let mut flags = ms_flags(vfs_bits)? & (MsFlags::NOSUID | MsFlags::NODEV | MsFlags::NOEXEC);
-    flags |= kept_from(&path)?;
-    let now = rustix::fs::statvfs(&path)?.f_flag;
-    if read_only || now.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
-        flags |= MsFlags::RDONLY;
-    }
-    Ok(rustix::mount::mount_remount(
-        &path,
-        flags | MsFlags::BIND,
-        c"",
-    )?)
-}
-
 use ebs_node_core::seam::Unmounted;
 
 /// Unmounts the top-most mount at the entry.

@@ -22,6 +22,9 @@ pub(super) const STATMOUNT_FS_TYPE: u64 = 0x20;
 const STATMOUNT_MNT_OPTS: u64 = 0x80;
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 const SB_RDONLY: u32 = 0x1;
 
 /// `struct mnt_id_req`, version 0 (24 bytes).
@@ -61,6 +64,8 @@ pub struct Statmount {
     pub mount_point: PathBuf,
     /// The mount is read-only (MOUNT_ATTR_RDONLY).
     pub read_only: bool,
+    /// Its nosuid, nodev and noexec, as mount(2)'s bits.
+    pub vfs_bits: u64,
     /// The whole filesystem is read-only (after errors, every mount of it is).
     pub super_read_only: bool,
     /// The superblock's options, where the kernel gives them (6.11+).
@@ -167,8 +172,22 @@ pub fn parse(buf: &[u8]) -> io::Result<Statmount> {
         root: path(string(OFF_MNT_ROOT)?),
         mount_point: path(string(OFF_MNT_POINT)?),
         read_only: u64_at(buf, OFF_MNT_ATTR) & MOUNT_ATTR_RDONLY != 0,
+        vfs_bits: vfs_bits(u64_at(buf, OFF_MNT_ATTR)),
         super_read_only: u32_at(buf, OFF_SB_FLAGS) & SB_RDONLY != 0,
     })
+}
+
+/// The MOUNT_ATTR_* bits of `attr` that stand for nosuid, nodev and noexec, as MS_* bits.
+fn vfs_bits(attr: u64) -> u64 {
+    use ebs_node_core::request::ms;
+    [
+        (MOUNT_ATTR_NOSUID, ms::NOSUID),
+        (MOUNT_ATTR_NODEV, ms::NODEV),
+        (MOUNT_ATTR_NOEXEC, ms::NOEXEC),
+    ]
+    .iter()
+    .filter(|(a, _)| attr & a != 0)
+    .fold(0, |bits, (_, m)| bits | m)
 }
 
 #[cfg(test)]

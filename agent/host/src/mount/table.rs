@@ -36,6 +36,19 @@ impl MountEntry {
         has_option(&self.mount_options, "ro")
     }
 
+    /// Its nosuid, nodev and noexec, as mount(2)'s bits.
+    pub fn vfs_bits(&self) -> u64 {
+        use ebs_node_core::request::ms;
+        [
+            ("nosuid", ms::NOSUID),
+            ("nodev", ms::NODEV),
+            ("noexec", ms::NOEXEC),
+        ]
+        .iter()
+        .filter(|(name, _)| has_option(&self.mount_options, name))
+        .fold(0, |bits, (_, m)| bits | m)
+    }
+
     /// True when the filesystem itself is read-only (e.g. ext4 remounted ro
     /// after errors), which affects every mount of it.
     pub fn super_read_only(&self) -> bool {

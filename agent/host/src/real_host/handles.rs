@@ -78,9 +78,6 @@ impl OpenEntry for EntryFd {
     fn sync_fs(&self) -> io::Result<()> {
         crate::fs_usage::sync(self)
     }
-    fn restrict(&self, readonly: bool, vfs_bits: u64) -> io::Result<()> {
-        crate::mount::ops::restrict(self, readonly, vfs_bits)
-    }
     fn trim_free_space(&self) -> Result<u64, TrimError> {
         crate::trim::trim_free_space(self).map_err(|e| match e {
             Errno::EOPNOTSUPP => TrimError::Unsupported,

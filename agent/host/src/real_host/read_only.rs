@@ -45,7 +45,7 @@ pub fn lay(device: &VolumeDevice, tag: &str, retry: bool) -> Result<ReadOnlyDevi
         Vec::new()
     };
     for found in earlier {
-        if found.tag != tag {
+        if found.tag != tag || !laid_by_an_agent(&found) {
             continue;
         }
         if found.backing == device.devnum() && found.read_only {
@@ -117,7 +117,8 @@ pub fn remove(tag: &str) -> Result<usize> {
     let mut ours = Vec::new();
     let mut legacy = Vec::new();
     let part = ro_tag::publication_part(tag);
-    for found in overlay::tagged(PREFIX).map_err(|e| loop_error("listing loop devices", e))? {
+    let tagged = overlay::tagged(PREFIX).map_err(|e| loop_error("listing loop devices", e))?;
+    for found in tagged.into_iter().filter(laid_by_an_agent) {
         if found.tag == tag {
             ours.push(found);
         } else if part.is_some()
@@ -148,6 +149,16 @@ pub fn remove(tag: &str) -> Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// Whether a loop device named with an agent's tag may be one an agent laid: read-only, over a
+/// block device. A name is no proof (anyone who may write to a loop device may rename it: a
+/// workload its own writable raw block device, to another publication's tag, and that
+/// publication's unpublish then refused while the workload's bind lasted, and detached the
+/// workload's volume's device once it went: a seventieth fresh review's F2); but neither the
+/// read-only flag nor a writable device's backing can be changed once it is attached.
+fn laid_by_an_agent(found: &overlay::Overlay) -> bool {
+    found.read_only && found.backing != DevNum::new(0, 0)
 }
 
 fn is_legacy(tag: &str) -> bool {
@@ -207,7 +218,8 @@ pub fn resize(
 pub fn list(prefixes: &[&str]) -> Result<Vec<ReadOnlyFound>> {
     let mut found = Vec::new();
     for prefix in prefixes {
-        for o in overlay::tagged(prefix).map_err(|e| loop_error("listing loop devices", e))? {
+        let tagged = overlay::tagged(prefix).map_err(|e| loop_error("listing loop devices", e))?;
+        for o in tagged.into_iter().filter(laid_by_an_agent) {
             found.push(ReadOnlyFound {
                 device: o.device,
                 tag: o.tag,

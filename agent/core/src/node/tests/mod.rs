@@ -5,6 +5,7 @@
 //! run as any user in a second. The root tests (the `ebs-tests` crate, `tests/tests/` at the top
 //! of the repository) prove the host itself on real devices.
 
+mod adopted;
 mod expand;
 mod owners;
 mod owners_random;

@@ -76,29 +76,6 @@ fn a_repeat_of_a_completed_stage_touches_nothing() {
     assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1);
 }
 
-/// Taken as it is, but for the attributes a stage gives its mount: the mount may be root's, made
-/// without `nodev` (a sixty-third fresh review's F1).
-#[test]
-fn a_staging_mount_found_without_its_record_is_taken_as_is_and_made_nodev() {
-    let h = Harness::new();
-    h.staged(VOL);
-    h.ctx
-        .ledger
-        .write(
-            crate::records::Durability::Immediate,
-            Box::new(|w| w.delete_staged(VOL)),
-        )
-        .unwrap();
-    h.stage(&h.stage_cmd(VOL, mount(RWO))).expect("stage");
-    assert_eq!(
-        h.host.calls(),
-        vec![format!("restrict {VOL} nodev")],
-        "mounted again, or not made nodev"
-    );
-    let staged = h.ctx.ledger.staged(VOL).unwrap().expect("record again");
-    assert_eq!(staged.progress, crate::records::Progress::Complete);
-}
-
 #[test]
 fn a_filesystem_made_elsewhere_is_adopted_checked_and_mounted_never_formatted() {
     let h = Harness::new();

@@ -418,7 +418,7 @@ fn shrunk_reproductions_stay_fixed() {
         (
             // A sixty-third fresh review's F1, found by the simulation once root could mount a
             // volume by hand while the agent was down (seed 44 of its first run, with the
-            // adopted mount's `restrict` a no-op): a stage died after mkfs, root mounted the
+            // adopted mount's `restrict` a no-op; refused by `as_made` since): a stage died after mkfs, root mounted the
             // volume at its staging path without `nodev`, and start-up completed the stage over
             // that mount as it was; a stage that finds it mounted with no record is the same.
             "a stage cut after mkfs, its volume mounted by hand while the agent was down",

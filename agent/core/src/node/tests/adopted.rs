@@ -1,0 +1,140 @@
+//! Mounts the agent finds where it would have made its own (`node::adopted`): taken as the
+//! volume's only when they are what it would have made, refused otherwise, and the host left as
+//! it was either way: a change to the one mount found would not reach its copies in other mount
+//! namespaces, nor the filesystem below it (a seventieth fresh review's F1).
+
+use super::*;
+use crate::error::Error;
+use crate::ledger::Ledger;
+use crate::node::recover::recover_volume;
+use crate::records::{Durability, Progress};
+
+const RWO: AccessMode = AccessMode::SingleNodeWriter;
+const ROX: AccessMode = AccessMode::MultiNodeReaderOnly;
+
+fn write(h: &Harness, change: crate::ledger::Changes) {
+    h.ledger
+        .write(Durability::Immediate, change)
+        .expect("write");
+}
+
+/// The mount at `path` lets device nodes open: root's, made without `nodev`.
+fn without_nodev(h: &Harness, path: RequestPath) {
+    h.host
+        .state()
+        .dev_allowed
+        .insert(path.as_path().to_path_buf());
+}
+
+fn stage_in_progress(h: &Harness) {
+    let mut s = h.ledger.staged(VOL).expect("read").expect("staged");
+    s.progress = Progress::InProgress;
+    write(h, Box::new(move |w| w.put_staged(&s)));
+}
+
+fn progress(h: &Harness) -> Option<Progress> {
+    h.ledger.staged(VOL).expect("read").map(|s| s.progress)
+}
+
+/// A stage that finds the volume mounted at its staging path with no record of it (the records
+/// lost; root's mount while the agent was down): the stage's own mount is taken as it is; one
+/// without `nodev`, or read-write for a reader, is refused and left as it is.
+#[test]
+fn a_staging_mount_found_without_its_record_is_taken_only_as_the_stage_makes_it() {
+    type Setup = fn(&Harness);
+    let cases: [(&str, Setup, AccessMode, Option<&str>); 3] = [
+        ("the stage's own mount", |_| {}, RWO, None),
+        (
+            "root's, without nodev",
+            |h| without_nodev(h, h.staging(VOL)),
+            RWO,
+            Some("nodev"),
+        ),
+        (
+            "a read-write filesystem, for a reader",
+            |_| {},
+            ROX,
+            Some("ro, a read-only filesystem"),
+        ),
+    ];
+    for (what, setup, mode, lacks) in cases {
+        let h = Harness::new();
+        h.staged(VOL);
+        write(&h, Box::new(|w| w.delete_staged(VOL)));
+        setup(&h);
+        let got = h.stage(&h.stage_cmd(VOL, mount(mode)));
+        assert_eq!(
+            h.host.calls(),
+            Vec::<String>::new(),
+            "{what}: the host changed"
+        );
+        assert_eq!(h.host.mounts_at(h.staging(VOL).as_path()), 1, "{what}");
+        match lacks {
+            None => {
+                got.expect(what);
+                assert_eq!(progress(&h), Some(Progress::Complete), "{what}");
+            }
+            Some(lacks) => {
+                let e = got.expect_err(what);
+                assert!(
+                    matches!(&e, Error::MountedNotAsMade { lacks: l, .. } if l == lacks),
+                    "{what}: {e}"
+                );
+                assert_ne!(progress(&h), Some(Progress::Complete), "{what}: recorded");
+            }
+        }
+    }
+}
+
+/// A publish finds its bind with no complete record (cut past its intent), or repeats a complete
+/// one: OK only while the bind is what the publish binds; root's bind without `nodev` is refused
+/// and left, and so is the agent's own once root remounted it with `dev`.
+#[test]
+fn a_bind_found_at_the_target_answers_ok_only_as_the_publish_binds_it() {
+    for complete in [false, true] {
+        let h = Harness::new();
+        h.staged(VOL);
+        h.published(VOL, "p1");
+        let cmd = h.publish_cmd(VOL, "p1", mount(RWO));
+        if !complete {
+            let target = h.target("p1").as_path().to_path_buf();
+            let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
+            p.progress = Progress::InProgress;
+            write(&h, Box::new(move |w| w.put_publication(&p)));
+        }
+        h.publish(&cmd).expect("the publish's own bind");
+        without_nodev(&h, h.target("p1"));
+        let e = h.publish(&cmd).expect_err("a bind without nodev taken");
+        assert!(matches!(e, Error::MountedNotAsMade { .. }), "{e}");
+        assert_eq!(h.host.calls(), Vec::<String>::new());
+        assert_eq!(h.host.mounts_at(h.target("p1").as_path()), 1);
+    }
+}
+
+/// Start-up finds a stage or a publication cut before its completion with root's mount there,
+/// made without `nodev` while the agent was down: left in progress, the host untouched.
+#[test]
+fn recovery_completes_nothing_that_is_not_as_made() {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    stage_in_progress(&h);
+    without_nodev(&h, h.staging(VOL));
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert_eq!(r.completed, 0, "{r:?}");
+    assert_eq!(progress(&h), Some(Progress::InProgress));
+
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "pod");
+    let target = h.target("pod").as_path().to_path_buf();
+    let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
+    p.progress = Progress::InProgress;
+    write(&h, Box::new(move |w| w.put_publication(&p)));
+    without_nodev(&h, h.target("pod"));
+    let r = recover_volume(&h.ctx, VOL).expect("recover");
+    assert_eq!(r.completed, 0, "{r:?}");
+    let p = h.ledger.publication(VOL, &target).unwrap().unwrap();
+    assert_eq!(p.progress, Progress::InProgress);
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
