@@ -8,6 +8,13 @@ pub enum StoreError {
          empty with `ebs-node-agent recover --reset` (either keeps this file, moved aside)"
     )]
     Corrupt { path: PathBuf, detail: String },
+    /// The file could not be opened for writing: nothing says it is damaged.
+    #[error(
+        "state file {path} cannot be opened for writing ({detail}); nothing says it is damaged, \
+         so do not reset it: make it writable again (an immutable attribute, `chattr -i`; its \
+         permissions; a read-only filesystem) and start the agent again"
+    )]
+    Unwritable { path: PathBuf, detail: String },
     #[error(
         "state file {path} is in use by another process (is an agent already running on this \
          state directory?)"
@@ -60,12 +67,25 @@ impl StoreError {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked {
                 path: path.to_path_buf(),
             },
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if denied(&io) => {
+                StoreError::Unwritable {
+                    path: path.to_path_buf(),
+                    detail: io.to_string(),
+                }
+            }
             other => StoreError::Corrupt {
                 path: path.to_path_buf(),
                 detail: other.to_string(),
             },
         }
     }
+}
+
+/// An open refused for want of permission, not for what the file holds (EPERM for an
+/// immutable file, EACCES, EROFS).
+fn denied(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+    matches!(e.kind(), PermissionDenied | ReadOnlyFilesystem)
 }
 
 /// redb's errors, each named by what the store was doing, the source kept.

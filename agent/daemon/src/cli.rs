@@ -309,6 +309,10 @@ pub struct RecoverArgs {
     /// Move the state file aside and start with an empty one.
     #[arg(long)]
     pub reset: bool,
+    /// The node id the loop controller's attachments are rebuilt under: the agent's own
+    /// `--node-id` (the host name by default, as the loop backend's).
+    #[arg(long, env = "EBS_AGENT_NODE_ID")]
+    pub node_id: Option<String>,
 }
 
 fn parse_driver_name(raw: &str) -> Result<String, String> {

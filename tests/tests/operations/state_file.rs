@@ -1,5 +1,7 @@
 //! The state file as an operator meets it after damage: an emptied file is corruption like any
-//! other. The agent refuses it, naming the way out, and leaves it as it was.
+//! other. The agent refuses it, naming the way out, and leaves it as it was. A sound file it may
+//! not write is no damage, and is never called so (a seventy-first fresh review's F2: an
+//! immutable file was called "corrupt", and the message pointed to `recover --reset`).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -82,6 +84,89 @@ async fn an_emptied_state_file_is_refused_and_recover_rebuilds_it() {
     agent.spawn().await;
     let v = agent.status_json();
     assert_eq!(v["volumes"][0]["volume_id"], vol.id.as_str(), "{v}");
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+}
+
+#[tokio::test]
+async fn an_unwritable_state_file_is_never_called_corrupt() {
+    if !require_root("an_unwritable_state_file_is_never_called_corrupt") {
+        return;
+    }
+    let scratch = Scratch::new("immutable-state");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (vol, staging, target) = stage_and_publish(&agent, "i1").await;
+    agent.terminate().await.expect("the agent stops");
+    let state = agent.state_dir.join("state.redb");
+    struct Mutable(std::path::PathBuf);
+    impl Drop for Mutable {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+    let mutable = Mutable(state.clone());
+    sh(&format!("chattr +i {}", state.display()));
+
+    let (ok, err) =
+        serve_until_exit(&agent, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!ok, "the agent exited successfully: {err}");
+    assert!(
+        err.contains("cannot be opened for writing")
+            && err.contains("chattr -i")
+            && !err.contains("corrupt")
+            && !err.contains("recover --reset"),
+        "an unwritable file called damaged: {err}"
+    );
+    drop(mutable);
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(&vol, &target))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(&vol, &staging))
+        .await
+        .expect("unstage");
+}
+
+/// `recover --from-mounts` rebuilds the loop controller's attachments under the node id the agent
+/// serves (`--node-id`, or `EBS_AGENT_NODE_ID` as the unit's environment gives both), so the
+/// CO's idempotent ControllerPublishVolume of a rebuilt volume is OK (a sixty-ninth fresh review's
+/// L1 and a seventy-first's F1: recorded under the host name, every one was refused, and its way
+/// out, the unpublish, too while the volume was in use).
+#[tokio::test]
+async fn recover_rebuilds_attachments_under_the_agents_node_id() {
+    if !require_root("recover_rebuilds_attachments_under_the_agents_node_id") {
+        return;
+    }
+    let scratch = Scratch::new("recover-node-id");
+    let mut opts = AgentOpts::default();
+    opts.args.extend(["--node-id".into(), "node-n2".into()]);
+    let mut agent = Agent::start(&scratch, opts).await;
+    let (vol, staging, target) = stage_and_publish(&agent, "n2").await;
+    agent.kill();
+    let out = Command::new(agent_bin())
+        .args([
+            "recover",
+            "--from-mounts",
+            "--node-id",
+            "node-n2",
+            "--state-dir",
+        ])
+        .arg(&agent.state_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    agent.spawn().await;
+    assert_eq!(attach(&agent, &vol.id).await.device, vol.device);
     let mut node = agent.node().await;
     node.node_unpublish_volume(unpublish_req(&vol, &target))
         .await

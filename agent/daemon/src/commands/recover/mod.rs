@@ -44,7 +44,10 @@ pub fn run(args: RecoverArgs) -> i32 {
         return 2;
     }
     let path = args.state_dir.join(STATE_FILE);
-    match rebuild(&args.state_dir, &path, args.from_mounts) {
+    let node_id = args
+        .node_id
+        .unwrap_or_else(ebs_node_backends::nodeinfo::hostname);
+    match rebuild(&args.state_dir, &path, args.from_mounts, &node_id) {
         Ok(summary) => {
             println!("{summary}");
             0
@@ -56,7 +59,12 @@ pub fn run(args: RecoverArgs) -> i32 {
     }
 }
 
-fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, String> {
+fn rebuild(
+    state_dir: &Path,
+    path: &Path,
+    from_mounts: bool,
+    node_id: &str,
+) -> Result<String, String> {
     // Held until the file is moved aside: no agent starts on it meanwhile. Only a lock proven
     // free lets the file go; any other answer refuses (a fifty-seventh fresh review's F2: a
     // check that failed for another reason let `--reset` move a live agent's file aside).
@@ -89,7 +97,7 @@ fn rebuild(state_dir: &Path, path: &Path, from_mounts: bool) -> Result<String, S
     // Kept beside the state file, so the devices this agent attached and laid are still its.
     let agent_tag = ebs_node_host::instance::agent_tag(state_dir, path)
         .map_err(|e| format!("this agent's instance id: {e}"))?;
-    let known = rebuild_loop_volumes(&store, state_dir, &agent_tag)?
+    let known = rebuild_loop_volumes(&store, state_dir, &agent_tag, node_id)?
         .into_iter()
         .chain(nvme_volumes())
         .collect::<Vec<_>>();
@@ -106,13 +114,13 @@ fn rebuild_loop_volumes(
     store: &Store,
     state_dir: &Path,
     agent_tag: &AgentTag,
+    node_id: &str,
 ) -> Result<Vec<Known>, String> {
     let dir = state_dir.join("volumes");
     let mut known = Vec::new();
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Ok(known);
     };
-    let node_id = ebs_node_backends::nodeinfo::hostname();
     // The devices the mount table shows mounted (a volume's staging, its publications' binds).
     let mounted: std::collections::HashSet<DevNum> = MountTable::read()
         .map(|t| {
@@ -150,7 +158,7 @@ fn rebuild_loop_volumes(
             file: file.clone(),
             parameters: Default::default(),
             attachment: device.clone().map(|d| LoopAttachment {
-                node_id: node_id.clone(),
+                node_id: node_id.to_string(),
                 // As the kernel shows it: a read-only attachment rebuilt as writable had a
                 // writable device laid beside it at the next start, and the volume published
                 // read-only was mounted and written read-write (a twenty-second fresh review's
