@@ -111,6 +111,18 @@ pub async fn create_attached(agent: &Agent, name: &str, bytes: i64) -> Vol {
     attach(agent, &id).await
 }
 
+/// NodeUnpublishVolume at `target`, then NodeUnstageVolume at `staging`: a test's tidy end, each
+/// expected to succeed.
+pub async fn unpublish_and_unstage(agent: &Agent, vol: &Vol, staging: &Path, target: &Path) {
+    let mut node = agent.node().await;
+    node.node_unpublish_volume(unpublish_req(vol, target))
+        .await
+        .expect("unpublish");
+    node.node_unstage_volume(unstage_req(vol, staging))
+        .await
+        .expect("unstage");
+}
+
 pub fn stage_req(
     vol: &Vol,
     staging: &Path,

@@ -87,10 +87,5 @@ async fn a_bind_found_in_a_shared_tree_is_recorded_only_as_the_publish_binds() {
         .expect_err("a repeat answered OK over a bind remounted dev");
     assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
     assert!(e.message().contains("nodev"), "{e:?}");
-    node.node_unpublish_volume(unpublish_req(&vol, &target))
-        .await
-        .expect("unpublish");
-    node.node_unstage_volume(unstage_req(&vol, &staging))
-        .await
-        .expect("unstage");
+    unpublish_and_unstage(&agent, &vol, &staging, &target).await;
 }

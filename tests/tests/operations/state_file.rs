@@ -84,13 +84,7 @@ async fn an_emptied_state_file_is_refused_and_recover_rebuilds_it() {
     agent.spawn().await;
     let v = agent.status_json();
     assert_eq!(v["volumes"][0]["volume_id"], vol.id.as_str(), "{v}");
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(&vol, &target))
-        .await
-        .expect("unpublish");
-    node.node_unstage_volume(unstage_req(&vol, &staging))
-        .await
-        .expect("unstage");
+    unpublish_and_unstage(&agent, &vol, &staging, &target).await;
 }
 
 #[tokio::test]
@@ -124,13 +118,7 @@ async fn an_unwritable_state_file_is_never_called_corrupt() {
     );
     drop(mutable);
     agent.spawn().await;
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(&vol, &target))
-        .await
-        .expect("unpublish");
-    node.node_unstage_volume(unstage_req(&vol, &staging))
-        .await
-        .expect("unstage");
+    unpublish_and_unstage(&agent, &vol, &staging, &target).await;
 }
 
 /// `recover --from-mounts` rebuilds the loop controller's attachments under the node id the agent
@@ -167,11 +155,5 @@ async fn recover_rebuilds_attachments_under_the_agents_node_id() {
     );
     agent.spawn().await;
     assert_eq!(attach(&agent, &vol.id).await.device, vol.device);
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(&vol, &target))
-        .await
-        .expect("unpublish");
-    node.node_unstage_volume(unstage_req(&vol, &staging))
-        .await
-        .expect("unstage");
+    unpublish_and_unstage(&agent, &vol, &staging, &target).await;
 }
