@@ -197,13 +197,13 @@ pub enum Error {
     /// A mount of the volume found where the agent would have made its own, but not as it
     /// would have made it (`node::adopted`).
     #[error(
-        "volume {volume} is already mounted at {path}, but not as this agent mounts it (it lacks \
-         {lacks}); refusing to take it as the volume's: unmount it, and the call makes its own"
+        "volume {volume} is already mounted at {path}, but not as this agent mounts it \
+         ({differs}); refusing to take it as the volume's: unmount it, and the call makes its own"
     )]
     MountedNotAsMade {
         volume: String,
         path: PathBuf,
-        lacks: String,
+        differs: String,
     },
     #[error("volume {volume} is already mounted at {path} with readonly={readonly}")]
     PublishedWithOtherReadonly {

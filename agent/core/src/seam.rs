@@ -77,6 +77,9 @@ pub struct MountFacts {
     pub read_only: bool,
     /// Which of nosuid, nodev and noexec the mount carries, as mount(2)'s bits (`request::ms`).
     pub vfs_bits: u64,
+    /// The mount shows its files' owners through an id mapping (MOUNT_ATTR_IDMAP): the agent
+    /// never makes one.
+    pub idmapped: bool,
     /// The filesystem itself is read-only (remounted so, or after errors), for every mount of it.
     pub super_read_only: bool,
     /// The entry as the mount shows it: for a block publication a device node, whose `rdev` is

@@ -8,6 +8,7 @@
 mod adopted;
 mod adopted_block;
 mod adopted_copies;
+mod adopted_found;
 mod bound_elsewhere;
 mod create_retry;
 mod kept_flags;

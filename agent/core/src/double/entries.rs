@@ -142,6 +142,9 @@ impl Entry for DoubleEntry {
     fn mounted_at(&self) -> io::Result<Option<MountFacts>> {
         self.host.mounted_at(&self.path)
     }
+    fn has_submounts(&self) -> io::Result<bool> {
+        Ok(self.host.has_submounts(&self.path))
+    }
     fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
         self.host.bind(source, &self.path, readonly, vfs_bits)
     }

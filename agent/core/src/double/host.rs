@@ -63,6 +63,7 @@ pub fn mount_facts(dev: DevNum, fs_type: &str, read_only: bool) -> MountFacts {
         root: PathBuf::from("/"),
         read_only,
         vfs_bits: 0,
+        idmapped: false,
         super_read_only: false,
         node: EntryStat {
             kind: FileType::Directory,

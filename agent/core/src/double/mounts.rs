@@ -20,6 +20,14 @@ impl DoubleHost {
         }
     }
 
+    /// Whether a mount lies at a path strictly below `path`.
+    pub(super) fn has_submounts(&self, path: &Path) -> bool {
+        let s = self.state();
+        s.mounts
+            .iter()
+            .any(|(at, stack)| !stack.is_empty() && at != path && at.starts_with(path))
+    }
+
     pub(super) fn mount_device(
         &self,
         device: &Path,

@@ -20,7 +20,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::records::{AccessRecord, Publication, StagedVolume};
+use crate::records::{AccessRecord, Progress, Publication, StagedVolume};
 use crate::request::{FsType, MountFlags, VolumeId, ms};
 
 use super::NodeCtx;
@@ -44,38 +44,62 @@ pub struct AsMade {
 }
 
 impl AsMade {
-    /// What `found` lacks of it, or `None` when nothing.
-    fn lacks(&self, found: &MountFacts) -> Option<String> {
+    /// How `found` differs from it: what it lacks, and what the agent never makes.
+    fn differs(&self, found: &MountFacts) -> Vec<&'static str> {
         let wanted = (self.vfs_bits | NO_DEVICES) & (ms::NOSUID | ms::NODEV | ms::NOEXEC);
-        let mut lacks: Vec<&str> = [
-            (ms::NOSUID, "nosuid"),
-            (ms::NODEV, "nodev"),
-            (ms::NOEXEC, "noexec"),
+        let mut differs: Vec<&str> = [
+            (ms::NOSUID, "not nosuid"),
+            (ms::NODEV, "not nodev"),
+            (ms::NOEXEC, "not noexec"),
         ]
         .iter()
         .filter(|(bit, _)| wanted & bit != 0 && found.vfs_bits & bit == 0)
         .map(|(_, name)| *name)
         .collect();
         if self.readonly && !found.read_only && !found.super_read_only {
-            lacks.push("ro");
+            differs.push("not read-only");
         }
         if self.whole_read_only && !found.super_read_only {
-            lacks.push("a read-only filesystem");
+            differs.push("its filesystem not read-only");
         }
-        (!lacks.is_empty()).then(|| lacks.join(", "))
+        // An id mapping shows root's files as a user's, and a user's setuid file as root's
+        // (a seventy-second fresh review's F3).
+        if found.idmapped {
+            differs.push("idmapped");
+        }
+        differs
     }
 }
 
-/// Refuses a mount found at `path` that is not what the agent would have made there.
-pub fn as_made(volume: &str, path: &Path, found: &MountFacts, made: AsMade) -> Result<()> {
-    match made.lacks(found) {
-        None => Ok(()),
-        Some(lacks) => Err(Error::MountedNotAsMade {
-            volume: volume.to_string(),
-            path: path.to_path_buf(),
-            lacks,
-        }),
+/// Refuses `found`, the mount at `entry`, unless it is what the agent would have made there. One
+/// the agent did not record (`adopting`) must have nothing mounted below it either, as the
+/// agent's own has nothing when it is made (a seventy-second fresh review's F2: root's bind with
+/// a `dev` tmpfs below it, carrying another volume's node, was adopted; a repeat does not ask,
+/// since a workload may mount inside its own volume where its propagation lets it).
+pub fn as_made(
+    volume: &str,
+    entry: &dyn Entry,
+    found: &MountFacts,
+    made: AsMade,
+    adopting: bool,
+) -> Result<()> {
+    let path = entry.path();
+    let mut differs = made.differs(found);
+    if adopting
+        && entry
+            .has_submounts()
+            .map_err(|e| Error::io(format!("listing the mounts below {}", path.display()), e))?
+    {
+        differs.push("mounts below it");
     }
+    if differs.is_empty() {
+        return Ok(());
+    }
+    Err(Error::MountedNotAsMade {
+        volume: volume.to_string(),
+        path: path.to_path_buf(),
+        differs: differs.join(", "),
+    })
 }
 
 /// The mount at `entry` if it is the volume's and what the agent would have made; refused
@@ -87,11 +111,10 @@ pub fn adopt(
     volume: &str,
     made: AsMade,
 ) -> Result<()> {
-    let path = entry.path();
     match holder(ctx, entry, expected)? {
-        Holder::Volume(found) => as_made(volume, path, &found, made),
+        Holder::Volume(found) => as_made(volume, entry, &found, made, true),
         _ => Err(Error::StagingChanged {
-            path: path.to_path_buf(),
+            path: entry.path().to_path_buf(),
             volume: volume.to_string(),
         }),
     }
@@ -104,6 +127,7 @@ pub fn adopt_publication(
     ctx: &NodeCtx,
     publication: &Publication,
     staged: Option<&StagedVolume>,
+    entry: &dyn Entry,
     bound: &MountFacts,
 ) -> Result<()> {
     let target = &publication.target_path;
@@ -120,7 +144,7 @@ pub fn adopt_publication(
         vfs_bits: recorded_bits(&volume, "publication", fs_type, &publication.mount_flags)?,
         whole_read_only: false,
     };
-    as_made(volume.as_str(), target, bound, made)
+    as_made(volume.as_str(), entry, bound, made, true)
 }
 
 /// A raw block publication's bind found with no complete record. A bind's read-only flag does
@@ -181,7 +205,11 @@ pub fn bound_by_its_publications(
         return Ok(false);
     };
     for p in ctx.ledger.publications(&staged.volume_id)? {
-        if p.target_path == except {
+        // A publication the agent made and completed: one in progress may be a bind it found
+        // and has not taken (root's, rebuilt by `recover --from-mounts` or at a cut publish's
+        // target), or just refused to take (a seventy-second fresh review's F1: two such binds
+        // exempted each other, and a fresh publish handed out the node of a mounted ext4).
+        if p.target_path == except || p.progress != Progress::Complete {
             continue;
         }
         if let Some(entry) = super::path_handles::lookup_recorded(ctx, &p.target_path)?

@@ -51,6 +51,8 @@ pub trait Entry: Debug + Send + Sync {
     fn remove(&self) -> io::Result<Removed>;
     /// The mount whose root this entry is, if any.
     fn mounted_at(&self) -> io::Result<Option<MountFacts>>;
+    /// Whether anything is mounted below the top-most mount on it (on a directory inside it).
+    fn has_submounts(&self) -> io::Result<bool>;
     /// A bind of `source` (a /proc/self/fd path of a proven mount root or device) onto it.
     fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()>;
     /// Unmounts the top-most mount on it.

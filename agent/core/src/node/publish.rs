@@ -146,7 +146,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     vfs_bits,
                     whole_read_only: false,
                 };
-                super::adopted::as_made(vol.as_str(), target_path, &m, made)?;
+                super::adopted::as_made(vol.as_str(), &*target, &m, made, adopting)?;
             }
         }
         Holder::Foreign(what) => {
@@ -341,6 +341,13 @@ fn source(
         .open_entry()
         .map_err(|e| Error::io(format!("opening {}", staged.staging_path.display()), e))?;
     match holder_of(ctx, &*fd, &*staging, expected)? {
+        // A bind clones the staging's id mapping: one root laid at the staging path is handed
+        // out by no publication (a seventy-second fresh review's F3).
+        Holder::Volume(m) if m.idmapped => Err(Error::MountedNotAsMade {
+            volume: staged.volume_id.clone(),
+            path: staged.staging_path.clone(),
+            differs: "idmapped".into(),
+        }),
         Holder::Volume(_) => Ok(Source::StagingMount(fd)),
         Holder::Nothing => Err(nothing()),
         Holder::Foreign(what) => Err(Error::ForeignStaging {

@@ -192,8 +192,16 @@ pub fn recover_volume(ctx: &NodeCtx, vol: &str) -> Result<VolumeReport> {
                 // lost. The bind may be anyone's made while the agent was down (root's mount of
                 // the volume at the target, without `nodev`: a sixty-fourth fresh review's F2):
                 // completed only if it is what the publish binds.
-                let adopted =
-                    super::adopted::adopt_publication(ctx, &publication, staged.as_ref(), &bound);
+                let adopted = match &entry {
+                    Some(entry) => super::adopted::adopt_publication(
+                        ctx,
+                        &publication,
+                        staged.as_ref(),
+                        &**entry,
+                        &bound,
+                    ),
+                    None => Ok(()),
+                };
                 if let Err(e) = adopted {
                     tracing::warn!(volume = vol, target = %target.display(), error = %e,
                         "recovery: the publication's bind is there but is not what the publish would bind (nodev, read-only, its read-only device); left in progress, the next NodePublishVolume asks again");

@@ -122,7 +122,7 @@ fn each_named_refusal_has_its_csi_code() {
             Error::MountedNotAsMade {
                 volume: v(),
                 path: p(),
-                lacks: "nodev".into(),
+                differs: "not nodev".into(),
             },
             Code::AlreadyExists,
         ),

@@ -25,6 +25,7 @@ const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const SB_RDONLY: u32 = 0x1;
 
 /// `struct mnt_id_req`, version 0 (24 bytes).
@@ -50,6 +51,7 @@ pub(super) const OFF_DEV_MAJOR: usize = 16;
 pub(super) const OFF_DEV_MINOR: usize = 20;
 const OFF_SB_FLAGS: usize = 32;
 pub(super) const OFF_FS_TYPE: usize = 36;
+const OFF_MNT_ID_OLD: usize = 56;
 const OFF_MNT_ATTR: usize = 64;
 pub(super) const OFF_MNT_ROOT: usize = 104;
 const OFF_MNT_POINT: usize = 108;
@@ -66,6 +68,10 @@ pub struct Statmount {
     pub read_only: bool,
     /// Its nosuid, nodev and noexec, as mount(2)'s bits.
     pub vfs_bits: u64,
+    /// Its files' owners shown through an id mapping.
+    pub idmapped: bool,
+    /// The mount's old (reusable) id, as /proc/self/mountinfo names it.
+    pub old_id: u64,
     /// The whole filesystem is read-only (after errors, every mount of it is).
     pub super_read_only: bool,
     /// The superblock's options, where the kernel gives them (6.11+).
@@ -173,6 +179,8 @@ pub fn parse(buf: &[u8]) -> io::Result<Statmount> {
         mount_point: path(string(OFF_MNT_POINT)?),
         read_only: u64_at(buf, OFF_MNT_ATTR) & MOUNT_ATTR_RDONLY != 0,
         vfs_bits: vfs_bits(u64_at(buf, OFF_MNT_ATTR)),
+        idmapped: u64_at(buf, OFF_MNT_ATTR) & MOUNT_ATTR_IDMAP != 0,
+        old_id: u64::from(u32_at(buf, OFF_MNT_ID_OLD)),
         super_read_only: u32_at(buf, OFF_SB_FLAGS) & SB_RDONLY != 0,
     })
 }

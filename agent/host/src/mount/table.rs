@@ -36,6 +36,11 @@ impl MountEntry {
         has_option(&self.mount_options, "ro")
     }
 
+    /// Its files' owners shown through an id mapping.
+    pub fn idmapped(&self) -> bool {
+        has_option(&self.mount_options, "idmapped")
+    }
+
     /// Its nosuid, nodev and noexec, as mount(2)'s bits.
     pub fn vfs_bits(&self) -> u64 {
         use ebs_node_core::request::ms;

@@ -41,6 +41,9 @@ impl Entry for Anchored {
     fn mounted_at(&self) -> io::Result<Option<MountFacts>> {
         crate::mount::at_path::mounted_at(self)
     }
+    fn has_submounts(&self) -> io::Result<bool> {
+        crate::mount::at_path::has_submounts(self)
+    }
     fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
         crate::mount::ops::bind(source, self, readonly, vfs_bits)
     }

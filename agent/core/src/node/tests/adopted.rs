@@ -26,6 +26,20 @@ fn without_nodev(h: &Harness, path: RequestPath) {
         .insert(path.as_path().to_path_buf());
 }
 
+/// The top mount at `path` shows its files through an id mapping.
+fn idmapped(h: &Harness, path: RequestPath) {
+    let mut s = h.host.state();
+    let top = s.mounts.get_mut(path.as_path()).and_then(|m| m.last_mut());
+    top.expect("a mount").idmapped = true;
+}
+
+/// A tmpfs mounted on a directory inside the mount at `path`.
+fn mount_below(h: &Harness, path: RequestPath) {
+    let tmpfs = crate::double::host::mount_facts(crate::DevNum::new(0, 77), "tmpfs", false);
+    let below = path.as_path().join("sub");
+    h.host.state().mounts.insert(below, vec![tmpfs]);
+}
+
 fn stage_in_progress(h: &Harness) {
     let mut s = h.ledger.staged(VOL).expect("read").expect("staged");
     s.progress = Progress::InProgress;
@@ -42,19 +56,31 @@ fn progress(h: &Harness) -> Option<Progress> {
 #[test]
 fn a_staging_mount_found_without_its_record_is_taken_only_as_the_stage_makes_it() {
     type Setup = fn(&Harness);
-    let cases: [(&str, Setup, AccessMode, Option<&str>); 3] = [
+    let cases: [(&str, Setup, AccessMode, Option<&str>); 5] = [
         ("the stage's own mount", |_| {}, RWO, None),
         (
             "root's, without nodev",
             |h| without_nodev(h, h.staging(VOL)),
             RWO,
-            Some("nodev"),
+            Some("not nodev"),
+        ),
+        (
+            "an idmapped one",
+            |h| idmapped(h, h.staging(VOL)),
+            RWO,
+            Some("idmapped"),
+        ),
+        (
+            "one with a mount below it",
+            |h| mount_below(h, h.staging(VOL)),
+            RWO,
+            Some("mounts below it"),
         ),
         (
             "a read-write filesystem, for a reader",
             |_| {},
             ROX,
-            Some("ro, a read-only filesystem"),
+            Some("not read-only, its filesystem not read-only"),
         ),
     ];
     for (what, setup, mode, lacks) in cases {
@@ -77,7 +103,7 @@ fn a_staging_mount_found_without_its_record_is_taken_only_as_the_stage_makes_it(
             Some(lacks) => {
                 let e = got.expect_err(what);
                 assert!(
-                    matches!(&e, Error::MountedNotAsMade { lacks: l, .. } if l == lacks),
+                    matches!(&e, Error::MountedNotAsMade { differs: d, .. } if d == lacks),
                     "{what}: {e}"
                 );
                 assert_ne!(progress(&h), Some(Progress::Complete), "{what}: recorded");
@@ -109,6 +135,41 @@ fn a_bind_found_at_the_target_answers_ok_only_as_the_publish_binds_it() {
         assert_eq!(h.host.calls(), Vec::<String>::new());
         assert_eq!(h.host.mounts_at(h.target("p1").as_path()), 1);
     }
+}
+
+/// Found with no complete record, a bind with a mount below it is refused (root's `dev` tmpfs
+/// there carried another volume's node: a seventy-second fresh review's F2); a complete one is
+/// not asked (a workload may mount inside its volume where its propagation lets it). An
+/// idmapped one is refused either way, and so is a publish from an idmapped staging (its F3).
+#[test]
+fn a_found_bind_with_mounts_below_it_or_an_id_mapping_is_never_taken() {
+    for complete in [false, true] {
+        let h = Harness::new();
+        h.staged(VOL);
+        h.published(VOL, "p1");
+        let cmd = h.publish_cmd(VOL, "p1", mount(RWO));
+        if !complete {
+            let target = h.target("p1").as_path().to_path_buf();
+            let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
+            p.progress = Progress::InProgress;
+            write(&h, Box::new(move |w| w.put_publication(&p)));
+        }
+        mount_below(&h, h.target("p1"));
+        let got = h.publish(&cmd);
+        assert_eq!(got.is_ok(), complete, "complete={complete}: {got:?}");
+        idmapped(&h, h.target("p1"));
+        let e = h.publish(&cmd).expect_err("an idmapped bind taken");
+        assert!(matches!(e, Error::MountedNotAsMade { .. }), "{e}");
+        assert_eq!(h.host.calls(), Vec::<String>::new());
+    }
+    let h = Harness::new();
+    h.staged(VOL);
+    idmapped(&h, h.staging(VOL));
+    let e = h
+        .publish(&h.publish_cmd(VOL, "p1", mount(RWO)))
+        .expect_err("published from an idmapped staging");
+    assert!(matches!(e, Error::MountedNotAsMade { .. }), "{e}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
 }
 
 /// Start-up finds a stage or a publication cut before its completion with root's mount there,
