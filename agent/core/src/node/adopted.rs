@@ -27,7 +27,6 @@ use super::NodeCtx;
 use super::host::Entry;
 use super::ownership::{Expected, Holder, holder};
 use super::volume_device::VolumeDevice;
-use crate::DevNum;
 use crate::seam::MountFacts;
 
 /// The bits every filesystem mount of a volume carries.
@@ -132,7 +131,7 @@ pub fn adopt_publication(
 ) -> Result<()> {
     let target = &publication.target_path;
     if publication.block {
-        return adopt_block(ctx, staged, target, bound.node.rdev, publication.readonly);
+        return adopt_block(ctx, staged, target, bound, publication.readonly);
     }
     let volume = VolumeId::parse(&publication.volume_id)?;
     let fs_type = match staged.map(|s| &s.access) {
@@ -157,11 +156,20 @@ pub fn adopt_block(
     ctx: &NodeCtx,
     staged: Option<&StagedVolume>,
     target: &Path,
-    bound: DevNum,
+    found: &MountFacts,
     readonly: bool,
 ) -> Result<()> {
+    let bound = found.node.rdev;
     let overlay = ctx.host.read_only_lies_over(bound).is_some();
     let volume = staged.map(|s| s.volume_id.clone()).unwrap_or_default();
+    // An id mapping shows the bound node as its users' own (the agent's bind has none).
+    if found.idmapped {
+        return Err(Error::MountedNotAsMade {
+            volume,
+            path: target.to_path_buf(),
+            differs: "idmapped".into(),
+        });
+    }
     // A device the kernel keeps read-only is bound only through a read-only device of the
     // publication's own, as the publish binds it (a sixty-ninth fresh review's F1: root's bind
     // of a read-only attachment's shared node, rebuilt by `recover --from-mounts`, was completed

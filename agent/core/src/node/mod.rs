@@ -22,6 +22,7 @@ mod mount_steps;
 pub mod ownership;
 pub mod path_handles;
 mod publish;
+mod publish_target;
 pub mod read_only;
 pub mod reclaim;
 pub mod recover;

@@ -7,7 +7,7 @@ use crate::records::{Durability, Phase, Progress, Publication, StagedVolume, now
 
 use super::claims::Use;
 use super::compat::{access_record, same_kind, staged_mount_present};
-use super::host::{Entry, OpenEntry};
+use super::host::OpenEntry;
 use super::interrupted;
 use super::journal::{Journal, detail};
 use super::ownership::{Expected, Holder, holder, holder_of};
@@ -138,8 +138,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 .as_ref()
                 .is_none_or(|p| p.progress != Progress::Complete);
             if adopting && block {
-                let bound = m.node.rdev;
-                super::adopted::adopt_block(ctx, Some(&staged), target_path, bound, readonly)?;
+                super::adopted::adopt_block(ctx, Some(&staged), target_path, &m, readonly)?;
             } else if !block {
                 let made = super::adopted::AsMade {
                     readonly,
@@ -163,7 +162,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 ("target", path_string(target_path)),
                 ("readonly", readonly.to_string()),
             ]);
-            check_target_is_ours_to_use(&*target, block, prior.is_some())?;
+            super::publish_target::check_ours_to_use(&*target, block, prior.is_some())?;
             // A raw block device may get anything written to it: a format intent stops
             // licensing anything in the commit before the bind (see `format::forget_intent`).
             journal.record(
@@ -178,7 +177,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                     w.put_publication(&record)
                 },
             )?;
-            if let Err(e) = create_target(&*target, block, prior.is_some()) {
+            if let Err(e) = super::publish_target::create(&*target, block, prior.is_some()) {
                 // Someone made the path in between: the intent must not vouch for their file.
                 journal.record(
                     Step::Bind,
@@ -364,46 +363,4 @@ fn source_of(staged: &StagedVolume, block: bool) -> PathBuf {
     } else {
         staged.staging_path.clone()
     }
-}
-
-/// An existing file at a block target is used only when an earlier attempt of this publication
-/// (its durable intent) made it: anything else may be a host file (kubelet's config, the agent's
-/// own state) that a bind would cover and a later unpublish would delete.
-fn check_target_is_ours_to_use(target: &dyn Entry, block: bool, recorded: bool) -> Result<()> {
-    let st = target
-        .stat()
-        .map_err(|e| Error::io(format!("inspecting {}", target.path().display()), e))?;
-    let Some(st) = st else { return Ok(()) };
-    let unusable = |why| Error::UnusableTarget {
-        path: target.path().to_path_buf(),
-        why,
-    };
-    use crate::seam::FileKind as FileType;
-    match (block, st.kind) {
-        (false, FileType::Directory) => Ok(()),
-        (true, FileType::RegularFile) if recorded => Ok(()),
-        (true, FileType::RegularFile) => Err(unusable(
-            "already exists and the agent did not create it; a block volume is published onto \
-             a file the agent creates itself",
-        )),
-        (true, _) => Err(unusable(
-            "exists and is not a regular file; a block volume is published onto a file",
-        )),
-        (false, _) => Err(unusable("exists and is not a directory")),
-    }
-}
-
-fn create_target(target: &dyn Entry, block: bool, recorded: bool) -> Result<()> {
-    let made = if block {
-        match target.create_file() {
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && recorded => Ok(()),
-            other => other,
-        }
-    } else {
-        target.mkdir()
-    };
-    made.map_err(|source| Error::TargetNotCreated {
-        path: target.path().to_path_buf(),
-        source,
-    })
 }

@@ -199,3 +199,25 @@ fn recovery_completes_nothing_that_is_not_as_made() {
     assert_eq!(p.progress, Progress::InProgress);
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+/// A raw block bind found with no complete record, idmapped: never taken (the agent's own bind
+/// of a device node has no id mapping).
+#[test]
+fn an_idmapped_block_bind_is_never_taken() {
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeMultiWriter);
+    let cmd = h.publish_cmd(VOL, "p1", block(AccessMode::SingleNodeMultiWriter));
+    h.publish(&cmd).expect("publish");
+    let target = h.target("p1").as_path().to_path_buf();
+    let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
+    p.progress = Progress::InProgress;
+    write(&h, Box::new(move |w| w.put_publication(&p)));
+    idmapped(&h, h.target("p1"));
+    h.host.state().calls.clear();
+    let e = h.publish(&cmd).expect_err("an idmapped block bind taken");
+    assert!(
+        matches!(&e, Error::MountedNotAsMade { differs, .. } if differs == "idmapped"),
+        "{e}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}
