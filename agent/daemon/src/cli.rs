@@ -313,6 +313,10 @@ pub struct RecoverArgs {
     /// `--node-id` (the host name by default, as the loop backend's).
     #[arg(long, env = "EBS_AGENT_NODE_ID")]
     pub node_id: Option<String>,
+    /// The agent's allowed prefixes: a mount outside them is none of its volumes' (repeatable;
+    /// env: comma-separated, as `serve`'s).
+    #[arg(long = "allowed-path-prefix", env = "EBS_AGENT_ALLOWED_PATH_PREFIXES", value_delimiter = ',', value_parser = ebs_node_core::request::parse_prefix)]
+    pub allowed_path_prefixes: Vec<PathBuf>,
 }
 
 fn parse_driver_name(raw: &str) -> Result<String, String> {

@@ -283,6 +283,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
     // Read-only binds without the new mount API are made in a private place first (see
     // host/mount/private_bind.rs); made now, leftovers of a crash detached, where they will be needed.
     ebs_node_host::mount::private_bind::set_dir(args.state_dir.join("binds"));
+    match ebs_node_host::mount::private_bind::sweep() {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            detached = n,
+            "recovery: detached the private binds a crash left in the state directory"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "the private place for read-only binds could not be read")
+        }
+    }
     if !ebs_node_host::sandbox::mount_api_usable()
         && let Err(e) = ebs_node_host::mount::private_bind::prepare()
     {

@@ -107,6 +107,7 @@ async fn call_on(
 
 mod crash_matrix;
 mod interrupted;
+mod rebuilt_copies;
 mod recovery;
 mod releases;
 mod storm;

@@ -6,6 +6,7 @@ mod doctor;
 mod logs;
 mod metrics;
 mod notify;
+mod private_binds;
 mod signals;
 mod state_file;
 mod syscall_filter;

@@ -58,6 +58,44 @@ pub fn bind_with(source: &Path, target: &EntryFd, flags: MsFlags) -> io::Result<
     made
 }
 
+/// Detaches what a crash between a private bind and its detach left in the private place, if
+/// the place is there: at every start, whether the fallback will be needed or not (a
+/// seventy-third fresh review's F2: left by a run under a filter that denies the new mount API,
+/// and a run without it never looked, the leftover bind kept the volume's filesystem mounted,
+/// and its unstage was refused for good). How many were detached.
+pub fn sweep() -> io::Result<usize> {
+    let Some(dir) = DIR.get() else {
+        return Ok(0);
+    };
+    let table = MountTable::read().map_err(io::Error::other)?;
+    let before = leftovers(&table, dir).count();
+    detach_leftovers(&table, dir);
+    Ok(before)
+}
+
+/// The mounts in the private place, deepest first.
+fn leftovers<'a>(
+    table: &'a MountTable,
+    dir: &'a Path,
+) -> impl Iterator<Item = &'a super::table::MountEntry> {
+    let ours = table.at(dir).is_some_and(|m| m.source == SOURCE);
+    table
+        .entries()
+        .iter()
+        .rev()
+        .filter(move |m| ours && m.mount_point.parent() == Some(dir))
+}
+
+/// Detaches the leftovers of the private place; whether the place is the agent's tmpfs.
+fn detach_leftovers(table: &MountTable, dir: &Path) -> bool {
+    for m in leftovers(table, dir) {
+        let _ = unmount(&m.mount_point, UnmountFlags::DETACH);
+        let _ =
+            std::fs::remove_file(&m.mount_point).or_else(|_| std::fs::remove_dir(&m.mount_point));
+    }
+    table.at(dir).is_some_and(|m| m.source == SOURCE)
+}
+
 /// Makes the private place now (start-up, where the fallback is known to be needed).
 pub fn prepare() -> io::Result<()> {
     prepared().map(drop)
@@ -75,17 +113,7 @@ fn prepared() -> io::Result<PathBuf> {
     }
     std::fs::create_dir_all(dir)?;
     let table = MountTable::read().map_err(io::Error::other)?;
-    let ours = table.at(dir).is_some_and(|m| m.source == SOURCE);
-    if ours {
-        // A crash between a private bind and its detach left it: nothing needs it.
-        for m in table.entries().iter().rev() {
-            if m.mount_point.parent() == Some(dir.as_path()) {
-                let _ = unmount(&m.mount_point, UnmountFlags::DETACH);
-                let _ = std::fs::remove_file(&m.mount_point)
-                    .or_else(|_| std::fs::remove_dir(&m.mount_point));
-            }
-        }
-    } else {
+    if !detach_leftovers(&table, dir) {
         rustix::mount::mount(
             SOURCE,
             dir,

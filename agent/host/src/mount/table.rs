@@ -25,6 +25,10 @@ pub struct MountEntry {
     pub source: String,
     /// Per-superblock options, shared by every mount of the filesystem.
     pub super_options: String,
+    /// Its peer group (`shared:N`): mounts that propagate to one another.
+    pub peer_group: Option<u32>,
+    /// The peer group it receives from (`master:N`), a slave's.
+    pub master: Option<u32>,
 }
 
 fn has_option(options: &str, name: &str) -> bool {
@@ -218,7 +222,17 @@ fn parse_line(line: &[u8]) -> Result<MountEntry, String> {
         fs_type: string_field(fields[sep + 1]),
         source: string_field(fields[sep + 2]),
         super_options: string_field(fields[sep + 3]),
+        peer_group: tagged(&fields[6..sep], b"shared:"),
+        master: tagged(&fields[6..sep], b"master:"),
     })
+}
+
+/// The number of the optional field `tag:N`.
+fn tagged(optional: &[&[u8]], tag: &[u8]) -> Option<u32> {
+    optional
+        .iter()
+        .find_map(|f| f.strip_prefix(tag))
+        .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
 }
 
 #[cfg(test)]
@@ -276,7 +290,13 @@ mod tests {
         let many = &t.entries()[3];
         assert_eq!(many.fs_type, "xfs");
         assert_eq!(many.source, "/dev/loop3");
+        assert_eq!((many.peer_group, many.master), (Some(30), Some(2)));
+        assert_eq!(
+            (t.entries()[2].peer_group, t.entries()[2].master),
+            (None, Some(1))
+        );
         let none = &t.entries()[4];
+        assert_eq!((none.peer_group, none.master), (None, None));
         assert_eq!(none.fs_type, "xfs");
         assert_eq!(none.root, Path::new("/sub/dir"));
         assert!(none.is_read_only());

@@ -18,6 +18,7 @@ use ebs_store::Store;
 
 mod known;
 mod mounts;
+mod passed_over;
 
 use crate::cli::RecoverArgs;
 use crate::settings::STATE_FILE;
@@ -47,7 +48,13 @@ pub fn run(args: RecoverArgs) -> i32 {
     let node_id = args
         .node_id
         .unwrap_or_else(ebs_node_backends::nodeinfo::hostname);
-    match rebuild(&args.state_dir, &path, args.from_mounts, &node_id) {
+    // Compared with the mount table's places, which are whole paths with no link in them.
+    let state_dir = std::fs::canonicalize(&args.state_dir).unwrap_or(args.state_dir.clone());
+    let bounds = passed_over::Bounds {
+        state_dir: &state_dir,
+        prefixes: &args.allowed_path_prefixes,
+    };
+    match rebuild(&bounds, &path, args.from_mounts, &node_id) {
         Ok(summary) => {
             println!("{summary}");
             0
@@ -60,11 +67,12 @@ pub fn run(args: RecoverArgs) -> i32 {
 }
 
 fn rebuild(
-    state_dir: &Path,
+    bounds: &passed_over::Bounds,
     path: &Path,
     from_mounts: bool,
     node_id: &str,
 ) -> Result<String, String> {
+    let state_dir = bounds.state_dir;
     // Held until the file is moved aside: no agent starts on it meanwhile. Only a lock proven
     // free lets the file go; any other answer refuses (a fifty-seventh fresh review's F2: a
     // check that failed for another reason let `--reset` move a live agent's file aside).
@@ -102,7 +110,7 @@ fn rebuild(
         .chain(nvme_volumes())
         .collect::<Vec<_>>();
     let table = MountTable::read().map_err(|e| e.to_string())?;
-    let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag)?;
+    let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag, bounds)?;
     Ok(format!(
         "rebuilt {} staged volume(s) and {} publication(s) from the mount table",
         staged, published

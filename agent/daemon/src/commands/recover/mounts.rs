@@ -20,12 +20,14 @@ use ebs_store::Store;
 
 use super::Known;
 use super::known::{block_bound, handle_device};
+use super::passed_over::{Bounds, passed_over};
 
 pub(super) fn rebuild_mounts(
     store: &Store,
     known: &[Known],
     table: &MountTable,
     agent_tag: &AgentTag,
+    bounds: &Bounds,
 ) -> Result<(usize, usize), String> {
     let mut by_numbers: HashMap<DevNum, &Known> = HashMap::new();
     for k in known {
@@ -45,9 +47,21 @@ pub(super) fn rebuild_mounts(
         .filter(|m| m.fs_type != "devtmpfs" && m.fs_type != "tmpfs")
         .map(|m| DevNum::new(m.major, m.minor))
         .collect();
+    let mut taken: Vec<&ebs_node_host::mount::table::MountEntry> = Vec::new();
     // mountinfo lists mounts in the order they were made: a volume's first mount is its staging.
     for m in table.entries() {
         let block_bind = m.fs_type == "devtmpfs" || m.fs_type == "tmpfs";
+        let shows_a_volume = match block_bind {
+            true => block_bound(&m.mount_point, &by_numbers, agent_tag).is_some(),
+            false => by_numbers.contains_key(&DevNum::new(m.major, m.minor)),
+        };
+        if shows_a_volume && let Some(why) = passed_over(m, block_bind, table, &taken, bounds) {
+            println!(
+                "{}: none of a volume's mounts ({why}); left alone",
+                m.mount_point.display()
+            );
+            continue;
+        }
         let mut read_only_device = false;
         // A bind of a device node is known by the numbers of the node bound there, never by
         // the name of the bind's root: a directory of a tmpfs named `loop0` (kubelet's subPath
@@ -198,6 +212,7 @@ pub(super) fn rebuild_mounts(
                 })
                 .map_err(|e| e.to_string())?;
             staging_of.insert(vol.to_string(), staging_path);
+            taken.push(m);
             staged += 1;
             println!(
                 "volume {vol}: staged at {} ({})",
@@ -233,6 +248,7 @@ pub(super) fn rebuild_mounts(
             .write(Durability::Immediate, |w| w.put_publication(&publication))
             .map_err(|e| e.to_string())?;
         published += 1;
+        taken.push(m);
         let how = if read_only_device {
             " (read-only raw block, through its read-only device: kept)"
         } else {

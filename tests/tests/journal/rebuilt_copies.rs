@@ -1,0 +1,59 @@
+//! `recover --from-mounts` under a shared directory with a peer (kubelet's directory on a
+//! systemd host, bound elsewhere): the kernel shows the staging and every publication again at
+//! the peer, and those copies are none of the volume's mounts (a seventy-third fresh review's
+//! F1: each was rebuilt as a publication of a single-writer volume, its repeat publish and its
+//! unstage were refused for good, and an unpublish of a copy inside the prefix took the staging
+//! mount down).
+
+use ebs_tests::csi_req::*;
+use ebs_tests::*;
+
+use csi::volume_capability::access_mode::Mode;
+
+#[tokio::test]
+async fn copies_a_shared_directory_shows_are_never_rebuilt_as_publications() {
+    if !require_root("copies_a_shared_directory_shows_are_never_rebuilt_as_publications") {
+        return;
+    }
+    let scratch = Scratch::new("rebuilt-copies");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let kl = agent.work.join("kl");
+    let peer = agent.work.join("peer");
+    let outside = scratch.join("outside");
+    sh(&format!(
+        "mkdir -p {k} {p} {o} && mount --bind {k} {k} && mount --make-private {k} && \
+         mount --make-shared {k} && mount --bind {k} {p} && mount --bind {k} {o}",
+        k = kl.display(),
+        p = peer.display(),
+        o = outside.display()
+    ));
+    let v = create_attached(&agent, "copies", 64 << 20).await;
+    let staging = kl.join("plugins/kubernetes.io/csi/ebs.csi.aws.com/abc/globalmount");
+    let target = kl.join("pods/p1/volumes/kubernetes.io~csi/pv/mount");
+    let cap = || mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, cap()))
+        .await
+        .expect("stage");
+    node.node_publish_volume(publish_req(&v, &staging, &target, cap(), true))
+        .await
+        .expect("publish");
+    agent.kill();
+    let said = agent.recover("--from-mounts");
+    assert_eq!(said.matches("published at").count(), 1, "{said}");
+    assert!(
+        said.contains(&format!("published at {}", target.display())),
+        "{said}"
+    );
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(&v, &staging, &target, cap(), true))
+        .await
+        .unwrap_or_else(|e| panic!("the repeat: {e:?}\n{said}"));
+    unpublish_and_unstage(&agent, &v, &staging, &target).await;
+    assert!(
+        mounts_below(&peer).iter().all(|m| m == &peer),
+        "copies left at the peer: {:?}",
+        mounts_below(&peer)
+    );
+}
