@@ -7,7 +7,6 @@
 //! the volume's file, found at a target, is never the volume's publication (the sixty-fourth's
 //! F3: two filesystems over the same bytes were handed out as the volume).
 
-use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
 
@@ -113,17 +112,8 @@ async fn a_publication_cut_past_its_intent_is_never_completed_over_roots_mount()
     for readonly in [false, true] {
         let case = if readonly { "read-only" } else { "read-write" };
         let target = agent.work.join(format!("pods/{case}/mount"));
-        let mut opts = AgentOpts::default();
-        opts.args
-            .extend(["--crash-after".into(), cp::intent(J::Publish, S::Bind)]);
-        agent.restart(Some(opts)).await;
-        let mut node = agent.node().await;
         let publish = || publish_req(&b, &staging, &target, multi(), readonly);
-        assert!(node.node_publish_volume(publish()).await.is_err());
-        agent
-            .wait_exit(std::time::Duration::from_secs(20))
-            .await
-            .expect("crashed");
+        super::cut_past_bind_intent(&mut agent, publish()).await;
         std::fs::create_dir_all(&target).expect("the target");
         sh(&format!(
             "mount -o dev,rw {} {}",

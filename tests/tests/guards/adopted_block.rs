@@ -5,7 +5,6 @@
 //! --from-mounts` never rebuilds a volume whose filesystem is mounted as a raw block staging,
 //! whichever of its mounts was made first (a sixty-fifth fresh review's F1 and F2).
 
-use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
 
@@ -58,16 +57,7 @@ async fn a_bind_found_at_a_block_target_is_taken_only_as_the_publish_would_bind(
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
 
     let cut = agent.work.join("pods/cut/dev");
-    let mut opts = AgentOpts::default();
-    opts.args
-        .extend(["--crash-after".into(), cp::intent(J::Publish, S::Bind)]);
-    agent.restart(Some(opts)).await;
-    let mut node = agent.node().await;
-    assert!(node.node_publish_volume(publish(&cut, true)).await.is_err());
-    agent
-        .wait_exit(std::time::Duration::from_secs(20))
-        .await
-        .expect("crashed");
+    super::cut_past_bind_intent(&mut agent, publish(&cut, true)).await;
     let _ = std::fs::remove_file(&cut);
     bind_node(&v.device, &cut);
     agent.restart(Some(AgentOpts::default())).await;

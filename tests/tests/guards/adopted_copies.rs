@@ -6,7 +6,6 @@
 //! completed read-only on the host and stayed writable in a peer; a repeat of a complete publish
 //! answered OK over root's remount of it with `dev`).
 
-use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
 
@@ -38,16 +37,7 @@ async fn a_bind_found_in_a_shared_tree_is_recorded_only_as_the_publish_binds() {
         .expect("stage");
 
     // A read-only publish cut past its bind intent; root's read-write bind there meanwhile.
-    let mut opts = AgentOpts::default();
-    opts.args
-        .extend(["--crash-after".into(), cp::intent(J::Publish, S::Bind)]);
-    agent.restart(Some(opts)).await;
-    let mut node = agent.node().await;
-    assert!(node.node_publish_volume(publish()).await.is_err());
-    agent
-        .wait_exit(std::time::Duration::from_secs(20))
-        .await
-        .expect("crashed");
+    super::cut_past_bind_intent(&mut agent, publish()).await;
     std::fs::create_dir_all(&target).expect("the target");
     sh(&format!(
         "mount --bind {} {}",

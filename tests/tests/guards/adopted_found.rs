@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
 use ebs_tests::csi_req::*;
 use ebs_tests::*;
 
@@ -36,20 +35,8 @@ async fn a_bind_found_and_not_taken_exempts_no_publish() {
     let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
     let (b, staging) = staged(&agent, "exempt", 64 * MIB, multi_block()).await;
     let cut = agent.work.join("pods/k1/dev");
-    let mut opts = AgentOpts::default();
-    opts.args
-        .extend(["--crash-after".into(), cp::intent(J::Publish, S::Bind)]);
-    agent.restart(Some(opts)).await;
-    let mut node = agent.node().await;
-    assert!(
-        node.node_publish_volume(publish_req(&b, &staging, &cut, multi_block(), false))
-            .await
-            .is_err()
-    );
-    agent
-        .wait_exit(std::time::Duration::from_secs(20))
-        .await
-        .expect("crashed");
+    let cut_req = publish_req(&b, &staging, &cut, multi_block(), false);
+    super::cut_past_bind_intent(&mut agent, cut_req).await;
     let mnt = scratch.join("mnt");
     std::fs::create_dir_all(&mnt).expect("a mount point");
     sh(&format!(

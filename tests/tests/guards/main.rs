@@ -98,3 +98,19 @@ pub async fn staged(
         .expect("stage");
     (v, staging)
 }
+
+/// A publish of `req` cut by a crash right after its durable bind intent: the agent restarted
+/// with that crash point, the publish sent, and the agent's exit waited for (it is down after).
+pub async fn cut_past_bind_intent(agent: &mut Agent, req: csi::NodePublishVolumeRequest) {
+    use ebs_tests::crash_points::{self as cp, Op as J, Step as S};
+    let mut opts = AgentOpts::default();
+    opts.args
+        .extend(["--crash-after".into(), cp::intent(J::Publish, S::Bind)]);
+    agent.restart(Some(opts)).await;
+    let mut node = agent.node().await;
+    assert!(node.node_publish_volume(req).await.is_err());
+    agent
+        .wait_exit(std::time::Duration::from_secs(20))
+        .await
+        .expect("crashed");
+}

@@ -50,6 +50,26 @@ fn progress(h: &Harness) -> Option<Progress> {
     h.ledger.staged(VOL).expect("read").map(|s| s.progress)
 }
 
+/// VOL staged and published at p1 by the agent, its publication's record complete or not (a
+/// publish cut past its bind intent), and the command that publishes it there again.
+fn published_at_p1(complete: bool) -> (Harness, PublishCommand) {
+    let h = Harness::new();
+    h.staged(VOL);
+    h.published(VOL, "p1");
+    if !complete {
+        publication_in_progress(&h, "p1");
+    }
+    let cmd = h.publish_cmd(VOL, "p1", mount(RWO));
+    (h, cmd)
+}
+
+fn publication_in_progress(h: &Harness, target: &str) {
+    let target = h.target(target).as_path().to_path_buf();
+    let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
+    p.progress = Progress::InProgress;
+    write(h, Box::new(move |w| w.put_publication(&p)));
+}
+
 /// A stage that finds the volume mounted at its staging path with no record of it (the records
 /// lost; root's mount while the agent was down): the stage's own mount is taken as it is; one
 /// without `nodev`, or read-write for a reader, is refused and left as it is.
@@ -118,16 +138,7 @@ fn a_staging_mount_found_without_its_record_is_taken_only_as_the_stage_makes_it(
 #[test]
 fn a_bind_found_at_the_target_answers_ok_only_as_the_publish_binds_it() {
     for complete in [false, true] {
-        let h = Harness::new();
-        h.staged(VOL);
-        h.published(VOL, "p1");
-        let cmd = h.publish_cmd(VOL, "p1", mount(RWO));
-        if !complete {
-            let target = h.target("p1").as_path().to_path_buf();
-            let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
-            p.progress = Progress::InProgress;
-            write(&h, Box::new(move |w| w.put_publication(&p)));
-        }
+        let (h, cmd) = published_at_p1(complete);
         h.publish(&cmd).expect("the publish's own bind");
         without_nodev(&h, h.target("p1"));
         let e = h.publish(&cmd).expect_err("a bind without nodev taken");
@@ -144,16 +155,7 @@ fn a_bind_found_at_the_target_answers_ok_only_as_the_publish_binds_it() {
 #[test]
 fn a_found_bind_with_mounts_below_it_or_an_id_mapping_is_never_taken() {
     for complete in [false, true] {
-        let h = Harness::new();
-        h.staged(VOL);
-        h.published(VOL, "p1");
-        let cmd = h.publish_cmd(VOL, "p1", mount(RWO));
-        if !complete {
-            let target = h.target("p1").as_path().to_path_buf();
-            let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
-            p.progress = Progress::InProgress;
-            write(&h, Box::new(move |w| w.put_publication(&p)));
-        }
+        let (h, cmd) = published_at_p1(complete);
         mount_below(&h, h.target("p1"));
         let got = h.publish(&cmd);
         assert_eq!(got.is_ok(), complete, "complete={complete}: {got:?}");
@@ -189,9 +191,7 @@ fn recovery_completes_nothing_that_is_not_as_made() {
     h.staged(VOL);
     h.published(VOL, "pod");
     let target = h.target("pod").as_path().to_path_buf();
-    let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
-    p.progress = Progress::InProgress;
-    write(&h, Box::new(move |w| w.put_publication(&p)));
+    publication_in_progress(&h, "pod");
     without_nodev(&h, h.target("pod"));
     let r = recover_volume(&h.ctx, VOL).expect("recover");
     assert_eq!(r.completed, 0, "{r:?}");
@@ -208,10 +208,7 @@ fn an_idmapped_block_bind_is_never_taken() {
     h.staged_block(VOL, AccessMode::SingleNodeMultiWriter);
     let cmd = h.publish_cmd(VOL, "p1", block(AccessMode::SingleNodeMultiWriter));
     h.publish(&cmd).expect("publish");
-    let target = h.target("p1").as_path().to_path_buf();
-    let mut p = h.ledger.publication(VOL, &target).unwrap().unwrap();
-    p.progress = Progress::InProgress;
-    write(&h, Box::new(move |w| w.put_publication(&p)));
+    publication_in_progress(&h, "p1");
     idmapped(&h, h.target("p1"));
     h.host.state().calls.clear();
     let e = h.publish(&cmd).expect_err("an idmapped block bind taken");
