@@ -79,3 +79,60 @@ async fn a_bind_found_in_a_shared_tree_is_recorded_only_as_the_publish_binds() {
     assert!(e.message().contains("nodev"), "{e:?}");
     unpublish_and_unstage(&agent, &vol, &staging, &target).await;
 }
+
+/// A publish naming a place where a shared directory's peer shows the kernel's copy of the
+/// volume's own staging, or of another of its publications: refused, and the original stays (a
+/// seventy-fourth fresh review's F1: the copy was taken for the publication, and its unpublish
+/// propagated back and unmounted the staging, or another workload's raw block bind).
+#[tokio::test]
+async fn the_kernels_copy_of_the_volumes_own_mount_is_never_a_publication() {
+    let _ns = crate::NAMESPACE_COPY.read().await;
+    if !require_root("the_kernels_copy_of_the_volumes_own_mount_is_never_a_publication") {
+        return;
+    }
+    let scratch = Scratch::new("g-own-copies");
+    let agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let (u, w) = (agent.work.join("u"), agent.work.join("w"));
+    shared_pair(&u, &w);
+    let fs = || mount_cap_flags("ext4", Mode::SingleNodeWriter, &[]);
+    let raw = || block_cap(Mode::SingleNodeMultiWriter);
+    let (k, k_staging) = super::staged(&agent, "own-raw", 64 * MIB, raw()).await;
+    // The filesystem volume staged in the shared directory, the raw one published there.
+    let h = create_attached(&agent, "own-fs", 64 * MIB).await;
+    let staging = u.join("st");
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&h, &staging, fs()))
+        .await
+        .expect("stage in the shared directory");
+    let pod = u.join("pod1");
+    node.node_publish_volume(publish_req(&k, &k_staging, &pod, raw(), false))
+        .await
+        .expect("the raw publish");
+    for (v, from, copy, cap, original) in [
+        (&h, &staging, w.join("st"), fs(), &staging),
+        (&k, &k_staging, w.join("pod1"), raw(), &pod),
+    ] {
+        let e = node
+            .node_publish_volume(publish_req(v, from, &copy, cap, false))
+            .await
+            .expect_err("the kernel's copy taken for a publication");
+        assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
+        assert!(e.message().contains("copy of"), "{e:?}");
+        node.node_unpublish_volume(unpublish_req(v, &copy))
+            .await
+            .expect("the unpublish of a place never published");
+        assert!(
+            super::is_mounted(original),
+            "{} was taken down",
+            original.display()
+        );
+    }
+    node.node_unpublish_volume(unpublish_req(&k, &pod))
+        .await
+        .expect("unpublish");
+    for (v, at) in [(&k, &k_staging), (&h, &staging)] {
+        node.node_unstage_volume(unstage_req(v, at))
+            .await
+            .expect("unstage");
+    }
+}

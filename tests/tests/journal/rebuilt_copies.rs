@@ -20,16 +20,29 @@ async fn copies_a_shared_directory_shows_are_never_rebuilt_as_publications() {
     let kl = agent.work.join("kl");
     let peer = agent.work.join("peer");
     let outside = scratch.join("outside");
+    // A peer inside the prefix and one outside it, a peer made of a subdirectory, and a slave of
+    // a slave (a seventy-fourth fresh review's F2: the last two were still rebuilt).
+    let (sub_peer, s1, s2) = (
+        agent.work.join("subpeer"),
+        agent.work.join("s1"),
+        agent.work.join("s2"),
+    );
     sh(&format!(
-        "mkdir -p {k} {p} {o} && mount --bind {k} {k} && mount --make-private {k} && \
-         mount --make-shared {k} && mount --bind {k} {p} && mount --bind {k} {o}",
+        "mkdir -p {k}/sub {p} {o} {x} {s1} {s2} && mount --bind {k} {k} && \
+         mount --make-private {k} && mount --make-shared {k} && mount --bind {k} {p} && \
+         mount --bind {k} {o} && mount --bind {k}/sub {x} && mount --bind {k} {s1} && \
+         mount --make-slave {s1} && mount --make-shared {s1} && mount --bind {s1} {s2} && \
+         mount --make-slave {s2}",
         k = kl.display(),
         p = peer.display(),
-        o = outside.display()
+        o = outside.display(),
+        x = sub_peer.display(),
+        s1 = s1.display(),
+        s2 = s2.display()
     ));
     let v = create_attached(&agent, "copies", 64 << 20).await;
-    let staging = kl.join("plugins/kubernetes.io/csi/ebs.csi.aws.com/abc/globalmount");
-    let target = kl.join("pods/p1/volumes/kubernetes.io~csi/pv/mount");
+    let staging = kl.join("sub/plugins/kubernetes.io/csi/ebs.csi.aws.com/abc/globalmount");
+    let target = kl.join("sub/pods/p1/volumes/kubernetes.io~csi/pv/mount");
     let cap = || mount_cap("ext4", Mode::SingleNodeWriter);
     let mut node = agent.node().await;
     node.node_stage_volume(stage_req(&v, &staging, cap()))

@@ -145,6 +145,9 @@ impl Entry for DoubleEntry {
     fn has_submounts(&self) -> io::Result<bool> {
         Ok(self.host.has_submounts(&self.path))
     }
+    fn copies_elsewhere(&self) -> io::Result<Vec<PathBuf>> {
+        Ok(self.host.copies_of(&self.path))
+    }
     fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
         self.host.bind(source, &self.path, readonly, vfs_bits)
     }

@@ -28,6 +28,11 @@ impl DoubleHost {
             .any(|(at, stack)| !stack.is_empty() && at != path && at.starts_with(path))
     }
 
+    /// The places scripted as the kernel's copies of the mount at `path` (`State::copies`).
+    pub(super) fn copies_of(&self, path: &Path) -> Vec<PathBuf> {
+        self.state().copies.get(path).cloned().unwrap_or_default()
+    }
+
     pub(super) fn mount_device(
         &self,
         device: &Path,

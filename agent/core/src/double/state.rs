@@ -20,6 +20,8 @@ pub struct State {
     pub mounts: HashMap<PathBuf, Vec<MountFacts>>,
     /// Paths whose top-most mount lets device nodes open (made without `nodev`).
     pub dev_allowed: HashSet<PathBuf>,
+    /// The places the kernel shows a path's mount again through propagation (scripted).
+    pub copies: HashMap<PathBuf, Vec<PathBuf>>,
     /// Device files and their numbers.
     pub devices: HashMap<PathBuf, DevNum>,
     /// Device sizes (bytes); the filesystem sizes mkfs made.

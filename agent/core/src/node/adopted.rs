@@ -76,6 +76,7 @@ impl AsMade {
 /// a `dev` tmpfs below it, carrying another volume's node, was adopted; a repeat does not ask,
 /// since a workload may mount inside its own volume where its propagation lets it).
 pub fn as_made(
+    ctx: &NodeCtx,
     volume: &str,
     entry: &dyn Entry,
     found: &MountFacts,
@@ -83,13 +84,16 @@ pub fn as_made(
     adopting: bool,
 ) -> Result<()> {
     let path = entry.path();
-    let mut differs = made.differs(found);
+    let mut differs: Vec<String> = made.differs(found).into_iter().map(String::from).collect();
     if adopting
         && entry
             .has_submounts()
             .map_err(|e| Error::io(format!("listing the mounts below {}", path.display()), e))?
     {
-        differs.push("mounts below it");
+        differs.push("mounts below it".into());
+    }
+    if adopting && let Some(of) = copy_of_a_recorded_mount(ctx, volume, entry)? {
+        differs.push(format!("the kernel's copy of {}", of.display()));
     }
     if differs.is_empty() {
         return Ok(());
@@ -99,6 +103,40 @@ pub fn as_made(
         path: path.to_path_buf(),
         differs: differs.join(", "),
     })
+}
+
+/// The recorded place of the volume (its staging, another publication) whose mount the kernel
+/// shows again at `entry` through propagation, or `None`. Such a copy is never the volume's own
+/// mount: unmounting it propagates back and takes the original down (a seventy-fourth fresh
+/// review's F1: a publish at a shared directory's peer took the staging's copy there for its
+/// publication, and its unpublish unmounted the staging).
+pub(super) fn copy_of_a_recorded_mount(
+    ctx: &NodeCtx,
+    volume: &str,
+    entry: &dyn Entry,
+) -> Result<Option<std::path::PathBuf>> {
+    let path = entry.path();
+    let copies = entry.copies_elsewhere().map_err(|e| {
+        Error::io(
+            format!("finding where the mount at {} shows again", path.display()),
+            e,
+        )
+    })?;
+    if copies.is_empty() {
+        return Ok(None);
+    }
+    let mut recorded: Vec<std::path::PathBuf> = (ctx.ledger.staged(volume)?)
+        .map(|s| s.staging_path)
+        .into_iter()
+        .collect();
+    recorded.extend(
+        (ctx.ledger.publications(volume)?)
+            .into_iter()
+            .map(|p| p.target_path),
+    );
+    Ok(copies
+        .into_iter()
+        .find(|c| c != path && recorded.contains(c)))
 }
 
 /// The mount at `entry` if it is the volume's and what the agent would have made; refused
@@ -111,7 +149,7 @@ pub fn adopt(
     made: AsMade,
 ) -> Result<()> {
     match holder(ctx, entry, expected)? {
-        Holder::Volume(found) => as_made(volume, entry, &found, made, true),
+        Holder::Volume(found) => as_made(ctx, volume, entry, &found, made, true),
         _ => Err(Error::StagingChanged {
             path: entry.path().to_path_buf(),
             volume: volume.to_string(),
@@ -129,9 +167,8 @@ pub fn adopt_publication(
     entry: &dyn Entry,
     bound: &MountFacts,
 ) -> Result<()> {
-    let target = &publication.target_path;
     if publication.block {
-        return adopt_block(ctx, staged, target, bound, publication.readonly);
+        return adopt_block(ctx, staged, entry, bound, publication.readonly);
     }
     let volume = VolumeId::parse(&publication.volume_id)?;
     let fs_type = match staged.map(|s| &s.access) {
@@ -143,7 +180,7 @@ pub fn adopt_publication(
         vfs_bits: recorded_bits(&volume, "publication", fs_type, &publication.mount_flags)?,
         whole_read_only: false,
     };
-    as_made(volume.as_str(), entry, bound, made, true)
+    as_made(ctx, volume.as_str(), entry, bound, made, true)
 }
 
 /// A raw block publication's bind found with no complete record. A bind's read-only flag does
@@ -155,19 +192,26 @@ pub fn adopt_publication(
 pub fn adopt_block(
     ctx: &NodeCtx,
     staged: Option<&StagedVolume>,
-    target: &Path,
+    entry: &dyn Entry,
     found: &MountFacts,
     readonly: bool,
 ) -> Result<()> {
+    let target = entry.path();
     let bound = found.node.rdev;
     let overlay = ctx.host.read_only_lies_over(bound).is_some();
     let volume = staged.map(|s| s.volume_id.clone()).unwrap_or_default();
-    // An id mapping shows the bound node as its users' own (the agent's bind has none).
-    if found.idmapped {
+    // An id mapping shows the bound node as its users' own (the agent's bind has none); a copy
+    // of another publication's bind is that publication's.
+    let copy = copy_of_a_recorded_mount(ctx, &volume, entry)?;
+    if found.idmapped || copy.is_some() {
+        let differs = match copy {
+            Some(of) => format!("the kernel's copy of {}", of.display()),
+            None => "idmapped".into(),
+        };
         return Err(Error::MountedNotAsMade {
             volume,
             path: target.to_path_buf(),
-            differs: "idmapped".into(),
+            differs,
         });
     }
     // A device the kernel keeps read-only is bound only through a read-only device of the

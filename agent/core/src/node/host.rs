@@ -53,6 +53,9 @@ pub trait Entry: Debug + Send + Sync {
     fn mounted_at(&self) -> io::Result<Option<MountFacts>>;
     /// Whether anything is mounted below the top-most mount on it (on a directory inside it).
     fn has_submounts(&self) -> io::Result<bool>;
+    /// Where the kernel shows the top-most mount on it again through propagation (a shared
+    /// parent's peers and slaves), or shows the mount it is such a copy of.
+    fn copies_elsewhere(&self) -> io::Result<Vec<PathBuf>>;
     /// A bind of `source` (a /proc/self/fd path of a proven mount root or device) onto it.
     fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()>;
     /// Unmounts the top-most mount on it.

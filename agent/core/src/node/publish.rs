@@ -138,14 +138,14 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 .as_ref()
                 .is_none_or(|p| p.progress != Progress::Complete);
             if adopting && block {
-                super::adopted::adopt_block(ctx, Some(&staged), target_path, &m, readonly)?;
+                super::adopted::adopt_block(ctx, Some(&staged), &*target, &m, readonly)?;
             } else if !block {
                 let made = super::adopted::AsMade {
                     readonly,
                     vfs_bits,
                     whole_read_only: false,
                 };
-                super::adopted::as_made(vol.as_str(), &*target, &m, made, adopting)?;
+                super::adopted::as_made(ctx, vol.as_str(), &*target, &m, made, adopting)?;
             }
         }
         Holder::Foreign(what) => {

@@ -39,6 +39,19 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
     };
     let staged = ctx.ledger.staged(vol.as_str())?;
     let expected = Expected::of(ctx, vol.as_str(), staged.as_ref());
+    // The kernel's copy of another of the volume's mounts (a shared directory's peer shows its
+    // staging, or another publication, there): unmounting it propagates back and takes that
+    // down (a seventy-fourth fresh review's F1). Never published here, it is left as it is.
+    // A recorded publication is the agent's own bind, never taken where it is such a copy (the
+    // question reads the whole mount table: not asked on the common path).
+    if !recorded
+        && matches!(holder(ctx, &*target, &expected)?, Holder::Volume(_))
+        && let Some(of) = super::adopted::copy_of_a_recorded_mount(ctx, vol.as_str(), &*target)?
+    {
+        tracing::info!(volume = %vol, target = %target_path.display(), copy_of = %of.display(),
+            "left alone: the mount there is the kernel's copy of another of the volume's mounts");
+        return Ok(());
+    }
     let unmounted = take_down(ctx, &journal, &*target, &expected, recorded, "publication")?;
     if recorded || unmounted {
         // What publish created; a directory that is not empty is not ours to delete.

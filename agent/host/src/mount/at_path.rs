@@ -106,42 +106,6 @@ fn facts(
     Ok(line.map(|e| facts_of(e, node)))
 }
 
-/// Whether anything is mounted below the top-most mount at `entry` (on a directory inside it):
-/// the kernel's list of the mounts below it (listmount, 6.8), or the mount table's children of
-/// its line.
-pub fn has_submounts(entry: &Anchored) -> io::Result<bool> {
-    let Some(node) = entry.stat()? else {
-        return Ok(false);
-    };
-    if node.mount_root == Some(false) {
-        return Ok(false);
-    }
-    let old_id = match (node.mnt_id, node.mnt_id_unique) {
-        (Some(id), true) => {
-            if let Some(below) = super::foreign::ids_below(id, 0)? {
-                return Ok(!below.is_empty());
-            }
-            statmount(id)?.map(|m| m.old_id)
-        }
-        (id, _) => id,
-    };
-    let table = read_table()?;
-    let own = match old_id {
-        Some(id) => table.entries().iter().find(|e| u64::from(e.mount_id) == id),
-        None => table.at(entry.path()),
-    };
-    let Some(own) = own else {
-        return Err(io::Error::other(format!(
-            "the mount at {} is not in this process's mount table",
-            entry.path().display()
-        )));
-    };
-    Ok(table
-        .entries()
-        .iter()
-        .any(|e| e.parent_id == own.mount_id && e.mount_id != own.mount_id))
-}
-
 fn facts_of(e: &MountEntry, node: EntryStat) -> MountFacts {
     MountFacts {
         dev: DevNum::new(e.major, e.minor),

@@ -7,6 +7,7 @@
 //! - `private_bind`: the read-only bind without the new mount API.
 
 pub mod at_path;
+pub mod copies;
 #[allow(unsafe_code)] // FFI / ioctl / syscall wrapper
 pub mod foreign;
 pub mod ops;

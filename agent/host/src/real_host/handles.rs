@@ -42,7 +42,10 @@ impl Entry for Anchored {
         crate::mount::at_path::mounted_at(self)
     }
     fn has_submounts(&self) -> io::Result<bool> {
-        crate::mount::at_path::has_submounts(self)
+        crate::mount::copies::has_submounts(self)
+    }
+    fn copies_elsewhere(&self) -> io::Result<Vec<PathBuf>> {
+        crate::mount::copies::corresponding_at(self)
     }
     fn bind_here(&self, source: &Path, readonly: bool, vfs_bits: u64) -> io::Result<()> {
         crate::mount::ops::bind(source, self, readonly, vfs_bits)

@@ -218,3 +218,38 @@ fn an_idmapped_block_bind_is_never_taken() {
     );
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+/// A bind found at a target that the kernel shows as the propagated copy of the volume's own
+/// staging (a shared directory's peer): never taken for a publication, filesystem or raw block,
+/// since its unpublish would propagate back and take the staging down (a seventy-fourth fresh
+/// review's F1).
+#[test]
+fn the_kernels_copy_of_a_recorded_mount_is_never_taken() {
+    let (h, cmd) = published_at_p1(false);
+    let staging = h.staging(VOL).as_path().to_path_buf();
+    let target = h.target("p1").as_path().to_path_buf();
+    h.host.state().copies.insert(target, vec![staging]);
+    let e = h.publish(&cmd).expect_err("the staging's copy taken");
+    assert!(
+        matches!(&e, Error::MountedNotAsMade { differs, .. } if differs.contains("copy of")),
+        "{e}"
+    );
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+
+    let h = Harness::new();
+    h.staged_block(VOL, AccessMode::SingleNodeMultiWriter);
+    let block_cmd = |t| h.publish_cmd(VOL, t, block(AccessMode::SingleNodeMultiWriter));
+    h.publish(&block_cmd("p1")).expect("publish p1");
+    h.publish(&block_cmd("p2")).expect("publish p2");
+    publication_in_progress(&h, "p2");
+    let (p1, p2) = (h.target("p1"), h.target("p2"));
+    let copies = vec![p1.as_path().to_path_buf()];
+    h.host
+        .state()
+        .copies
+        .insert(p2.as_path().to_path_buf(), copies);
+    h.host.state().calls.clear();
+    let e = h.publish(&block_cmd("p2")).expect_err("p1's copy taken");
+    assert!(matches!(e, Error::MountedNotAsMade { .. }), "{e}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+}

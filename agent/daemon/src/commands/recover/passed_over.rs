@@ -1,10 +1,12 @@
 //! The mounts `--from-mounts` never takes for a volume's staging or publication, whatever device
 //! they show: the agent's own private place below the state directory, a bind of a subdirectory
 //! (the agent binds a staging's root), a place outside the allowed prefixes the agent is given,
-//! and a copy the kernel propagated from a mount already taken (a seventy-third fresh review's
-//! F1: a shared directory's peer showed the staging and every publication a second time, each
-//! rebuilt as a publication of a single-writer volume; its repeat publish and its unstage were
-//! refused for good, and an unpublish of a copy inside the prefix took the staging down).
+//! and a copy the kernel propagated from a mount already taken (host `mount/copies.rs`; a
+//! seventy-third fresh review's F1: a shared directory's peer showed the staging and every
+//! publication a second time, each rebuilt as a publication of a single-writer volume; its
+//! repeat publish and its unstage were refused for good, and an unpublish of a copy inside the
+//! prefix took the staging down; a seventy-fourth's F2: copies below a peer made of a
+//! subdirectory, and two slaves down, were still rebuilt).
 
 use std::path::{Path, PathBuf};
 
@@ -35,30 +37,9 @@ pub(super) fn passed_over(
     if !block_bind && m.root != Path::new("/") {
         return Some(format!("it binds a subdirectory ({})", m.root.display()));
     }
+    let copies = ebs_node_host::mount::copies::corresponding(table, m);
     taken
         .iter()
-        .find(|t| copy_of(table, m, t))
+        .find(|t| copies.iter().any(|c| c.mount_id == t.mount_id))
         .map(|t| format!("it is the kernel's copy of {}", t.mount_point.display()))
-}
-
-/// Whether `m` is a copy propagation made of `original`: the same device, at the same place
-/// below a mount that is a peer (or a slave) of the original's parent mount.
-fn copy_of(table: &MountTable, m: &MountEntry, original: &MountEntry) -> bool {
-    let parent = |e: &MountEntry| table.entries().iter().find(|p| p.mount_id == e.parent_id);
-    let (Some(here), Some(there)) = (parent(m), parent(original)) else {
-        return false;
-    };
-    let Some(group) = there.peer_group else {
-        return false;
-    };
-    let peers = here.peer_group == Some(group) || here.master == Some(group);
-    let below = |e: &MountEntry, p: &MountEntry| {
-        e.mount_point
-            .strip_prefix(&p.mount_point)
-            .ok()
-            .map(Path::to_path_buf)
-    };
-    peers
-        && (m.major, m.minor, &m.root) == (original.major, original.minor, &original.root)
-        && below(m, here).is_some_and(|r| below(original, there) == Some(r))
 }
