@@ -70,3 +70,48 @@ async fn copies_a_shared_directory_shows_are_never_rebuilt_as_publications() {
         mounts_below(&peer)
     );
 }
+
+/// kubelet's directory bound on itself below a shared mount (systemd makes `/` shared): each
+/// mount made inside it is copied below the shared mount at the same path, hidden under the
+/// self-bind, and listed at the same path string (a seventy-fifth fresh review's F1: rebuilt as
+/// publications, every kubelet call but the unpublish was refused for good, and the unpublish of
+/// the staging path took the real staging down).
+#[tokio::test]
+async fn hidden_copies_below_a_self_bound_kubelet_directory_are_never_rebuilt() {
+    if !require_root("hidden_copies_below_a_self_bound_kubelet_directory_are_never_rebuilt") {
+        return;
+    }
+    let scratch = Scratch::new("rebuilt-hidden");
+    let mut agent = Agent::start(&scratch, AgentOpts::default()).await;
+    let root = agent.work.join("r");
+    let kubelet = root.join("kubelet");
+    sh(&format!(
+        "mkdir -p {k} && mount --bind {r} {r} && mount --make-private {r} && \
+         mount --make-shared {r} && mount --bind {k} {k}",
+        r = root.display(),
+        k = kubelet.display()
+    ));
+    let v = create_attached(&agent, "hidden", 64 << 20).await;
+    let staging = kubelet.join("plugins/kubernetes.io/csi/ebs.csi.aws.com/abc/globalmount");
+    let target = kubelet.join("pods/uid1/volumes/kubernetes.io~csi/pvc-1/mount");
+    let cap = || mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, cap()))
+        .await
+        .expect("stage");
+    node.node_publish_volume(publish_req(&v, &staging, &target, cap(), false))
+        .await
+        .expect("publish");
+    agent.kill();
+    let said = agent.recover("--from-mounts");
+    assert_eq!(said.matches("published at").count(), 1, "{said}");
+    agent.spawn().await;
+    let mut node = agent.node().await;
+    node.node_stage_volume(stage_req(&v, &staging, cap()))
+        .await
+        .unwrap_or_else(|e| panic!("the repeat stage: {e:?}\n{said}"));
+    node.node_publish_volume(publish_req(&v, &staging, &target, cap(), false))
+        .await
+        .unwrap_or_else(|e| panic!("the repeat publish: {e:?}\n{said}"));
+    unpublish_and_unstage(&agent, &v, &staging, &target).await;
+}

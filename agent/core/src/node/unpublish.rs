@@ -27,6 +27,20 @@ pub fn unpublish(ctx: &NodeCtx, cmd: &UnpublishCommand) -> Result<()> {
         .take(vol.as_str(), target_path, Use::Target, false)?;
     let record = ctx.ledger.publication(vol.as_str(), target_path)?;
     let recorded = record.is_some();
+    // The volume's own staging path is no target: unpublishing it unmounted the staging under
+    // its live publications (a seventy-sixth fresh review's F1, low); a publish refuses it too.
+    if !recorded
+        && let Some(staged) = ctx.ledger.staged(vol.as_str())?
+        && staged.staging_path == target_path
+    {
+        return Err(Error::PathOfAnotherVolume {
+            path: target_path.to_path_buf(),
+            how: "is",
+            usage: "staging path",
+            volume: vol.to_string(),
+            theirs: staged.staging_path,
+        });
+    }
     // A read-only raw block publication binds a read-only device of the agent's (see ro_tag).
     let ro_device = record.as_ref().is_some_and(|p| p.block && p.readonly);
     let journal = Journal::new(ctx, vol, Op::Unpublish);

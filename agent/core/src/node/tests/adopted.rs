@@ -253,3 +253,19 @@ fn the_kernels_copy_of_a_recorded_mount_is_never_taken() {
     assert!(matches!(e, Error::MountedNotAsMade { .. }), "{e}");
     assert_eq!(h.host.calls(), Vec::<String>::new());
 }
+
+/// An unpublish naming the volume's own staging path is refused, and the staging stays (a
+/// seventy-sixth fresh review's F1: it was unmounted under a live publication).
+#[test]
+fn an_unpublish_of_the_volumes_own_staging_path_touches_nothing() {
+    let (h, _) = published_at_p1(true);
+    let staging = h.staging(VOL);
+    let cmd = UnpublishCommand {
+        volume: VolumeId::parse(VOL).unwrap(),
+        target: staging.clone(),
+    };
+    let e = crate::node::unpublish::unpublish(&h.ctx, &cmd).expect_err("the staging unpublished");
+    assert!(matches!(e, Error::PathOfAnotherVolume { .. }), "{e}");
+    assert_eq!(h.host.calls(), Vec::<String>::new());
+    assert_eq!(h.host.mounts_at(staging.as_path()), 1);
+}
