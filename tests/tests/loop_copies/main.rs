@@ -40,13 +40,7 @@ async fn mount(agent: &Agent, id: &str, tag: &str) -> (Vol, PathBuf, PathBuf) {
 }
 
 async fn unmount(agent: &Agent, vol: &Vol, staging: &Path, target: &Path) {
-    let mut node = agent.node().await;
-    node.node_unpublish_volume(unpublish_req(vol, target))
-        .await
-        .expect("unpublish");
-    node.node_unstage_volume(unstage_req(vol, staging))
-        .await
-        .expect("unstage");
+    unpublish_and_unstage(agent, vol, staging, target).await;
     let node_id = node_id(agent).await;
     agent
         .controller()
