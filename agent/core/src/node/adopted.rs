@@ -38,14 +38,21 @@ pub struct AsMade {
     pub readonly: bool,
     /// The nosuid and noexec asked for (`nodev` is always wanted).
     pub vfs_bits: u64,
-    /// The filesystem itself read-only too: a reader's staging mount.
-    pub whole_read_only: bool,
+    /// A staging mount: read-only for a reader's stage as a whole filesystem (as the stage's own
+    /// read-only mount makes it), and its per-mount nosuid, nodev and noexec not asked. Only root
+    /// reaches a staging path, and every publication is bound with them whatever the staging
+    /// has; the stagings of the plugin this agent replaces in place (aws-ebs-csi-driver's node
+    /// plugin mounts without `nodev`) are taken by its stage after the swap.
+    pub staging: bool,
 }
 
 impl AsMade {
     /// How `found` differs from it: what it lacks, and what the agent never makes.
     fn differs(&self, found: &MountFacts) -> Vec<&'static str> {
-        let wanted = (self.vfs_bits | NO_DEVICES) & (ms::NOSUID | ms::NODEV | ms::NOEXEC);
+        let wanted = match self.staging {
+            true => 0,
+            false => (self.vfs_bits | NO_DEVICES) & (ms::NOSUID | ms::NODEV | ms::NOEXEC),
+        };
         let mut differs: Vec<&str> = [
             (ms::NOSUID, "not nosuid"),
             (ms::NODEV, "not nodev"),
@@ -58,7 +65,7 @@ impl AsMade {
         if self.readonly && !found.read_only && !found.super_read_only {
             differs.push("not read-only");
         }
-        if self.whole_read_only && !found.super_read_only {
+        if self.staging && self.readonly && !found.super_read_only {
             differs.push("its filesystem not read-only");
         }
         // An id mapping shows root's files as a user's, and a user's setuid file as root's
@@ -178,7 +185,7 @@ pub fn adopt_publication(
     let made = AsMade {
         readonly: publication.readonly,
         vfs_bits: recorded_bits(&volume, "publication", fs_type, &publication.mount_flags)?,
-        whole_read_only: false,
+        staging: false,
     };
     as_made(ctx, volume.as_str(), entry, bound, made, true)
 }

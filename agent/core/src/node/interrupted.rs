@@ -107,7 +107,7 @@ pub fn complete(ctx: &NodeCtx, staged: &StagedVolume) -> Result<StagedVolume> {
         let made = super::adopted::AsMade {
             readonly: staged.readonly,
             vfs_bits: super::adopted::recorded_bits(&volume, "staged", fs_type, mount_flags)?,
-            whole_read_only: staged.readonly,
+            staging: true,
         };
         let Some(entry) = path_handles::lookup_recorded(ctx, path)? else {
             return Err(Error::StagingChanged {

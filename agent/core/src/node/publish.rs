@@ -143,7 +143,7 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 let made = super::adopted::AsMade {
                     readonly,
                     vfs_bits,
-                    whole_read_only: false,
+                    staging: false,
                 };
                 super::adopted::as_made(ctx, vol.as_str(), &*target, &m, made, adopting)?;
             }

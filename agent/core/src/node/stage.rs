@@ -166,7 +166,7 @@ pub fn stage(ctx: &NodeCtx, cmd: &StageCommand) -> Result<()> {
             let made = super::adopted::AsMade {
                 readonly,
                 vfs_bits: flags.vfs_bits(),
-                whole_read_only: readonly,
+                staging: true,
             };
             super::adopted::adopt(ctx, &*staging, &expected, vol.as_str(), made)?;
         }

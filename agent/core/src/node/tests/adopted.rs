@@ -71,18 +71,21 @@ fn publication_in_progress(h: &Harness, target: &str) {
 }
 
 /// A stage that finds the volume mounted at its staging path with no record of it (the records
-/// lost; root's mount while the agent was down): the stage's own mount is taken as it is; one
-/// without `nodev`, or read-write for a reader, is refused and left as it is.
+/// lost; root's mount while the agent was down; the upstream plugin's before a swap): taken as
+/// it is, `dev` too; one read-write for a reader, idmapped, or with a mount below it, is refused
+/// and left as it is.
 #[test]
 fn a_staging_mount_found_without_its_record_is_taken_only_as_the_stage_makes_it() {
     type Setup = fn(&Harness);
     let cases: [(&str, Setup, AccessMode, Option<&str>); 5] = [
         ("the stage's own mount", |_| {}, RWO, None),
         (
+            // The upstream plugin's, root's: only root reaches a staging path, and every
+            // publication is bound `nodev` whatever the staging has.
             "root's, without nodev",
             |h| without_nodev(h, h.staging(VOL)),
             RWO,
-            Some("not nodev"),
+            None,
         ),
         (
             "an idmapped one",
@@ -175,7 +178,8 @@ fn a_found_bind_with_mounts_below_it_or_an_id_mapping_is_never_taken() {
 }
 
 /// Start-up finds a stage or a publication cut before its completion with root's mount there,
-/// made without `nodev` while the agent was down: left in progress, the host untouched.
+/// made without `nodev` while the agent was down: the staging is taken (only root reaches it),
+/// the publication left in progress; the host untouched.
 #[test]
 fn recovery_completes_nothing_that_is_not_as_made() {
     let h = Harness::new();
@@ -184,8 +188,8 @@ fn recovery_completes_nothing_that_is_not_as_made() {
     stage_in_progress(&h);
     without_nodev(&h, h.staging(VOL));
     let r = recover_volume(&h.ctx, VOL).expect("recover");
-    assert_eq!(r.completed, 0, "{r:?}");
-    assert_eq!(progress(&h), Some(Progress::InProgress));
+    assert_eq!(r.completed, 1, "{r:?}");
+    assert_eq!(progress(&h), Some(Progress::Complete));
 
     let h = Harness::new();
     h.staged(VOL);

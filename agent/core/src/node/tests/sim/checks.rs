@@ -114,17 +114,14 @@ impl Sim {
                 }
             }
         }
-        // ... and a filesystem staging or publication the agent vouches for lets no device node
-        // open.
-        let vouched = (self.h.ledger.all_staged().into_iter())
-            .filter(|st| matches!(st.access, crate::records::AccessRecord::Mount { .. }))
-            .filter(|st| st.progress == crate::records::Progress::Complete)
-            .map(|st| (st.volume_id, st.staging_path));
+        // ... and a filesystem publication the agent vouches for lets no device node open (a
+        // staging found `dev`, the upstream plugin's or root's, is taken: only root reaches it,
+        // and every publication is bound `nodev` whatever the staging has).
         let published = (self.h.ledger.all_publications().into_iter())
             .filter(|p| !p.block && p.progress == crate::records::Progress::Complete)
             .map(|p| (p.volume_id, p.target_path));
-        if let Some((id, at)) = vouched
-            .chain(published)
+        if let Some((id, at)) = published
+            .into_iter()
             .find(|(_, at)| s.dev_allowed.contains(at))
         {
             let what = format!("{id}'s mount at {} lets device nodes open", at.display());
