@@ -64,7 +64,8 @@ pub fn bind_with(source: &Path, target: &EntryFd, flags: MsFlags) -> io::Result<
 /// and a run without it never looked, the leftover bind kept the volume's filesystem mounted,
 /// and its unstage was refused for good). How many were detached.
 pub fn sweep() -> io::Result<usize> {
-    let Some(dir) = DIR.get() else {
+    // No place made: nothing to read the whole mount table for at start-up.
+    let Some(dir) = DIR.get().filter(|d| d.is_dir()) else {
         return Ok(0);
     };
     let table = MountTable::read().map_err(io::Error::other)?;

@@ -51,17 +51,6 @@ pub(super) fn rebuild_mounts(
     // mountinfo lists mounts in the order they were made: a volume's first mount is its staging.
     for m in table.entries() {
         let block_bind = m.fs_type == "devtmpfs" || m.fs_type == "tmpfs";
-        let shows_a_volume = match block_bind {
-            true => block_bound(&m.mount_point, &by_numbers, agent_tag).is_some(),
-            false => by_numbers.contains_key(&DevNum::new(m.major, m.minor)),
-        };
-        if shows_a_volume && let Some(why) = passed_over(m, block_bind, table, &taken, bounds) {
-            println!(
-                "{}: none of a volume's mounts ({why}); left alone",
-                m.mount_point.display()
-            );
-            continue;
-        }
         let mut read_only_device = false;
         // A bind of a device node is known by the numbers of the node bound there, never by
         // the name of the bind's root: a directory of a tmpfs named `loop0` (kubelet's subPath
@@ -74,6 +63,15 @@ pub(super) fn rebuild_mounts(
         } else {
             by_numbers.get(&DevNum::new(m.major, m.minor)).copied()
         };
+        if k.is_some()
+            && let Some(why) = passed_over(m, block_bind, table, &taken, bounds)
+        {
+            println!(
+                "{}: none of a volume's mounts ({why}); left alone",
+                m.mount_point.display()
+            );
+            continue;
+        }
         // A device that is none of the agent's volumes: a node-local handle's where kubelet's
         // layout names that handle (a thirty-first fresh review's F1: its mounts were left with
         // no record, its unpublish and unstage answered OK, and the device was refused for good).
