@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::boot_log::BootLog;
 use crate::overlay::{self, APPLIED_TICKET, Overlay, VolumeOverlay};
 use crate::writer::{Op, apply};
 use crate::{META, StoreError};
@@ -46,6 +47,15 @@ fn durable_as_asked(durable: bool) -> bool {
 #[cfg(not(feature = "test-hooks"))]
 fn durable_as_asked(durable: bool) -> bool {
     durable
+}
+
+/// How a write outlives what: `Lazy` the agent's crash when the boot log holds it, `Boot` the
+/// agent's crash always (the log, or an fsync), `Durable` a power cut too (an fsync).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Level {
+    Lazy,
+    Boot,
+    Durable,
 }
 
 /// How long the flusher lets held writes wait for a caller's batch before it commits them.
@@ -83,9 +93,29 @@ struct Queue {
     in_flight_volumes: Vec<String>,
     /// The store is closing: the flusher commits what is left and stops.
     closing: bool,
+    /// This boot's log of every write (`boot_log`), when it can be kept.
+    log: Option<BootLog>,
+    /// The last ticket of the last batch applied without an error.
+    applied_ok: u64,
 }
 
 impl Queue {
+    /// Appends a write to the boot log; whether a `Boot` write at `level` is then safe without
+    /// an fsync.
+    fn log(&mut self, ticket: u64, ops: &[Op], level: Level) -> bool {
+        let Some(log) = self.log.as_mut() else {
+            return false;
+        };
+        let room = !log.wants_durable();
+        log.append(ticket, ops) && (room || level != Level::Boot)
+    }
+
+    fn log_durable_through(&mut self, covered: u64) {
+        if let Some(log) = self.log.as_mut() {
+            log.durable_through(covered);
+        }
+    }
+
     /// How many queued requests nobody waits for (held in the overlay), counted, never kept:
     /// a count kept apart could drift from the queue on some error path and spin the flusher.
     fn unattended(&self) -> usize {
@@ -127,9 +157,28 @@ impl GroupCommit {
         q.next_ticket = q.next_ticket.max(applied.saturating_add(1));
     }
 
+    /// From here on every write is appended to `log` (`boot_log`).
+    pub(crate) fn attach_log(&self, log: BootLog) {
+        self.lock().log = Some(log);
+    }
+
+    /// After the file was reopened (redb repaired it to its last durable commit): the writes
+    /// of batches applied since, from the boot log, back in it with one durable commit.
+    pub(crate) fn replay_after_reopen(&self, db: &redb::Database) -> Result<(), StoreError> {
+        let q = self.lock();
+        let Some(log) = q.log.as_ref() else {
+            return Ok(());
+        };
+        let applied = crate::reads::applied_ticket_of(db)?;
+        let writes = log.read_since(applied, q.applied_ok);
+        drop(q);
+        crate::replay::apply_durably(db, writes)
+    }
+
     /// A lazy write that needs no waiting: queued for the next batch and held in the overlay,
-    /// so that it reads back at once. Hands the changes back when the overlay cannot hold them.
-    pub(crate) fn hold(&self, ops: Vec<Op>) -> Result<(), Vec<Op>> {
+    /// so that it reads back at once. Hands the changes back when the overlay cannot hold them,
+    /// or when a `Boot` write is not in the boot log.
+    pub(crate) fn hold(&self, ops: Vec<Op>, level: Level) -> Result<(), Vec<Op>> {
         if !overlay::can_hold(&ops) {
             return Err(ops);
         }
@@ -144,6 +193,10 @@ impl GroupCommit {
             return Err(ops);
         }
         let ticket = q.next_ticket;
+        if !q.log(ticket, &ops, level) && level == Level::Boot {
+            // Not consumed: the durable commit takes this ticket (and the log stays a prefix).
+            return Err(ops);
+        }
         q.next_ticket += 1;
         q.overlay.hold(ticket, &ops);
         q.waiting.push(Request {
@@ -166,13 +219,18 @@ impl GroupCommit {
         &self,
         db: &redb::Database,
         ops: Vec<Op>,
-        durable: bool,
+        level: Level,
     ) -> Result<(), StoreError> {
-        let durable = durable_as_asked(durable);
         let volumes = overlay::volumes_of(&ops);
         let mut q = self.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;
+        let logged = q.log(ticket, &ops, level);
+        let durable = durable_as_asked(match level {
+            Level::Durable => true,
+            Level::Boot => !logged,
+            Level::Lazy => false,
+        });
         for v in &volumes {
             *q.pending.entry(v.clone()).or_default() += 1;
         }
@@ -267,6 +325,15 @@ impl GroupCommit {
                     tracing::warn!(error = %e, "lazy state writes dropped: the state file cannot be reopened");
                     let last = q.next_ticket;
                     q.overlay.retire(last);
+                    let dropped: Vec<u64> = q
+                        .waiting
+                        .iter()
+                        .filter(|r| !r.attended)
+                        .map(|r| r.ticket)
+                        .collect();
+                    if let Some(log) = q.log.as_mut() {
+                        log.void(&dropped);
+                    }
                     q.waiting.retain(|r| r.attended);
                     continue;
                 }
@@ -318,6 +385,7 @@ impl GroupCommit {
         }
         let batch = std::mem::take(&mut q.waiting);
         let last = batch.iter().map(|r| r.ticket).max().unwrap_or_default();
+        let all_tickets: Vec<u64> = batch.iter().map(|r| r.ticket).collect();
         let volumes: Vec<String> = batch.iter().flat_map(|r| r.volumes.clone()).collect();
         // (ticket, wants durability) of each request whose caller waits.
         let tickets: Vec<(u64, bool)> = batch
@@ -346,6 +414,15 @@ impl GroupCommit {
         } else {
             Vec::new()
         };
+        match &applied {
+            // Its callers hear of the failure: a replay of the boot log leaves the batch out.
+            Err(_) => {
+                if let Some(log) = q.log.as_mut() {
+                    log.void(&all_tickets);
+                }
+            }
+            Ok(()) => q.applied_ok = last,
+        }
         match applied {
             Err(e) => {
                 let e = Arc::new(e);
@@ -355,6 +432,9 @@ impl GroupCommit {
                 return (q, Some(Err(e)));
             }
             Ok(()) if all_durable || !any_durable => {
+                if all_durable {
+                    q.log_durable_through(last);
+                }
                 for (t, _) in tickets {
                     q.outcomes.insert(t, Ok(()));
                 }
@@ -372,6 +452,9 @@ impl GroupCommit {
         let synced = sync(db).map_err(Arc::new);
         q = self.lock();
         q.in_flight.clear();
+        if synced.is_ok() {
+            q.log_durable_through(last);
+        }
         for (t, durable) in tickets {
             if durable {
                 q.outcomes.insert(t, synced.clone());

@@ -2,6 +2,7 @@
 //! publications and a per-volume step journal. It knows nothing of gRPC or mounts; its API is
 //! blocking, so async callers wrap it in `spawn_blocking`.
 
+mod boot_log;
 mod bounds;
 mod checked_read;
 mod creation;
@@ -9,6 +10,7 @@ mod error;
 mod live;
 mod overlay;
 mod reads;
+mod replay;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -90,8 +92,8 @@ impl Store {
     /// Opens (or creates) the state file for the one agent that owns it.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = live::open_or_create(path)?;
-        let live = Arc::new(live::LiveDb::new(path, db));
         let group: Arc<group_commit::GroupCommit> = Default::default();
+        let live = Arc::new(live::LiveDb::new(path, db, group.clone()));
         let mut store = Store {
             db: Db::ReadWrite(live.clone()),
             path: path.to_path_buf(),
@@ -100,7 +102,8 @@ impl Store {
             last_durable: Default::default(),
         };
         store.check_or_init_schema()?;
-        store.group.continue_tickets_after(store.applied_ticket()?);
+        let applied = store.start_boot_log(&*live.get()?)?;
+        store.group.continue_tickets_after(applied);
         let flusher = std::thread::Builder::new()
             .name("state-flusher".into())
             .spawn(move || {
@@ -246,15 +249,22 @@ impl Store {
         let mut w = Writer::default();
         let out = f(&mut w)?;
         if !w.ops.is_empty() {
-            let durable = durability == Durability::Immediate;
-            self.commit(live, w.ops, durable)?;
-            self.last_durable
-                .store(durable, std::sync::atomic::Ordering::Relaxed);
+            let level = match durability {
+                Durability::Immediate => group_commit::Level::Durable,
+                Durability::Boot => group_commit::Level::Boot,
+                Durability::Lazy => group_commit::Level::Lazy,
+            };
+            self.commit(live, w.ops, level)?;
+            self.last_durable.store(
+                level != group_commit::Level::Lazy,
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         Ok(out)
     }
 
-    /// Whether the last write to return was `Immediate` (so on disk with everything before it).
+    /// Whether the last write to return outlives the agent's crash (`Immediate`, on disk with
+    /// everything before it, or `Boot`).
     pub fn last_write_durable(&self) -> bool {
         self.last_durable.load(std::sync::atomic::Ordering::Relaxed)
     }

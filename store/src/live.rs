@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::StoreError;
+use crate::group_commit::Level;
 
 pub(crate) struct LiveDb {
     path: PathBuf,
@@ -22,6 +23,8 @@ pub(crate) struct LiveDb {
     reopens: AtomicU64,
     /// Why the last commit failed, until one succeeds again.
     failure: Mutex<Option<String>>,
+    /// Its boot log replays what a reopen loses.
+    group: std::sync::Arc<crate::group_commit::GroupCommit>,
 }
 
 /// Opens the state file, creating it first when there is none (see `creation`). A file at its
@@ -59,13 +62,18 @@ pub(crate) fn open_database(path: &Path) -> Result<redb::Database, StoreError> {
 }
 
 impl LiveDb {
-    pub(crate) fn new(path: &Path, db: redb::Database) -> Self {
+    pub(crate) fn new(
+        path: &Path,
+        db: redb::Database,
+        group: std::sync::Arc<crate::group_commit::GroupCommit>,
+    ) -> Self {
         LiveDb {
             path: path.to_path_buf(),
             db: RwLock::new(Some(db)),
             needs_reopen: AtomicBool::new(false),
             reopens: AtomicU64::new(0),
             failure: Mutex::new(None),
+            group,
         }
     }
 
@@ -91,7 +99,11 @@ impl LiveDb {
         }
         // The old handle goes first: it holds the file's lock.
         *slot = None;
-        match open_database(&self.path) {
+        // What the batches applied since its last durable commit wrote comes back from the
+        // boot log, as at a start after a crash; until it does, the file stays closed.
+        let reopened = open_database(&self.path)
+            .and_then(|db| self.group.replay_after_reopen(&db).map(|()| db));
+        match reopened {
             Ok(db) => {
                 *slot = Some(db);
                 self.needs_reopen.store(false, Ordering::Release);
@@ -139,20 +151,20 @@ impl crate::Store {
         &self,
         live: &LiveDb,
         ops: Vec<crate::writer::Op>,
-        durable: bool,
+        level: Level,
     ) -> Result<(), StoreError> {
         // A lazy write nobody needs to wait for returns at once; the flusher commits it. Not
         // while the file is failing: then the write commits here and its caller hears why not.
-        let ops = if durable || live.failing() {
+        let ops = if level == Level::Durable || live.failing() {
             ops
         } else {
-            match self.group.hold(ops) {
+            match self.group.hold(ops, level) {
                 Ok(()) => return Ok(()),
                 Err(ops) => ops,
             }
         };
         let db = live.get()?;
-        let outcome = self.group.commit(&db, ops, durable);
+        let outcome = self.group.commit(&db, ops, level);
         live.committed(&outcome);
         outcome
     }
@@ -164,7 +176,7 @@ impl crate::Store {
         let crate::Db::ReadWrite(live) = &self.db else {
             return Err(StoreError::ReadOnly);
         };
-        self.commit(live, Vec::new(), true)
+        self.commit(live, Vec::new(), Level::Durable)
     }
 
     /// How many times the file was reopened after a failed commit. Each reopen goes back to the
@@ -192,7 +204,7 @@ impl crate::Store {
         let crate::Db::ReadWrite(live) = &self.db else {
             return Err(StoreError::ReadOnly);
         };
-        self.commit(live, Vec::new(), true)
+        self.commit(live, Vec::new(), Level::Durable)
     }
 }
 

@@ -163,11 +163,6 @@ impl Store {
         })
     }
 
-    /// The last ticket a committed batch recorded in the file.
-    pub(crate) fn applied_ticket(&self) -> Result<u64, StoreError> {
-        applied_ticket(&self.read_tx()?)
-    }
-
     fn get<T: DeserializeOwned>(&self, def: StrTable, key: &str) -> Result<Option<T>, StoreError> {
         let view = self.view_of_table(def, Some(key))?;
         if let Some(v) = view.keyed(def, key) {
@@ -372,6 +367,11 @@ fn decode_all<K: redb::Key + 'static, T: DeserializeOwned>(
         out.push(decode(row?.1.value())?);
     }
     Ok(out)
+}
+
+/// The last ticket a committed batch recorded in `db`.
+pub(crate) fn applied_ticket_of(db: &redb::Database) -> Result<u64, StoreError> {
+    applied_ticket(&redb::ReadableDatabase::begin_read(db)?)
 }
 
 fn applied_ticket(tx: &redb::ReadTransaction) -> Result<u64, StoreError> {

@@ -226,7 +226,8 @@ fn named(dir: &std::path::Path, part: &str) -> Vec<String> {
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(part))
+        // The boot log's two files sit beside the state file by design.
+        .filter(|n| n.contains(part) && !n.contains(".boot-log-"))
         .collect()
 }
 

@@ -19,6 +19,10 @@ pub fn now_unix_ms() -> u64 {
 pub enum Durability {
     /// On disk when the commit returns: for records that must precede a host change.
     Immediate,
+    /// Outlives the agent's crash when the commit returns, not the machine's (the store's boot
+    /// log, or an fsync when the log cannot take it): for an intent that guards only what a
+    /// reboot takes away with it, a mount.
+    Boot,
     /// Persisted by the next immediate commit: for bookkeeping that can be re-derived.
     Lazy,
 }

@@ -95,6 +95,16 @@ impl LedgerWriter for Changes {
     }
 }
 
+impl Kept {
+    /// A durable commit: every write so far is kept, and a stopped log starts again.
+    fn make_durable(&mut self) {
+        for (change, _) in self.pending.drain(..) {
+            self.records.apply(change);
+        }
+        self.log_stopped = false;
+    }
+}
+
 impl Records {
     fn apply(&mut self, change: Change) {
         match change {
@@ -151,11 +161,23 @@ const JOURNAL_SLACK: usize = 16;
 pub struct MemLedger {
     records: Mutex<Records>,
     last_durable: AtomicBool,
-    /// What a power cut leaves: every write up to the last durable one (redb keeps a
-    /// non-durable commit only until the next durable one), and the non-durable changes since,
-    /// which a durable write makes durable with it. A log, not a copy per durable write, so the
-    /// simulation's millions of writes cost what they change.
-    durable: Mutex<(Records, Vec<Change>)>,
+    /// What a power cut leaves, and what a crash of the agent does (`Kept`).
+    durable: Mutex<Kept>,
+}
+
+/// What a power cut leaves: every write up to the last durable one (redb keeps a non-durable
+/// commit only until the next durable one). The non-durable changes since, which a durable write
+/// makes durable with it, each with whether the store's boot log holds it: a crash of the agent
+/// leaves those the log holds (a prefix: after a failed append the real log takes nothing until
+/// every write it left out is durable). A log, not a copy per durable write, so the simulation's
+/// millions of writes cost what they change.
+#[derive(Default)]
+struct Kept {
+    records: Records,
+    pending: Vec<(Change, bool)>,
+    /// The boot log failed an append (a full state disk): it takes nothing more, and every
+    /// `Boot` write is made durable, until a durable write holds what it left out.
+    log_stopped: bool,
 }
 
 impl MemLedger {
@@ -172,17 +194,41 @@ impl MemLedger {
             .unwrap_or_default()
     }
 
-    /// A power cut: every write after the last durable one is lost.
+    /// A power cut: every write after the last durable one is lost, this boot's log with it.
     pub fn power_cut(&self) {
-        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
-        durable.1.clear();
-        *self.records() = durable.0.clone();
+        let mut kept = self.kept();
+        kept.pending.clear();
+        kept.log_stopped = false;
+        *self.records() = kept.records.clone();
+    }
+
+    /// The agent dies: the writes the boot log holds come back at its start, durably; the
+    /// others are lost.
+    pub fn crash(&self) {
+        let mut kept = self.kept();
+        for (change, logged) in std::mem::take(&mut kept.pending) {
+            if !logged {
+                break;
+            }
+            kept.records.apply(change);
+        }
+        kept.log_stopped = false;
+        *self.records() = kept.records.clone();
+    }
+
+    /// The boot log's next append fails: until a durable write, a crash loses every lazy
+    /// write, and `Boot` writes are made durable.
+    pub fn stop_boot_log(&self) {
+        self.kept().log_stopped = true;
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.durable.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `recover --reset`: the state file is set aside and the agent starts on an empty one.
     pub fn reset(&self) {
-        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
-        *durable = Default::default();
+        *self.kept() = Default::default();
         *self.records() = Records::default();
     }
 
@@ -216,7 +262,8 @@ impl MemLedger {
         self.records().claims.clone()
     }
 
-    /// Whether the last write that changed anything was `Immediate`.
+    /// Whether the last write that changed anything outlives the agent's crash (`Immediate` or
+    /// `Boot`).
     pub fn last_write_durable(&self) -> bool {
         self.last_durable.load(Ordering::Relaxed)
     }
@@ -273,27 +320,27 @@ impl Ledger for MemLedger {
             return Ok(());
         }
         let mut records = self.records();
-        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept();
         for change in &collected.0 {
             records.apply(change.clone());
         }
-        durable.1.extend(collected.0);
-        if durability == Durability::Immediate {
-            let (kept, pending) = &mut *durable;
-            for change in pending.drain(..) {
-                kept.apply(change);
-            }
+        let logged = !kept.log_stopped;
+        kept.pending
+            .extend(collected.0.into_iter().map(|c| (c, logged)));
+        let durable = match durability {
+            Durability::Immediate => true,
+            Durability::Boot => !logged,
+            Durability::Lazy => false,
+        };
+        if durable {
+            kept.make_durable();
         }
         self.last_durable
-            .store(durability == Durability::Immediate, Ordering::Relaxed);
+            .store(durability != Durability::Lazy, Ordering::Relaxed);
         Ok(())
     }
     fn sync(&self) -> LedgerResult<()> {
-        let mut durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
-        let (kept, pending) = &mut *durable;
-        for change in pending.drain(..) {
-            kept.apply(change);
-        }
+        self.kept().make_durable();
         Ok(())
     }
 }

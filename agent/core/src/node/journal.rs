@@ -98,7 +98,7 @@ impl<'a> Journal<'a> {
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         match durability {
-            Durability::Immediate => {
+            Durability::Immediate | Durability::Boot => {
                 self.record(step, Phase::Intent, detail.clone(), durability, |_| Ok(()))?
             }
             Durability::Lazy => self.note(step, Phase::Intent, detail.clone()),

@@ -163,29 +163,27 @@ pub fn publish(ctx: &NodeCtx, cmd: &PublishCommand) -> Result<()> {
                 ("readonly", readonly.to_string()),
             ]);
             super::publish_target::check_ours_to_use(&*target, block, prior.is_some())?;
-            // A raw block device may get anything written to it: a format intent stops
-            // licensing anything in the commit before the bind (see `format::forget_intent`).
-            journal.record(
-                Step::Bind,
-                Phase::Intent,
-                facts.clone(),
-                Durability::Immediate,
-                |w| {
-                    if block {
-                        super::format::forget_intent(ctx, vol, w)?;
-                    }
-                    w.put_publication(&record)
-                },
-            )?;
+            // A bind is kernel state a reboot takes with it: a filesystem publication's intent
+            // need only outlive the agent's crash (the store's boot log, no fsync). A raw block
+            // one stays durable: it may forget a format intent (a raw block device may get
+            // anything written to it: the intent stops licensing a mkfs in the commit before
+            // the bind, see `format::forget_intent`), and the bytes outlive any reboot.
+            let durability = if block {
+                Durability::Immediate
+            } else {
+                Durability::Boot
+            };
+            journal.record(Step::Bind, Phase::Intent, facts.clone(), durability, |w| {
+                if block {
+                    super::format::forget_intent(ctx, vol, w)?;
+                }
+                w.put_publication(&record)
+            })?;
             if let Err(e) = super::publish_target::create(&*target, block, prior.is_some()) {
                 // Someone made the path in between: the intent must not vouch for their file.
-                journal.record(
-                    Step::Bind,
-                    Phase::Failed,
-                    facts,
-                    Durability::Immediate,
-                    |w| w.delete_publication(vol.as_str(), target_path),
-                )?;
+                journal.record(Step::Bind, Phase::Failed, facts, durability, |w| {
+                    w.delete_publication(vol.as_str(), target_path)
+                })?;
                 return Err(e);
             }
             if let Source::Device(d) = &source {

@@ -39,6 +39,7 @@ pub fn observe_step(op: &str, step: &str, ok: bool, elapsed: Duration) {
 pub fn observe_journal_commit(durability: Durability, elapsed: Duration) {
     let label = match durability {
         Durability::Immediate => "immediate",
+        Durability::Boot => "boot",
         Durability::Lazy => "lazy",
     };
     COMMITS

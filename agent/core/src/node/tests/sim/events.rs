@@ -138,9 +138,10 @@ impl Sim {
         }
     }
 
-    /// The agent dies: what is in memory is gone, the lazy writes with it; the host stays.
+    /// The agent dies: what is in memory is gone, and the writes the boot log does not hold
+    /// with it; the host stays.
     pub(super) fn crash(&mut self) {
-        self.h.ledger.power_cut();
+        self.h.ledger.crash();
         self.h.restart(Arc::clone(&self.parker) as _);
         self.start_up();
     }
@@ -155,6 +156,7 @@ impl Sim {
             s.read_only.clear();
             s.boot += 1;
         }
+        self.h.ledger.power_cut();
         self.crash();
     }
 
