@@ -105,6 +105,7 @@ async fn call_on(
     }
 }
 
+mod boot_log;
 mod crash_matrix;
 mod interrupted;
 mod rebuilt_copies;
