@@ -59,6 +59,25 @@ pub enum StoreError {
     Flusher(#[source] std::io::Error),
     #[error("the state file {path} could not be reopened after a failed commit: {detail}")]
     NotReopened { path: PathBuf, detail: String },
+    /// A file of the boot log is there but cannot be read whole: it may hold acknowledged writes
+    /// the state file lacks, so the agent does not start without them.
+    #[error(
+        "boot log {path} cannot be read ({detail}); it may hold writes the state file has not \
+         made durable (the last run was killed), so the agent will not start without it. Make it \
+         a regular file the agent can read again, or remove it to start without those writes"
+    )]
+    BootLog { path: PathBuf, detail: String },
+    /// The boot log's writes do not follow on from the state file's last one.
+    #[error(
+        "the boot log beside {path} holds writes from ticket {first}, but the state file's last \
+         is {applied}: the file was replaced or restored while the log held writes it lacks. \
+         Remove {path}.boot-log-0 and -1 to start on the file as it is"
+    )]
+    BootLogDiverged {
+        path: PathBuf,
+        first: u64,
+        applied: u64,
+    },
 }
 
 impl StoreError {

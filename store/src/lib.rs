@@ -29,7 +29,12 @@ pub use group_commit::bench_make_all_commits_lazy;
 pub use writer::Writer;
 
 /// Bump when a record changes shape incompatibly; a file written by a newer agent is refused.
-pub const SCHEMA_VERSION: u64 = 1;
+/// 2: the file needs its boot log (an agent runs on it, or was killed): an agent older than the
+/// log refuses it, as it must, since it would read the file without the log's writes.
+pub const SCHEMA_VERSION: u64 = 2;
+/// What a cleanly stopped agent leaves: the records' shape is the same as in 1, and nothing is
+/// in the log, so an older agent may read the file.
+pub const SCHEMA_AT_REST: u64 = 1;
 /// How many journal lines each volume keeps: enough to explain the last few operations.
 pub const JOURNAL_LINES_PER_VOLUME: usize = 48;
 /// How many lines past that a volume's journal may grow before its oldest are trimmed at once.

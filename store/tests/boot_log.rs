@@ -174,3 +174,103 @@ fn a_log_of_another_boot_or_another_state_file_is_never_replayed() {
         );
     }
 }
+
+/// An agent older than the boot log reads the state file without the writes only the log holds:
+/// a file a killed run left says schema 2, which that agent refuses, and only a clean stop (every
+/// write durable, the log emptied) sets it back to 1 (review 79's F1: a rollback
+/// after a kill published a single-writer volume twice).
+#[test]
+fn a_killed_runs_file_is_refused_by_an_agent_without_the_log_until_a_clean_stop() {
+    if std::env::var("BOOT_CHILD").is_ok() {
+        return;
+    }
+    let dir = TempDir::new("rollback");
+    run_and_kill(&dir.0, 300);
+    let state = dir.0.join("s.redb");
+    let schema = || {
+        Store::open_read_only(&state)
+            .unwrap()
+            .schema_version()
+            .unwrap()
+    };
+    assert_eq!(schema(), Some(2));
+    let store = Store::open(&state).unwrap();
+    store.close_cleanly().unwrap();
+    drop(store);
+    assert_eq!(schema(), Some(SCHEMA_AT_REST));
+    for i in 0..2 {
+        let len = std::fs::metadata(dir.0.join(format!("s.redb.boot-log-{i}")))
+            .unwrap()
+            .len();
+        assert_eq!(len, 52, "boot-log-{i} is not emptied by a clean stop");
+    }
+}
+
+/// A log file that is there but cannot be read may hold acknowledged writes: the start is
+/// refused, never made without them (review 79's F2: a directory planted at one file lost its
+/// writes, and the other file's were replayed by a later start onto a file that moved on).
+#[test]
+fn a_log_file_that_cannot_be_read_stops_the_start() {
+    if std::env::var("BOOT_CHILD").is_ok() {
+        return;
+    }
+    let dir = TempDir::new("unreadable");
+    run_and_kill(&dir.0, 300);
+    let state = dir.0.join("s.redb");
+    let one = dir.0.join("s.redb.boot-log-1");
+    std::fs::remove_file(&one).unwrap();
+    std::fs::create_dir(&one).unwrap();
+    let refused = Store::open(&state).err();
+    assert!(
+        matches!(refused, Some(StoreError::BootLog { .. })),
+        "{refused:?}"
+    );
+    std::fs::remove_dir(&one).unwrap();
+    Store::open(&state).unwrap();
+}
+
+/// A log a run left names that run: a later run (here one that found no log, as an agent older
+/// than the log) moves the file on, and the old log, put back, is never replayed onto it
+/// (review 79's F1, second part: fifteen stale writes deleted a live staging's record).
+#[test]
+fn a_log_left_by_an_earlier_run_is_never_replayed_into_a_later_one() {
+    if std::env::var("BOOT_CHILD").is_ok() {
+        return;
+    }
+    let dir = TempDir::new("stale");
+    let returned = run_and_kill(&dir.0, 300);
+    let state = dir.0.join("s.redb");
+    let log = |i: u8| dir.0.join(format!("s.redb.boot-log-{i}"));
+    let aside = |i: u8| dir.0.join(format!("aside-{i}"));
+    for i in 0..2 {
+        std::fs::rename(log(i), aside(i)).unwrap();
+    }
+    // The later run: whatever the old log held is gone from its view; it forgets every
+    // publication it has and records one of its own, durably.
+    let store = Store::open(&state).unwrap();
+    store
+        .write(Durability::Immediate, |w| {
+            for (id, n) in &returned {
+                w.delete_publication(id, format!("/n{n}").as_ref())?;
+            }
+            w.put_publication(&publication("later", "/later", 1))
+        })
+        .unwrap();
+    drop(store);
+    for i in 0..2 {
+        std::fs::rename(aside(i), log(i)).unwrap();
+    }
+    let store = Store::open(&state).unwrap();
+    assert!(
+        store
+            .publication("later", "/later".as_ref())
+            .unwrap()
+            .is_some()
+    );
+    for (id, n) in &returned {
+        assert!(
+            !present(&store, id, *n),
+            "{id} {n}: a stale log was replayed"
+        );
+    }
+}

@@ -445,8 +445,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Fatal> {
         }
     }
     // Lazy records (a finished call's "done" line) are on disk before the process goes, so a
-    // clean stop leaves start-up recovery nothing to complete.
-    if let Err(e) = store.sync() {
+    // clean stop leaves start-up recovery nothing to complete, and the boot log nothing to
+    // replay: the file is left readable by an agent older than the log.
+    if let Err(e) = store.close_cleanly() {
         tracing::warn!(error = %e, "could not make the last journal records durable at stop");
     }
     args.endpoint.remove();

@@ -26,6 +26,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::StoreError;
 use crate::writer::Op;
 use codec::{Entry, HEADER_LEN};
 
@@ -48,7 +49,11 @@ pub(crate) struct BootLog {
     current_last: Option<u64>,
     /// Appends stopped (a failed one) until every write not logged is durable.
     stopped: bool,
+    /// A failed append's part could not be taken back: nothing written after it would be read.
+    torn: bool,
     unlogged_max: u64,
+    boot_id: [u8; 36],
+    paths: [PathBuf; 2],
 }
 
 /// The two files beside the state file.
@@ -104,39 +109,92 @@ fn open_file(path: &Path) -> std::io::Result<File> {
     Ok(file)
 }
 
-impl BootLog {
-    /// Opens the log of the state file at `state` (named by `nonce`) with what it holds of this
-    /// boot's writes, in ticket order, those of failed batches left out; `begin` empties it. `None` when it cannot
-    /// be kept (then every `Boot` write is made durable): the reason is logged.
-    pub(crate) fn open(state: &Path, nonce: u64) -> Option<(BootLog, Vec<Logged>)> {
-        let opened = boot_id().and_then(|id| {
-            let [a, b] = paths(state);
-            Ok((id, open_file(&a)?, open_file(&b)?))
-        });
-        let (id, a, b) = match opened {
-            Ok(opened) => opened,
+/// One of the files as a start finds it: made afresh where there was none; an error where one
+/// is there but cannot be read whole (it may hold writes the state file lacks).
+fn found_file(path: &Path) -> Result<Option<File>, StoreError> {
+    let unusable = |detail: String| StoreError::BootLog {
+        path: path.to_path_buf(),
+        detail,
+    };
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match open_file(path) {
+            Ok(file) => Ok(Some(file)),
             Err(e) => {
-                tracing::warn!(state = %state.display(), error = %e,
+                tracing::warn!(path = %path.display(), error = %e,
                     "no boot log: every write that guards a mount is made durable");
-                return None;
+                Ok(None)
+            }
+        },
+        Err(e) => Err(unusable(e.to_string())),
+        Ok(m) if !m.file_type().is_file() => Err(unusable("not a regular file".into())),
+        Ok(m) if m.len() > READ_LIMIT => Err(unusable(format!(
+            "{} bytes, more than any log the agent writes",
+            m.len()
+        ))),
+        Ok(_) => open_file(path)
+            .map(Some)
+            .map_err(|e| unusable(e.to_string())),
+    }
+}
+
+/// What the two files held of the state file's writes on this boot.
+#[derive(Default)]
+pub(crate) struct Held {
+    /// In ticket order, without those of failed batches.
+    pub(crate) writes: Vec<Logged>,
+    /// Every ticket the log accounts for: its writes and its failed batches'.
+    pub(crate) tickets: BTreeSet<u64>,
+}
+
+impl BootLog {
+    /// Opens the log of the state file at `state` with what it holds of this boot's writes of
+    /// the file named by `nonce` (none for a file that never had a log); `begin` empties it.
+    /// `None` when it cannot be kept (then every `Boot` write is made durable); an error when a
+    /// file is there that cannot be read whole.
+    pub(crate) fn open(
+        state: &Path,
+        nonce: Option<u64>,
+    ) -> Result<Option<(BootLog, Held)>, StoreError> {
+        let names = paths(state);
+        let (a, b) = (found_file(&names[0])?, found_file(&names[1])?);
+        let id = match boot_id() {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(error = %e,
+                    "no boot log (this boot's id cannot be read): every write that guards a mount is made durable");
+                return Ok(None);
             }
         };
-        let log = BootLog {
+        let (Some(a), Some(b)) = (a, b) else {
+            return Ok(None);
+        };
+        let mut log = BootLog {
             files: [a, b],
             sizes: [0, 0],
             current: 0,
-            header: codec::header(&id, nonce),
+            header: Vec::new(),
             other_last: None,
             current_last: None,
             stopped: false,
+            torn: false,
             unlogged_max: 0,
+            boot_id: id,
+            paths: names,
         };
-        let held = log.read_since(0, u64::MAX);
-        Some((log, held))
+        let held = match nonce {
+            Some(nonce) => {
+                log.header = codec::header(&id, nonce);
+                log.read_held(0, u64::MAX)?
+            }
+            None => Held::default(),
+        };
+        Ok(Some((log, held)))
     }
 
-    /// Empties both files for this run's writes, once what they held is durable elsewhere.
-    pub(crate) fn begin(mut self, state: &Path) -> Option<BootLog> {
+    /// Empties both files for this run's writes, named by the file's new `nonce`, once what
+    /// they held is durable elsewhere.
+    pub(crate) fn begin(mut self, state: &Path, nonce: u64) -> Option<BootLog> {
+        self.header = codec::header(&self.boot_id, nonce);
         match self.reset() {
             Ok(()) => Some(self),
             Err(e) => {
@@ -144,6 +202,13 @@ impl BootLog {
                     "no boot log: every write that guards a mount is made durable");
                 None
             }
+        }
+    }
+
+    /// Empties both files: a clean stop left everything durable.
+    pub(crate) fn clear(&mut self) {
+        if self.reset().is_err() {
+            self.stop();
         }
     }
 
@@ -171,12 +236,20 @@ impl BootLog {
         appended
     }
 
-    /// Records that these tickets' batch failed: a replay leaves them out.
+    /// Records that these tickets' batch failed: a replay leaves them out. Tried even while
+    /// stopped (the frames of the batch may be in the log), unless a frame cut short is left at
+    /// its end, behind which nothing is read.
     pub(crate) fn void(&mut self, tickets: &[u64]) {
-        if !self.stopped
+        if !self.torn
             && let Some(f) = codec::void_frame(tickets)
         {
-            self.put(&f);
+            let i = self.current;
+            if self.files[i].write_all(&f).is_ok() {
+                self.sizes[i] += f.len() as u64;
+            } else {
+                self.torn = self.files[i].set_len(self.sizes[i]).is_err();
+                self.stop();
+            }
         }
     }
 
@@ -207,34 +280,47 @@ impl BootLog {
     /// The writes held with tickets in `(after, through]`, in ticket order, without those of
     /// failed batches: what a reopened file lost since its last durable commit.
     pub(crate) fn read_since(&self, after: u64, through: u64) -> Vec<Logged> {
-        let mut writes = Vec::new();
+        match self.read_held(after, through) {
+            Ok(held) => held.writes,
+            Err(e) => {
+                tracing::warn!(error = %e, "the boot log cannot be read: its writes are not replayed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// What both files hold with tickets in `(after, through]`.
+    fn read_held(&self, after: u64, through: u64) -> Result<Held, StoreError> {
+        let mut held = Held::default();
         let mut voided = BTreeSet::new();
-        for file in &self.files {
-            let bytes = match read_whole(file) {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    tracing::warn!(error = %e, "a boot log file cannot be read: its writes are not replayed");
-                    continue;
-                }
-            };
+        for (file, path) in self.files.iter().zip(&self.paths) {
+            let bytes = read_whole(file).map_err(|e| StoreError::BootLog {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
             for entry in codec::entries(&bytes, &self.header) {
                 match entry {
-                    Entry::Write(t, ops) if t > after && t <= through => writes.push((t, ops)),
+                    Entry::Write(t, ops) if t > after && t <= through => {
+                        held.tickets.insert(t);
+                        held.writes.push((t, ops));
+                    }
                     Entry::Write(..) => {}
                     Entry::Void(tickets) => voided.extend(tickets),
                 }
             }
         }
-        writes.retain(|(t, _)| !voided.contains(t));
-        writes.sort_by_key(|(t, _)| *t);
-        writes.dedup_by_key(|(t, _)| *t);
-        writes
+        held.writes.retain(|(t, _)| !voided.contains(t));
+        held.writes.sort_by_key(|(t, _)| *t);
+        held.writes.dedup_by_key(|(t, _)| *t);
+        held.tickets.extend(voided.range(after + 1..=through));
+        Ok(held)
     }
 
     /// Both files back to their header.
     fn reset(&mut self) -> std::io::Result<()> {
         self.empty(0)?;
         self.empty(1)?;
+        self.torn = false;
         self.current = 0;
         self.other_last = None;
         self.current_last = None;
@@ -260,6 +346,7 @@ impl BootLog {
         // frame goes, and nothing more is appended until what is left out is durable.
         if self.files[i].set_len(self.sizes[i]).is_err() {
             tracing::warn!("a failed boot log append could not be taken back");
+            self.torn = true;
         }
         self.stop();
         false

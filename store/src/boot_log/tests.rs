@@ -30,8 +30,14 @@ fn put(n: u64, size: usize) -> Vec<Op> {
 }
 
 fn started(dir: &Dir, nonce: u64) -> BootLog {
-    let (log, _) = BootLog::open(&dir.state(), nonce).unwrap();
-    log.begin(&dir.state()).unwrap()
+    let (log, _) = BootLog::open(&dir.state(), Some(nonce)).unwrap().unwrap();
+    log.begin(&dir.state(), nonce).unwrap()
+}
+
+/// The tickets a start finds for the file named `nonce`.
+fn found(dir: &Dir, nonce: u64) -> Vec<u64> {
+    let (_, held) = BootLog::open(&dir.state(), Some(nonce)).unwrap().unwrap();
+    tickets(&held.writes)
 }
 
 fn tickets(held: &[Logged]) -> Vec<u64> {
@@ -47,11 +53,9 @@ fn what_was_appended_comes_back_in_order_without_failed_batches() {
     }
     log.void(&[2, 4]);
     drop(log);
-    let (_, held) = BootLog::open(&dir.state(), 7).unwrap();
-    assert_eq!(tickets(&held), [1, 3, 5]);
-    // Another state file's nonce: nothing.
-    let (_, held) = BootLog::open(&dir.state(), 8).unwrap();
-    assert!(held.is_empty());
+    assert_eq!(found(&dir, 7), [1, 3, 5]);
+    // Another state file's (or run's) nonce: nothing.
+    assert!(found(&dir, 8).is_empty());
 }
 
 #[test]
@@ -66,15 +70,13 @@ fn a_frame_cut_short_ends_the_log_there() {
     let len = std::fs::metadata(&path).unwrap().len();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(len - 5).unwrap();
-    let (_, held) = BootLog::open(&dir.state(), 1).unwrap();
-    assert_eq!(tickets(&held), [1, 2]);
+    assert_eq!(found(&dir, 1), [1, 2]);
     // A flipped byte inside the second frame: the first alone.
     let mut bytes = std::fs::read(&path).unwrap();
     let at = bytes.len() - 150;
     bytes[at] ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
-    let (_, held) = BootLog::open(&dir.state(), 1).unwrap();
-    assert_eq!(tickets(&held), [1]);
+    assert_eq!(found(&dir, 1), [1]);
 }
 
 #[test]

@@ -99,8 +99,15 @@ fn rebuild(
     }
     let store = Store::open(path).map_err(|e| e.to_string())?;
     ebs_node_host::private::restrict_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // What recover writes is durable when it returns, and the file left readable by any agent.
+    let closed = |said: String| {
+        store
+            .close_cleanly()
+            .map(|()| said)
+            .map_err(|e| e.to_string())
+    };
     if !from_mounts {
-        return Ok("started an empty state file".into());
+        return closed("started an empty state file".into());
     }
     // Kept beside the state file, so the devices this agent attached and laid are still its.
     let agent_tag = ebs_node_host::instance::agent_tag(state_dir, path)
@@ -111,7 +118,7 @@ fn rebuild(
         .collect::<Vec<_>>();
     let table = MountTable::read().map_err(|e| e.to_string())?;
     let (staged, published) = rebuild_mounts(&store, &known, &table, &agent_tag, bounds)?;
-    Ok(format!(
+    closed(format!(
         "rebuilt {} staged volume(s) and {} publication(s) from the mount table",
         staged, published
     ))

@@ -18,12 +18,15 @@ use std::collections::BTreeMap;
 #[cfg(feature = "test-hooks")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::StoreError;
 use crate::boot_log::BootLog;
-use crate::overlay::{self, APPLIED_TICKET, Overlay, VolumeOverlay};
-use crate::writer::{Op, apply};
-use crate::{META, StoreError};
+use crate::overlay::{self, Overlay, VolumeOverlay};
+use crate::writer::Op;
+
+mod batch;
+mod flusher;
 
 /// Set only by the agent's hidden `--bench-lazy-journal` flag, so that the bench can show what
 /// the journal's fsyncs cost. Compiled only with the `test-hooks` feature, which no release
@@ -100,14 +103,14 @@ struct Queue {
 }
 
 impl Queue {
-    /// Appends a write to the boot log; whether a `Boot` write at `level` is then safe without
-    /// an fsync.
-    fn log(&mut self, ticket: u64, ops: &[Op], level: Level) -> bool {
-        let Some(log) = self.log.as_mut() else {
-            return false;
-        };
-        let room = !log.wants_durable();
-        log.append(ticket, ops) && (room || level != Level::Boot)
+    /// Whether the boot log can take a `Boot` write without an fsync.
+    fn log_has_room(&self) -> bool {
+        self.log.as_ref().is_some_and(|l| !l.wants_durable())
+    }
+
+    /// Appends a write to the boot log; whether it is there.
+    fn log(&mut self, ticket: u64, ops: &[Op]) -> bool {
+        self.log.as_mut().is_some_and(|l| l.append(ticket, ops))
     }
 
     fn log_durable_through(&mut self, covered: u64) {
@@ -157,6 +160,19 @@ impl GroupCommit {
         q.next_ticket = q.next_ticket.max(applied.saturating_add(1));
     }
 
+    /// Runs `f` with the boot log while no write is queued or being applied, holding off any
+    /// new one meanwhile; does nothing when one is.
+    pub(crate) fn when_idle(
+        &self,
+        f: impl FnOnce(Option<&mut BootLog>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut q = self.lock();
+        if q.leading || !q.waiting.is_empty() {
+            return Ok(());
+        }
+        f(q.log.as_mut())
+    }
+
     /// From here on every write is appended to `log` (`boot_log`).
     pub(crate) fn attach_log(&self, log: BootLog) {
         self.lock().log = Some(log);
@@ -172,7 +188,7 @@ impl GroupCommit {
         let applied = crate::reads::applied_ticket_of(db)?;
         let writes = log.read_since(applied, q.applied_ok);
         drop(q);
-        crate::replay::apply_durably(db, writes)
+        crate::replay::apply_durably(db, writes, &[])
     }
 
     /// A lazy write that needs no waiting: queued for the next batch and held in the overlay,
@@ -193,8 +209,14 @@ impl GroupCommit {
             return Err(ops);
         }
         let ticket = q.next_ticket;
-        if !q.log(ticket, &ops, level) && level == Level::Boot {
-            // Not consumed: the durable commit takes this ticket (and the log stays a prefix).
+        // A `Boot` write the log cannot take is made durable by `commit`, under this ticket: it
+        // is appended here only when it is held, so no ticket is ever logged twice.
+        if level == Level::Boot && !q.log_has_room() {
+            return Err(ops);
+        }
+        if !q.log(ticket, &ops) && level == Level::Boot {
+            // The append failed and stopped the log: nothing more is appended, so the durable
+            // commit takes this ticket again without a second frame.
             return Err(ops);
         }
         q.next_ticket += 1;
@@ -225,10 +247,11 @@ impl GroupCommit {
         let mut q = self.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;
-        let logged = q.log(ticket, &ops, level);
+        let room = q.log_has_room();
+        let logged = q.log(ticket, &ops);
         let durable = durable_as_asked(match level {
             Level::Durable => true,
-            Level::Boot => !logged,
+            Level::Boot => !(room && logged),
             Level::Lazy => false,
         });
         for v in &volumes {
@@ -263,7 +286,7 @@ impl GroupCommit {
         mut q: MutexGuard<'a, Queue>,
     ) -> (MutexGuard<'a, Queue>, BatchOutcome) {
         q.leading = true;
-        let guard = AbandonOnPanic(self);
+        let guard = batch::AbandonOnPanic(self);
         let (mut q, outcome) = self.lead_one_batch(db, q);
         std::mem::forget(guard);
         q.leading = false;
@@ -272,82 +295,6 @@ impl GroupCommit {
             self.unattended_queued.notify_one();
         }
         (q, outcome)
-    }
-
-    /// The flusher's loop: commits the writes nobody waits for whenever no caller is leading,
-    /// until the store closes (then what is left first). `db` is taken only to commit, never
-    /// while waiting: a reopen after a failed commit needs it free.
-    pub(crate) fn flush_unattended<G: std::ops::Deref<Target = redb::Database>>(
-        &self,
-        db: impl Fn() -> Result<G, StoreError>,
-        committed: impl Fn(&Outcome),
-    ) {
-        let mut q = self.lock();
-        loop {
-            if q.unattended() == 0 && q.closing {
-                return;
-            }
-            if q.unattended() == 0 || q.leading {
-                q = self
-                    .unattended_queued
-                    .wait(q)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                continue;
-            }
-            // Held writes first wait a little to ride along with a batch a caller leads (under
-            // load a durable write is rarely far off): fewer transactions, each of which queues
-            // on redb's one writer. Nobody waits for them, and they are no less durable.
-            let deadline = Instant::now() + RIDE_ALONG;
-            while q.unattended() > 0 && !q.closing {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                q = self
-                    .unattended_queued
-                    .wait_timeout(q, left)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .0;
-            }
-            if q.unattended() == 0 || q.leading {
-                continue;
-            }
-            drop(q);
-            let handle = db();
-            q = self.lock();
-            let handle = match handle {
-                Ok(handle) => handle,
-                // Another caller leads meanwhile: what it takes is its to settle.
-                Err(_) if q.leading => continue,
-                Err(e) => {
-                    // The file cannot be reopened: what is held is lost, as in a crash. The
-                    // failure is on record already (the reopen's error repeats it).
-                    tracing::warn!(error = %e, "lazy state writes dropped: the state file cannot be reopened");
-                    let last = q.next_ticket;
-                    q.overlay.retire(last);
-                    let dropped: Vec<u64> = q
-                        .waiting
-                        .iter()
-                        .filter(|r| !r.attended)
-                        .map(|r| r.ticket)
-                        .collect();
-                    if let Some(log) = q.log.as_mut() {
-                        log.void(&dropped);
-                    }
-                    q.waiting.retain(|r| r.attended);
-                    continue;
-                }
-            };
-            if q.leading || q.unattended() == 0 {
-                continue;
-            }
-            let (again, outcome) = self.lead(&handle, q);
-            q = again;
-            drop(handle);
-            if let Some(outcome) = outcome {
-                committed(&outcome);
-            }
-        }
     }
 
     /// Tells the flusher to commit what is left and stop.
@@ -372,153 +319,9 @@ impl GroupCommit {
         }
     }
 
-    /// Applies everything waiting as one batch; returns with the queue locked again. The leader's
-    /// own request is in the batch, so it then hands leadership to a waiter and returns: under a
-    /// steady stream of writers no caller is kept leading for others.
-    fn lead_one_batch<'a>(
-        &'a self,
-        db: &redb::Database,
-        mut q: MutexGuard<'a, Queue>,
-    ) -> (MutexGuard<'a, Queue>, BatchOutcome) {
-        if q.waiting.is_empty() {
-            return (q, None);
-        }
-        let batch = std::mem::take(&mut q.waiting);
-        let last = batch.iter().map(|r| r.ticket).max().unwrap_or_default();
-        let all_tickets: Vec<u64> = batch.iter().map(|r| r.ticket).collect();
-        let volumes: Vec<String> = batch.iter().flat_map(|r| r.volumes.clone()).collect();
-        // (ticket, wants durability) of each request whose caller waits.
-        let tickets: Vec<(u64, bool)> = batch
-            .iter()
-            .filter(|r| r.attended)
-            .map(|r| (r.ticket, r.durable))
-            .collect();
-        q.in_flight = tickets.iter().map(|&(t, _)| t).collect();
-        q.in_flight_last = last;
-        q.in_flight_volumes = volumes.clone();
-        drop(q);
-        let any_durable = tickets.iter().any(|&(_, d)| d);
-        let all_durable = batch.iter().all(|r| r.durable);
-        // A batch of immediate writes alone commits durably at once; a mixed one first
-        // commits without a sync, so its lazy writers need not wait for the fsync.
-        let applied = apply_batch(db, batch, last, all_durable);
-        q = self.lock();
-        // Visible in redb now, or lost: either way the overlay no longer holds them, and no
-        // later lazy write to these volumes need wait for them.
-        q.overlay.retire(last);
-        q.pending_done(&volumes);
-        q.in_flight_volumes.clear();
-        // The durable ones stay in flight through the sync below (a panic there fails them).
-        q.in_flight = if applied.is_ok() && !all_durable && any_durable {
-            tickets.iter().filter(|t| t.1).map(|t| t.0).collect()
-        } else {
-            Vec::new()
-        };
-        match &applied {
-            // Its callers hear of the failure: a replay of the boot log leaves the batch out.
-            Err(_) => {
-                if let Some(log) = q.log.as_mut() {
-                    log.void(&all_tickets);
-                }
-            }
-            Ok(()) => q.applied_ok = last,
-        }
-        match applied {
-            Err(e) => {
-                let e = Arc::new(e);
-                for (t, _) in tickets {
-                    q.outcomes.insert(t, Err(Arc::clone(&e)));
-                }
-                return (q, Some(Err(e)));
-            }
-            Ok(()) if all_durable || !any_durable => {
-                if all_durable {
-                    q.log_durable_through(last);
-                }
-                for (t, _) in tickets {
-                    q.outcomes.insert(t, Ok(()));
-                }
-                return (q, Some(Ok(())));
-            }
-            Ok(()) => {}
-        }
-        for (t, durable) in &tickets {
-            if !durable {
-                q.outcomes.insert(*t, Ok(()));
-            }
-        }
-        self.changed.notify_all();
-        drop(q);
-        let synced = sync(db).map_err(Arc::new);
-        q = self.lock();
-        q.in_flight.clear();
-        if synced.is_ok() {
-            q.log_durable_through(last);
-        }
-        for (t, durable) in tickets {
-            if durable {
-                q.outcomes.insert(t, synced.clone());
-            }
-        }
-        (q, Some(synced))
-    }
-
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
-
-/// If the leader unwinds (a bug in redb or here), its batch fails and another caller may lead,
-/// instead of every waiter waiting forever.
-struct AbandonOnPanic<'a>(&'a GroupCommit);
-
-impl Drop for AbandonOnPanic<'_> {
-    fn drop(&mut self) {
-        let mut q = self.0.lock();
-        for t in std::mem::take(&mut q.in_flight) {
-            q.outcomes
-                .insert(t, Err(Arc::new(StoreError::WriterPanicked)));
-        }
-        // The batch's unattended writes are lost with it, as in a crash.
-        let last = q.in_flight_last;
-        q.overlay.retire(last);
-        let volumes = std::mem::take(&mut q.in_flight_volumes);
-        q.pending_done(&volumes);
-        q.leading = false;
-        self.0.changed.notify_all();
-        self.0.unattended_queued.notify_one();
-    }
-}
-
-/// One transaction for the whole batch, which records its last ticket: a reader's snapshot
-/// tells which overlay entries it already holds.
-fn apply_batch(
-    db: &redb::Database,
-    batch: Vec<Request>,
-    last: u64,
-    durable: bool,
-) -> Result<(), StoreError> {
-    let mut tx = db.begin_write()?;
-    for request in batch {
-        for op in request.ops {
-            apply(&tx, op)?;
-        }
-    }
-    tx.open_table(META)?.insert(APPLIED_TICKET, last)?;
-    tx.set_durability(if durable {
-        redb::Durability::Immediate
-    } else {
-        redb::Durability::None
-    })?;
-    tx.commit()?;
-    Ok(())
-}
-
-/// An empty durable commit: it persists every non-durable commit before it.
-fn sync(db: &redb::Database) -> Result<(), StoreError> {
-    let tx = db.begin_write()?;
-    tx.commit()?;
-    Ok(())
 }
