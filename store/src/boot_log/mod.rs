@@ -312,7 +312,11 @@ impl BootLog {
         held.writes.retain(|(t, _)| !voided.contains(t));
         held.writes.sort_by_key(|(t, _)| *t);
         held.writes.dedup_by_key(|(t, _)| *t);
-        held.tickets.extend(voided.range(after + 1..=through));
+        // (A range whose start is past its end panics: a reopen whose last durable commit is
+        // its last applied batch asks for none.)
+        if after < through {
+            held.tickets.extend(voided.range(after + 1..=through));
+        }
         Ok(held)
     }
 
