@@ -3,9 +3,9 @@
 //! redb refuses every later transaction once a commit failed on I/O (a full disk: "Previous I/O
 //! error occurred. Please close and re-open the database"). A node plugin cannot wait for a
 //! restart to write again: the failure is remembered (Probe reports it), and the next read or
-//! write reopens the file, which makes redb repair it back to its last durable commit. Lazy
-//! records committed since that commit are lost, as in a crash; everything the agent decides
-//! from is durable or re-derived from the host.
+//! write reopens the file, which makes redb repair it back to its last durable commit; the writes
+//! of the batches applied since come back from the boot log (`boot_log`), as at a start after a
+//! crash.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

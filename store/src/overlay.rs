@@ -7,9 +7,9 @@
 //! lays these entries over redb's snapshot, so the caller reads its own write as before and
 //! returns without waiting.
 //!
-//! Nothing survives a crash that did not before: redb keeps a non-durable commit only until the
-//! next durable one, so a lazy write was lost in a crash already; a durable commit still carries
-//! every lazy write queued before it (one queue, in order).
+//! Holding a write here changes nothing a crash keeps: the boot log (`boot_log`) has it from the
+//! moment it is queued, and a durable commit still carries every lazy write queued before it (one
+//! queue, in order).
 //!
 //! A read must not apply an entry twice or miss one: entries leave the overlay only after their
 //! batch is visible, and each batch records its last ticket in redb (`META.applied_ticket`), so a

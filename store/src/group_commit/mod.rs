@@ -7,8 +7,11 @@
 //! fsync (the immediate callers return). Whoever arrives meanwhile forms the next batch, led by
 //! one of them.
 //!
-//! The contract is unchanged: a write is visible when `write` returns, and on disk too if it was
-//! `Immediate`. redb makes a durable commit persist every non-durable commit before it.
+//! The contract: a write is visible when `write` returns, on disk too if it was `Immediate`, and
+//! in this boot's log (`boot_log`) whatever it was, where the log can take it; a `Boot` write the
+//! log cannot take is made `Immediate`. redb makes a durable commit persist every non-durable
+//! commit before it. Every write is appended to the log under the queue's lock as its ticket is
+//! given, so the log holds the writes in ticket order.
 //!
 //! A lazy write of per-volume records does not wait at all: it is queued unattended and held in
 //! the overlay (`overlay.rs`), where reads find it until its batch commits. The store's flusher
