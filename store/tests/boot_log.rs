@@ -4,7 +4,7 @@
 //! choosing; what it wrote down after each write returned is what must come back.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ebs_node_core::records::*;
 use ebs_store::*;
@@ -16,17 +16,10 @@ use common::*;
 /// each written down once it returned, until killed.
 #[test]
 fn boot_child() {
-    let Ok(dir) = std::env::var("BOOT_CHILD") else {
+    let Some((store, log)) = child_store("BOOT_CHILD") else {
         return;
     };
     use std::io::Write;
-    let dir = PathBuf::from(dir);
-    let store = Store::open(&dir.join("s.redb")).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(dir.join("log"))
-        .unwrap();
     std::thread::scope(|s| {
         for t in 0..3u64 {
             let (store, log) = (&store, &log);

@@ -3,7 +3,6 @@
 //! keys, and a SIGKILL after acknowledged writes. The journal-number attack is in `overlay.rs`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ebs_node_core::records::*;
@@ -311,17 +310,10 @@ fn serialized_writers_on_shared_keys_end_with_the_last() {
 /// Child half of `an_immediate_write_carries_every_lazy_write_returned_before_it_across_a_kill`.
 #[test]
 fn crash_child() {
-    let Ok(dir) = std::env::var("ADV_CHILD") else {
+    let Some((store, log)) = child_store("ADV_CHILD") else {
         return;
     };
     use std::io::Write;
-    let dir = PathBuf::from(dir);
-    let store = Store::open(&dir.join("s.redb")).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(dir.join("log"))
-        .unwrap();
     std::thread::scope(|s| {
         for t in 0..4u64 {
             let (store, log) = (&store, &log);

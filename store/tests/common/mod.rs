@@ -90,3 +90,16 @@ pub fn one_staged_volume(path: &std::path::Path) {
         })
         .unwrap();
 }
+
+/// A child process's half of a kill test: when `var` names its scratch directory, the store in it
+/// and the file where the child writes down each write once it returned.
+pub fn child_store(var: &str) -> Option<(Store, std::fs::File)> {
+    let dir = PathBuf::from(std::env::var(var).ok()?);
+    let store = Store::open(&dir.join("s.redb")).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join("log"))
+        .unwrap();
+    Some((store, log))
+}
