@@ -28,7 +28,7 @@ pub(crate) fn apply_durably(
     }
     let count = writes.len();
     let tx = db.begin_write()?;
-    for (_, ops) in writes {
+    for (_, ops) in &writes {
         for op in ops {
             apply(&tx, op)?;
         }

@@ -170,13 +170,14 @@ pub(crate) fn init_schema(tx: &redb::WriteTransaction, version: u64) -> Result<(
 }
 
 /// Applies one change inside the batch's transaction.
-pub(crate) fn apply(tx: &redb::WriteTransaction, op: Op) -> Result<(), StoreError> {
+pub(crate) fn apply(tx: &redb::WriteTransaction, op: &Op) -> Result<(), StoreError> {
     match op {
         Op::Put(def, key, value) => {
-            tx.open_table(def)?.insert(key.as_str(), value.as_slice())?;
+            tx.open_table(*def)?
+                .insert(key.as_str(), value.as_slice())?;
         }
         Op::Delete(def, key) => {
-            tx.open_table(def)?.remove(key.as_str())?;
+            tx.open_table(*def)?.remove(key.as_str())?;
         }
         Op::PutPublication {
             volume,
@@ -203,7 +204,8 @@ pub(crate) fn apply(tx: &redb::WriteTransaction, op: Op) -> Result<(), StoreErro
             tx.open_table(JOURNAL)?
                 .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
         }
-        Op::Step { volume, mut line } => {
+        Op::Step { volume, line } => {
+            let mut line = line.clone();
             let id = volume.as_str();
             let mut table = tx.open_table(JOURNAL)?;
             // A volume's line numbers are contiguous (appended one past the last, trimmed from

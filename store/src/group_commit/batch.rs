@@ -22,7 +22,6 @@ impl GroupCommit {
         }
         let batch = std::mem::take(&mut q.waiting);
         let last = batch.iter().map(|r| r.ticket).max().unwrap_or_default();
-        let all_tickets: Vec<u64> = batch.iter().map(|r| r.ticket).collect();
         let volumes: Vec<String> = batch.iter().flat_map(|r| r.volumes.clone()).collect();
         // (ticket, wants durability) of each request whose caller waits.
         let tickets: Vec<(u64, bool)> = batch
@@ -38,11 +37,29 @@ impl GroupCommit {
         let all_durable = batch.iter().all(|r| r.durable);
         // A batch of immediate writes alone commits durably at once; a mixed one first
         // commits without a sync, so its lazy writers need not wait for the fsync.
-        let applied = apply_batch(db, batch, last, all_durable);
+        let applied = self
+            .injected_failure()
+            .and_then(|()| apply_batch(db, &batch, last, all_durable));
         q = self.lock();
-        // Visible in redb now, or lost: either way the overlay no longer holds them, and no
-        // later lazy write to these volumes need wait for them.
-        q.overlay.retire(last);
+        if applied.is_ok() {
+            // Visible in redb now: the overlay no longer holds them.
+            q.overlay.retire(last);
+            q.applied_ok = last;
+        } else {
+            // Their callers were told OK and went on (a bind, an unstage's answer): they stay
+            // held and readable, go first into the next batch, and their log frames stay whole.
+            // Dropped, a held bind intent vanished while the agent ran, and a second publish of
+            // a single-writer volume was let through (an eightieth fresh review's
+            // F1). The waited-for ones' callers hear of the failure: a replay leaves
+            // them out.
+            let attended: Vec<u64> = tickets.iter().map(|&(t, _)| t).collect();
+            if let Some(log) = q.log.as_mut() {
+                log.void(&attended);
+            }
+            let held: Vec<Request> = batch.into_iter().filter(|r| !r.attended).collect();
+            q.waiting.splice(0..0, held);
+        }
+        // No later lazy write to these volumes need wait for the waited-for ones.
         q.pending_done(&volumes);
         q.in_flight_volumes.clear();
         // The durable ones stay in flight through the sync below (a panic there fails them).
@@ -51,15 +68,6 @@ impl GroupCommit {
         } else {
             Vec::new()
         };
-        match &applied {
-            // Its callers hear of the failure: a replay of the boot log leaves the batch out.
-            Err(_) => {
-                if let Some(log) = q.log.as_mut() {
-                    log.void(&all_tickets);
-                }
-            }
-            Ok(()) => q.applied_ok = last,
-        }
         match applied {
             Err(e) => {
                 let e = Arc::new(e);
@@ -101,6 +109,27 @@ impl GroupCommit {
     }
 }
 
+impl GroupCommit {
+    /// A batch failure the unit tests asked for (never in another build).
+    #[cfg(test)]
+    fn injected_failure(&self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
+        let take = |n: u32| n.checked_sub(1);
+        match self
+            .fail_batches
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, take)
+        {
+            Ok(_) => Err(StoreError::WriterPanicked),
+            Err(_) => Ok(()),
+        }
+    }
+
+    #[cfg(not(test))]
+    fn injected_failure(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
 /// If the leader unwinds (a bug in redb or here), its batch fails and another caller may lead,
 /// instead of every waiter waiting forever.
 pub(super) struct AbandonOnPanic<'a>(pub(super) &'a GroupCommit);
@@ -127,13 +156,13 @@ impl Drop for AbandonOnPanic<'_> {
 /// tells which overlay entries it already holds.
 fn apply_batch(
     db: &redb::Database,
-    batch: Vec<Request>,
+    batch: &[Request],
     last: u64,
     durable: bool,
 ) -> Result<(), StoreError> {
     let mut tx = db.begin_write()?;
     for request in batch {
-        for op in request.ops {
+        for op in &request.ops {
             apply(&tx, op)?;
         }
     }

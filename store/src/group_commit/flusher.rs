@@ -52,21 +52,14 @@ impl GroupCommit {
                 // Another caller leads meanwhile: what it takes is its to settle.
                 Err(_) if q.leading => continue,
                 Err(e) => {
-                    // The file cannot be reopened: what is held is lost, as in a crash. The
-                    // failure is on record already (the reopen's error repeats it).
-                    tracing::warn!(error = %e, "lazy state writes dropped: the state file cannot be reopened");
-                    let last = q.next_ticket;
-                    q.overlay.retire(last);
-                    let dropped: Vec<u64> = q
-                        .waiting
-                        .iter()
-                        .filter(|r| !r.attended)
-                        .map(|r| r.ticket)
-                        .collect();
-                    if let Some(log) = q.log.as_mut() {
-                        log.void(&dropped);
+                    // The file cannot be reopened: what is held stays held (its callers were
+                    // told OK; the boot log has it for a start after a crash), and is tried
+                    // again a while later. The failure is on record already.
+                    tracing::warn!(error = %e, "held state writes wait: the state file cannot be reopened");
+                    if q.closing {
+                        return;
                     }
-                    q.waiting.retain(|r| r.attended);
+                    q = self.back_off(q);
                     continue;
                 }
             };
@@ -78,7 +71,29 @@ impl GroupCommit {
             drop(handle);
             if let Some(outcome) = outcome {
                 committed(&outcome);
+                // A failed batch's held writes went back to the queue: tried again a while
+                // later, not at once (the file is failing), and not at all once closing.
+                if outcome.is_err() {
+                    if q.closing {
+                        return;
+                    }
+                    q = self.back_off(q);
+                }
             }
         }
     }
+
+    /// Waits a while before the held writes are tried again on a failing file.
+    fn back_off<'a>(
+        &'a self,
+        q: std::sync::MutexGuard<'a, super::Queue>,
+    ) -> std::sync::MutexGuard<'a, super::Queue> {
+        self.unattended_queued
+            .wait_timeout(q, RETRY_AFTER_FAILURE)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .0
+    }
 }
+
+/// How long held writes wait before they are tried again on a file whose commit failed.
+const RETRY_AFTER_FAILURE: std::time::Duration = std::time::Duration::from_secs(1);

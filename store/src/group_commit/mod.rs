@@ -30,6 +30,8 @@ use crate::writer::Op;
 
 mod batch;
 mod flusher;
+#[cfg(test)]
+mod tests;
 
 /// Set only by the agent's hidden `--bench-lazy-journal` flag, so that the bench can show what
 /// the journal's fsyncs cost. Compiled only with the `test-hooks` feature, which no release
@@ -74,6 +76,9 @@ pub(crate) struct GroupCommit {
     changed: Condvar,
     /// The flusher's: writes are queued that nobody waits for.
     unattended_queued: Condvar,
+    /// Unit tests only: how many of the next batches fail as a failing disk's would.
+    #[cfg(test)]
+    fail_batches: std::sync::atomic::AtomicU32,
 }
 
 #[derive(Default)]
