@@ -118,16 +118,11 @@ pub fn unstage(ctx: &NodeCtx, cmd: &UnstageCommand) -> Result<()> {
     // A node-local handle names a place, not a volume: once it is unstaged its format record
     // goes too, so a disk replaced under the same name is judged afresh (blank: formatted; a
     // filesystem: used), not refused forever as "formatted, now wiped".
-    // A filesystem staging of a volume the CO names is a mount: a reboot takes it, and
-    // start-up drops a record whose mount is gone. So its release need only outlive the
-    // agent's crash (the store's boot log). A raw block staging is a record only, and a
-    // node-local handle's release forgets its format record: both outlive a reboot, so they
-    // stay durable.
-    let durability = if is_fs && !vol.is_local() {
-        Durability::Boot
-    } else {
-        Durability::Immediate
-    };
+    // Durable, not `Boot`, even for a filesystem staging, whose mount a reboot takes: a power
+    // cut after the OK brought the record back as the last durable commit had it, a stage in
+    // progress (its completion is lazy), which start-up keeps for a retry the CO never makes
+    // (the long simulation's seeds 30066061 and 30072108, once this was `Boot`).
+    let durability = Durability::Immediate;
     journal.record(Step::Unstaged, Phase::Done, facts, durability, |w| {
         w.delete_staged(vol.as_str())?;
         if vol.is_local() && ctx.ledger.format(vol.as_str())?.is_some() {

@@ -80,7 +80,25 @@ fn shrunk_reproductions_stay_fixed() {
     };
     let handle_a = "local-ebs://dev/dev-vol-a";
     let handle_b_call = |op: &'static str, flag: bool| call(op, handle_b, flag);
-    let runs: [(&str, Vec<Action>); 22] = [
+    let runs: [(&str, Vec<Action>); 23] = [
+        (
+            // Seed 30066061, once a filesystem unstage's release was `Boot` (the boot log, not an
+            // fsync): a power cut after the OK brought back the stage as the last durable commit
+            // had it, in progress, and start-up kept it for a retry.
+            "an acknowledged unstage, then a power cut",
+            vec![
+                at("p2", call("unpublish", "vol-a", true)),
+                at("p2", call("stage", "vol-a", false)),
+                Action::Fail {
+                    what: "bind",
+                    call: Box::new(at("p2", call("publish", "vol-a", false))),
+                },
+                call("unstage", "vol-a", false),
+                call("stage", "vol-a", false),
+                call("unstage", "vol-a", false),
+                Action::PowerCut,
+            ],
+        ),
         (
             // Two owners: a handle staged the device a volume had staged raw (the node claim's
             // refusal off: seed 1, shrunk from 17 actions).
