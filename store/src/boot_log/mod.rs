@@ -137,6 +137,31 @@ fn found_file(path: &Path) -> Result<Option<File>, StoreError> {
     }
 }
 
+/// Refuses a pair of log files that are not two files of their own: each emptied in turn, one
+/// that is the other (a hard link) lost the writes it held, and one that is the state file
+/// truncated it (an eighty-first fresh review's F1 and F2, root only).
+fn distinct(state: &Path, files: [(&File, &Path); 2]) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    let state_id = std::fs::metadata(state).map(|m| (m.dev(), m.ino())).ok();
+    let mut seen = Vec::new();
+    for (file, path) in files {
+        let refused = |detail: &str| StoreError::BootLog {
+            path: path.to_path_buf(),
+            detail: detail.into(),
+        };
+        let m = file.metadata().map_err(|e| refused(&e.to_string()))?;
+        let id = (m.dev(), m.ino());
+        if m.nlink() != 1 {
+            return Err(refused("it has other names (a hard link)"));
+        }
+        if Some(id) == state_id || seen.contains(&id) {
+            return Err(refused("it is the state file or the other log file"));
+        }
+        seen.push(id);
+    }
+    Ok(())
+}
+
 /// What the two files held of the state file's writes on this boot.
 #[derive(Default)]
 pub(crate) struct Held {
@@ -157,6 +182,9 @@ impl BootLog {
     ) -> Result<Option<(BootLog, Held)>, StoreError> {
         let names = paths(state);
         let (a, b) = (found_file(&names[0])?, found_file(&names[1])?);
+        if let (Some(a), Some(b)) = (&a, &b) {
+            distinct(state, [(a, &names[0]), (b, &names[1])])?;
+        }
         let id = match boot_id() {
             Ok(id) => id,
             Err(e) => {
