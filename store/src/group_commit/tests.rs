@@ -8,6 +8,24 @@ use ebs_node_core::records::{Durability, Progress, Publication};
 
 use crate::Store;
 
+/// A scratch directory, removed when dropped, even by a failed assertion.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        let p = std::env::temp_dir().join(format!("ebs-gc-failed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn publication(id: &str) -> Publication {
     Publication {
         volume_id: id.into(),
@@ -24,9 +42,8 @@ fn publication(id: &str) -> Publication {
 
 #[test]
 fn a_failed_batch_keeps_the_held_writes_its_callers_were_told_were_done() {
-    let dir = std::env::temp_dir().join(format!("ebs-gc-failed-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new();
+    let dir = &scratch.0;
     let store = Store::open(&dir.join("s.redb")).unwrap();
     store.group.fail_batches.store(1, Ordering::Release);
     // Held at once (the caller binds and answers OK); the flusher's batch that takes it fails.
@@ -56,6 +73,4 @@ fn a_failed_batch_keeps_the_held_writes_its_callers_were_told_were_done() {
     drop(store);
     let store = Store::open(&dir.join("s.redb")).unwrap();
     assert!(store.publication("a", "/t".as_ref()).unwrap().is_some());
-    drop(store);
-    let _ = std::fs::remove_dir_all(&dir);
 }
