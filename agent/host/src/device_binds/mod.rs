@@ -48,12 +48,15 @@ struct Found {
 /// open could not be entered: another agent's own scan holds the namespaces it looks into for
 /// the moment it looks, and one may be gone before this scan enters it (seen as EINVAL from
 /// setns when agents scanned side by side: the loop controller's attach was refused
-/// UNAVAILABLE). One held longer still counts as a use.
+/// UNAVAILABLE). So is a namespace whose last process left between the scan's entering it and
+/// its asking the kernel for the mounts below its root (ENOENT: the rehearsal's Kubernetes
+/// reboot, pods going as the agent started, left a loop volume file unattached for good). One
+/// held longer, or gone on every look, still counts as a use.
 fn scan_settled() -> Result<Found, String> {
     let mut last = namespaces::scan();
     for _ in 0..3 {
         match &last {
-            Err(why) if why.contains("(held open)") => {
+            Err(why) if why.contains("(held open)") || why.contains("(os error 2)") => {
                 std::thread::sleep(Duration::from_millis(25));
                 last = namespaces::scan();
             }
