@@ -33,7 +33,8 @@ pub(super) fn header(boot_id: &[u8; 36], nonce: u64) -> Vec<u8> {
     h
 }
 
-fn checksum(bytes: &[u8]) -> u64 {
+/// FNV-1a: enough to tell a frame cut short or torn, and to mix a nonce.
+pub(super) fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -79,11 +79,7 @@ fn boot_id() -> std::io::Result<[u8; 36]> {
 pub(crate) fn new_nonce() -> u64 {
     let text = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
     let now = crate::now_unix_ms();
-    format!("{text}{now}{}", std::process::id())
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
+    codec::checksum(format!("{text}{now}{}", std::process::id()).as_bytes())
 }
 
 /// A file's bytes, from its start, whatever the offset its appends left.
@@ -271,13 +267,7 @@ impl BootLog {
         if !self.torn
             && let Some(f) = codec::void_frame(tickets)
         {
-            let i = self.current;
-            if self.files[i].write_all(&f).is_ok() {
-                self.sizes[i] += f.len() as u64;
-            } else {
-                self.torn = self.files[i].set_len(self.sizes[i]).is_err();
-                self.stop();
-            }
+            self.put(&f);
         }
     }
 
